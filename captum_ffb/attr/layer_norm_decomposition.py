@@ -1,0 +1,400 @@
+"""``LayerNormDecomposition``: exact token-to-token maps of Transformer layers, as a Captum
+layer attribution."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from captum.attr import LayerAttribution
+from captum.log import log_usage
+from torch import Tensor, nn
+
+from captum_ffb.architectures import (
+    Block,
+    Chain,
+    ChainOptions,
+    get_architecture,
+    get_chain,
+)
+from captum_ffb.architectures.block import resolve
+from captum_ffb.architectures.spec import ArchitectureSpec
+from captum_ffb.capture import capture_blocks
+from captum_ffb.decomposition import Decomposition, stack_rows
+
+ScopeArg = str | Sequence[str] | None
+
+#: Memory the row chunks may take when ``internal_batch_size`` is not given (bytes).
+DEFAULT_MEMORY_BUDGET = 1 << 30
+
+
+@dataclass
+class LayerResult:
+    """Everything computed for one layer: maps, deltas and (optionally) decompositions."""
+
+    chain: Chain
+    maps: dict[str, Tensor] = field(default_factory=dict)
+    delta: dict[str, Tensor] = field(default_factory=dict)
+    decompositions: dict[str, Decomposition] = field(default_factory=dict)
+
+
+def _find_model(forward_func: Callable) -> nn.Module | None:
+    if isinstance(forward_func, nn.Module):
+        return forward_func
+    owner = getattr(forward_func, "__self__", None)
+    return owner if isinstance(owner, nn.Module) else None
+
+
+def _model_type_of(model: nn.Module | None, layers: Sequence[nn.Module]) -> str | None:
+    for root in ([model] if model is not None else []) + list(layers):
+        for module in root.modules():
+            model_type = getattr(getattr(module, "config", None), "model_type", None)
+            if model_type:
+                return model_type
+    return None
+
+
+def _config_of(model: nn.Module | None, layers: Sequence[nn.Module]) -> Any:
+    for root in ([model] if model is not None else []) + list(layers):
+        for module in root.modules():
+            config = getattr(module, "config", None)
+            if config is not None:
+                return config
+    return None
+
+
+class LayerNormDecomposition(LayerAttribution):
+    r"""Exact decomposition of Transformer layers into per-token vectors (Kobayashi et al.).
+
+    Each output vector of a layer is written as ``y_i = Σ_j F_i(x_j) + b_i`` over the layer's
+    input vectors, through attention, residuals, norms and the feed-forward block (whose
+    activation is decomposed with Integrated Gradients in closed form). The attribution map
+    is ``M[b, i, j] = ‖F_i(x_j)‖₂``, read at one of the paper's *scopes*:
+
+    * Post-LN (BERT, RoBERTa, ...): ``Atb``, ``AtbFf``, ``AtbFfRes``, ``AtbFfResLn``;
+    * Pre-LN (GPT-2, OPT, Llama, ...): ``Atb``, ``AtbLn``, ``AtbLnFf``, ``AtbLnFfRes``.
+
+    The convergence delta is the completeness residual: the largest absolute difference
+    between ``Σ_j F_i(x_j) + b_i`` and the tensor the model really computed at that scope.
+
+    Args:
+        forward_func (Callable or nn.Module): the model, or a function that runs it.
+        layer (nn.Module or list[nn.Module]): one Transformer block of a supported model, or a
+                    list of blocks (then ``attribute`` returns a list).
+        device_ids (list[int], optional): as in Captum; unused.
+        model_type (str, optional): the architecture to use when it cannot be read from
+                    ``forward_func``'s config.
+        memory_budget (int): bytes the row chunks may take when ``internal_batch_size`` is
+                    not given.
+        dtype (torch.dtype): the precision of the decomposition (float32 by default; a
+                    half-precision model is decomposed in float32).
+        show_progress (bool): show a progress bar over layers and row chunks.
+    """
+
+    def __init__(
+        self,
+        forward_func: Callable,
+        layer: nn.Module | Sequence[nn.Module],
+        device_ids: list[int] | None = None,
+        model_type: str | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        dtype: torch.dtype = torch.float32,
+        show_progress: bool = False,
+    ) -> None:
+        layers = list(layer) if isinstance(layer, (list, tuple, nn.ModuleList)) else [layer]
+        if not layers or not all(isinstance(m, nn.Module) for m in layers):
+            raise TypeError("layer must be a Transformer block module or a list of them")
+        super().__init__(forward_func, layer, device_ids)
+        self._layers = layers
+        self._model = _find_model(forward_func)
+        if self._model is not None:
+            members = {id(m) for m in self._model.modules()}
+            for index, module in enumerate(layers):
+                if id(module) not in members:
+                    raise ValueError(
+                        f"layer {index} ({type(module).__name__}) is not part of the model "
+                        f"{type(self._model).__name__}"
+                    )
+        self.model_type = model_type or _model_type_of(self._model, layers)
+        self.spec: ArchitectureSpec = get_architecture(self.model_type)
+        self.chain: Chain = get_chain(self.spec.chain_name(_config_of(self._model, layers)))
+        for module in layers:
+            self._check_block(module)
+        self.memory_budget = int(memory_budget)
+        self.dtype = dtype
+        self.show_progress = show_progress
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        """The scope names of this model's chain, from attention only to the whole layer."""
+        return self.chain.scopes
+
+    def has_convergence_delta(self) -> bool:
+        return True
+
+    @log_usage()
+    def attribute(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        additional_forward_args: Any = None,
+        scope: ScopeArg = None,
+        return_convergence_delta: bool = False,
+        internal_batch_size: int | None = None,
+        forward_kwargs: dict[str, Any] | None = None,
+        activation_route: str = "closed_form",
+        method: str = "gausslegendre",
+        n_steps: int = 50,
+    ) -> Any:
+        r"""Token-to-token maps ``(batch, n, n)``: ``[b, i, j] = ‖F_i(x_j)‖`` at ``scope``.
+
+        Args:
+            inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids).
+            additional_forward_args (Any, optional): further positional arguments.
+            scope (str or list[str], optional): a scope name (default: the whole layer) or a
+                        list of names, which returns a dict ``name → maps`` from one pass.
+            return_convergence_delta (bool): also return the completeness residual ``(batch,)``
+                        per scope (a dict for a list of scopes).
+            internal_batch_size (int, optional): output rows per chunk; by default chosen so
+                        a chunk fits ``memory_budget``.
+            forward_kwargs (dict, optional): keyword arguments of the model's forward, e.g.
+                        ``{"attention_mask": mask}``; with a 2-D ``attention_mask`` padded
+                        positions get zero rows and columns.
+            activation_route (str): ``"closed_form"`` (exact, default) or ``"captum"``
+                        (Captum's ``IntegratedGradients`` per output row, for checking).
+            method (str): Captum's integration method for the ``"captum"`` route.
+            n_steps (int): Captum's number of steps for the ``"captum"`` route.
+
+        Returns:
+            maps, or ``(maps, delta)``; a list of those for a list of layers.
+        """
+        names, single = self._scope_names(scope)
+        results = self._run(
+            inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
+            ChainOptions(activation_route, method, n_steps), keep=False,
+        )
+        out = []
+        for result in results:
+            maps = result.maps[names[0]] if single else dict(result.maps)
+            if return_convergence_delta:
+                delta = result.delta[names[0]] if single else dict(result.delta)
+                out.append((maps, delta))
+            else:
+                out.append(maps)
+        return out if len(self._layers) > 1 else out[0]
+
+    def decompose(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        additional_forward_args: Any = None,
+        scope: ScopeArg = None,
+        return_convergence_delta: bool = False,
+        internal_batch_size: int | None = None,
+        forward_kwargs: dict[str, Any] | None = None,
+        activation_route: str = "closed_form",
+        method: str = "gausslegendre",
+        n_steps: int = 50,
+    ) -> Any:
+        r"""The decomposition itself (vectors and bias) at ``scope``; see :meth:`attribute`.
+
+        Returns:
+            a dense :class:`~captum_ffb.Decomposition` with terms ``(batch, n, n, d)`` (a dict
+            for a list of scopes; a list for a list of layers), with deltas if asked.
+        """
+        names, single = self._scope_names(scope)
+        results = self._run(
+            inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
+            ChainOptions(activation_route, method, n_steps), keep=True,
+        )
+        out = []
+        for result in results:
+            decs = result.decompositions
+            value = decs[names[0]] if single else dict(decs)
+            if return_convergence_delta:
+                delta = result.delta[names[0]] if single else dict(result.delta)
+                value = (value, delta)
+            out.append(value)
+        return out if len(self._layers) > 1 else out[0]
+
+    # ------------------------------------------------------------------ internals
+    def _check_block(self, module: nn.Module) -> None:
+        spec = self.spec
+        paths = [spec.attention, spec.value.path, spec.attention_output.path, spec.norm1,
+                 spec.norm2, spec.ff_in.path, spec.activation, spec.ff_out.path]
+        if spec.ff_gate is not None:
+            paths.append(spec.ff_gate.path)
+        for path in paths:
+            try:
+                resolve(module, path)
+            except ValueError as error:
+                raise ValueError(
+                    f"{type(module).__name__} is not a {self.model_type} Transformer block "
+                    f"(no {path!r}); pass one block, e.g. model.encoder.layer[0]"
+                ) from error
+
+    def _scope_names(self, scope: ScopeArg) -> tuple[list[str], bool]:
+        if scope is None:
+            return [self.chain.scopes[-1]], True
+        single = isinstance(scope, str)
+        names = [scope] if single else list(scope)
+        if not names:
+            raise ValueError("scope must name at least one scope")
+        unknown = [name for name in names if name not in self.chain.scopes]
+        if unknown:
+            raise ValueError(
+                f"unknown scope {unknown[0]!r} for a {self.chain.name} model; choose from "
+                f"{', '.join(self.chain.scopes)}"
+            )
+        return names, single
+
+    def _watched(self, module: nn.Module) -> dict[str, nn.Module]:
+        spec = self.spec
+        roles = {
+            "norm1": spec.norm1,
+            "norm2": spec.norm2,
+            "ff_in": spec.ff_in.path,
+            "ff_out": spec.ff_out.path,
+            "activation": spec.activation,
+        }
+        if spec.ff_gate is not None:
+            roles["ff_gate"] = spec.ff_gate.path
+        return {role: resolve(module, path) for role, path in roles.items()}
+
+    def _run(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        additional_forward_args: Any,
+        forward_kwargs: dict[str, Any] | None,
+        scopes: list[str],
+        internal_batch_size: int | None,
+        options: ChainOptions,
+        keep: bool,
+    ) -> list[LayerResult]:
+        args = _positional(inputs, additional_forward_args)
+        kwargs = dict(forward_kwargs or {})
+        if internal_batch_size is not None and internal_batch_size < 1:
+            raise ValueError("internal_batch_size must be a positive number of rows")
+
+        training = [module.training for module in self._layers]
+        for module in self._layers:
+            module.eval()  # dropout would make the captured tensors random
+        try:
+            captures = capture_blocks(
+                lambda: self.forward_func(*args, **kwargs),
+                self._layers,
+                [self._watched(module) for module in self._layers],
+                [[resolve(module, self.spec.attention)] for module in self._layers],
+                owners=[self._model] if self._model is not None else [],
+            )
+        finally:
+            for module, mode in zip(self._layers, training):
+                module.train(mode)
+
+        token_mask = _token_mask(kwargs.get("attention_mask"), captures[0].inputs)
+        blocks = [
+            Block(module, self.spec, capture, dtype=self.dtype, token_mask=token_mask)
+            for module, capture in zip(self._layers, captures)
+        ]
+        chunks = [_row_chunks(block, internal_batch_size, self.memory_budget) for block in blocks]
+        progress = _progress(sum(len(c) for c in chunks), self.show_progress)
+        results = []
+        for block, rows in zip(blocks, chunks):
+            results.append(self._run_block(block, scopes, rows, options, keep, progress))
+        if progress is not None:
+            progress.close()
+        return results
+
+    def _run_block(
+        self,
+        block: Block,
+        scopes: list[str],
+        chunks: list[slice],
+        options: ChainOptions,
+        keep: bool,
+        progress: Any,
+    ) -> LayerResult:
+        chain = self.chain
+        result = LayerResult(chain)
+        wanted = set(scopes)
+        last = max(chain.scopes.index(name) for name in scopes)
+        parts: dict[str, list[Decomposition]] = {name: [] for name in scopes}
+        maps: dict[str, list[Tensor]] = {name: [] for name in scopes}
+        deltas: dict[str, list[Tensor]] = {name: [] for name in scopes}
+        references = {name: _reference(block, chain, name) for name in scopes}
+
+        state = chain.mix(block, options)
+        for rows in chunks:
+            for position, (name, decomposition) in enumerate(chain.local(block, state, rows, options)):
+                if name in wanted:
+                    offset = rows.start
+                    maps[name].append(decomposition.maps(row_offset=offset))
+                    deltas[name].append(
+                        decomposition.completeness_residual(
+                            references[name][:, rows], row_offset=offset
+                        )
+                    )
+                    if keep:
+                        parts[name].append(decomposition.dense())
+                if position >= last:
+                    break
+            if progress is not None:
+                progress.update(1)
+
+        for name in scopes:
+            result.maps[name] = torch.cat(maps[name], dim=1)
+            result.delta[name] = torch.stack(deltas[name]).amax(dim=0)
+            if keep:
+                result.decompositions[name] = stack_rows(parts[name])
+        return result
+
+
+def _positional(inputs: Any, additional_forward_args: Any) -> tuple[Any, ...]:
+    if isinstance(inputs, Tensor):
+        args: tuple[Any, ...] = (inputs,)
+    elif isinstance(inputs, tuple) and inputs:
+        args = inputs
+    else:
+        raise TypeError("inputs must be a tensor of token ids or a non-empty tuple of tensors")
+    first = args[0]
+    if isinstance(first, Tensor) and (first.numel() == 0 or (first.dim() >= 2 and first.shape[1] == 0)):
+        raise ValueError("inputs are empty: at least one token is needed")
+    if additional_forward_args is None:
+        return args
+    extra = additional_forward_args
+    return args + (tuple(extra) if isinstance(extra, (tuple, list)) else (extra,))
+
+
+def _token_mask(attention_mask: Any, hidden: Tensor) -> Tensor | None:
+    if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2:
+        return None
+    if attention_mask.shape != hidden.shape[:2]:
+        return None
+    return (attention_mask != 0).to(hidden.device)
+
+
+def _reference(block: Block, chain: Chain, scope: str) -> Tensor:
+    role, which = chain.references[scope]
+    return block.output if role == "block" else block.real(role, which)
+
+
+def _row_chunks(block: Block, rows_per_chunk: int | None, budget: int) -> list[slice]:
+    batch, n, width = block.capture.inputs.shape
+    if rows_per_chunk is None:
+        ff_width = block.capture.tensors[("ff_in", "output")].shape[-1]
+        item = torch.finfo(block.dtype).bits // 8
+        per_row = batch * n * (2 * ff_width + 8 * width) * item
+        rows_per_chunk = max(1, min(n, budget // max(per_row, 1)))
+    count = math.ceil(n / rows_per_chunk)
+    return [slice(i * rows_per_chunk, min(n, (i + 1) * rows_per_chunk)) for i in range(count)]
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="decomposing", unit="chunk")
+

@@ -1,0 +1,401 @@
+"""Additive decompositions of a sequence of vectors over the tokens of a layer input.
+
+A decomposition of vectors ``z_1 … z_n`` is a pair ``(F, b)`` with ``F[i, j]`` the part of
+``z_i`` owed to input token ``j`` and ``b[i]`` the part owed to no token, such that
+``z_i = Σ_j F[i, j] + b[i]`` (completeness).
+
+Three storage forms share one interface, so that rules never need to know which one they
+hold and the cheap forms are kept for as long as the mathematics allows:
+
+* :class:`Decomposition`: dense terms ``(B, n_out, n_in, d)``.
+* :class:`TokenwiseDecomposition`: ``F[i, j] = δ_ij v_i`` (a layer input, or anything computed
+  token by token from it), stored as ``(B, n, d)``.
+* :class:`FactoredDecomposition`: ``F[i, j] = Σ_k mix[k, i, j] · basis[k, j]``, the form that
+  attention produces (one component per head); linear maps touch only the ``n·K`` basis
+  vectors instead of the ``n²`` terms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Decomposition",
+    "FactoredDecomposition",
+    "TokenwiseDecomposition",
+    "as_matrix",
+]
+
+
+def _apply_matrix(vectors: Tensor, weight: Tensor) -> Tensor:
+    """``vectors @ weight`` over the last dimension, keeping a transposed layout cheap.
+
+    Dense terms are sometimes a ``transpose(1, 2)`` view of a contiguous buffer; multiplying
+    in the buffer's own layout avoids copying ``n²`` vectors before the product.
+    """
+    if vectors.dim() == 4 and not vectors.is_contiguous():
+        swapped = vectors.transpose(1, 2)
+        if swapped.is_contiguous():
+            return (swapped @ weight).transpose(1, 2)
+    return vectors @ weight
+
+
+def as_matrix(x: Tensor | float, like: Tensor) -> Tensor:
+    """Cast ``x`` to a tensor on the device and dtype of ``like``."""
+    return torch.as_tensor(x, device=like.device, dtype=like.dtype)
+
+
+class Decomposition:
+    r"""Dense decomposition: ``terms`` of shape ``(B, n_out, n_in, d)``, ``bias`` ``(B, n_out, d)``.
+
+    Args:
+        terms (Tensor): ``terms[b, i, j]`` is the part of output vector ``i`` owed to input
+                    token ``j``.
+        bias (Tensor): the part of each output vector owed to no token (biases, β).
+        token_mask (Tensor, optional): ``(B, n_in)``, 1 for real tokens, 0 for padding. Maps
+                    are zeroed on padded rows and columns.
+    """
+
+    def __init__(self, terms: Tensor, bias: Tensor, token_mask: Tensor | None = None) -> None:
+        if terms.dim() != 4 or bias.dim() != 3:
+            raise ValueError(
+                "terms must be (batch, n_out, n_in, d) and bias (batch, n_out, d); got "
+                f"{tuple(terms.shape)} and {tuple(bias.shape)}"
+            )
+        if terms.shape[:2] != bias.shape[:2] or terms.shape[-1] != bias.shape[-1]:
+            raise ValueError(
+                f"terms {tuple(terms.shape)} and bias {tuple(bias.shape)} do not match"
+            )
+        self._terms = terms
+        self.bias = bias
+        self.token_mask = token_mask
+
+    # ----------------------------------------------------------------- shape and views
+    @property
+    def terms(self) -> Tensor:
+        """Dense terms ``(B, n_out, n_in, d)`` (materialised for the compact forms)."""
+        return self._terms
+
+    @property
+    def batch_size(self) -> int:
+        return self.bias.shape[0]
+
+    @property
+    def n_out(self) -> int:
+        return self.bias.shape[1]
+
+    @property
+    def n_in(self) -> int:
+        return self.terms.shape[2]
+
+    @property
+    def dim(self) -> int:
+        return self.bias.shape[-1]
+
+    def dense(self) -> Decomposition:
+        """This decomposition with its terms materialised."""
+        return Decomposition(self.terms, self.bias, self.token_mask)
+
+    def rows(self, index: slice | Tensor) -> Decomposition:
+        """The decomposition of the output vectors ``index`` only."""
+        return Decomposition(self.terms[:, index], self.bias[:, index], self.token_mask)
+
+    # ----------------------------------------------------------------- readouts
+    def total(self) -> Tensor:
+        """``Σ_j terms[:, i, j] + bias[:, i]``, shape ``(B, n_out, d)``."""
+        return self.terms.sum(dim=2) + self.bias
+
+    def maps(self, row_offset: int = 0) -> Tensor:
+        """The map ``M[b, i, j] = ‖terms[b, i, j]‖₂``, padding rows and columns zeroed.
+
+        Args:
+            row_offset (int): index of this decomposition's first output row in the full
+                        sequence (for row chunks), used to find padded rows.
+        """
+        maps = torch.linalg.vector_norm(self.terms, dim=-1)
+        return self._mask_maps(maps, row_offset)
+
+    def _mask_maps(self, maps: Tensor, row_offset: int) -> Tensor:
+        if self.token_mask is None:
+            return maps
+        mask = self.token_mask.to(maps.dtype)
+        rows = mask[:, row_offset : row_offset + maps.shape[1]]
+        return maps * rows[:, :, None] * mask[:, None, : maps.shape[2]]
+
+    def completeness_residual(
+        self, target: Tensor, relative: bool = False, row_offset: int = 0
+    ) -> Tensor:
+        """Largest deviation of :meth:`total` from ``target`` per batch element, ``(B,)``.
+
+        Args:
+            target (Tensor): the real vectors ``(B, n_out, d)`` the decomposition explains.
+            relative (bool): divide by the largest ``|target|`` of the batch element.
+            row_offset (int): see :meth:`maps`; padded rows are left out.
+        """
+        diff = (self.total() - target.to(self.bias.dtype)).abs().amax(dim=-1)
+        scale = target.abs().amax(dim=-1).to(diff.dtype)
+        if self.token_mask is not None:
+            rows = self.token_mask[:, row_offset : row_offset + diff.shape[1]].to(diff.dtype)
+            diff = diff * rows
+            scale = scale * rows
+        residual = diff.amax(dim=1)
+        if relative:
+            residual = residual / scale.amax(dim=1).clamp_min(torch.finfo(diff.dtype).tiny)
+        return residual
+
+    # ----------------------------------------------------------------- algebra
+    def linear(self, weight: Tensor, bias: Tensor | None = None) -> Decomposition:
+        """Decomposition of ``z W + c``: terms ``F W``, bias ``b W + c``.
+
+        Args:
+            weight (Tensor): ``(d_in, d_out)``.
+            bias (Tensor, optional): ``(d_out,)``.
+        """
+        return Decomposition(
+            _apply_matrix(self.terms, weight),
+            self._bias_linear(weight, bias),
+            self.token_mask,
+        )
+
+    def _bias_linear(self, weight: Tensor, bias: Tensor | None) -> Tensor:
+        out = self.bias @ weight
+        return out if bias is None else out + bias
+
+    def center(self) -> Decomposition:
+        """Subtract from every vector its mean over the feature dimension (a linear map)."""
+        terms = self.terms
+        return Decomposition(
+            terms - terms.mean(dim=-1, keepdim=True),
+            self.bias - self.bias.mean(dim=-1, keepdim=True),
+            self.token_mask,
+        )
+
+    def scale_rows(self, scale: Tensor) -> Decomposition:
+        """Multiply every vector of output row ``i`` by ``scale[:, i]``.
+
+        Args:
+            scale (Tensor): ``(B, n_out)`` (one number per row) or ``(B, n_out, d)``.
+        """
+        per_row = scale if scale.dim() == 3 else scale[..., None]
+        return Decomposition(
+            self.terms * per_row[:, :, None, :], self.bias * per_row, self.token_mask
+        )
+
+    def scale_features(self, gamma: Tensor) -> Decomposition:
+        """Multiply every vector element-wise by ``gamma`` ``(d,)``."""
+        return Decomposition(self.terms * gamma, self.bias * gamma, self.token_mask)
+
+    def add_bias(self, beta: Tensor) -> Decomposition:
+        """Add a vector owed to no token (β of a norm, a constant)."""
+        return Decomposition(self.terms, self.bias + beta, self.token_mask)
+
+    def __add__(self, other: Decomposition) -> Decomposition:
+        if not isinstance(other, Decomposition):
+            return NotImplemented
+        _check_same_shape(self, other)
+        return Decomposition(
+            self.terms + other.terms, self.bias + other.bias, self.token_mask
+        )
+
+    # ----------------------------------------------------------------- constructors
+    @staticmethod
+    def identity(x: Tensor, token_mask: Tensor | None = None) -> TokenwiseDecomposition:
+        """The identity decomposition of a layer input ``x`` ``(B, n, d)``."""
+        return TokenwiseDecomposition(x, torch.zeros_like(x), token_mask)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(batch={self.batch_size}, n_out={self.n_out}, "
+            f"n_in={self.n_in}, d={self.dim})"
+        )
+
+
+def _check_same_shape(a: Decomposition, b: Decomposition) -> None:
+    if (a.batch_size, a.n_out, a.n_in, a.dim) != (b.batch_size, b.n_out, b.n_in, b.dim):
+        raise ValueError(f"cannot add decompositions of different shapes: {a} and {b}")
+
+
+class TokenwiseDecomposition(Decomposition):
+    r"""Decomposition whose only terms are on the diagonal: ``F[i, j] = δ_ij vectors[i]``.
+
+    Args:
+        vectors (Tensor): ``(B, n, d)``.
+        bias (Tensor): ``(B, n, d)``.
+        token_mask (Tensor, optional): see :class:`Decomposition`.
+    """
+
+    def __init__(self, vectors: Tensor, bias: Tensor, token_mask: Tensor | None = None) -> None:
+        if vectors.shape != bias.shape or vectors.dim() != 3:
+            raise ValueError(
+                f"vectors and bias must both be (batch, n, d); got {tuple(vectors.shape)} "
+                f"and {tuple(bias.shape)}"
+            )
+        self.vectors = vectors
+        self.bias = bias
+        self.token_mask = token_mask
+
+    @property
+    def terms(self) -> Tensor:
+        return torch.diag_embed(self.vectors.transpose(1, 2)).permute(0, 2, 3, 1)
+
+    @property
+    def n_in(self) -> int:
+        return self.vectors.shape[1]
+
+    def factored(self) -> FactoredDecomposition:
+        """The same decomposition as one factored component with an identity mix."""
+        batch, n, _ = self.vectors.shape
+        eye = torch.eye(n, device=self.vectors.device, dtype=self.vectors.dtype)
+        mix = eye.expand(batch, 1, n, n)
+        return FactoredDecomposition(mix, self.vectors[:, None], self.bias, self.token_mask)
+
+    def rows(self, index: slice | Tensor) -> Decomposition:
+        return self.factored().rows(index)
+
+    def total(self) -> Tensor:
+        return self.vectors + self.bias
+
+    def maps(self, row_offset: int = 0) -> Tensor:
+        return self.factored().maps(row_offset)
+
+    def linear(self, weight: Tensor, bias: Tensor | None = None) -> TokenwiseDecomposition:
+        return TokenwiseDecomposition(
+            self.vectors @ weight, self._bias_linear(weight, bias), self.token_mask
+        )
+
+    def center(self) -> TokenwiseDecomposition:
+        v = self.vectors
+        return TokenwiseDecomposition(
+            v - v.mean(dim=-1, keepdim=True),
+            self.bias - self.bias.mean(dim=-1, keepdim=True),
+            self.token_mask,
+        )
+
+    def scale_rows(self, scale: Tensor) -> TokenwiseDecomposition:
+        per_row = scale if scale.dim() == 3 else scale[..., None]
+        return TokenwiseDecomposition(
+            self.vectors * per_row, self.bias * per_row, self.token_mask
+        )
+
+    def scale_features(self, gamma: Tensor) -> TokenwiseDecomposition:
+        return TokenwiseDecomposition(
+            self.vectors * gamma, self.bias * gamma, self.token_mask
+        )
+
+    def add_bias(self, beta: Tensor) -> TokenwiseDecomposition:
+        return TokenwiseDecomposition(self.vectors, self.bias + beta, self.token_mask)
+
+    def __add__(self, other: Decomposition) -> Decomposition:
+        if isinstance(other, TokenwiseDecomposition):
+            _check_same_shape(self, other)
+            return TokenwiseDecomposition(
+                self.vectors + other.vectors, self.bias + other.bias, self.token_mask
+            )
+        if isinstance(other, FactoredDecomposition):
+            return self.factored() + other
+        return super().__add__(other)
+
+
+class FactoredDecomposition(Decomposition):
+    r"""Decomposition ``F[i, j] = Σ_k mix[k, i, j] · basis[k, j]``.
+
+    Args:
+        mix (Tensor): ``(B, K, n_out, n_in)`` coefficients (attention probabilities, scaled).
+        basis (Tensor): ``(B, K, n_in, d)`` one vector per component and input token.
+        bias (Tensor): ``(B, n_out, d)``.
+        token_mask (Tensor, optional): see :class:`Decomposition`.
+    """
+
+    def __init__(
+        self, mix: Tensor, basis: Tensor, bias: Tensor, token_mask: Tensor | None = None
+    ) -> None:
+        if mix.dim() != 4 or basis.dim() != 4 or mix.shape[:2] != basis.shape[:2]:
+            raise ValueError(
+                "mix must be (batch, K, n_out, n_in) and basis (batch, K, n_in, d); got "
+                f"{tuple(mix.shape)} and {tuple(basis.shape)}"
+            )
+        self.mix = mix
+        self.basis = basis
+        self.bias = bias
+        self.token_mask = token_mask
+
+    @property
+    def terms(self) -> Tensor:
+        # Contract over components with token j as a batch index: (B, n_in, n_out, d),
+        # returned as a (B, n_out, n_in, d) view so later products need no copy.
+        mix = self.mix.permute(0, 3, 2, 1)  # (B, n_in, n_out, K)
+        basis = self.basis.transpose(1, 2)  # (B, n_in, K, d)
+        return torch.matmul(mix, basis).transpose(1, 2)
+
+    @property
+    def n_in(self) -> int:
+        return self.basis.shape[2]
+
+    @property
+    def n_components(self) -> int:
+        return self.basis.shape[1]
+
+    def rows(self, index: slice | Tensor) -> FactoredDecomposition:
+        return FactoredDecomposition(
+            self.mix[:, :, index], self.basis, self.bias[:, index], self.token_mask
+        )
+
+    def total(self) -> Tensor:
+        # Σ_j Σ_k mix[k, i, j] basis[k, j] = Σ_k mix_k @ basis_k
+        return torch.matmul(self.mix, self.basis).sum(dim=1) + self.bias
+
+    def linear(self, weight: Tensor, bias: Tensor | None = None) -> FactoredDecomposition:
+        return FactoredDecomposition(
+            self.mix, self.basis @ weight, self._bias_linear(weight, bias), self.token_mask
+        )
+
+    def center(self) -> FactoredDecomposition:
+        return FactoredDecomposition(
+            self.mix,
+            self.basis - self.basis.mean(dim=-1, keepdim=True),
+            self.bias - self.bias.mean(dim=-1, keepdim=True),
+            self.token_mask,
+        )
+
+    def scale_rows(self, scale: Tensor) -> Decomposition:
+        if scale.dim() == 3:  # a per-feature row scale does not factor: materialise
+            return self.dense().scale_rows(scale)
+        return FactoredDecomposition(
+            self.mix * scale[:, None, :, None],
+            self.basis,
+            self.bias * scale[..., None],
+            self.token_mask,
+        )
+
+    def scale_features(self, gamma: Tensor) -> FactoredDecomposition:
+        return FactoredDecomposition(
+            self.mix, self.basis * gamma, self.bias * gamma, self.token_mask
+        )
+
+    def add_bias(self, beta: Tensor) -> FactoredDecomposition:
+        return FactoredDecomposition(self.mix, self.basis, self.bias + beta, self.token_mask)
+
+    def __add__(self, other: Decomposition) -> Decomposition:
+        if isinstance(other, TokenwiseDecomposition):
+            other = other.factored()
+        if isinstance(other, FactoredDecomposition):
+            _check_same_shape(self, other)
+            return FactoredDecomposition(
+                torch.cat([self.mix, other.mix.expand(self.batch_size, -1, -1, -1)], dim=1),
+                torch.cat([self.basis, other.basis], dim=1),
+                self.bias + other.bias,
+                self.token_mask,
+            )
+        return self.dense() + other
+
+
+def stack_rows(parts: Sequence[Decomposition]) -> Decomposition:
+    """Concatenate row chunks of one decomposition back into a dense decomposition."""
+    return Decomposition(
+        torch.cat([p.terms for p in parts], dim=1),
+        torch.cat([p.bias for p in parts], dim=1),
+        parts[0].token_mask,
+    )

@@ -1,0 +1,240 @@
+"""LayerNormDecomposition on tiny random models of every registered architecture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from captum.attr import LayerAttribution
+
+from captum_ffb import (
+    Decomposition,
+    LayerNormDecomposition,
+    UnsupportedArchitectureError,
+    supported_architectures,
+)
+from tests.models import TINY_MODELS, capture_references, token_ids
+
+NAMES = sorted(TINY_MODELS)
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def tiny(request):
+    spec = TINY_MODELS[request.param]
+    return spec, spec.build()
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def test_every_registered_family_has_a_tiny_model():
+    covered = {name.removesuffix("-post-ln") for name in TINY_MODELS}
+    assert set(supported_architectures()) <= covered
+
+
+def test_is_a_captum_layer_attribution(tiny):
+    spec, model = tiny
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[0])
+    assert isinstance(lnd, LayerAttribution)
+    assert lnd.has_convergence_delta()
+
+
+def test_completeness_at_every_scope_against_real_tensors(tiny):
+    spec, model = tiny
+    ids = token_ids()
+    blocks = spec.blocks(model)
+    for block in blocks:
+        lnd = LayerNormDecomposition(model, block)
+        decs = lnd.decompose(ids, scope=list(lnd.scopes))
+        refs = capture_references(model, block, spec.references, input_ids=ids)
+        assert set(decs) == set(refs)
+        for scope, dec in decs.items():
+            assert dec.terms.shape == (2, 9, 9, 32)
+            assert _relative(dec.total(), refs[scope]) < 1e-5, scope
+
+
+def test_whole_layer_equals_next_hidden_state(tiny):
+    spec, model = tiny
+    ids = token_ids()
+    with torch.no_grad():
+        hidden = model(input_ids=ids, output_hidden_states=True).hidden_states
+    blocks = spec.blocks(model)
+    lnd = LayerNormDecomposition(model, list(blocks))
+    results = lnd.decompose(ids, return_convergence_delta=True)
+    assert len(results) == len(blocks)
+    for index, (dec, delta) in enumerate(results):
+        target = hidden[index + 1]
+        if spec.final_norm and index == len(blocks) - 1:
+            continue  # the model's last hidden state is taken after its final norm
+        assert _relative(dec.total(), target) < 1e-5
+        assert delta.shape == (2,)
+        assert float(delta.max()) < 1e-4
+
+
+def test_convergence_delta_is_the_completeness_residual(tiny):
+    spec, model = tiny
+    ids = token_ids()
+    block = spec.blocks(model)[1]
+    lnd = LayerNormDecomposition(model, block)
+    maps, deltas = lnd.attribute(ids, scope=list(lnd.scopes), return_convergence_delta=True)
+    refs = capture_references(model, block, spec.references, input_ids=ids)
+    decs = lnd.decompose(ids, scope=list(lnd.scopes))
+    for scope in lnd.scopes:
+        expected = (decs[scope].total() - refs[scope]).abs().amax(dim=(1, 2))
+        torch.testing.assert_close(deltas[scope], expected, atol=1e-6, rtol=0)
+        torch.testing.assert_close(maps[scope], decs[scope].terms.norm(dim=-1))
+
+
+def test_closed_form_equals_captum_integrated_gradients(tiny):
+    spec, model = tiny
+    ids = token_ids(batch=1, n=6)
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[0])
+    exact = lnd.attribute(ids, scope=list(lnd.scopes))
+    numeric = lnd.attribute(ids, scope=list(lnd.scopes), activation_route="captum",
+                            method="gausslegendre", n_steps=50)
+    for scope in lnd.scopes:
+        assert _relative(numeric[scope], exact[scope]) < 1e-5, scope
+
+
+def test_causal_models_have_zeros_above_the_diagonal(tiny):
+    spec, model = tiny
+    if not spec.causal:
+        pytest.skip("bidirectional model")
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[1])
+    maps = lnd.attribute(token_ids(), scope=list(lnd.scopes))
+    upper = torch.triu(torch.ones(9, 9, dtype=torch.bool), diagonal=1)
+    for scope, m in maps.items():
+        assert torch.all(m[:, upper] == 0), scope
+        assert torch.all(m[:, ~upper].sum(-1) > 0)
+
+
+def test_padding_gives_zero_rows_and_columns_and_keeps_real_maps(tiny):
+    spec, model = tiny
+    short = token_ids(batch=1, n=5, seed=3)
+    long = token_ids(batch=1, n=8, seed=4)
+    padded = torch.cat([short, torch.full((1, 3), 1)], dim=1)
+    batch = torch.cat([padded, long])
+    mask = torch.ones_like(batch)
+    mask[0, 5:] = 0
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[1])
+    together = lnd.attribute(batch, scope=list(lnd.scopes), forward_kwargs={"attention_mask": mask})
+    alone = lnd.attribute(short, scope=list(lnd.scopes))
+    alone_long = lnd.attribute(long, scope=list(lnd.scopes))
+    for scope in lnd.scopes:
+        assert torch.all(together[scope][0, 5:] == 0) and torch.all(together[scope][0, :, 5:] == 0)
+        torch.testing.assert_close(together[scope][0, :5, :5], alone[scope][0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(together[scope][1], alone_long[scope][0], atol=1e-5, rtol=1e-4)
+
+
+def test_row_chunks_do_not_change_the_result(tiny):
+    spec, model = tiny
+    ids = token_ids()
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[0])
+    whole = lnd.attribute(ids, scope=list(lnd.scopes), internal_batch_size=9)
+    chunked, delta = lnd.attribute(ids, scope=list(lnd.scopes), internal_batch_size=2,
+                                   return_convergence_delta=True)
+    for scope in lnd.scopes:
+        torch.testing.assert_close(chunked[scope], whole[scope])
+        assert delta[scope].shape == (2,)
+
+
+def test_default_scope_is_the_whole_layer(tiny):
+    spec, model = tiny
+    ids = token_ids()
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[0])
+    default, delta = lnd.attribute(ids, return_convergence_delta=True)
+    last = lnd.attribute(ids, scope=lnd.scopes[-1])
+    torch.testing.assert_close(default, last)
+    assert default.shape == (2, 9, 9) and delta.shape == (2,)
+
+
+def test_decompose_returns_the_vectors():
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[0])
+    dec = lnd.decompose(token_ids(), scope="AtbFf")
+    assert isinstance(dec, Decomposition)
+    assert dec.terms.shape == (2, 9, 9, 32) and dec.bias.shape == (2, 9, 32)
+
+
+def test_forward_func_may_be_a_function_of_the_model():
+    spec = TINY_MODELS["gpt2"]
+    model = spec.build()
+    ids = token_ids()
+    direct = LayerNormDecomposition(model, model.h[0]).attribute(ids)
+    wrapped = LayerNormDecomposition(lambda x: model(input_ids=x).last_hidden_state, model.h[0])
+    torch.testing.assert_close(wrapped.attribute(ids), direct)
+
+
+def test_half_precision_model_is_decomposed_in_float32():
+    spec = TINY_MODELS["bert"]
+    model = spec.build().to(torch.bfloat16)
+    lnd = LayerNormDecomposition(model, model.encoder.layer[0])
+    maps, delta = lnd.attribute(token_ids(), return_convergence_delta=True)
+    assert maps.dtype == torch.float32
+    assert torch.isfinite(maps).all() and float(delta.max()) < 0.1
+
+
+def test_training_mode_is_restored_and_dropout_does_not_break_completeness():
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    model.train()
+    lnd = LayerNormDecomposition(model, model.encoder.layer[0])
+    _, delta = lnd.attribute(token_ids(), return_convergence_delta=True)
+    assert model.encoder.layer[0].training
+    assert float(delta.max()) < 1e-4
+
+
+def test_the_model_attention_setting_is_restored():
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    before = model.config._attn_implementation
+    LayerNormDecomposition(model, model.encoder.layer[0]).attribute(token_ids())
+    assert model.config._attn_implementation == before
+
+
+# ---------------------------------------------------------------------- errors
+def test_unsupported_model_lists_what_is_supported():
+    from transformers import T5Config, T5EncoderModel
+
+    model = T5EncoderModel(T5Config(vocab_size=60, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4))
+    with pytest.raises(UnsupportedArchitectureError, match="Supported: .*bert.*register_architecture"):
+        LayerNormDecomposition(model, model.encoder.block[0])
+
+
+def test_layer_not_in_the_model():
+    spec = TINY_MODELS["bert"]
+    model, other = spec.build(), spec.build()
+    with pytest.raises(ValueError, match="not part of the model"):
+        LayerNormDecomposition(model, other.encoder.layer[0])
+
+
+def test_a_module_that_is_not_a_block():
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    with pytest.raises(ValueError, match="not a bert Transformer block"):
+        LayerNormDecomposition(model, model.encoder.layer[0].attention)
+
+
+def test_empty_input():
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    lnd = LayerNormDecomposition(model, model.encoder.layer[0])
+    with pytest.raises(ValueError, match="empty"):
+        lnd.attribute(torch.zeros(1, 0, dtype=torch.long))
+
+
+def test_unknown_scope_names_the_valid_ones():
+    spec = TINY_MODELS["gpt2"]
+    model = spec.build()
+    lnd = LayerNormDecomposition(model, model.h[0])
+    with pytest.raises(ValueError, match="AtbLnFfRes"):
+        lnd.attribute(token_ids(), scope="AtbFfResLn")
+
+
+def test_bad_internal_batch_size():
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    lnd = LayerNormDecomposition(model, model.encoder.layer[0])
+    with pytest.raises(ValueError, match="internal_batch_size"):
+        lnd.attribute(token_ids(), internal_batch_size=0)

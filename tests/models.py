@@ -1,0 +1,151 @@
+"""Tiny randomly initialised models of every registered family, for the test suite."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+VOCAB = 60
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """A factory for one tiny model, and where its blocks and sub-modules live."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    blocks: Callable[[nn.Module], nn.ModuleList]
+    causal: bool
+    # scope -> (path from the block, "input" | "output"): the real tensor the scope explains
+    references: dict[str, tuple[str, str]]
+    final_norm: bool = False  # a norm after the last block (Pre-LN decoders)
+
+
+def _seeded(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        model = factory().eval()
+        _randomise_norms(model)
+        return model
+
+    return build
+
+
+def _randomise_norms(model: nn.Module) -> None:
+    """Random γ and β so that norms are tested with non-trivial parameters."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm) and module.weight is not None:
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.uniform_(-0.2, 0.2)
+
+
+def _bert_like(config_cls, model_cls, **extra) -> Callable[[], nn.Module]:
+    def factory() -> nn.Module:
+        config = config_cls(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64, type_vocab_size=2, **extra,
+        )
+        return model_cls(config)
+
+    return _seeded(factory)
+
+
+POST_LN_REFS = {
+    "Atb": ("attention.output.LayerNorm", "output"),
+    "AtbFf": ("output.dense", "output"),
+    "AtbFfRes": ("output.LayerNorm", "input"),
+    "AtbFfResLn": ("", "output"),
+}
+
+
+def tiny_models() -> list[TinyModel]:
+    from transformers import (
+        BertConfig, BertModel, CamembertConfig, CamembertModel, DistilBertConfig,
+        DistilBertModel, ElectraConfig, ElectraModel, GPT2Config, GPT2Model, OPTConfig,
+        OPTModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel,
+    )
+
+    def distilbert() -> nn.Module:
+        return DistilBertModel(DistilBertConfig(
+            vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+            max_position_embeddings=64,
+        ))
+
+    def gpt2() -> nn.Module:
+        return GPT2Model(GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+            bos_token_id=0, eos_token_id=0,
+        ))
+
+    def opt(pre: bool) -> Callable[[], nn.Module]:
+        def factory() -> nn.Module:
+            return OPTModel(OPTConfig(
+                vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                ffn_dim=64, max_position_embeddings=64, word_embed_proj_dim=32,
+                do_layer_norm_before=pre, pad_token_id=1, bos_token_id=0, eos_token_id=0,
+            ))
+
+        return factory
+
+    pre_ln_gpt2 = {
+        "Atb": ("ln_2", "input"), "AtbLn": ("ln_2", "output"),
+        "AtbLnFf": ("mlp.c_proj", "output"), "AtbLnFfRes": ("", "output"),
+    }
+    pre_ln_opt = {
+        "Atb": ("final_layer_norm", "input"), "AtbLn": ("final_layer_norm", "output"),
+        "AtbLnFf": ("fc2", "output"), "AtbLnFfRes": ("", "output"),
+    }
+    post_ln_opt = {
+        "Atb": ("self_attn_layer_norm", "output"), "AtbFf": ("fc2", "output"),
+        "AtbFfRes": ("final_layer_norm", "input"), "AtbFfResLn": ("", "output"),
+    }
+    post_ln_distil = {
+        "Atb": ("sa_layer_norm", "output"), "AtbFf": ("ffn.lin2", "output"),
+        "AtbFfRes": ("output_layer_norm", "input"), "AtbFfResLn": ("", "output"),
+    }
+    return [
+        TinyModel("bert", _bert_like(BertConfig, BertModel), lambda m: m.encoder.layer, False, POST_LN_REFS),
+        TinyModel("roberta", _bert_like(RobertaConfig, RobertaModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
+        TinyModel("xlm-roberta", _bert_like(XLMRobertaConfig, XLMRobertaModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
+        TinyModel("camembert", _bert_like(CamembertConfig, CamembertModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
+        TinyModel("electra", _bert_like(ElectraConfig, ElectraModel, embedding_size=32), lambda m: m.encoder.layer, False, POST_LN_REFS),
+        TinyModel("distilbert", _seeded(distilbert), lambda m: m.transformer.layer, False, post_ln_distil),
+        TinyModel("gpt2", _seeded(gpt2), lambda m: m.h, True, pre_ln_gpt2, final_norm=True),
+        TinyModel("opt", _seeded(opt(True)), lambda m: m.decoder.layers, True, pre_ln_opt, final_norm=True),
+        TinyModel("opt-post-ln", _seeded(opt(False)), lambda m: m.decoder.layers, True, post_ln_opt),
+    ]
+
+
+TINY_MODELS = {model.name: model for model in tiny_models()}
+
+
+def token_ids(batch: int = 2, n: int = 9, seed: int = 1) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, VOCAB, (batch, n), generator=generator)
+
+
+def capture_references(model: nn.Module, block: nn.Module, refs: dict[str, tuple[str, str]], **forward_kwargs) -> dict[str, torch.Tensor]:
+    """The real tensor behind each scope, taken with the test's own hooks."""
+    found: dict[str, torch.Tensor] = {}
+    handles = []
+    for scope, (path, which) in refs.items():
+        module = block.get_submodule(path) if path else block
+
+        def hook(mod, args, output, scope=scope, which=which):
+            value = args[0] if which == "input" else output
+            value = value[0] if isinstance(value, tuple) else value
+            found.setdefault(scope, value.detach())
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(**forward_kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    batch = forward_kwargs["input_ids"].shape[0]
+    return {k: v.reshape(batch, -1, v.shape[-1]) for k, v in found.items()}
