@@ -64,9 +64,22 @@ POST_LN_REFS = {
 
 def tiny_models() -> list[TinyModel]:
     from transformers import (
-        BertConfig, BertModel, CamembertConfig, CamembertModel, DistilBertConfig,
-        DistilBertModel, ElectraConfig, ElectraModel, GPT2Config, GPT2Model, OPTConfig,
-        OPTModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel,
+        BertConfig,
+        BertModel,
+        CamembertConfig,
+        CamembertModel,
+        DistilBertConfig,
+        DistilBertModel,
+        ElectraConfig,
+        ElectraModel,
+        GPT2Config,
+        GPT2Model,
+        OPTConfig,
+        OPTModel,
+        RobertaConfig,
+        RobertaModel,
+        XLMRobertaConfig,
+        XLMRobertaModel,
     )
 
     def distilbert() -> nn.Module:

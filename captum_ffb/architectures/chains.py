@@ -13,7 +13,7 @@ attribution uses for its convergence delta.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from captum_ffb import rules
@@ -45,6 +45,7 @@ class Chain:
                     reproduces; the role ``"block"`` means the block's own output.
         mix (Callable): ``(block, options) → state``, all rows.
         local (Callable): ``(block, state, rows, options) → iterator of (scope, decomposition)``.
+        ff_pair (tuple[str, str]): the scopes just before and just after the FF block.
         description (str): one line for the docs.
     """
 
@@ -53,8 +54,8 @@ class Chain:
     references: dict[str, tuple[str, str]]
     mix: Callable[[Block, ChainOptions], State]
     local: Callable[[Block, State, Rows, ChainOptions], Iterator[tuple[str, Decomposition]]]
+    ff_pair: tuple[str, str]
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- shared steps
@@ -133,6 +134,7 @@ POST_LN = Chain(
     },
     mix=_post_ln_mix,
     local=_post_ln_local,
+    ff_pair=("Atb", "AtbFf"),
     description="LN2(x' + FF(x')), x' = LN1(x + ATTN(x)) (BERT)",
 )
 
@@ -165,6 +167,7 @@ PRE_LN = Chain(
     },
     mix=_pre_ln_mix,
     local=_pre_ln_local,
+    ff_pair=("AtbLn", "AtbLnFf"),
     description="h + FF(LN2(h)), h = x + ATTN(LN1(x)) (GPT-2, Llama)",
 )
 

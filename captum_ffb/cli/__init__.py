@@ -1,0 +1,50 @@
+"""The ``captum-ffb`` command line.
+
+Each sub-command lives in its own module of this package and exposes
+``register(subparsers)``, which adds its parser and sets ``run=callable(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+#: Errors shown to users as one line (no traceback).
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, TypeError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="captum-ffb",
+        description="Exact token-to-token attribution maps for every Transformer layer.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``captum-ffb`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except USER_ERRORS as error:
+        print(f"captum-ffb: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("captum-ffb: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,5 @@
+import sys
+
+from captum_ffb.cli import main
+
+sys.exit(main())

@@ -1,0 +1,132 @@
+"""Maps for a piece of text: tokenise, decompose the chosen layers, keep tokens and deltas.
+
+This is what the CLI, the figures, the HTML view and the exports consume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from captum_ffb.attr import LayerNormDecomposition
+from captum_ffb.models import LoadedModel, load_model
+
+
+@dataclass
+class TextMaps:
+    """Token-to-token maps of one text, per layer and scope.
+
+    Attributes:
+        text (str): the input text.
+        tokens (list[str]): the tokens, as the tokenizer writes them.
+        model_name (str): the model's name or folder.
+        model_type (str): its Hugging Face ``model_type``.
+        chain (str): ``"post_ln"`` or ``"pre_ln"``, ...
+        scopes (tuple[str, ...]): the scopes computed, in chain order.
+        ff_pair (tuple[str, str]): the scopes just before and after the FF block.
+        layers (list[int]): the layer indices computed.
+        maps (dict): ``layer → scope → (n, n)`` tensor.
+        delta (dict): ``layer → scope → completeness residual`` (float).
+    """
+
+    text: str
+    tokens: list[str]
+    model_name: str
+    model_type: str
+    chain: str
+    scopes: tuple[str, ...]
+    ff_pair: tuple[str, str]
+    layers: list[int]
+    maps: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    delta: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def ff_amp(self, layer: int) -> Tensor:
+        """The FF-amp map of ``layer``: column-normalised map after FF minus before FF."""
+        before, after = self.ff_pair
+        return ff_amplification(self.maps[layer][before], self.maps[layer][after])
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: tokens, maps as nested lists, residuals."""
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "model": self.model_name,
+            "model_type": self.model_type,
+            "chain": self.chain,
+            "scopes": list(self.scopes),
+            "ff_pair": list(self.ff_pair),
+            "layers": {
+                str(layer): {
+                    "maps": {s: self.maps[layer][s].tolist() for s in self.scopes},
+                    "completeness_residual": self.delta[layer],
+                }
+                for layer in self.layers
+            },
+        }
+
+
+def ff_amplification(before: Tensor, after: Tensor) -> Tensor:
+    r"""``after / Σ_i after[i, j] − before / Σ_i before[i, j]``: each map normalised so every
+    column sums to 1, then subtracted (the paper's FF-amp). Works on ``(…, n, n)``."""
+
+    def columns(m: Tensor) -> Tensor:
+        total = m.sum(dim=-2, keepdim=True)
+        return m / torch.where(total == 0, torch.ones_like(total), total)
+
+    return columns(after) - columns(before)
+
+
+def text_maps(
+    text: str,
+    model: LoadedModel | None = None,
+    layers: Sequence[int] | str = "all",
+    scopes: Sequence[str] | None = None,
+    show_progress: bool = False,
+) -> TextMaps:
+    r"""Compute the maps of ``text`` for the chosen layers and scopes in one forward pass.
+
+    Args:
+        text (str): the input; must not be empty.
+        model (LoadedModel, optional): from :func:`captum_ffb.models.load_model`; the bundled
+                    all-MiniLM-L6-v2 by default.
+        layers (list[int] or "all"): layer indices (negative counts from the end).
+        scopes (list[str], optional): scope names; all scopes of the chain by default.
+        show_progress (bool): show a progress bar.
+    """
+    if not text or not text.strip():
+        raise ValueError("the text is empty")
+    loaded = model or load_model()
+    blocks = loaded.blocks
+    indices = list(range(len(blocks))) if layers == "all" else [int(i) for i in layers]
+    for i in indices:
+        if not -len(blocks) <= i < len(blocks):
+            raise ValueError(f"layer {i} does not exist: the model has {len(blocks)} layers")
+    indices = [i % len(blocks) for i in indices]
+    encoded = loaded.tokenizer(text, return_tensors="pt")
+    ids = encoded["input_ids"]
+    if ids.shape[1] > loaded.max_length:
+        raise ValueError(
+            f"the text has {ids.shape[1]} tokens; the model takes at most {loaded.max_length}"
+        )
+    lnd = LayerNormDecomposition(loaded.model, [blocks[i] for i in indices], show_progress=show_progress)
+    names = list(scopes) if scopes else list(lnd.scopes)
+    kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}
+    results = lnd.attribute(ids, scope=names, return_convergence_delta=True, forward_kwargs=kwargs)
+    out = TextMaps(
+        text=text,
+        tokens=loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()),
+        model_name=loaded.name,
+        model_type=loaded.model_type,
+        chain=lnd.chain.name,
+        scopes=tuple(n for n in lnd.scopes if n in names),
+        ff_pair=lnd.chain.ff_pair,
+        layers=indices,
+    )
+    for i, (maps, delta) in zip(indices, results):
+        out.maps[i] = {name: m[0] for name, m in maps.items()}
+        out.delta[i] = {name: float(d[0]) for name, d in delta.items()}
+    return out
