@@ -148,6 +148,7 @@ class LayerNormDecomposition(LayerAttribution):
         activation_route: str = "closed_form",
         method: str = "gausslegendre",
         n_steps: int = 50,
+        relative_delta: bool = False,
     ) -> Any:
         r"""Token-to-token maps ``(batch, n, n)``: ``[b, i, j] = ‖F_i(x_j)‖`` at ``scope``.
 
@@ -167,6 +168,8 @@ class LayerNormDecomposition(LayerAttribution):
                         (Captum's ``IntegratedGradients`` per output row, for checking).
             method (str): Captum's integration method for the ``"captum"`` route.
             n_steps (int): Captum's number of steps for the ``"captum"`` route.
+            relative_delta (bool): divide each delta by the largest ``|value|`` of the real
+                        tensor (useful where hidden states reach large magnitudes).
 
         Returns:
             maps, or ``(maps, delta)``; a list of those for a list of layers.
@@ -175,6 +178,7 @@ class LayerNormDecomposition(LayerAttribution):
         results = self._run(
             inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
             ChainOptions(activation_route, method, n_steps), keep=False,
+            relative=relative_delta,
         )
         out = []
         for result in results:
@@ -197,6 +201,7 @@ class LayerNormDecomposition(LayerAttribution):
         activation_route: str = "closed_form",
         method: str = "gausslegendre",
         n_steps: int = 50,
+        relative_delta: bool = False,
     ) -> Any:
         r"""The decomposition itself (vectors and bias) at ``scope``; see :meth:`attribute`.
 
@@ -208,6 +213,7 @@ class LayerNormDecomposition(LayerAttribution):
         results = self._run(
             inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
             ChainOptions(activation_route, method, n_steps), keep=True,
+            relative=relative_delta,
         )
         out = []
         for result in results:
@@ -272,6 +278,7 @@ class LayerNormDecomposition(LayerAttribution):
         internal_batch_size: int | None,
         options: ChainOptions,
         keep: bool,
+        relative: bool = False,
     ) -> list[LayerResult]:
         args = _positional(inputs, additional_forward_args)
         kwargs = dict(forward_kwargs or {})
@@ -302,7 +309,7 @@ class LayerNormDecomposition(LayerAttribution):
         progress = _progress(sum(len(c) for c in chunks), self.show_progress)
         results = []
         for block, rows in zip(blocks, chunks):
-            results.append(self._run_block(block, scopes, rows, options, keep, progress))
+            results.append(self._run_block(block, scopes, rows, options, keep, relative, progress))
         if progress is not None:
             progress.close()
         return results
@@ -314,6 +321,7 @@ class LayerNormDecomposition(LayerAttribution):
         chunks: list[slice],
         options: ChainOptions,
         keep: bool,
+        relative: bool,
         progress: Any,
     ) -> LayerResult:
         chain = self.chain
@@ -323,6 +331,7 @@ class LayerNormDecomposition(LayerAttribution):
         parts: dict[str, list[Decomposition]] = {name: [] for name in scopes}
         maps: dict[str, list[Tensor]] = {name: [] for name in scopes}
         deltas: dict[str, list[Tensor]] = {name: [] for name in scopes}
+        scales: dict[str, list[Tensor]] = {name: [] for name in scopes}
         references = {name: _reference(block, chain, name) for name in scopes}
 
         state = chain.mix(block, options)
@@ -336,6 +345,7 @@ class LayerNormDecomposition(LayerAttribution):
                             references[name][:, rows], row_offset=offset
                         )
                     )
+                    scales[name].append(_row_scale(references[name][:, rows], block.token_mask, offset))
                     if keep:
                         parts[name].append(decomposition.dense())
                 if position >= last:
@@ -346,6 +356,9 @@ class LayerNormDecomposition(LayerAttribution):
         for name in scopes:
             result.maps[name] = torch.cat(maps[name], dim=1)
             result.delta[name] = torch.stack(deltas[name]).amax(dim=0)
+            if relative:
+                scale = torch.stack(scales[name]).amax(dim=0)
+                result.delta[name] = result.delta[name] / scale.clamp_min(torch.finfo(scale.dtype).tiny)
             if keep:
                 result.decompositions[name] = stack_rows(parts[name])
         return result
@@ -378,6 +391,14 @@ def _token_mask(attention_mask: Any, hidden: Tensor) -> Tensor | None:
 def _reference(block: Block, chain: Chain, scope: str) -> Tensor:
     role, which = chain.references[scope]
     return block.output if role == "block" else block.real(role, which)
+
+
+def _row_scale(reference: Tensor, token_mask: Tensor | None, offset: int) -> Tensor:
+    """Largest ``|value|`` of the real tensor per batch element, over real rows."""
+    size = reference.abs().amax(dim=-1)
+    if token_mask is not None:
+        size = size * token_mask[:, offset : offset + size.shape[1]].to(size.dtype)
+    return size.amax(dim=1)
 
 
 def _row_chunks(block: Block, rows_per_chunk: int | None, budget: int) -> list[slice]:

@@ -79,10 +79,13 @@ def test_convergence_delta_is_the_completeness_residual(tiny):
     maps, deltas = lnd.attribute(ids, scope=list(lnd.scopes), return_convergence_delta=True)
     refs = capture_references(model, block, spec.references, input_ids=ids)
     decs = lnd.decompose(ids, scope=list(lnd.scopes))
+    _, relative = lnd.attribute(ids, scope=list(lnd.scopes), return_convergence_delta=True,
+                                relative_delta=True)
     for scope in lnd.scopes:
         expected = (decs[scope].total() - refs[scope]).abs().amax(dim=(1, 2))
         torch.testing.assert_close(deltas[scope], expected, atol=1e-6, rtol=0)
         torch.testing.assert_close(maps[scope], decs[scope].terms.norm(dim=-1))
+        torch.testing.assert_close(relative[scope], deltas[scope] / refs[scope].abs().amax(dim=(1, 2)))
 
 
 def test_closed_form_equals_captum_integrated_gradients(tiny):

@@ -1,0 +1,40 @@
+"""The architecture registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from captum_ffb import (
+    ArchitectureSpec,
+    Projection,
+    UnsupportedArchitectureError,
+    get_architecture,
+    register_architecture,
+    supported_architectures,
+)
+from captum_ffb.architectures import registry
+
+
+def test_required_families_are_registered():
+    assert {"bert", "roberta", "distilbert", "electra", "gpt2", "opt"} <= set(supported_architectures())
+
+
+def test_register_and_overwrite(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    spec = ArchitectureSpec(
+        chain="post_ln", attention="a", value=Projection("a.v"), attention_output=Projection("a.o"),
+        norm1="n1", norm2="n2", ff_in=Projection("f1"), activation="act", ff_out=Projection("f2"),
+    )
+    register_architecture("toy", spec)
+    assert "toy" in supported_architectures() and get_architecture("toy") is spec
+    with pytest.raises(ValueError, match="already registered"):
+        register_architecture("toy", spec)
+    register_architecture("toy", get_architecture("bert"), overwrite=True)
+    assert get_architecture("toy") is get_architecture("bert")
+    with pytest.raises(TypeError):
+        register_architecture("bad", {"chain": "post_ln"})
+
+
+def test_unknown_model_type_explains_how_to_register():
+    with pytest.raises(UnsupportedArchitectureError, match="register_architecture"):
+        get_architecture("t5")

@@ -1,0 +1,94 @@
+"""Activation rules: closed form against Captum's IntegratedGradients, completeness, gates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from captum.attr import IntegratedGradients
+from torch import nn
+from transformers.activations import ACT2FN
+
+from captum_ffb import Decomposition
+from captum_ffb.rules import activation, activation_coefficients, gated_activation
+from captum_ffb.rules.activation import gate_mean_value
+
+ACTIVATIONS = {
+    "gelu": ACT2FN["gelu"],
+    "gelu_new": ACT2FN["gelu_new"],
+    "relu": nn.ReLU(),
+    "silu": nn.SiLU(),
+    "sigmoid (g(0) != 0)": nn.Sigmoid(),
+}
+
+
+def _pre_activation(dtype=torch.float64) -> Decomposition:
+    torch.manual_seed(0)
+    return Decomposition(torch.randn(2, 3, 4, 7, dtype=dtype), 0.3 * torch.randn(2, 3, 7, dtype=dtype))
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_closed_form_is_complete(name):
+    fn = ACTIVATIONS[name]
+    dec = _pre_activation()
+    out = activation(dec, fn)
+    torch.testing.assert_close(out.total(), fn(dec.total()))
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_closed_form_equals_captum_integrated_gradients(name):
+    fn = ACTIVATIONS[name]
+    dec = _pre_activation()
+    exact = activation(dec, fn)
+    numeric = activation(dec, fn, route="captum", method="gausslegendre", n_steps=50)
+    scale = exact.terms.abs().max()
+    assert float((numeric.terms - exact.terms).abs().max() / scale) < 1e-6
+    assert float((numeric.bias - exact.bias).abs().max() / scale) < 1e-6
+
+
+def test_coefficient_at_zero_is_the_slope():
+    s = torch.tensor([0.0, 1e-3, -2.0], dtype=torch.float64)
+    coeff, g0 = activation_coefficients(ACT2FN["gelu"], s)
+    assert float(g0) == 0.0
+    assert float(coeff[0]) == pytest.approx(0.5)
+    assert float(coeff[1]) == pytest.approx(float(ACT2FN["gelu"](s[1:2]) / 1e-3))
+
+
+def test_real_pre_activation_is_used_when_given():
+    dec = _pre_activation()
+    real = dec.total() + 1e-9
+    out = activation(dec, nn.ReLU(), pre_activation=real)
+    coeff, _ = activation_coefficients(nn.ReLU(), real)
+    torch.testing.assert_close(out.terms, dec.terms * coeff[:, :, None, :])
+
+
+def test_unknown_route():
+    with pytest.raises(ValueError, match="route"):
+        activation(_pre_activation(), nn.ReLU(), route="simpson")
+
+
+@pytest.mark.parametrize("name", ["silu", "gelu"])
+def test_gated_activation_is_complete_and_equals_captum_ig(name):
+    fn = ACTIVATIONS[name]
+    torch.manual_seed(2)
+    gate = Decomposition(torch.randn(1, 3, 4, 5, dtype=torch.float64), torch.randn(1, 3, 5, dtype=torch.float64))
+    up = Decomposition(torch.randn(1, 3, 4, 5, dtype=torch.float64), torch.randn(1, 3, 5, dtype=torch.float64))
+    out = gated_activation(gate, up, fn, n_points=48)
+    torch.testing.assert_close(out.total(), fn(gate.total()) * up.total())
+
+    # Captum IG over (a_j, b_j) pairs with zero baseline; one example per output row
+    a = torch.cat([gate.terms, gate.bias[:, :, None]], dim=2).reshape(3, 5, 5)
+    b = torch.cat([up.terms, up.bias[:, :, None]], dim=2).reshape(3, 5, 5)
+
+    def forward(a_shares, b_shares):
+        return (fn(a_shares.sum(1)) * b_shares.sum(1)).sum(-1)
+
+    ig_a, ig_b = IntegratedGradients(forward).attribute((a, b), method="gausslegendre", n_steps=64)
+    expected = (ig_a + ig_b).reshape(1, 3, 5, 5)
+    torch.testing.assert_close(out.terms, expected[:, :, :4], atol=1e-8, rtol=1e-6)
+    torch.testing.assert_close(out.bias, expected[:, :, 4], atol=1e-8, rtol=1e-6)
+
+
+def test_gate_mean_value_matches_a_known_integral():
+    # ∫₀¹ relu(tA) dt = A/2 for A > 0, 0 otherwise
+    a = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(gate_mean_value(nn.ReLU(), a, n_points=8), torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))

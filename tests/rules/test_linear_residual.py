@@ -1,0 +1,52 @@
+"""Linear and residual rules."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from captum_ffb import Decomposition
+from captum_ffb.architectures.block import projection_weights
+from captum_ffb.rules import linear, residual
+
+
+def test_linear_matches_nn_linear_and_keeps_bias_separate():
+    torch.manual_seed(0)
+    layer = nn.Linear(6, 4)
+    dec = Decomposition(torch.randn(2, 3, 3, 6), torch.randn(2, 3, 6))
+    out = linear(dec, *projection_weights(layer))
+    with torch.no_grad():
+        torch.testing.assert_close(out.total(), layer(dec.total()))
+        torch.testing.assert_close(out.terms, dec.terms @ layer.weight.t())
+        torch.testing.assert_close(out.bias, layer(dec.bias))
+
+
+def test_conv1d_and_fused_slices():
+    torch.manual_seed(0)
+    fused = Conv1D(3 * 4, 6)  # GPT-2's c_attn: q, k, v side by side
+    x = torch.randn(2, 5, 6)
+    with torch.no_grad():
+        _, _, v = fused(x).split(4, dim=-1)
+        weight, bias = projection_weights(fused, part=2, parts=3)
+        torch.testing.assert_close(x @ weight + bias, v)
+
+
+def test_linear_width_mismatch():
+    dec = Decomposition(torch.randn(1, 2, 2, 5), torch.randn(1, 2, 5))
+    with pytest.raises(ValueError, match="width"):
+        linear(dec, torch.randn(4, 3))
+
+
+def test_unsupported_projection_module():
+    with pytest.raises(TypeError, match="unsupported projection"):
+        projection_weights(nn.Conv2d(1, 1, 1))
+
+
+def test_residual_adds_term_by_term():
+    a = Decomposition(torch.randn(1, 3, 3, 4), torch.randn(1, 3, 4))
+    b = Decomposition.identity(torch.randn(1, 3, 4))
+    out = residual(a, b)
+    torch.testing.assert_close(out.terms, a.terms + b.terms)
+    torch.testing.assert_close(out.total(), a.total() + b.total())
