@@ -111,12 +111,15 @@ class BlockCapture:
         output (Tensor): the block's output hidden states ``(B, n, d)``.
         probs (list[Tensor]): attention probabilities ``(B, H, n, n)`` per recorded attention.
         tensors (dict): ``(role, "input" | "output") → (B, n, width)`` for each watched module.
+        raw_outputs (dict): ``role → `` the watched module's output as returned (tuples kept),
+                    for modules such as MoE routers that return several tensors.
     """
 
     inputs: Tensor | None = None
     output: Tensor | None = None
     probs: list[Tensor] = field(default_factory=list)
     tensors: dict[tuple[str, str], Tensor] = field(default_factory=dict)
+    raw_outputs: dict[str, Any] = field(default_factory=dict)
 
 
 def _as_sequence(tensor: Tensor, batch: int) -> Tensor:
@@ -146,6 +149,7 @@ def capture_blocks(
     captures = [BlockCapture() for _ in blocks]
     handles = []
     store: dict[int, list[Tensor]] = {}
+    fallback: dict[int, Tensor] = {}
     order: list[list[int]] = []
 
     def keep_block_input(capture: BlockCapture):
@@ -174,6 +178,21 @@ def capture_blocks(
                 capture.tensors[(role, "input")] = hidden.detach()
             if tensor is not None:
                 capture.tensors[(role, "output")] = tensor.detach()
+            capture.raw_outputs[role] = output
+
+        return hook
+
+    def keep_returned_probs(key: int):
+        # Attention modules that do not call the AttentionInterface (GPT-J) return their
+        # probabilities as the second output: kept as a fallback.
+        def hook(module, args, kwargs, output):
+            if (
+                isinstance(output, tuple)
+                and len(output) > 1
+                and isinstance(output[1], Tensor)
+                and output[1].dim() == 4
+            ):
+                fallback.setdefault(key, output[1].detach())
 
         return hook
 
@@ -187,6 +206,7 @@ def capture_blocks(
         for module in attn:
             store[id(module)] = []
             ids.append(id(module))
+            handles.append(module.register_forward_hook(keep_returned_probs(id(module)), with_kwargs=True))
         order.append(ids)
 
     token = _recording.set(store)
@@ -206,5 +226,5 @@ def capture_blocks(
             )
         batch = capture.inputs.shape[0]
         capture.tensors = {k: _as_sequence(v, batch) for k, v in capture.tensors.items()}
-        capture.probs = [store[i][0] for i in ids if store[i]]
+        capture.probs = [store[i][0] if store[i] else fallback[i] for i in ids if store[i] or i in fallback]
     return captures

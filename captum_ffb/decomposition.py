@@ -253,6 +253,8 @@ class TokenwiseDecomposition(Decomposition):
         return FactoredDecomposition(mix, self.vectors[:, None], self.bias, self.token_mask)
 
     def rows(self, index: slice | Tensor) -> Decomposition:
+        if isinstance(index, slice) and index == slice(None):
+            return self
         return self.factored().rows(index)
 
     def total(self) -> Tensor:

@@ -19,8 +19,9 @@ class TinyModel:
     build: Callable[[], nn.Module]
     blocks: Callable[[nn.Module], nn.ModuleList]
     causal: bool
-    # scope -> (path from the block, "input" | "output"): the real tensor the scope explains
-    references: dict[str, tuple[str, str]]
+    # scope -> (path from the block, "input" | "output"), or a list of those to add up: the
+    # real tensor the scope explains ("" is the block itself)
+    references: dict[str, tuple[str, str] | list[tuple[str, str]]]
     final_norm: bool = False  # a norm after the last block (Pre-LN decoders)
 
 
@@ -35,12 +36,18 @@ def _seeded(factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
 
 
 def _randomise_norms(model: nn.Module) -> None:
-    """Random γ and β so that norms are tested with non-trivial parameters."""
+    """Random γ and β (and MoE routers) so that every component is non-trivial."""
     with torch.no_grad():
         for module in model.modules():
+            name = type(module).__name__
             if isinstance(module, nn.LayerNorm) and module.weight is not None:
                 module.weight.uniform_(0.5, 1.5)
-                module.bias.uniform_(-0.2, 0.2)
+                if module.bias is not None:
+                    module.bias.uniform_(-0.2, 0.2)
+            elif name.endswith("RMSNorm") and getattr(module, "weight", None) is not None:
+                module.weight.uniform_(0.5, 1.5)
+            elif name.endswith("TopKRouter"):
+                module.weight.normal_(0, 0.5)
 
 
 def _bert_like(config_cls, model_cls, **extra) -> Callable[[], nn.Module]:
@@ -120,7 +127,76 @@ def tiny_models() -> list[TinyModel]:
         "Atb": ("sa_layer_norm", "output"), "AtbFf": ("ffn.lin2", "output"),
         "AtbFfRes": ("output_layer_norm", "input"), "AtbFfResLn": ("", "output"),
     }
-    return [
+    llama_refs = {
+        "Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"),
+        "AtbLnFf": ("mlp", "output"), "AtbLnFfRes": ("", "output"),
+    }
+    sandwich_refs = {
+        "Atb": ("pre_feedforward_layernorm", "input"), "AtbLn": ("pre_feedforward_layernorm", "output"),
+        "AtbLnFf": ("post_feedforward_layernorm", "output"), "AtbLnFfRes": ("", "output"),
+    }
+
+    def parallel_refs(attention: str, ff: str) -> dict:
+        return {"Atb": [("", "input"), (attention, "output")], "LnFf": (ff, "output"), "AtbLnFfRes": ("", "output")}
+
+    def decoder(config_cls, model_cls, **extra) -> Callable[[], nn.Module]:
+        def factory() -> nn.Module:
+            fields = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                          pad_token_id=0, bos_token_id=0, eos_token_id=0)
+            fields.update(extra)
+            return model_cls(config_cls(**fields))
+
+        return _seeded(factory)
+
+    from transformers import (
+        Gemma2Config,
+        Gemma2Model,
+        Gemma3TextConfig,
+        Gemma3TextModel,
+        GemmaConfig,
+        GemmaModel,
+        GPTJConfig,
+        GPTJModel,
+        GPTNeoXConfig,
+        GPTNeoXModel,
+        LlamaConfig,
+        LlamaModel,
+        MistralConfig,
+        MistralModel,
+        MixtralConfig,
+        MixtralModel,
+        PhiConfig,
+        PhiModel,
+        Qwen2Config,
+        Qwen2Model,
+        Qwen2MoeConfig,
+        Qwen2MoeModel,
+        Qwen3Config,
+        Qwen3Model,
+    )
+
+    def gptj() -> nn.Module:
+        return GPTJModel(GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                    n_positions=64, bos_token_id=0, eos_token_id=0))
+
+    modern = [
+        TinyModel("llama", decoder(LlamaConfig, LlamaModel), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("mistral", decoder(MistralConfig, MistralModel, sliding_window=4), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("qwen2", decoder(Qwen2Config, Qwen2Model), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("qwen3", decoder(Qwen3Config, Qwen3Model, head_dim=8), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("gemma", decoder(GemmaConfig, GemmaModel, head_dim=8, num_key_value_heads=1, hidden_activation="gelu_pytorch_tanh"), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("gemma2", decoder(Gemma2Config, Gemma2Model, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0, query_pre_attn_scalar=8), lambda m: m.layers, True, sandwich_refs, final_norm=True),
+        TinyModel("gemma3_text", decoder(Gemma3TextConfig, Gemma3TextModel, head_dim=8, sliding_window=4, query_pre_attn_scalar=8, layer_types=["sliding_attention", "full_attention"]), lambda m: m.layers, True, sandwich_refs, final_norm=True),
+        TinyModel("gpt_neox", decoder(GPTNeoXConfig, GPTNeoXModel, rotary_pct=0.5, num_key_value_heads=None), lambda m: m.layers, True, parallel_refs("attention", "mlp"), final_norm=True),
+        TinyModel("gpt_neox-sequential", decoder(GPTNeoXConfig, GPTNeoXModel, rotary_pct=0.5, num_key_value_heads=None, use_parallel_residual=False), lambda m: m.layers, True,
+                  {"Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"), "AtbLnFf": ("mlp", "output"), "AtbLnFfRes": ("", "output")}, final_norm=True),
+        TinyModel("gptj", _seeded(gptj), lambda m: m.h, True, parallel_refs("attn", "mlp"), final_norm=True),
+        TinyModel("phi", decoder(PhiConfig, PhiModel, partial_rotary_factor=0.5, num_key_value_heads=4), lambda m: m.layers, True, parallel_refs("self_attn", "mlp"), final_norm=True),
+        TinyModel("mixtral", decoder(MixtralConfig, MixtralModel, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("qwen2_moe", decoder(Qwen2MoeConfig, Qwen2MoeModel, moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]), lambda m: m.layers, True, llama_refs, final_norm=True),
+    ]
+    return modern + [
         TinyModel("bert", _bert_like(BertConfig, BertModel), lambda m: m.encoder.layer, False, POST_LN_REFS),
         TinyModel("roberta", _bert_like(RobertaConfig, RobertaModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
         TinyModel("xlm-roberta", _bert_like(XLMRobertaConfig, XLMRobertaModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
@@ -143,17 +219,18 @@ def token_ids(batch: int = 2, n: int = 9, seed: int = 1) -> torch.Tensor:
 
 def capture_references(model: nn.Module, block: nn.Module, refs: dict[str, tuple[str, str]], **forward_kwargs) -> dict[str, torch.Tensor]:
     """The real tensor behind each scope, taken with the test's own hooks."""
-    found: dict[str, torch.Tensor] = {}
+    found: dict[tuple[str, str], torch.Tensor] = {}
     handles = []
-    for scope, (path, which) in refs.items():
+    sources = {scope: ([ref] if isinstance(ref, tuple) else list(ref)) for scope, ref in refs.items()}
+    for path, which in {src for srcs in sources.values() for src in srcs}:
         module = block.get_submodule(path) if path else block
 
-        def hook(mod, args, output, scope=scope, which=which):
-            value = args[0] if which == "input" else output
+        def hook(mod, args, kwargs, output, key=(path, which)):
+            value = (args[0] if args else kwargs["hidden_states"]) if key[1] == "input" else output
             value = value[0] if isinstance(value, tuple) else value
-            found.setdefault(scope, value.detach())
+            found.setdefault(key, value.detach())
 
-        handles.append(module.register_forward_hook(hook))
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
     try:
         with torch.no_grad():
             model(**forward_kwargs)
@@ -161,4 +238,7 @@ def capture_references(model: nn.Module, block: nn.Module, refs: dict[str, tuple
         for handle in handles:
             handle.remove()
     batch = forward_kwargs["input_ids"].shape[0]
-    return {k: v.reshape(batch, -1, v.shape[-1]) for k, v in found.items()}
+    return {
+        scope: sum(found[src].reshape(batch, -1, found[src].shape[-1]) for src in srcs)
+        for scope, srcs in sources.items()
+    }

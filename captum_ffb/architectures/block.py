@@ -25,11 +25,14 @@ def resolve(root: nn.Module, path: str) -> object:
     return obj
 
 
-def projection_weights(module: nn.Module, part: int = 0, parts: int = 1) -> tuple[Tensor, Tensor | None]:
+def projection_weights(
+    module: nn.Module, part: int = 0, parts: int = 1, groups: int = 1
+) -> tuple[Tensor, Tensor | None]:
     """``(W, c)`` of a projection as ``(d_in, d_out)`` and ``(d_out,)``.
 
     Handles ``nn.Linear`` (weight stored ``(out, in)``) and transformers' ``Conv1D`` (weight
-    stored ``(in, out)``); for fused projections returns the ``part``-th of ``parts`` slices.
+    stored ``(in, out)``); for fused projections returns the ``part``-th of ``parts`` slices
+    of each of ``groups`` equal groups of outputs (see :class:`Projection`).
     """
     if isinstance(module, nn.Linear):
         weight = module.weight.t()
@@ -39,10 +42,12 @@ def projection_weights(module: nn.Module, part: int = 0, parts: int = 1) -> tupl
         raise TypeError(f"unsupported projection module {type(module).__name__}")
     bias = module.bias
     if parts > 1:
-        width = weight.shape[1] // parts
-        cols = slice(part * width, (part + 1) * width)
-        weight = weight[:, cols]
-        bias = None if bias is None else bias[cols]
+        d_in, width = weight.shape
+        step = width // (groups * parts)
+        cols = slice(part * step, (part + 1) * step)
+        weight = weight.reshape(d_in, groups, parts * step)[:, :, cols].reshape(d_in, -1)
+        if bias is not None:
+            bias = bias.reshape(groups, parts * step)[:, cols].reshape(-1)
     return weight, bias
 
 
@@ -59,18 +64,19 @@ class Block:
     dtype: torch.dtype = torch.float32
     token_mask: Tensor | None = None
 
-    def _cast(self, tensor: Tensor | None) -> Tensor | None:
+    def cast(self, tensor: Tensor | None) -> Tensor | None:
+        """``tensor`` detached and in the decomposition's dtype."""
         return None if tensor is None else tensor.detach().to(self.dtype)
 
     @property
     def inputs(self) -> Tensor:
         """The block's real input hidden states ``(B, n, d)``."""
-        return self._cast(self.capture.inputs)
+        return self.cast(self.capture.inputs)
 
     @property
     def output(self) -> Tensor:
         """The block's real output hidden states ``(B, n, d)``."""
-        return self._cast(self.capture.output)
+        return self.cast(self.capture.output)
 
     @property
     def probs(self) -> Tensor:
@@ -80,20 +86,71 @@ class Block:
                 "no attention probabilities were recorded for this layer: its attention does "
                 "not call transformers' AttentionInterface"
             )
-        return self._cast(self.capture.probs[0])
+        return self.cast(self.capture.probs[0])
 
     def real(self, role: str, which: str = "output") -> Tensor:
         """The real input or output of the module playing ``role`` (e.g. ``"norm2"``)."""
         key = (role, which)
         if key not in self.capture.tensors:
             raise RuntimeError(f"the forward pass recorded no {which} for {role!r}")
-        return self._cast(self.capture.tensors[key])
+        return self.cast(self.capture.tensors[key])
+
+    @property
+    def config(self) -> object:
+        """The transformers config of the block's model (from any sub-module that keeps it)."""
+        for module in self.module.modules():
+            config = getattr(module, "config", None)
+            if config is not None:
+                return config
+        return None
 
     def projection(self, projection: Projection) -> tuple[Tensor, Tensor | None]:
         """``(W, c)`` of a projection of the spec, ``W`` as ``(d_in, d_out)``."""
         module = resolve(self.module, projection.path)
-        weight, bias = projection_weights(module, projection.part, projection.parts)
-        return self._cast(weight), self._cast(bias)
+        groups = projection.groups
+        if isinstance(groups, str):
+            groups = int(getattr(self.config, groups))
+        weight, bias = projection_weights(module, projection.part, projection.parts, groups)
+        return self.cast(weight), self.cast(bias)
+
+    # ------------------------------------------------------------------ mixture of experts
+    @property
+    def is_moe(self) -> bool:
+        """Whether this block's FF is a sparse mixture of experts."""
+        moe = self.spec.moe
+        if moe is None:
+            return False
+        try:
+            resolve(self.module, moe.experts)
+        except ValueError:
+            return False
+        return True
+
+    def router_weights(self) -> Tensor:
+        """Routing weight of every expert for every token ``(B, n, E)`` (zero if not chosen)."""
+        moe = self.spec.moe
+        _, top_weights, top_index = self.capture.raw_outputs["router"][:3]
+        experts = resolve(self.module, moe.experts)
+        batch, n = self.capture.inputs.shape[:2]
+        dense = torch.zeros(batch * n, experts.gate_up_proj.shape[0], dtype=self.dtype,
+                            device=top_weights.device)
+        dense.scatter_(1, top_index.reshape(batch * n, -1), top_weights.reshape(batch * n, -1).to(self.dtype))
+        return dense.reshape(batch, n, -1)
+
+    def expert_weights(self, expert: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``(W_gate, W_up, W_down)`` of one expert, each ``(d_in, d_out)``."""
+        experts = resolve(self.module, self.spec.moe.experts)
+        gate_up = experts.gate_up_proj[expert]
+        width = gate_up.shape[0] // 2
+        return (
+            self.cast(gate_up[:width].t()),
+            self.cast(gate_up[width:].t()),
+            self.cast(experts.down_proj[expert].t()),
+        )
+
+    def expert_activation(self) -> Callable[[Tensor], Tensor]:
+        """The experts' activation function."""
+        return resolve(self.module, self.spec.moe.experts).act_fn
 
     def attention_weights(self) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
         """``(W_V, b_V, W_O, b_O)`` of the block's attention."""
@@ -102,10 +159,10 @@ class Block:
     def norm_parameters(self, role: str) -> tuple[Tensor | None, Tensor | None, float]:
         """``(γ, β, ε)`` of the norm playing ``role``; γ includes the spec's weight offset."""
         module = resolve(self.module, getattr(self.spec, role))
-        weight = self._cast(getattr(module, "weight", None))
+        weight = self.cast(getattr(module, "weight", None))
         if weight is not None and self.spec.norm_weight_offset:
             weight = weight + self.spec.norm_weight_offset
-        bias = self._cast(getattr(module, "bias", None))
+        bias = self.cast(getattr(module, "bias", None))
         eps = getattr(module, "eps", None)
         if eps is None:
             eps = getattr(module, "variance_epsilon", 1e-6)

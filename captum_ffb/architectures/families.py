@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from captum_ffb.architectures.registry import register_architecture
-from captum_ffb.architectures.spec import ArchitectureSpec, Projection
+from captum_ffb.architectures.spec import ArchitectureSpec, MixtureOfExperts, Projection
 
 # BERT and the families that kept its module layout.
 BERT = ArchitectureSpec(
@@ -47,7 +49,7 @@ GPT2 = ArchitectureSpec(
 
 
 def _opt_chain(config) -> str:
-    # OPT-350m normalises after each sub-block; the other sizes before.
+    """pre_ln; post_ln when do_layer_norm_before=False (OPT-350m)"""
     return "pre_ln" if getattr(config, "do_layer_norm_before", True) else "post_ln"
 
 
@@ -69,3 +71,118 @@ for _model_type in ("bert", "roberta", "xlm-roberta", "camembert", "electra"):
 register_architecture("distilbert", DISTILBERT)
 register_architecture("gpt2", GPT2)
 register_architecture("opt", OPT)
+
+
+# --------------------------------------------------------------------------- Llama family
+def _llama_like(description: str, **changes) -> ArchitectureSpec:
+    """Pre-RMSNorm decoder with a gated (SwiGLU / GeGLU) MLP, rotary attention and GQA."""
+    fields = dict(
+        chain="pre_ln",
+        attention="self_attn",
+        value=Projection("self_attn.v_proj"),
+        attention_output=Projection("self_attn.o_proj"),
+        norm1="input_layernorm",
+        norm2="post_attention_layernorm",
+        ff_in=Projection("mlp.up_proj"),
+        ff_gate=Projection("mlp.gate_proj"),
+        activation="mlp.act_fn",
+        ff_out=Projection("mlp.down_proj"),
+        ff_output="mlp",
+        norm="rms_norm",
+        description=description,
+    )
+    fields.update(changes)
+    return ArchitectureSpec(**fields)
+
+
+LLAMA = _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA")
+register_architecture("llama", LLAMA)
+register_architecture("mistral", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, sliding window"))
+register_architecture("qwen2", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, QKV bias"))
+register_architecture("qwen3", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, QK-norm"))
+register_architecture(
+    "gemma",
+    _llama_like("Pre-LN decoder, RMSNorm with weight 1 + w, GeGLU (tanh GELU), RoPE, MQA",
+                norm_weight_offset=1.0),
+)
+_GEMMA2 = _llama_like(
+    "Pre-LN decoder with post-norms on both branches, RMSNorm 1 + w, GeGLU, soft-capping, "
+    "sliding window",
+    norm2="pre_feedforward_layernorm",
+    attention_post_norm="post_attention_layernorm",
+    ff_post_norm="post_feedforward_layernorm",
+    norm_weight_offset=1.0,
+)
+register_architecture("gemma2", _GEMMA2)
+register_architecture(
+    "gemma3_text",
+    replace(_GEMMA2, description="as gemma2, with QK-norm and local/global attention layers"),
+)
+
+# --------------------------------------------------------------------------- parallel blocks
+def _neox_chain(config) -> str:
+    """parallel; pre_ln when use_parallel_residual=False"""
+    return "parallel" if getattr(config, "use_parallel_residual", True) else "pre_ln"
+
+
+register_architecture("gpt_neox", ArchitectureSpec(
+    chain=_neox_chain,
+    attention="attention",
+    value=Projection("attention.query_key_value", part=2, parts=3, groups="num_attention_heads"),
+    attention_output=Projection("attention.dense"),
+    norm1="input_layernorm",
+    norm2="post_attention_layernorm",
+    ff_in=Projection("mlp.dense_h_to_4h"),
+    activation="mlp.act",
+    ff_out=Projection("mlp.dense_4h_to_h"),
+    description="parallel attention and FF (sequential Pre-LN when use_parallel_residual=False), "
+    "LayerNorm, GELU, partial RoPE, fused per-head QKV",
+))
+register_architecture("gptj", ArchitectureSpec(
+    chain="parallel",
+    attention="attn",
+    value=Projection("attn.v_proj"),
+    attention_output=Projection("attn.out_proj"),
+    norm1="ln_1",
+    norm2="ln_1",
+    ff_in=Projection("mlp.fc_in"),
+    activation="mlp.act",
+    ff_out=Projection("mlp.fc_out"),
+    description="parallel attention and FF sharing one LayerNorm, gelu_new, RoPE",
+))
+register_architecture("phi", ArchitectureSpec(
+    chain="parallel",
+    attention="self_attn",
+    value=Projection("self_attn.v_proj"),
+    attention_output=Projection("self_attn.dense"),
+    norm1="input_layernorm",
+    norm2="input_layernorm",
+    ff_in=Projection("mlp.fc1"),
+    activation="mlp.activation_fn",
+    ff_out=Projection("mlp.fc2"),
+    description="parallel attention and FF sharing one LayerNorm, gelu_new, partial RoPE",
+))
+
+# --------------------------------------------------------------------------- mixtures of experts
+register_architecture("mixtral", ArchitectureSpec(
+    chain="pre_ln",
+    attention="self_attn",
+    value=Projection("self_attn.v_proj"),
+    attention_output=Projection("self_attn.o_proj"),
+    norm1="input_layernorm",
+    norm2="post_attention_layernorm",
+    moe=MixtureOfExperts(module="mlp", router="mlp.gate", experts="mlp.experts"),
+    norm="rms_norm",
+    description="Pre-LN decoder, RMSNorm, top-k mixture of SwiGLU experts, RoPE, GQA",
+))
+register_architecture("qwen2_moe", _llama_like(
+    "Pre-LN decoder, RMSNorm, top-k mixture of SwiGLU experts plus a sigmoid-gated shared "
+    "expert (dense SwiGLU in mlp-only layers), RoPE, GQA",
+    moe=MixtureOfExperts(
+        module="mlp",
+        router="mlp.gate",
+        experts="mlp.experts",
+        shared_expert="mlp.shared_expert",
+        shared_expert_gate="mlp.shared_expert_gate",
+    ),
+))

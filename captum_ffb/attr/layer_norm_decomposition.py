@@ -21,7 +21,7 @@ from captum_ffb.architectures import (
     get_chain,
 )
 from captum_ffb.architectures.block import resolve
-from captum_ffb.architectures.spec import ArchitectureSpec
+from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.capture import capture_blocks
 from captum_ffb.decomposition import Decomposition, stack_rows
 
@@ -228,18 +228,21 @@ class LayerNormDecomposition(LayerAttribution):
     # ------------------------------------------------------------------ internals
     def _check_block(self, module: nn.Module) -> None:
         spec = self.spec
-        paths = [spec.attention, spec.value.path, spec.attention_output.path, spec.norm1,
-                 spec.norm2, spec.ff_in.path, spec.activation, spec.ff_out.path]
-        if spec.ff_gate is not None:
-            paths.append(spec.ff_gate.path)
+        paths = [spec.attention, spec.value.path, spec.attention_output.path, spec.norm1, spec.norm2]
+        paths += [p for p in (spec.attention_post_norm, spec.ff_post_norm) if p is not None]
+        moe = spec.moe
+        if moe is not None and _has(module, moe.experts):
+            paths += [moe.module, moe.router]
+        else:
+            paths += [spec.ff_in.path, spec.activation, spec.ff_out.path]
+            if spec.ff_gate is not None:
+                paths.append(spec.ff_gate.path)
         for path in paths:
-            try:
-                resolve(module, path)
-            except ValueError as error:
+            if not _has(module, path):
                 raise ValueError(
                     f"{type(module).__name__} is not a {self.model_type} Transformer block "
-                    f"(no {path!r}); pass one block, e.g. model.encoder.layer[0]"
-                ) from error
+                    f"(no {path!r}); pass one block, e.g. the first of the model's layer list"
+                )
 
     def _scope_names(self, scope: ScopeArg) -> tuple[list[str], bool]:
         if scope is None:
@@ -257,17 +260,30 @@ class LayerNormDecomposition(LayerAttribution):
         return names, single
 
     def _watched(self, module: nn.Module) -> dict[str, nn.Module]:
+        """Role → module whose real input and output the chain and the deltas need."""
         spec = self.spec
         roles = {
             "norm1": spec.norm1,
             "norm2": spec.norm2,
-            "ff_in": spec.ff_in.path,
-            "ff_out": spec.ff_out.path,
+            "attn_out": spec.attention_output.path,
+            "attention_post_norm": spec.attention_post_norm,
+            "ff_post_norm": spec.ff_post_norm,
+            "ff_in": _path(spec.ff_in),
+            "ff_gate": _path(spec.ff_gate),
+            "ff_out": _path(spec.ff_out),
             "activation": spec.activation,
+            "ff": spec.ff_output or _path(spec.ff_out),
         }
-        if spec.ff_gate is not None:
-            roles["ff_gate"] = spec.ff_gate.path
-        return {role: resolve(module, path) for role, path in roles.items()}
+        if spec.moe is not None and _has(module, spec.moe.experts):
+            roles.update(ff=spec.moe.module, router=spec.moe.router,
+                         shared_expert_gate=spec.moe.shared_expert_gate)
+        if spec.ff_post_norm is not None:
+            roles["ff"] = spec.ff_post_norm  # the FF branch ends with its post-norm
+        return {
+            role: resolve(module, path)
+            for role, path in roles.items()
+            if path is not None and _has(module, path)
+        }
 
     def _run(
         self,
@@ -389,8 +405,27 @@ def _token_mask(attention_mask: Any, hidden: Tensor) -> Tensor | None:
 
 
 def _reference(block: Block, chain: Chain, scope: str) -> Tensor:
-    role, which = chain.references[scope]
-    return block.output if role == "block" else block.real(role, which)
+    """The real tensor a scope reproduces: the sum of the chain's sources for it."""
+    total = None
+    for role, which in chain.references[scope]:
+        if role == "block":
+            value = block.output if which == "output" else block.inputs
+        else:
+            value = block.real(role, which)
+        total = value if total is None else total + value
+    return total
+
+
+def _path(projection: Projection | None) -> str | None:
+    return None if projection is None else projection.path
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    try:
+        resolve(module, path)
+    except ValueError:
+        return False
+    return True
 
 
 def _row_scale(reference: Tensor, token_mask: Tensor | None, offset: int) -> Tensor:
@@ -404,12 +439,19 @@ def _row_scale(reference: Tensor, token_mask: Tensor | None, offset: int) -> Ten
 def _row_chunks(block: Block, rows_per_chunk: int | None, budget: int) -> list[slice]:
     batch, n, width = block.capture.inputs.shape
     if rows_per_chunk is None:
-        ff_width = block.capture.tensors[("ff_in", "output")].shape[-1]
+        ff_width = _ff_width(block)
         item = torch.finfo(block.dtype).bits // 8
         per_row = batch * n * (2 * ff_width + 8 * width) * item
         rows_per_chunk = max(1, min(n, budget // max(per_row, 1)))
     count = math.ceil(n / rows_per_chunk)
     return [slice(i * rows_per_chunk, min(n, (i + 1) * rows_per_chunk)) for i in range(count)]
+
+
+def _ff_width(block: Block) -> int:
+    """Width of the FF hidden layer (of one expert for mixtures of experts)."""
+    if block.is_moe:
+        return block.expert_weights(0)[0].shape[-1] * 2
+    return block.capture.tensors[("ff_in", "output")].shape[-1] * (2 if block.spec.ff_gate else 1)
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.decomposition import Decomposition, TokenwiseDecomposition
 
 ActivationFn = Callable[[Tensor], Tensor]
 
@@ -83,6 +83,10 @@ def activation(
         return _captum_activation(decomposition, fn, method, n_steps, internal_batch_size)
     total = decomposition.total() if pre_activation is None else pre_activation
     coeff, g0 = activation_coefficients(fn, total.to(decomposition.bias.dtype))
+    if isinstance(decomposition, TokenwiseDecomposition):
+        return TokenwiseDecomposition(
+            decomposition.vectors * coeff, decomposition.bias * coeff + g0, decomposition.token_mask
+        )
     terms = decomposition.terms
     if type(decomposition) is Decomposition:  # stored terms: leave them untouched
         terms = terms * coeff[:, :, None, :]
@@ -157,6 +161,9 @@ def gated_activation(
     real_up: Tensor | None = None,
     n_points: int = 32,
     mean_value: Callable[[Tensor], Tensor] | None = None,
+    route: str = "closed_form",
+    method: str = "gausslegendre",
+    n_steps: int = 50,
 ) -> Decomposition:
     r"""Decompose a gated activation ``g(A) ⊙ B`` (SwiGLU, GeGLU) with Integrated Gradients.
 
@@ -174,8 +181,18 @@ def gated_activation(
         real_up (Tensor, optional): the real ``B``; by default ``up``'s total.
         n_points (int): Gauss–Legendre nodes for ``m``.
         mean_value (Callable, optional): a closed form of ``A ↦ ∫₀¹ g(tA) dt``, used instead
-                    of quadrature.
+                    of quadrature (by default one is looked up for ``g``, see
+                    :func:`mean_value_closed_form`).
+        route (str): ``"closed_form"`` (the formulas above, default) or ``"captum"``
+                    (Captum's ``IntegratedGradients`` over the pairs ``(a_j, b_j)``, for checking).
+        method (str): Captum's integration method for the ``"captum"`` route.
+        n_steps (int): Captum's number of steps for the ``"captum"`` route.
     """
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    if route == "captum":
+        return _captum_gated(gate, up, fn, method, n_steps)
+    mean_value = mean_value or mean_value_closed_form(fn)
     dtype = gate.bias.dtype
     a = (gate.total() if real_gate is None else real_gate).to(dtype)
     b = (up.total() if real_up is None else real_up).to(dtype)
@@ -185,7 +202,64 @@ def gated_activation(
     safe = torch.where(zero, torch.ones_like(a), a)
     coeff_gate = b * torch.where(zero, slope0 / 2, (fn(a) - m) / safe)
     coeff_up = m
+    bias = gate.bias * coeff_gate + up.bias * coeff_up
+    if isinstance(gate, TokenwiseDecomposition) and isinstance(up, TokenwiseDecomposition):
+        vectors = gate.vectors * coeff_gate + up.vectors * coeff_up
+        return TokenwiseDecomposition(vectors, bias, gate.token_mask)
     terms = gate.terms * coeff_gate[:, :, None, :]
     terms = terms + up.terms * coeff_up[:, :, None, :]
-    bias = gate.bias * coeff_gate + up.bias * coeff_up
     return Decomposition(terms, bias, gate.token_mask)
+
+
+def _captum_gated(gate: Decomposition, up: Decomposition, fn: ActivationFn, method: str, n_steps: int) -> Decomposition:
+    """IG of ``g(Σ a) ⊙ Σ b`` through Captum, one example per output row."""
+    from captum.attr import IntegratedGradients
+
+    batch, n_out, n_in, width = gate.terms.shape
+
+    def players(dec: Decomposition) -> Tensor:
+        shares = torch.cat([dec.terms, dec.bias[:, :, None]], dim=2)
+        return shares.reshape(batch * n_out, n_in + 1, width)
+
+    def forward(a_shares: Tensor, b_shares: Tensor) -> Tensor:
+        return (fn(a_shares.sum(dim=1)) * b_shares.sum(dim=1)).sum(dim=-1)
+
+    with torch.enable_grad():
+        ig_a, ig_b = IntegratedGradients(forward).attribute(
+            (players(gate), players(up)), method=method, n_steps=n_steps
+        )
+    total = (ig_a + ig_b).detach().reshape(batch, n_out, n_in + 1, width)
+    return Decomposition(total[:, :, :n_in].contiguous(), total[:, :, n_in], gate.token_mask)
+
+
+def _exact_gelu_mean_value(a: Tensor) -> Tensor:
+    """``∫₀¹ g(tA) dt`` for the exact GELU ``g(x) = x Φ(x)``.
+
+    From ``∫₀^A x Φ(x) dx = ((A² − 1) Φ(A) + A φ(A) + 1/2) / 2``; near zero the series
+    ``A/4 + A² φ(0)/3`` avoids cancellation.
+    """
+    wide = a.to(torch.float64)
+    cdf = 0.5 * (1 + torch.erf(wide / 2**0.5))
+    pdf = torch.exp(-0.5 * wide**2) / (2 * torch.pi) ** 0.5
+    safe = torch.where(wide.abs() < 1e-3, torch.ones_like(wide), wide)
+    exact = ((safe**2 - 1) * cdf + safe * pdf + 0.5) / (2 * safe)
+    series = wide / 4 + wide**2 / (3 * (2 * torch.pi) ** 0.5)
+    return torch.where(wide.abs() < 1e-3, series, exact).to(a.dtype)
+
+
+def _relu_mean_value(a: Tensor) -> Tensor:
+    return a.clamp_min(0) / 2
+
+
+def mean_value_closed_form(fn: ActivationFn) -> Callable[[Tensor], Tensor] | None:
+    """A closed form of ``A ↦ ∫₀¹ g(tA) dt`` for activations that have one (exact GELU,
+    ReLU), else ``None`` (then quadrature is used)."""
+    if isinstance(fn, torch.nn.ReLU) or fn is torch.relu:
+        return _relu_mean_value
+    name = type(fn).__name__
+    approximate = getattr(fn, "approximate", "none")
+    if name == "GELU" and approximate == "none":
+        return _exact_gelu_mean_value
+    if name == "GELUActivation" and getattr(fn, "act", None) is torch.nn.functional.gelu:
+        return _exact_gelu_mean_value
+    return None

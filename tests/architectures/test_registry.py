@@ -38,3 +38,18 @@ def test_register_and_overwrite(monkeypatch):
 def test_unknown_model_type_explains_how_to_register():
     with pytest.raises(UnsupportedArchitectureError, match="register_architecture"):
         get_architecture("t5")
+
+
+def test_docs_table_is_generated_from_the_registry():
+    from pathlib import Path
+
+    from captum_ffb.architectures.table import architectures_rows, architectures_table
+
+    rows = {row["model_type"]: row for row in architectures_rows()}
+    assert set(rows) == set(supported_architectures())
+    assert rows["llama"]["norm"] == "RMSNorm" and rows["gpt2"]["chain"] == "pre_ln"
+    assert rows["mixtral"]["activation"] == "mixture of gated experts"
+    committed = Path(__file__).parents[2] / "docs" / "architectures.md"
+    assert committed.read_text() == architectures_table(), (
+        "docs/architectures.md is stale: python -m captum_ffb.architectures.table > docs/architectures.md"
+    )

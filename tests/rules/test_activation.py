@@ -92,3 +92,27 @@ def test_gate_mean_value_matches_a_known_integral():
     # ∫₀¹ relu(tA) dt = A/2 for A > 0, 0 otherwise
     a = torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float64)
     torch.testing.assert_close(gate_mean_value(nn.ReLU(), a, n_points=8), torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))
+
+
+def test_exact_gelu_mean_value_closed_form_matches_quadrature():
+    from captum_ffb.rules.activation import mean_value_closed_form
+
+    closed = mean_value_closed_form(ACT2FN["gelu"])
+    assert closed is not None and mean_value_closed_form(nn.SiLU()) is None
+    a = torch.cat([torch.linspace(-8, 8, 801, dtype=torch.float64), torch.tensor([0.0, 1e-5, -3e-4], dtype=torch.float64)])
+    torch.testing.assert_close(closed(a), gate_mean_value(ACT2FN["gelu"], a, n_points=64), atol=1e-12, rtol=1e-10)
+    relu = mean_value_closed_form(nn.ReLU())
+    torch.testing.assert_close(relu(a), gate_mean_value(nn.ReLU(), a, n_points=2), atol=1e-6, rtol=0)
+
+
+def test_gated_rule_keeps_tokenwise_inputs_tokenwise():
+    from captum_ffb import TokenwiseDecomposition
+
+    torch.manual_seed(3)
+    gate = TokenwiseDecomposition(torch.randn(1, 4, 5, dtype=torch.float64), torch.randn(1, 4, 5, dtype=torch.float64))
+    up = TokenwiseDecomposition(torch.randn(1, 4, 5, dtype=torch.float64), torch.randn(1, 4, 5, dtype=torch.float64))
+    out = gated_activation(gate, up, nn.SiLU())
+    assert isinstance(out, TokenwiseDecomposition)
+    dense = gated_activation(gate.dense(), up.dense(), nn.SiLU())
+    torch.testing.assert_close(out.terms, dense.terms)
+    torch.testing.assert_close(out.total(), nn.SiLU()(gate.total()) * up.total())

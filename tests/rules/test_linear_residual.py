@@ -50,3 +50,18 @@ def test_residual_adds_term_by_term():
     out = residual(a, b)
     torch.testing.assert_close(out.terms, a.terms + b.terms)
     torch.testing.assert_close(out.total(), a.total() + b.total())
+
+
+def test_per_head_fused_projection_matches_gpt_neox_value_states():
+    from transformers import GPTNeoXConfig, GPTNeoXModel
+
+    torch.manual_seed(0)
+    model = GPTNeoXModel(GPTNeoXConfig(vocab_size=20, hidden_size=16, num_attention_heads=4,
+                                       num_hidden_layers=1, intermediate_size=32)).eval()
+    fused = model.layers[0].attention.query_key_value
+    x = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        qkv = fused(x).view(1, 3, 4, 12)  # (batch, n, heads, q|k|v per head)
+        expected = qkv[..., 8:].reshape(1, 3, 16)
+        weight, bias = projection_weights(fused, part=2, parts=3, groups=4)
+        torch.testing.assert_close(x @ weight + bias, expected)
