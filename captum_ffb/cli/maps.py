@@ -1,0 +1,192 @@
+"""``captum-ffb maps``: the maps of one text as PNG figures, an HTML view and JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+FORMATS = ("png", "html", "json")
+DEFAULT_OUT = "captum_ffb_maps"
+
+EXAMPLES = f"""\
+examples:
+  captum-ffb maps "The cat sat on the mat."
+      all layers and scopes of the bundled all-MiniLM-L6-v2, offline, into ./{DEFAULT_OUT}/
+  captum-ffb maps "Tokyo is the capital of [MASK]." --layer 5 --format png
+  captum-ffb maps "She loves math rather than" --model ./my-gpt2 --layer 2 --out gpt2_maps
+  captum-ffb maps "Hello world" --scopes Atb AtbFf --format html,json
+
+files written to --out:
+  maps_layerNN.png  one figure per layer: a panel per scope and the FF-amp difference map
+  maps.html         a self-contained interactive view (open it in any browser, offline)
+  maps.json         tokens, maps [layer][scope][i][j] = ||F_i(x_j)||, FF-amp maps and the
+                    completeness residuals
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "maps",
+        help="maps of one text: PNG figures, an interactive HTML view and JSON",
+        description=(
+            "Decompose every chosen layer of a model on TEXT and write the token-to-token "
+            "maps of every scope: paper-style figures, an offline HTML view and a JSON file."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", help="the input text (quote it)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME_OR_DIR",
+        help="a local model folder (config.json or a .gguf file), a Hugging Face id, or "
+        "all-MiniLM-L6-v2 (the bundled default, offline)",
+    )
+    parser.add_argument(
+        "--layer",
+        default="all",
+        metavar="N|all",
+        help="layer index (negative counts from the end), a comma list such as 0,5, or all "
+        "(default)",
+    )
+    parser.add_argument(
+        "--scopes",
+        nargs="+",
+        default=None,
+        metavar="SCOPE",
+        help="scopes to compute (space or comma separated); all scopes of the chain by default",
+    )
+    parser.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"output folder (created if needed; default ./{DEFAULT_OUT})",
+    )
+    parser.add_argument(
+        "--format",
+        default=",".join(FORMATS),
+        metavar="LIST",
+        help="comma list of png, html, json (default: all three)",
+    )
+    parser.add_argument("--dpi", type=int, default=150, help="resolution of the PNG figures")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    parser.set_defaults(run=run)
+
+
+def parse_formats(value: str) -> list[str]:
+    """``"png,html"`` → ``["png", "html"]``; a one-line error for anything else."""
+    formats = [f.strip().lower().lstrip(".") for f in value.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise ValueError(
+            f"unknown format {unknown[0] if unknown else value!r}; choose from {', '.join(FORMATS)}"
+        )
+    return list(dict.fromkeys(formats))
+
+
+def parse_layers(value: str) -> list[int] | str:
+    """``"all"`` → ``"all"``; ``"3"`` or ``"0,-1"`` → a list of indices."""
+    if value.strip().lower() == "all":
+        return "all"
+    try:
+        layers = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"--layer takes an integer, a comma list or 'all', got {value!r}") from None
+    if not layers:
+        raise ValueError("--layer is empty")
+    return layers
+
+
+def parse_scopes(values: list[str] | None) -> list[str] | None:
+    """Scope names given as separate words and/or comma lists."""
+    if values is None:
+        return None
+    scopes = [s.strip() for v in values for s in v.split(",") if s.strip()]
+    if not scopes:
+        raise ValueError("--scopes is empty")
+    return scopes
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compute the maps of ``args.text`` and write the requested files."""
+    from captum_ffb.models import load_model
+    from captum_ffb.text import text_maps
+
+    if not args.text or not args.text.strip():
+        raise ValueError("the text is empty")
+    formats = parse_formats(args.format)
+    layers = parse_layers(args.layer)
+    scopes = parse_scopes(args.scopes)
+    if "png" in formats:
+        _check_matplotlib()
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
+    loaded = load_model(args.model)
+    maps = text_maps(args.text, loaded, layers=layers, scopes=scopes, show_progress=not args.quiet)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if "json" in formats:
+        written.append(_write_json(maps, out / "maps.json"))
+    if "html" in formats:
+        from captum_ffb.viz.html import save_html
+
+        written.append(save_html(maps, out / "maps.html"))
+    if "png" in formats:
+        written += _write_pngs(maps, out, args.dpi, args.quiet)
+    if not args.quiet:
+        worst = max(d for per_layer in maps.delta.values() for d in per_layer.values())
+        print(
+            f"{maps.model_name}: {len(maps.tokens)} tokens, layers "
+            f"{', '.join(map(str, maps.layers))}, scopes {', '.join(maps.scopes)}; "
+            f"largest completeness residual {worst:.2e}"
+        )
+    for path in written:
+        print(path)
+    return 0
+
+
+def _check_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "PNG figures need matplotlib: pip install 'captum_ffb[viz]' (or --format html,json)"
+        ) from None
+
+
+def _write_json(maps: Any, path: Path) -> Path:
+    from captum_ffb.viz._common import ff_pair_of
+
+    data = maps.to_dict()
+    pair = ff_pair_of(maps.scopes, maps.ff_pair)
+    data["ff_amp_pair"] = list(pair) if pair else None
+    for layer in maps.layers:
+        entry = data["layers"][str(layer)]
+        entry["ff_amp"] = maps.ff_amp(layer).tolist() if pair else None
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _write_pngs(maps: Any, out: Path, dpi: int, quiet: bool) -> list[Path]:
+    from tqdm.auto import tqdm
+
+    from captum_ffb.viz.figures import plot_maps
+
+    paths = []
+    for layer in tqdm(maps.layers, desc="figures", unit="layer", disable=quiet):
+        figure = plot_maps(maps, layer=layer)
+        path = out / f"maps_layer{layer:02d}.png"
+        figure.savefig(path, dpi=dpi)
+        paths.append(path)
+    return paths

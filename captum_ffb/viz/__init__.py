@@ -1,0 +1,22 @@
+"""Figures, an offline interactive HTML view and exports of the maps.
+
+- :func:`plot_maps`: paper-style matplotlib heatmaps, one panel per scope plus FF-amp.
+- :func:`html_view`, :func:`save_html`, :func:`show_html`: a self-contained HTML page.
+- :func:`to_bertviz`, :func:`bertviz_view`, :func:`to_inseq`, :func:`to_captum`: the maps in
+  other XAI tools.
+"""
+
+from captum_ffb.viz.export import bertviz_view, to_bertviz, to_captum, to_inseq
+from captum_ffb.viz.figures import plot_maps
+from captum_ffb.viz.html import html_view, save_html, show_html
+
+__all__ = [
+    "bertviz_view",
+    "html_view",
+    "plot_maps",
+    "save_html",
+    "show_html",
+    "to_bertviz",
+    "to_captum",
+    "to_inseq",
+]

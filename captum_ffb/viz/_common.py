@@ -1,0 +1,94 @@
+"""Helpers shared by the figures, the HTML view and the exports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from torch import Tensor
+
+from captum_ffb.text import TextMaps, ff_amplification
+
+#: The scopes just before and after the FF block, per chain (as in ``Chain.ff_pair``).
+KNOWN_FF_PAIRS: tuple[tuple[str, str], ...] = (("Atb", "AtbFf"), ("AtbLn", "AtbLnFf"))
+
+# Byte-level BPE (GPT-2, RoBERTa) and SentencePiece mark spaces and newlines with these.
+_MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\\n", "ĉ": "\\t"}
+
+
+def display_token(token: str) -> str:
+    """A token as people read it: space markers of BPE / SentencePiece removed."""
+    text = "".join(_MARKERS.get(ch, ch) for ch in token).strip()
+    return text or repr(token)[1:-1] or "∅"
+
+
+def display_tokens(tokens: Sequence[str]) -> list[str]:
+    """:func:`display_token` on every token."""
+    return [display_token(t) for t in tokens]
+
+
+def check_text_maps(maps: object) -> TextMaps:
+    """``maps`` if it is a :class:`~captum_ffb.text.TextMaps`, else a one-line TypeError."""
+    if not isinstance(maps, TextMaps):
+        raise TypeError(
+            f"expected TextMaps from captum_ffb.text.text_maps, got {type(maps).__name__}"
+        )
+    return maps
+
+
+def pick_layers(maps: TextMaps, layer: int | Sequence[int] | None) -> list[int]:
+    """The computed layers asked for; ``None`` means all of them, a negative index counts from
+    the end of the computed layers."""
+    if layer is None:
+        return list(maps.layers)
+    wanted = [layer] if isinstance(layer, int) else list(layer)
+    out = []
+    for value in wanted:
+        index = _resolve_layer(maps, int(value))
+        out.append(index)
+    return out
+
+
+def _resolve_layer(maps: TextMaps, value: int) -> int:
+    if value in maps.maps:
+        return value
+    if -len(maps.layers) <= value < 0:
+        return maps.layers[value]
+    raise ValueError(
+        f"layer {value} was not computed; computed layers: {', '.join(map(str, maps.layers))}"
+    )
+
+
+def pick_scopes(available: Sequence[str], scopes: str | Sequence[str] | None) -> list[str]:
+    """The scopes asked for, in the order given; ``None`` means all available ones."""
+    if scopes is None:
+        return list(available)
+    wanted = [scopes] if isinstance(scopes, str) else list(scopes)
+    unknown = [s for s in wanted if s not in available]
+    if unknown:
+        raise ValueError(
+            f"unknown scope {unknown[0]!r}; available: {', '.join(available)}"
+        )
+    if not wanted:
+        raise ValueError("no scope chosen")
+    return wanted
+
+
+def ff_pair_of(
+    scopes: Sequence[str], ff_pair: tuple[str, str] | None = None
+) -> tuple[str, str] | None:
+    """The (before FF, after FF) scope pair if both are among ``scopes``, else ``None``."""
+    candidates = [tuple(ff_pair)] if ff_pair else list(KNOWN_FF_PAIRS)
+    for before, after in candidates:
+        if before in scopes and after in scopes:
+            return before, after
+    return None
+
+
+def layer_maps(maps: TextMaps, layer: int) -> Mapping[str, Tensor]:
+    """``scope → (n, n)`` maps of one computed layer, in chain order."""
+    return {s: maps.maps[layer][s] for s in maps.scopes}
+
+
+def ff_amp_of(maps: Mapping[str, Tensor], pair: tuple[str, str]) -> Tensor:
+    """The FF-amp map from a ``scope → map`` mapping and a (before, after) pair."""
+    return ff_amplification(maps[pair[0]].float(), maps[pair[1]].float())
