@@ -1,0 +1,692 @@
+"""The corpus runner: batches of sequences through the decomposition, statistics per batch,
+written as they are done, resumed after an interruption, aggregated at the end.
+
+Each batch is written atomically to ``OUT/shards/batch-NNNNN.npz`` (write to a temporary
+file, then rename) holding everything that batch contributes: per-sequence
+contextualization changes, FF-amp sums and counts per token pair, norm sums and per-
+dimension sums. ``OUT/run.json`` holds a fingerprint of the settings and the exact model
+inputs. Rerunning the same command skips the batches already on disk, so an interrupted run
+loses at most the batch in flight and counts no sequence twice; a different fingerprint is
+refused unless ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from captum_ffb import rules
+from captum_ffb.analysis.corpus import PreparedSequence, SkippedLine, prepare_sequences
+from captum_ffb.analysis.stats import (
+    PairTable,
+    contextualization_change,
+    correlations,
+    ff_amp_pairs,
+    maps_without_dims,
+    pair_pmi,
+    smallest_dims,
+    spearman,
+)
+from captum_ffb.architectures import get_architecture
+from captum_ffb.architectures.block import resolve
+from captum_ffb.attr import LayerNormDecomposition
+from captum_ffb.decomposition import Decomposition
+from captum_ffb.models import LoadedModel
+
+__all__ = ["AnalysisConfig", "Measure", "analyze_corpus", "is_causal", "measures_for"]
+
+#: Name of the extra Pre-LN scope: the next layer's LN1 applied to the layer output.
+NEXT_LN_SCOPE = "AtbLnFfResLn"
+
+#: model_types whose models attend only to the past (besides configs with ``is_decoder``).
+CAUSAL_TYPES = frozenset({
+    "gpt2", "gpt_neo", "gpt_neox", "gptj", "opt", "llama", "mistral", "mixtral", "qwen2",
+    "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "falcon", "bloom", "olmo",
+    "olmo2", "codegen", "stablelm", "starcoder2", "smollm3",
+})
+
+SHARD_VERSION = 1
+
+
+@dataclass
+class AnalysisConfig:
+    r"""Settings of a corpus analysis.
+
+    Attributes:
+        max_seqs (int, optional): analyse the first ``max_seqs`` usable lines.
+        mask_rate (float): share of tokens masked for masked LMs (the paper: 0.12); 0 turns
+                    masking off. Causal models are never masked.
+        seed (int): seed of the masking and of the random-dimension control.
+        batch_size (int): sequences per batch (padded, with an attention mask).
+        max_tokens (int, optional): longest sequence analysed, special tokens included
+                    (default: the model's maximum); longer lines are skipped and reported.
+        ablation_fraction (float): share of dimensions with the smallest γ ignored in the
+                    ablation (the paper: 1 %; at least one dimension).
+        top_k (int): FF-amp pairs listed per layer.
+        min_count (int): FF-amp pairs seen fewer times are left out (the paper: 2).
+        include_special (bool): list FF-amp pairs with special tokens ([CLS], [MASK], ...).
+        pmi (bool): also correlate FF-amp with sentence-level PMI of the pair.
+        causal (bool, optional): treat the model as causal; detected from its config when
+                    ``None``.
+    """
+
+    max_seqs: int | None = None
+    mask_rate: float = 0.12
+    seed: int = 0
+    batch_size: int = 16
+    max_tokens: int | None = None
+    ablation_fraction: float = 0.01
+    top_k: int = 50
+    min_count: int = 2
+    include_special: bool = False
+    pmi: bool = False
+    causal: bool | None = None
+
+    def check(self) -> None:
+        if not 0.0 <= self.mask_rate < 1.0:
+            raise ValueError(f"mask rate must lie in [0, 1); got {self.mask_rate}")
+        if self.max_seqs is not None and self.max_seqs < 1:
+            raise ValueError(f"--max-seqs must be at least 1; got {self.max_seqs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be at least 1; got {self.batch_size}")
+        if self.max_tokens is not None and self.max_tokens < 2:
+            raise ValueError(f"max tokens must be at least 2; got {self.max_tokens}")
+        if not 0.0 < self.ablation_fraction < 1.0:
+            raise ValueError(f"ablation fraction must lie in (0, 1); got {self.ablation_fraction}")
+        if self.top_k < 1 or self.min_count < 1:
+            raise ValueError("top-k and min-count must be at least 1")
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One contextualization-change measurement between two scopes of a layer.
+
+    Attributes:
+        kind (str): ``"consecutive"`` (Fig. 3), ``"relative"`` (to the map before FF,
+                    Fig. 6), ``"ablation"`` (FF without the smallest-γ dimensions, Fig. 32)
+                    or ``"ablation_random"`` (the same number of random dimensions, a control).
+        label (str): ``"+FF"``, ``"FF+RES"``, ...
+        source (str): the earlier scope.
+        target (str): the later scope.
+    """
+
+    kind: str
+    label: str
+    source: str
+    target: str
+
+
+def _parts(scope: str) -> list[str]:
+    return re.findall(r"[A-Z][a-z]*", scope)
+
+
+def measures_for(chain_name: str, scopes: Sequence[str], ff_pair: tuple[str, str]) -> list[Measure]:
+    r"""The measurements of a chain: consecutive steps, changes relative to the map before
+    FF, and the two ablations. Pre-LN chains get the next layer's LN1 as a last scope."""
+    extended = list(scopes) + ([NEXT_LN_SCOPE] if chain_name == "pre_ln" else [])
+    out = []
+    for source, target in zip(extended, extended[1:]):
+        label = "+" + _parts(target)[-1].upper()
+        if target == NEXT_LN_SCOPE:
+            label += " (next LN1)"
+        out.append(Measure("consecutive", label, source, target))
+    before = ff_pair[0]
+    start = len(_parts(before))
+    for target in extended[extended.index(before) + 1 :]:
+        added = [p.upper() for p in _parts(target)[start:]]
+        out.append(Measure("relative", "+" + added[0] if len(added) == 1 else "+".join(added),
+                           before, target))
+    out.append(Measure("ablation", "+FF without smallest-γ dims", *ff_pair))
+    out.append(Measure("ablation_random", "+FF without random dims", *ff_pair))
+    return out
+
+
+def is_causal(model: nn.Module) -> bool:
+    """Whether ``model`` attends only to the past, from its config."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    return bool(getattr(config, "is_decoder", False)) or config.model_type in CAUSAL_TYPES
+
+
+# --------------------------------------------------------------------------- hooks
+class _Recorder:
+    """Forward hooks that keep one input or output per key during one forward pass."""
+
+    def __init__(self) -> None:
+        self.store: dict[tuple[str, int], Tensor] = {}
+        self._handles: list[Any] = []
+
+    def watch(self, key: tuple[str, int], module: nn.Module, which: str) -> None:
+        def hook(mod: nn.Module, args: tuple, output: Any) -> None:
+            value = args[0] if which == "input" else output
+            if isinstance(value, (tuple, list)):
+                value = value[0]
+            self.store.setdefault(key, value.detach())
+
+        self._handles.append(module.register_forward_hook(hook))
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def get(self, key: tuple[str, int], batch: int, n: int) -> Tensor:
+        return self.store[key].reshape(batch, n, -1).to(torch.float32)
+
+
+def _norm_parameters(module: nn.Module, offset: float) -> tuple[Tensor | None, Tensor | None, float]:
+    weight = getattr(module, "weight", None)
+    weight = None if weight is None else weight.detach().to(torch.float32) + offset
+    bias = getattr(module, "bias", None)
+    bias = None if bias is None else bias.detach().to(torch.float32)
+    eps = getattr(module, "eps", None)
+    if eps is None:
+        eps = getattr(module, "variance_epsilon", 1e-6)
+    return weight, bias, float(eps)
+
+
+def _inside(module: nn.Module, roots: Sequence[nn.Module]) -> bool:
+    return any(module is m for root in roots for m in root.modules())
+
+
+def find_final_norm(model: nn.Module, blocks: Sequence[nn.Module], input_ids: Tensor,
+                    attention_mask: Tensor) -> nn.Module | None:
+    """The norm outside the blocks that reads the last block's output (GPT-2's ``ln_f``)."""
+    candidates = [
+        m for m in model.modules()
+        if "norm" in type(m).__name__.lower() and getattr(m, "weight", None) is not None
+        and not _inside(m, blocks)
+    ]
+    recorder = _Recorder()
+    recorder.watch(("last", 0), blocks[-1], "output")
+    for k, module in enumerate(candidates):
+        recorder.watch(("norm", k), module, "input")
+    try:
+        with torch.no_grad():
+            model(input_ids, attention_mask=attention_mask)
+    finally:
+        recorder.close()
+    last = recorder.store[("last", 0)]
+    for k, module in enumerate(candidates):
+        seen = recorder.store.get(("norm", k))
+        if seen is not None and seen.shape == last.shape and torch.equal(seen, last):
+            return module
+    return None
+
+
+# --------------------------------------------------------------------------- the run
+class _Run:
+    """Everything fixed for one run: model, layers, measures, norms, dimensions."""
+
+    def __init__(self, loaded: LoadedModel, config: AnalysisConfig, causal: bool) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.config = config
+        self.causal = causal
+        self.blocks = list(loaded.blocks)
+        self.spec = get_architecture(loaded.model_type)
+        self.lnds = [LayerNormDecomposition(self.model, block) for block in self.blocks]
+        chain = self.lnds[0].chain
+        if chain.name not in ("post_ln", "pre_ln"):
+            raise ValueError(
+                f"the corpus analysis covers Post-LN and Pre-LN models; {loaded.model_type} "
+                f"uses the {chain.name!r} chain"
+            )
+        self.chain = chain
+        self.scopes = list(chain.scopes)
+        self.ff_pair = chain.ff_pair
+        #: the scope right after the FF output: FF output plus the bypassed vector (RES2)
+        self.res_scope = self.scopes[self.scopes.index(self.ff_pair[1]) + 1]
+        self.measures = measures_for(chain.name, chain.scopes, chain.ff_pair)
+        self.following: list[nn.Module | None] = []
+        self.following_role: list[str] = []
+        self.gamma: list[Tensor | None] = []
+        self.dims: list[Tensor] = []
+        self.random_dims: list[Tensor] = []
+
+    def setup_norms(self, input_ids: Tensor, attention_mask: Tensor) -> None:
+        """Find the norm that follows each layer's FF output and the dimensions to ignore."""
+        spec = self.spec
+        final = None
+        if self.chain.name == "pre_ln":
+            final = find_final_norm(self.model, self.blocks, input_ids, attention_mask)
+        for index, block in enumerate(self.blocks):
+            if self.chain.name != "pre_ln":
+                module, role = resolve(block, spec.norm2), "norm2 (LN2)"
+            elif index + 1 < len(self.blocks):
+                module, role = resolve(self.blocks[index + 1], spec.norm1), "next layer's norm1"
+            else:
+                module, role = final, "final norm" if final is not None else "none"
+            self.following.append(module)
+            self.following_role.append(role)
+            gamma = None
+            if module is not None:
+                gamma = _norm_parameters(module, spec.norm_weight_offset)[0]
+            self.gamma.append(gamma)
+            if gamma is None:  # a norm without γ, or no norm after the last Pre-LN layer
+                self.dims.append(torch.zeros(0, dtype=torch.long))
+                self.random_dims.append(torch.zeros(0, dtype=torch.long))
+                continue
+            dims = smallest_dims(gamma, self.config.ablation_fraction)
+            self.dims.append(dims)
+            rng = np.random.default_rng([self.config.seed, 7, index])
+            chosen = rng.choice(gamma.numel(), size=dims.numel(), replace=False)
+            self.random_dims.append(torch.as_tensor(np.sort(chosen).astype(np.int64)))
+
+    def _watch(self, recorder: _Recorder) -> None:
+        """Hooks on the norm after each Pre-LN layer (its real input and output)."""
+        if self.chain.name != "pre_ln":
+            return
+        for index, following in enumerate(self.following):
+            if following is not None:
+                recorder.watch(("next_in", index), following, "input")
+                recorder.watch(("next_out", index), following, "output")
+
+    def batch(self, sequences: Sequence[PreparedSequence]) -> dict[str, np.ndarray]:
+        """All statistics one batch contributes."""
+        ids, mask = _pad(sequences, self.loaded.tokenizer)
+        batch, n = ids.shape
+        recorder = _Recorder()
+        self._watch(recorder)
+        try:
+            with torch.no_grad():
+                self.model(ids, attention_mask=mask)
+        finally:
+            recorder.close()
+
+        n_layers = len(self.blocks)
+        changes = np.full((batch, n_layers, len(self.measures)), np.nan)
+        deltas = np.zeros((batch, n_layers))
+        real = mask.bool()
+        out: dict[str, np.ndarray] = {}
+        ff_norm, bypass_norm = np.zeros(n_layers), np.zeros(n_layers)
+        ff_abs, ff_in_abs = [], []
+        for index, lnd in enumerate(self.lnds):
+            with torch.no_grad():
+                decs, delta = lnd.decompose(
+                    ids, scope=self.scopes, return_convergence_delta=True,
+                    forward_kwargs={"attention_mask": mask}, relative_delta=True,
+                )
+                deltas[:, index] = torch.stack([delta[s] for s in self.scopes]).amax(0).numpy()
+                if self.chain.name == "pre_ln":
+                    extra = self._next_norm(index, decs[self.scopes[-1]], recorder, batch, n)
+                    if extra is not None:
+                        decs[NEXT_LN_SCOPE], residual = extra
+                        deltas[:, index] = np.maximum(deltas[:, index], residual)
+                maps = {name: dec.maps() for name, dec in decs.items()}
+                before, after = self.ff_pair
+                if self.dims[index].numel():
+                    for kind, dims in (("ablation", self.dims[index]),
+                                       ("ablation_random", self.random_dims[index])):
+                        maps[f"{kind}:{before}"] = maps_without_dims(decs[before].terms, dims, mask)
+                        maps[f"{kind}:{after}"] = maps_without_dims(decs[after].terms, dims, mask)
+            for b in range(batch):
+                for k, measure in enumerate(self.measures):
+                    source, target = measure.source, measure.target
+                    if measure.kind.startswith("ablation"):
+                        source, target = f"{measure.kind}:{source}", f"{measure.kind}:{target}"
+                    if source in maps and target in maps:
+                        changes[b, index, k] = contextualization_change(
+                            maps[source][b], maps[target][b], mask[b], self.causal
+                        )
+            firsts, seconds, scores = [], [], []
+            for b in range(batch):
+                first, second, score = ff_amp_pairs(
+                    maps[before][b], maps[after][b], ids[b], mask[b], self.causal
+                )
+                firsts.append(first)
+                seconds.append(second)
+                scores.append(score)
+            table = PairTable.from_pairs(
+                np.concatenate(firsts), np.concatenate(seconds), np.concatenate(scores)
+            )
+            out[f"pairs_{index}_keys"] = table.keys
+            out[f"pairs_{index}_sums"] = table.sums
+            out[f"pairs_{index}_counts"] = table.counts
+            # FF input, FF output and the vector RES2 bypasses, from the decompositions' totals
+            # (equal to the real tensors up to the completeness residual reported above)
+            ff_in = decs[before].total()[real]
+            ff = decs[after].total()[real]
+            bypass = decs[self.res_scope].total()[real] - ff
+            ff_norm[index] = float(torch.linalg.vector_norm(ff, dim=-1).double().sum())
+            bypass_norm[index] = float(torch.linalg.vector_norm(bypass, dim=-1).double().sum())
+            ff_abs.append(ff.abs().double().sum(0).numpy())
+            ff_in_abs.append(ff_in.abs().double().sum(0).numpy())
+            del decs, maps
+        out.update(
+            version=np.asarray(SHARD_VERSION),
+            seq=np.asarray([s.index for s in sequences], dtype=np.int64),
+            n_tokens=mask.sum(1).numpy().astype(np.int64),
+            changes=changes,
+            delta=deltas,
+            tokens=np.asarray(int(real.sum())),
+            ff_norm_sum=ff_norm,
+            bypass_norm_sum=bypass_norm,
+            ff_out_abs_sum=np.stack(ff_abs),
+            ff_in_abs_sum=np.stack(ff_in_abs),
+        )
+        return out
+
+    def _next_norm(self, index: int, last: Decomposition, recorder: _Recorder, batch: int,
+                   n: int) -> tuple[Decomposition, np.ndarray] | None:
+        module = self.following[index]
+        if module is None:
+            return None
+        weight, bias, eps = _norm_parameters(module, self.spec.norm_weight_offset)
+        real_in = recorder.get(("next_in", index), batch, n)
+        if self.spec.norm == "rms_norm":
+            dec = rules.rms_norm(last, real_in, weight, eps)
+        else:
+            dec = rules.layer_norm(last, real_in, weight, bias, eps)
+        real_out = recorder.get(("next_out", index), batch, n)
+        residual = dec.completeness_residual(real_out, relative=True).numpy()
+        return dec, residual
+
+
+def _pad(sequences: Sequence[PreparedSequence], tokenizer: Any) -> tuple[Tensor, Tensor]:
+    n = max(len(s.ids) for s in sequences)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    pad = 0 if pad is None else int(pad)
+    ids = torch.full((len(sequences), n), pad, dtype=torch.long)
+    mask = torch.zeros((len(sequences), n), dtype=torch.long)
+    for b, sequence in enumerate(sequences):
+        ids[b, : len(sequence.ids)] = torch.as_tensor(sequence.ids)
+        mask[b, : len(sequence.ids)] = 1
+    return ids, mask
+
+
+def plan_batches(sequences: Sequence[PreparedSequence], batch_size: int) -> list[list[int]]:
+    """Positions of ``sequences`` per batch: sorted by length (less padding), then by index."""
+    order = sorted(range(len(sequences)), key=lambda k: (len(sequences[k].ids), sequences[k].index))
+    return [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+
+
+# --------------------------------------------------------------------------- files
+def _atomic_write(path: Path, write: Callable[[Any], None], binary: bool = True) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _fingerprint(loaded: LoadedModel, config: AnalysisConfig, causal: bool, mask_rate: float,
+                 max_tokens: int, sequences: Sequence[PreparedSequence]) -> str:
+    digest = hashlib.sha256()
+    head = {
+        "model": loaded.name, "model_type": loaded.model_type, "layers": len(loaded.blocks),
+        "causal": causal, "mask_rate": mask_rate, "seed": config.seed,
+        "batch_size": config.batch_size, "max_tokens": max_tokens,
+        "ablation_fraction": config.ablation_fraction, "shard_version": SHARD_VERSION,
+    }
+    digest.update(json.dumps(head, sort_keys=True).encode())
+    for sequence in sequences:
+        digest.update(json.dumps([sequence.index, sequence.ids]).encode())
+    return digest.hexdigest()
+
+
+def _load_shard(path: Path) -> dict[str, np.ndarray] | None:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            shard = {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError, KeyError):
+        return None
+    if int(shard.get("version", -1)) != SHARD_VERSION:
+        return None
+    return shard
+
+
+def _shard_path(folder: Path, k: int) -> Path:
+    return folder / f"batch-{k:05d}.npz"
+
+
+# --------------------------------------------------------------------------- entry point
+def analyze_corpus(
+    loaded: LoadedModel,
+    lines: Sequence[str],
+    out_dir: str | os.PathLike,
+    config: AnalysisConfig | None = None,
+    source: str = "corpus",
+    overwrite: bool = False,
+    show_progress: bool = True,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    r"""Run the paper's analyses over a corpus; resumable.
+
+    Args:
+        loaded (LoadedModel): from :func:`captum_ffb.models.load_model`.
+        lines (list[str]): the corpus, one sequence per entry.
+        out_dir (str or PathLike): folder for ``run.json`` and the batch shards (the report
+                    writer puts its files there too).
+        config (AnalysisConfig, optional): the settings.
+        source (str): the corpus' name, for the report.
+        overwrite (bool): discard an earlier run with other settings in ``out_dir``.
+        show_progress (bool): show a progress bar.
+        stop_after (int, optional): stop (raising ``KeyboardInterrupt``) after this many new
+                    batches; for testing the resume path.
+
+    Returns:
+        the summary dict (see :func:`captum_ffb.analysis.report.write_report`).
+    """
+    config = config or AnalysisConfig()
+    config.check()
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    shards = out / "shards"
+    tokenizer = loaded.tokenizer
+    causal = is_causal(loaded.model) if config.causal is None else bool(config.causal)
+    masked_lm = not causal and getattr(tokenizer, "mask_token_id", None) is not None
+    mask_rate = config.mask_rate if masked_lm else 0.0
+    max_tokens = min(config.max_tokens or loaded.max_length, loaded.max_length)
+    sequences, skipped = prepare_sequences(
+        lines, tokenizer, max_tokens, config.max_seqs, mask_rate, config.seed
+    )
+    if not sequences:
+        raise ValueError(f"no usable line in {source} ({len(skipped)} skipped)")
+    fingerprint = _fingerprint(loaded, config, causal, mask_rate, max_tokens, sequences)
+    run_file = out / "run.json"
+    if run_file.exists():
+        try:
+            previous = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
+        except (OSError, ValueError):
+            previous = None
+        if previous != fingerprint:
+            if not overwrite:
+                raise ValueError(
+                    f"{out} holds a run with other settings or data; use another --out or "
+                    "--overwrite"
+                )
+            shutil.rmtree(shards, ignore_errors=True)
+    shards.mkdir(exist_ok=True)
+    settings = {
+        "fingerprint": fingerprint, "model": loaded.name, "source": source,
+        "config": asdict(config), "causal": causal, "mask_rate": mask_rate,
+        "max_tokens": max_tokens, "sequences": len(sequences),
+    }
+    _atomic_write(run_file, lambda h: json.dump(settings, h, indent=2), binary=False)
+
+    run = _Run(loaded, config, causal)
+    batches = plan_batches(sequences, config.batch_size)
+    run.setup_norms(*_pad([sequences[k] for k in batches[0]], tokenizer))
+    done = {k for k in range(len(batches)) if _load_shard(_shard_path(shards, k)) is not None}
+    progress = None
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(
+            total=len(sequences), initial=sum(len(batches[k]) for k in done), unit="seq",
+            desc="analysing", dynamic_ncols=True,
+        )
+    new = 0
+    try:
+        for k, batch in enumerate(batches):
+            if k in done:
+                continue
+            if stop_after is not None and new >= stop_after:
+                raise KeyboardInterrupt
+            result = run.batch([sequences[p] for p in batch])
+            _atomic_write(_shard_path(shards, k), lambda h, r=result: np.savez(h, **r))
+            new += 1
+            if progress is not None:
+                progress.update(len(batch))
+    finally:
+        if progress is not None:
+            progress.close()
+    loaded_shards = [_load_shard(_shard_path(shards, k)) for k in range(len(batches))]
+    if any(s is None for s in loaded_shards):
+        raise RuntimeError("a batch shard vanished while the run was being summarised")
+    return summarise(run, sequences, skipped, loaded_shards, source, mask_rate, max_tokens, lines)
+
+
+# --------------------------------------------------------------------------- aggregation
+def _stats(values: np.ndarray) -> dict[str, float | int]:
+    finite = values[np.isfinite(values)]
+    return {
+        "mean": float(finite.mean()) if finite.size else math.nan,
+        "std": float(finite.std()) if finite.size else math.nan,
+        "n": int(finite.size),
+        "undefined": int(values.size - finite.size),
+    }
+
+
+def summarise(
+    run: _Run,
+    sequences: Sequence[PreparedSequence],
+    skipped: Sequence[SkippedLine],
+    shards: Sequence[dict[str, np.ndarray]],
+    source: str,
+    mask_rate: float,
+    max_tokens: int,
+    lines: Sequence[str],
+) -> dict[str, Any]:
+    """Aggregate the batch shards into the summary dict."""
+    config = run.config
+    tokenizer = run.loaded.tokenizer
+    n_layers = len(run.blocks)
+    seq = np.concatenate([s["seq"] for s in shards])
+    if np.unique(seq).size != seq.size or seq.size != len(sequences):
+        raise RuntimeError("the batch shards do not cover every sequence exactly once")
+    order = np.argsort(seq, kind="stable")
+    changes = np.concatenate([s["changes"] for s in shards])[order]
+    deltas = np.concatenate([s["delta"] for s in shards])[order]
+    n_tokens = np.concatenate([s["n_tokens"] for s in shards])[order]
+    tokens = int(sum(int(s["tokens"]) for s in shards))
+    ff_norm = sum(s["ff_norm_sum"] for s in shards) / tokens
+    bypass_norm = sum(s["bypass_norm_sum"] for s in shards) / tokens
+    ff_out_abs = sum(s["ff_out_abs_sum"] for s in shards) / tokens
+    ff_in_abs = sum(s["ff_in_abs_sum"] for s in shards) / tokens
+    special = set() if config.include_special else set(tokenizer.all_special_ids)
+    all_special = set(tokenizer.all_special_ids)
+
+    pmi_documents = None
+    if config.pmi:
+        documents, _ = prepare_sequences(lines, tokenizer, max_tokens)
+        pmi_documents = [
+            [t for t, s in zip(d.ids, d.special) if not s] for d in documents
+        ]
+
+    layers = []
+    for index in range(n_layers):
+        table = PairTable.merge(
+            PairTable(s[f"pairs_{index}_keys"], s[f"pairs_{index}_sums"], s[f"pairs_{index}_counts"])
+            for s in shards
+        )
+        listed = table.means(config.min_count, exclude=special)
+        top = [
+            {"rank": r + 1, "receiver": tokenizer.convert_ids_to_tokens(a),
+             "giver": tokenizer.convert_ids_to_tokens(b), "ff_amp": v, "count": c}
+            for r, (a, b, v, c) in enumerate(listed.top(config.top_k))
+        ]
+        measures = []
+        for k, measure in enumerate(run.measures):
+            measures.append({**asdict(measure), **_stats(changes[:, index, k])})
+        gamma = run.gamma[index]
+        outliers: dict[str, Any] = {"norm": run.following_role[index]}
+        if gamma is not None:
+            g = gamma.double().numpy()
+            dims = run.dims[index].tolist()
+            outliers.update(
+                gamma_vs_ff_out=correlations(g, ff_out_abs[index]),
+                gamma_vs_ff_in=correlations(g, ff_in_abs[index]),
+                ignored_dims=dims,
+                ignored_gamma=[float(g[d]) for d in dims],
+                ignored_ff_out_mean_abs=[float(ff_out_abs[index][d]) for d in dims],
+                random_dims=run.random_dims[index].tolist(),
+                gamma=g.tolist(),
+            )
+        layer: dict[str, Any] = {
+            "layer": index + 1,
+            "changes": measures,
+            "ff_amp_top": top,
+            "ff_amp_pairs": len(listed),
+            "norms": {
+                "ff_output": float(ff_norm[index]),
+                "bypassed": float(bypass_norm[index]),
+                "bypassed_over_ff": float(bypass_norm[index] / ff_norm[index])
+                if ff_norm[index] > 0 else math.nan,
+            },
+            "outliers": outliers,
+            "ff_out_mean_abs": ff_out_abs[index].tolist(),
+            "ff_in_mean_abs": ff_in_abs[index].tolist(),
+            "completeness_residual_max": float(deltas[:, index].max()),
+        }
+        if pmi_documents is not None:
+            pmi_table = table.means(config.min_count, exclude=all_special)
+            distinct = pmi_table.first != pmi_table.second
+            first, second = pmi_table.first[distinct], pmi_table.second[distinct]
+            values = pmi_table.sums[distinct]
+            pmi = pair_pmi(pmi_documents, first, second)
+            finite = np.isfinite(pmi)
+            layer["pmi"] = {
+                "spearman": spearman(values[finite], pmi[finite]),
+                "pairs": int(finite.sum()),
+                "documents": len(pmi_documents),
+            }
+        layers.append(layer)
+
+    averages = []
+    for k, measure in enumerate(run.measures):
+        per_layer = [layers[i]["changes"][k]["mean"] for i in range(n_layers)]
+        finite = [v for v in per_layer if math.isfinite(v)]
+        averages.append({**asdict(measure), "mean_over_layers": float(np.mean(finite)) if finite else math.nan})
+    per_sequence = {
+        "line": (seq[order] + 1).tolist(),
+        "n_tokens": n_tokens.tolist(),
+        "changes": changes.tolist(),
+    }
+    return {
+        "model": run.loaded.name,
+        "model_type": run.loaded.model_type,
+        "chain": run.chain.name,
+        "scopes": run.scopes + ([NEXT_LN_SCOPE] if run.chain.name == "pre_ln" else []),
+        "ff_pair": list(run.ff_pair),
+        "causal": run.causal,
+        "source": source,
+        "settings": {
+            **asdict(config), "mask_rate_applied": mask_rate, "max_tokens_applied": max_tokens,
+        },
+        "sequences": len(sequences),
+        "tokens": tokens,
+        "masked_tokens": int(sum(len(s.masked) for s in sequences)),
+        "skipped": [asdict(s) for s in skipped],
+        "measures": [asdict(m) for m in run.measures],
+        "layers": layers,
+        "averages": averages,
+        "per_sequence": per_sequence,
+    }

