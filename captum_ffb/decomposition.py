@@ -188,6 +188,18 @@ class Decomposition:
         """Multiply every vector element-wise by ``gamma`` ``(d,)``."""
         return Decomposition(self.terms * gamma, self.bias * gamma, self.token_mask)
 
+    def scale(self, rows: Tensor, features: Tensor | None = None) -> Decomposition:
+        """``scale_rows(rows)`` then ``scale_features(features)``, in one pass over the terms.
+
+        Args:
+            rows (Tensor): ``(B, n_out)``, one number per output row.
+            features (Tensor, optional): ``(d,)``.
+        """
+        factor = rows[..., None] if features is None else rows[..., None] * features
+        return Decomposition(
+            self.terms * factor[:, :, None, :], self.bias * factor, self.token_mask
+        )
+
     def add_bias(self, beta: Tensor) -> Decomposition:
         """Add a vector owed to no token (β of a norm, a constant)."""
         return Decomposition(self.terms, self.bias + beta, self.token_mask)
@@ -287,6 +299,10 @@ class TokenwiseDecomposition(Decomposition):
             self.vectors * gamma, self.bias * gamma, self.token_mask
         )
 
+    def scale(self, rows: Tensor, features: Tensor | None = None) -> TokenwiseDecomposition:
+        factor = rows[..., None] if features is None else rows[..., None] * features
+        return TokenwiseDecomposition(self.vectors * factor, self.bias * factor, self.token_mask)
+
     def add_bias(self, beta: Tensor) -> TokenwiseDecomposition:
         return TokenwiseDecomposition(self.vectors, self.bias + beta, self.token_mask)
 
@@ -328,8 +344,9 @@ class FactoredDecomposition(Decomposition):
     def terms(self) -> Tensor:
         # Contract over components with token j as a batch index: (B, n_in, n_out, d),
         # returned as a (B, n_out, n_in, d) view so later products need no copy.
-        mix = self.mix.permute(0, 3, 2, 1)  # (B, n_in, n_out, K)
-        basis = self.basis.transpose(1, 2)  # (B, n_in, K, d)
+        # Contiguous operands: BLAS is several times slower on the strided views.
+        mix = self.mix.permute(0, 3, 2, 1).contiguous()  # (B, n_in, n_out, K)
+        basis = self.basis.transpose(1, 2).contiguous()  # (B, n_in, K, d)
         return torch.matmul(mix, basis).transpose(1, 2)
 
     @property
@@ -376,6 +393,10 @@ class FactoredDecomposition(Decomposition):
         return FactoredDecomposition(
             self.mix, self.basis * gamma, self.bias * gamma, self.token_mask
         )
+
+    def scale(self, rows: Tensor, features: Tensor | None = None) -> FactoredDecomposition:
+        out = self.scale_rows(rows)
+        return out if features is None else out.scale_features(features)
 
     def add_bias(self, beta: Tensor) -> FactoredDecomposition:
         return FactoredDecomposition(self.mix, self.basis, self.bias + beta, self.token_mask)

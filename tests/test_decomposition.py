@@ -43,6 +43,8 @@ def test_compact_forms_agree_with_their_dense_terms(form):
         (dec.center(), dense.center()),
         (dec.scale_rows(scale), dense.scale_rows(scale)),
         (dec.scale_features(gamma), dense.scale_features(gamma)),
+        (dec.scale(scale, gamma), dense.scale_rows(scale).scale_features(gamma)),
+        (dec.scale(scale), dense.scale_rows(scale)),
         (dec.add_bias(beta), dense.add_bias(beta)),
         (dec.rows(slice(1, 3)), dense.rows(slice(1, 3))),
     ]

@@ -361,7 +361,10 @@ class LayerNormDecomposition(LayerAttribution):
                             references[name][:, rows], row_offset=offset
                         )
                     )
-                    scales[name].append(_row_scale(references[name][:, rows], block.token_mask, offset))
+                    if relative:
+                        scales[name].append(
+                            _row_scale(references[name][:, rows], block.token_mask, offset)
+                        )
                     if keep:
                         parts[name].append(decomposition.dense())
                 if position >= last:

@@ -30,9 +30,7 @@ def layer_norm(
     """
     real = real_input.to(decomposition.bias.dtype)
     scale = torch.rsqrt(real.var(dim=-1, unbiased=False) + eps)
-    out = decomposition.center().scale_rows(scale)
-    if weight is not None:
-        out = out.scale_features(weight)
+    out = decomposition.center().scale(scale, weight)
     if bias is not None:
         out = out.add_bias(bias)
     return out
@@ -55,7 +53,4 @@ def rms_norm(
     """
     real = real_input.to(decomposition.bias.dtype)
     scale = torch.rsqrt(real.pow(2).mean(dim=-1) + eps)
-    out = decomposition.scale_rows(scale)
-    if weight is not None:
-        out = out.scale_features(weight)
-    return out
+    return decomposition.scale(scale, weight)
