@@ -373,7 +373,8 @@ JS = r"""
     state: function () { return Object.assign({}, state); },
     set: set,
     value: function (layer, scope, i, j) { return matrix(layer, scope, "none")[i * n + j]; },
-    signature: function () { return canvas.dataset.signature; }
+    signature: function () { return canvas.dataset.signature; },
+    geometry: function () { return geo ? { left: geo.left, top: geo.top, cell: geo.cell, n: n } : null; }
   };
   render();
 })();

@@ -1,0 +1,142 @@
+"""The HTML view written by ``captum-ffb maps``, opened in headless Chromium."""
+
+import html
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from captum_ffb.cli import main
+from captum_ffb.text import ff_amplification
+from tests.viz.tiny import save_tiny
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = next(
+    (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+    None,
+)
+FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run", "--hide-scrollbars",
+]
+
+# Drives the page as a person would: click scope, overlay and layer controls, hover a cell.
+DRIVER = """
+<pre id="ffb-result"></pre>
+<script>
+window.addEventListener("load", function () {
+  var v = window.ffbView, r = {}, c = document.getElementById("ffb-map");
+  function click(selector) { document.querySelector(selector).click(); return v.signature(); }
+  r.canvas = [c.width, c.height];
+  r.tokens = Array.from(document.querySelectorAll("#ffb-tokens .token")).map(function (s) { return s.textContent; });
+  r.scopes = Array.from(document.querySelectorAll("#ffb-scopes button")).map(function (b) { return b.dataset.scope; });
+  r.thumbs = document.querySelectorAll("#ffb-thumbs canvas").length;
+  r.start = [document.body.dataset.state, v.signature()];
+  r.atb = click('#ffb-scopes button[data-scope="Atb"]');
+  r.atbState = document.body.dataset.state;
+  r.amp = click('#ffb-scopes button[data-scope="FF-amp"]');
+  r.atbAgain = click('#ffb-scopes button[data-scope="Atb"]');
+  r.overlay = click("#ffb-overlay");
+  r.layer1 = click('#ffb-layers button[data-layer="1"]');
+  r.final = document.body.dataset.state;
+  var g = v.geometry(), box = c.getBoundingClientRect();
+  c.dispatchEvent(new MouseEvent("mousemove", {
+    clientX: box.left + g.left + g.cell * (1 + 0.5), clientY: box.top + g.top + g.cell * (2 + 0.5), bubbles: true
+  }));
+  r.tooltip = document.getElementById("ffb-tooltip").textContent;
+  r.out = Array.from(document.querySelectorAll("#ffb-tokens .token.out")).map(function (s) { return s.dataset.index; });
+  r.in = Array.from(document.querySelectorAll("#ffb-tokens .token.in")).map(function (s) { return s.dataset.index; });
+  r.values = {};
+  ["Atb", "AtbFf", "FF-amp"].forEach(function (s) {
+    r.values[s] = [];
+    for (var i = 0; i < g.n; i++) for (var j = 0; j < g.n; j++) r.values[s].push(v.value(1, s, i, j));
+  });
+  document.getElementById("ffb-result").textContent = JSON.stringify(r);
+});
+</script>
+"""
+
+
+def _js_format(v: float) -> str:
+    """The page's number format: 3 significant digits, exponent outside [0.001, 1000)."""
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000 or abs(v) < 0.001:
+        mantissa, exponent = f"{v:.2e}".split("e")
+        return f"{mantissa}e{int(exponent):+d}"
+    return f"{v:#.3g}".rstrip(".") if "e" not in f"{v:#.3g}" else f"{v:.3g}"
+
+
+def _chromium(*args, tmp_path):
+    profile = tmp_path / "profile"
+    command = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium); .ci/run installs it")
+    root = tmp_path_factory.mktemp("browser")
+    model = save_tiny("bert", root / "model")
+    code = main(["maps", "the cat sat on the mat .", "--model", str(model), "--out", str(root / "out"),
+                 "--format", "html,json", "--quiet"])
+    assert code == 0
+    return root
+
+
+def test_screenshot_shows_the_map(page, tmp_path):
+    from PIL import Image
+
+    shot = tmp_path / "view.png"
+    _chromium("--window-size=1200,900", f"--screenshot={shot}", (page / "out" / "maps.html").as_uri(),
+              tmp_path=tmp_path)
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1200, 900)
+    pixels = list(image.getdata())
+    reds = sum(1 for r, g, b in pixels if r > 150 and g < 90 and b < 90)  # the map's dark cells
+    assert reds > 500
+    assert len(set(pixels)) > 50  # a rendered page, not a blank one
+
+
+def test_dom_tokens_controls_hover_and_redraws(page, tmp_path):
+    driven = page / "driven.html"
+    driven.write_text(
+        (page / "out" / "maps.html").read_text(encoding="utf-8").replace("</body>", DRIVER + "</body>"),
+        encoding="utf-8",
+    )
+    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", driven.as_uri(), tmp_path=tmp_path).stdout
+    assert "<canvas" in dom
+    found = re.search(r'<pre id="ffb-result">(.*?)</pre>', dom, re.S)
+    assert found and found.group(1), "the page's script did not run"
+    r = json.loads(html.unescape(found.group(1)))
+    saved = json.loads((page / "out" / "maps.json").read_text())
+    tokens = saved["tokens"]
+    n = len(tokens)
+
+    assert r["tokens"] == tokens and r["canvas"][0] > 100 and r["canvas"][1] > 100
+    assert r["scopes"] == saved["scopes"] + ["FF-amp"] and r["thumbs"] == len(r["scopes"])
+    assert r["start"][0] == "0|AtbFfResLn|0|0|none"
+    # every control redraws the picture
+    signatures = [r["start"][1], r["atb"], r["amp"], r["overlay"], r["layer1"]]
+    assert len(set(signatures)) == len(signatures)
+    assert r["atbAgain"] == r["atb"]  # the same state draws the same picture
+    assert r["atbState"] == "0|Atb|0|0|none" and r["final"] == "1|Atb|1|0|none"
+    # hover over output token 2, input token 1
+    assert tokens[2] in r["tooltip"] and tokens[1] in r["tooltip"] and "FF-amp" in r["tooltip"]
+    value = saved["layers"]["1"]["maps"]["Atb"][2][1]
+    assert _js_format(value) in r["tooltip"]
+    assert r["out"] == ["2"] and r["in"] == ["1"]
+    # the page's maps and its own FF-amp match Python's
+    for scope in ("Atb", "AtbFf"):
+        expected = torch.tensor(saved["layers"]["1"]["maps"][scope])
+        torch.testing.assert_close(torch.tensor(r["values"][scope]).reshape(n, n), expected)
+    expected = ff_amplification(
+        torch.tensor(saved["layers"]["1"]["maps"]["Atb"]), torch.tensor(saved["layers"]["1"]["maps"]["AtbFf"])
+    )
+    torch.testing.assert_close(torch.tensor(r["values"]["FF-amp"]).reshape(n, n), expected,
+                               atol=1e-6, rtol=1e-5)
