@@ -184,6 +184,6 @@ def show_html(maps: TextMaps, height: int = 760, **kwargs: Any) -> Any:
 
     page = html.escape(html_view(maps, **kwargs), quote=True)
     return HTML(
-        f'<iframe srcdoc="{page}" style="width:100%;height:{int(height)}px;border:0" '
-        'sandbox="allow-scripts"></iframe>'
+        f'<div><iframe srcdoc="{page}" style="width:100%;height:{int(height)}px;border:0" '
+        'sandbox="allow-scripts"></iframe></div>'
     )
