@@ -237,6 +237,8 @@ class _Run:
         self.config = config
         self.causal = causal
         self.blocks = list(loaded.blocks)
+        parameter = next(self.model.parameters(), None)
+        self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.spec = get_architecture(loaded.model_type)
         self.lnds = [LayerNormDecomposition(self.model, block) for block in self.blocks]
         chain = self.lnds[0].chain
@@ -275,6 +277,7 @@ class _Run:
             gamma = None
             if module is not None:
                 gamma = _norm_parameters(module, spec.norm_weight_offset)[0]
+                gamma = None if gamma is None else gamma.cpu()
             self.gamma.append(gamma)
             if gamma is None:  # a norm without γ, or no norm after the last Pre-LN layer
                 self.dims.append(torch.zeros(0, dtype=torch.long))
@@ -297,7 +300,8 @@ class _Run:
 
     def batch(self, sequences: Sequence[PreparedSequence]) -> dict[str, np.ndarray]:
         """All statistics one batch contributes."""
-        ids, mask = _pad(sequences, self.loaded.tokenizer)
+        ids_cpu, mask_cpu = _pad(sequences, self.loaded.tokenizer)
+        ids, mask = ids_cpu.to(self.device), mask_cpu.to(self.device)
         batch, n = ids.shape
         recorder = _Recorder()
         self._watch(recorder)
@@ -320,19 +324,20 @@ class _Run:
                     ids, scope=self.scopes, return_convergence_delta=True,
                     forward_kwargs={"attention_mask": mask}, relative_delta=True,
                 )
-                deltas[:, index] = torch.stack([delta[s] for s in self.scopes]).amax(0).numpy()
+                deltas[:, index] = torch.stack([delta[s] for s in self.scopes]).amax(0).cpu().numpy()
                 if self.chain.name == "pre_ln":
                     extra = self._next_norm(index, decs[self.scopes[-1]], recorder, batch, n)
                     if extra is not None:
                         decs[NEXT_LN_SCOPE], residual = extra
                         deltas[:, index] = np.maximum(deltas[:, index], residual)
-                maps = {name: dec.maps() for name, dec in decs.items()}
+                maps = {name: dec.maps().cpu() for name, dec in decs.items()}
                 before, after = self.ff_pair
                 if self.dims[index].numel():
                     for kind, dims in (("ablation", self.dims[index]),
                                        ("ablation_random", self.random_dims[index])):
-                        maps[f"{kind}:{before}"] = maps_without_dims(decs[before].terms, dims, mask)
-                        maps[f"{kind}:{after}"] = maps_without_dims(decs[after].terms, dims, mask)
+                        for scope in (before, after):
+                            maps[f"{kind}:{scope}"] = maps_without_dims(
+                                decs[scope].terms, dims.to(self.device), mask).cpu()
             for b in range(batch):
                 for k, measure in enumerate(self.measures):
                     source, target = measure.source, measure.target
@@ -340,12 +345,12 @@ class _Run:
                         source, target = f"{measure.kind}:{source}", f"{measure.kind}:{target}"
                     if source in maps and target in maps:
                         changes[b, index, k] = contextualization_change(
-                            maps[source][b], maps[target][b], mask[b], self.causal
+                            maps[source][b], maps[target][b], mask_cpu[b], self.causal
                         )
             firsts, seconds, scores = [], [], []
             for b in range(batch):
                 first, second, score = ff_amp_pairs(
-                    maps[before][b], maps[after][b], ids[b], mask[b], self.causal
+                    maps[before][b], maps[after][b], ids_cpu[b], mask_cpu[b], self.causal
                 )
                 firsts.append(first)
                 seconds.append(second)
@@ -363,13 +368,13 @@ class _Run:
             bypass = decs[self.res_scope].total()[real] - ff
             ff_norm[index] = float(torch.linalg.vector_norm(ff, dim=-1).double().sum())
             bypass_norm[index] = float(torch.linalg.vector_norm(bypass, dim=-1).double().sum())
-            ff_abs.append(ff.abs().double().sum(0).numpy())
-            ff_in_abs.append(ff_in.abs().double().sum(0).numpy())
+            ff_abs.append(ff.abs().double().sum(0).cpu().numpy())
+            ff_in_abs.append(ff_in.abs().double().sum(0).cpu().numpy())
             del decs, maps
         out.update(
             version=np.asarray(SHARD_VERSION),
             seq=np.asarray([s.index for s in sequences], dtype=np.int64),
-            n_tokens=mask.sum(1).numpy().astype(np.int64),
+            n_tokens=mask_cpu.sum(1).numpy().astype(np.int64),
             changes=changes,
             delta=deltas,
             tokens=np.asarray(int(real.sum())),
@@ -392,7 +397,7 @@ class _Run:
         else:
             dec = rules.layer_norm(last, real_in, weight, bias, eps)
         real_out = recorder.get(("next_out", index), batch, n)
-        residual = dec.completeness_residual(real_out, relative=True).numpy()
+        residual = dec.completeness_residual(real_out, relative=True).cpu().numpy()
         return dec, residual
 
 
@@ -523,7 +528,7 @@ def analyze_corpus(
 
     run = _Run(loaded, config, causal)
     batches = plan_batches(sequences, config.batch_size)
-    run.setup_norms(*_pad([sequences[k] for k in batches[0]], tokenizer))
+    run.setup_norms(*(t.to(run.device) for t in _pad([sequences[k] for k in batches[0]], tokenizer)))
     done = {k for k in range(len(batches)) if _load_shard(_shard_path(shards, k)) is not None}
     progress = None
     if show_progress:

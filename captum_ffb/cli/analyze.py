@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 EXAMPLES = """\
 examples:
@@ -73,6 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default 0.01)")
     parser.add_argument("--pmi", action="store_true",
                         help="also correlate FF-amp with sentence-level PMI over the corpus")
+    parser.add_argument("--device", default="cpu",
+                        help="where the model runs: cpu (default), cuda, cuda:1, mps, ...")
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
@@ -96,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
+    _device(args.device)  # fail before loading anything
     corpus = load_corpus(args.data, split=args.split, text_column=args.text_column)
+    device = _device(args.device)
     loaded = load_model(args.model)
+    loaded.model.to(device)
     started = time.monotonic()
     try:
         summary = analyze_corpus(loaded, corpus.lines, out, config, source=corpus.name,
@@ -118,3 +124,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"  ... {len(skipped) - 5} more in {written['skipped']}")
         print(f"report: {written['html']}")
     return 0
+
+
+def _device(name: str) -> Any:
+    """``name`` as a torch device that exists here, or a one-line error."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"cannot use device {name!r}: not a torch device name") from error
+    available = {
+        "cuda": torch.cuda.is_available,
+        "mps": lambda: torch.backends.mps.is_available(),
+    }.get(device.type, lambda: True)
+    if not available():
+        raise ValueError(f"cannot use device {name!r}: no {device.type} device is available")
+    return device

@@ -47,6 +47,7 @@ def test_analyze_writes_the_report_and_resumes(model_dir, corpus, tmp_path, caps
     (["--max-seqs", "0"], "--max-seqs"),
     (["--mask-rate", "1.5"], "mask rate"),
     (["--batch-size", "0"], "batch size"),
+    (["--device", "bogus"], "cannot use device"),
 ])
 def test_bad_input_is_one_line(model_dir, corpus, tmp_path, capsys, extra, message):
     argv = ["analyze", "--model", str(model_dir), "--data", str(corpus), "--out",
