@@ -18,12 +18,14 @@ hold and the cheap forms are kept for as long as the mathematics allows:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "Decomposition",
+    "FactorGroup",
     "FactoredDecomposition",
     "TokenwiseDecomposition",
     "as_matrix",
@@ -317,101 +319,173 @@ class TokenwiseDecomposition(Decomposition):
         return super().__add__(other)
 
 
+@dataclass(frozen=True)
+class FactorGroup:
+    """Components ``k`` of a factored decomposition that share one storage shape.
+
+    ``basis[k, j] = coeff[k, j] @ proj[k]`` when ``proj`` is given (low rank: attention heads
+    keep their ``d_head``-wide values and ``W_O^h`` apart, so a later linear map touches only
+    the ``d_head × d`` projections); otherwise ``basis = coeff``.
+
+    Attributes:
+        mix (Tensor): ``(B, K, n_out, n_in)``.
+        coeff (Tensor): ``(B, K, n_in, r)``.
+        proj (Tensor, optional): ``(K, r, d)``.
+    """
+
+    mix: Tensor
+    coeff: Tensor
+    proj: Tensor | None = None
+
+    def basis(self) -> Tensor:
+        """``(B, K, n_in, d)``."""
+        if self.proj is None:
+            return self.coeff
+        return torch.matmul(self.coeff, self.proj)
+
+    def vectors_map(self, fn) -> FactorGroup:
+        """Apply a linear map ``fn`` of the vectors (acting on their last dimension)."""
+        if self.proj is None:
+            return FactorGroup(self.mix, fn(self.coeff))
+        return FactorGroup(self.mix, self.coeff, fn(self.proj))
+
+    def total(self) -> Tensor:
+        """``Σ_k Σ_j mix[k, :, j] basis[k, j]`` ``(B, n_out, d)``."""
+        mixed = torch.matmul(self.mix, self.coeff)  # (B, K, n_out, r)
+        if self.proj is None:
+            return mixed.sum(dim=1)
+        return torch.einsum("bkir,krd->bid", mixed, self.proj)
+
+
 class FactoredDecomposition(Decomposition):
     r"""Decomposition ``F[i, j] = Σ_k mix[k, i, j] · basis[k, j]``.
 
+    The components are held in one or more :class:`FactorGroup` (attention heads in low-rank
+    form, the residual's identity, …). Linear maps, centring and feature scales act on the
+    bases only, row scales on the mixes; the dense terms are formed only when asked for, and
+    row chunks of one decomposition share the materialised bases.
+
     Args:
         mix (Tensor): ``(B, K, n_out, n_in)`` coefficients (attention probabilities, scaled).
-        basis (Tensor): ``(B, K, n_in, d)`` one vector per component and input token.
+        basis (Tensor): ``(B, K, n_in, d)`` one vector per component and input token, or the
+                    ``(B, K, n_in, r)`` coefficients of a low-rank basis with ``proj``.
         bias (Tensor): ``(B, n_out, d)``.
         token_mask (Tensor, optional): see :class:`Decomposition`.
+        proj (Tensor, optional): ``(K, r, d)``: the basis is ``basis @ proj``.
     """
 
     def __init__(
-        self, mix: Tensor, basis: Tensor, bias: Tensor, token_mask: Tensor | None = None
+        self,
+        mix: Tensor,
+        basis: Tensor,
+        bias: Tensor,
+        token_mask: Tensor | None = None,
+        proj: Tensor | None = None,
     ) -> None:
-        if mix.dim() != 4 or basis.dim() != 4 or mix.shape[:2] != basis.shape[:2]:
+        if mix.dim() != 4 or basis.dim() != 4 or mix.shape[1] != basis.shape[1]:
             raise ValueError(
                 "mix must be (batch, K, n_out, n_in) and basis (batch, K, n_in, d); got "
                 f"{tuple(mix.shape)} and {tuple(basis.shape)}"
             )
-        self.mix = mix
-        self.basis = basis
+        self._init([FactorGroup(mix, basis, proj)], bias, token_mask, {})
+
+    def _init(self, groups: list[FactorGroup], bias: Tensor, token_mask: Tensor | None, cache: dict) -> None:
+        self.groups = groups
         self.bias = bias
         self.token_mask = token_mask
+        self._cache = cache  # shared by the row chunks of one decomposition
+
+    @classmethod
+    def from_groups(
+        cls, groups: list[FactorGroup], bias: Tensor, token_mask: Tensor | None = None, cache: dict | None = None
+    ) -> FactoredDecomposition:
+        """A factored decomposition made of several component groups."""
+        out = cls.__new__(cls)
+        out._init(groups, bias, token_mask, {} if cache is None else cache)
+        return out
+
+    def _with(self, groups: list[FactorGroup], bias: Tensor, cache: dict | None = None) -> FactoredDecomposition:
+        return FactoredDecomposition.from_groups(groups, bias, self.token_mask, cache)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def mix(self) -> Tensor:
+        """All components' mixes ``(B, K, n_out, n_in)``."""
+        mixes = [g.mix.expand(self.batch_size, -1, -1, -1) for g in self.groups]
+        return mixes[0] if len(mixes) == 1 else torch.cat(mixes, dim=1)
+
+    @property
+    def basis(self) -> Tensor:
+        """All components' basis vectors ``(B, K, n_in, d)``."""
+        bases = [g.basis().expand(self.batch_size, -1, -1, -1) for g in self.groups]
+        return bases[0] if len(bases) == 1 else torch.cat(bases, dim=1)
+
+    def _basis_by_token(self) -> Tensor:
+        """Basis vectors as ``(B, n_in, K, d)``, contiguous, made once per decomposition."""
+        if "by_token" not in self._cache:
+            parts = [g.basis().expand(self.batch_size, -1, -1, -1).transpose(1, 2) for g in self.groups]
+            self._cache["by_token"] = torch.cat(parts, dim=2).contiguous()
+        return self._cache["by_token"]
 
     @property
     def terms(self) -> Tensor:
         # Contract over components with token j as a batch index: (B, n_in, n_out, d),
         # returned as a (B, n_out, n_in, d) view so later products need no copy.
-        # Contiguous operands: BLAS is several times slower on the strided views.
+        # Contiguous operands: BLAS is several times slower on strided views.
         mix = self.mix.permute(0, 3, 2, 1).contiguous()  # (B, n_in, n_out, K)
-        basis = self.basis.transpose(1, 2).contiguous()  # (B, n_in, K, d)
-        return torch.matmul(mix, basis).transpose(1, 2)
+        return torch.matmul(mix, self._basis_by_token()).transpose(1, 2)
 
     @property
     def n_in(self) -> int:
-        return self.basis.shape[2]
+        return self.groups[0].mix.shape[-1]
 
     @property
     def n_components(self) -> int:
-        return self.basis.shape[1]
+        return sum(g.mix.shape[1] for g in self.groups)
 
+    @property
+    def dim(self) -> int:
+        return self.bias.shape[-1]
+
+    # ------------------------------------------------------------------ algebra
     def rows(self, index: slice | Tensor) -> FactoredDecomposition:
-        return FactoredDecomposition(
-            self.mix[:, :, index], self.basis, self.bias[:, index], self.token_mask
-        )
+        groups = [FactorGroup(g.mix[:, :, index], g.coeff, g.proj) for g in self.groups]
+        return self._with(groups, self.bias[:, index], cache=self._cache)
 
     def total(self) -> Tensor:
-        # Σ_j Σ_k mix[k, i, j] basis[k, j] = Σ_k mix_k @ basis_k
-        return torch.matmul(self.mix, self.basis).sum(dim=1) + self.bias
+        return sum(g.total() for g in self.groups) + self.bias
 
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> FactoredDecomposition:
-        return FactoredDecomposition(
-            self.mix, self.basis @ weight, self._bias_linear(weight, bias), self.token_mask
-        )
+        groups = [g.vectors_map(lambda v: v @ weight) for g in self.groups]
+        return self._with(groups, self._bias_linear(weight, bias))
 
     def center(self) -> FactoredDecomposition:
-        return FactoredDecomposition(
-            self.mix,
-            self.basis - self.basis.mean(dim=-1, keepdim=True),
-            self.bias - self.bias.mean(dim=-1, keepdim=True),
-            self.token_mask,
-        )
+        groups = [g.vectors_map(lambda v: v - v.mean(dim=-1, keepdim=True)) for g in self.groups]
+        return self._with(groups, self.bias - self.bias.mean(dim=-1, keepdim=True))
 
     def scale_rows(self, scale: Tensor) -> Decomposition:
         if scale.dim() == 3:  # a per-feature row scale does not factor: materialise
             return self.dense().scale_rows(scale)
-        return FactoredDecomposition(
-            self.mix * scale[:, None, :, None],
-            self.basis,
-            self.bias * scale[..., None],
-            self.token_mask,
-        )
+        groups = [FactorGroup(g.mix * scale[:, None, :, None], g.coeff, g.proj) for g in self.groups]
+        return self._with(groups, self.bias * scale[..., None])
 
     def scale_features(self, gamma: Tensor) -> FactoredDecomposition:
-        return FactoredDecomposition(
-            self.mix, self.basis * gamma, self.bias * gamma, self.token_mask
-        )
+        groups = [g.vectors_map(lambda v: v * gamma) for g in self.groups]
+        return self._with(groups, self.bias * gamma)
 
     def scale(self, rows: Tensor, features: Tensor | None = None) -> FactoredDecomposition:
         out = self.scale_rows(rows)
         return out if features is None else out.scale_features(features)
 
     def add_bias(self, beta: Tensor) -> FactoredDecomposition:
-        return FactoredDecomposition(self.mix, self.basis, self.bias + beta, self.token_mask)
+        return self._with(self.groups, self.bias + beta, cache=self._cache)
 
     def __add__(self, other: Decomposition) -> Decomposition:
         if isinstance(other, TokenwiseDecomposition):
             other = other.factored()
         if isinstance(other, FactoredDecomposition):
             _check_same_shape(self, other)
-            return FactoredDecomposition(
-                torch.cat([self.mix, other.mix.expand(self.batch_size, -1, -1, -1)], dim=1),
-                torch.cat([self.basis, other.basis], dim=1),
-                self.bias + other.bias,
-                self.token_mask,
-            )
+            return self._with(self.groups + other.groups, self.bias + other.bias)
         return self.dense() + other
 
 

@@ -18,7 +18,12 @@ def _forms() -> list[Decomposition]:
         torch.rand(B, K, N, N, dtype=torch.float64), torch.randn(B, K, N, D, dtype=torch.float64), torch.randn(B, N, D, dtype=torch.float64)
     )
     dense = Decomposition(torch.randn(B, N, N, D, dtype=torch.float64), torch.randn(B, N, D, dtype=torch.float64))
-    return [tokenwise, factored, dense]
+    low_rank = FactoredDecomposition(
+        torch.rand(B, K, N, N, dtype=torch.float64), torch.randn(B, K, N, 2, dtype=torch.float64),
+        torch.randn(B, N, D, dtype=torch.float64), proj=torch.randn(K, 2, D, dtype=torch.float64),
+    )
+    mixed_groups = low_rank + tokenwise  # two component groups of different ranks
+    return [tokenwise, factored, dense, low_rank, mixed_groups]
 
 
 def test_identity_is_diagonal_and_complete():
@@ -31,7 +36,7 @@ def test_identity_is_diagonal_and_complete():
     torch.testing.assert_close(ident.maps(), torch.diag_embed(x.norm(dim=-1)))
 
 
-@pytest.mark.parametrize("form", range(3))
+@pytest.mark.parametrize("form", range(5))
 def test_compact_forms_agree_with_their_dense_terms(form):
     dec = _forms()[form]
     dense = Decomposition(dec.terms.clone(), dec.bias.clone())
@@ -65,7 +70,9 @@ def test_sums_of_every_pair_of_forms():
 
 
 def test_compact_forms_stay_compact():
-    tokenwise, factored, _ = _forms()
+    tokenwise, factored, _, low_rank, mixed = _forms()
+    assert isinstance(low_rank.linear(torch.randn(D, 3, dtype=torch.float64)), FactoredDecomposition)
+    assert len(mixed.groups) == 2 and mixed.n_components == K + 1
     assert isinstance(tokenwise + tokenwise, TokenwiseDecomposition)
     assert isinstance(tokenwise + factored, FactoredDecomposition)
     assert isinstance(factored.linear(torch.randn(D, 2, dtype=torch.float64)), FactoredDecomposition)

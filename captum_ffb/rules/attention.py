@@ -74,8 +74,9 @@ def attention(
         output_bias (Tensor, optional): ``(d_out,)``.
 
     Returns:
-        A :class:`FactoredDecomposition` with one component per head (per head and input
-        component for a factored input), or a dense one for a dense input.
+        A :class:`FactoredDecomposition` with one component per head (in low-rank form for a
+        token-wise input; per head and input component for a factored input), or a dense one
+        for a dense input.
     """
     batch, n_heads, _, n_keys = probs.shape
     if value_input.n_out != n_keys:
@@ -93,8 +94,11 @@ def attention(
 
     mask = value_input.token_mask
     if isinstance(value_input, TokenwiseDecomposition):
-        basis = _per_head(value_input.vectors, w_v, w_o, group, None).transpose(1, 2)
-        return FactoredDecomposition(probs, basis, bias, mask)
+        # Low rank: keep each head's d_head-wide values and W_O^h apart.
+        values = torch.einsum("bnd,dke->bkne", value_input.vectors, w_v)
+        if group > 1:
+            values = values.repeat_interleave(group, dim=1)
+        return FactoredDecomposition(probs, values, bias, mask, proj=w_o)
     if isinstance(value_input, FactoredDecomposition):
         k = value_input.n_components
         # mix'[(h, c)] = α^h · mix_c ; basis'[(h, c), j] = basis_c[j] W_V^h W_O^h
