@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,23 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 NORMALIZATIONS = ("none", "row", "column")
+
+
+@functools.lru_cache(maxsize=1)
+def _figure_class() -> type:
+    from matplotlib.figure import Figure
+
+    class MapsFigure(Figure):
+        """A matplotlib figure that notebooks show as a PNG even before pyplot is imported."""
+
+        def _repr_png_(self) -> bytes:
+            import io
+
+            buffer = io.BytesIO()
+            self.savefig(buffer, format="png", dpi=100)
+            return buffer.getvalue()
+
+    return MapsFigure
 
 
 def _require_matplotlib() -> None:
@@ -86,8 +104,7 @@ def plot_maps(
         matplotlib.figure.Figure
     """
     _require_matplotlib()
-    from matplotlib.figure import Figure
-
+    Figure = _figure_class()
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     rows, labels, default_title, scope_names, pair = _rows(maps, layer, scopes, tokens, ff_pair)
