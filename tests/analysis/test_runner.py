@@ -200,3 +200,34 @@ def test_report_files(tiny, tmp_path):
     assert "tiny-bert" in html and "data:image/png;base64," in html
     checks = paper_checks(summary)
     assert {c["finding"][:20] for c in checks} >= {"FF's contextualizati", "RES2 bypasses a vect"}
+
+
+def test_paper_checks_by_hand():
+    def layer(ff, ff_res_ln, ratio, r, ablated, random):
+        return {
+            "changes": [
+                {"kind": "consecutive", "label": "+FF", "mean": ff},
+                {"kind": "relative", "label": "+FF", "mean": ff},
+                {"kind": "relative", "label": "FF+RES", "mean": ff},
+                {"kind": "relative", "label": "FF+RES+LN", "mean": ff_res_ln},
+                {"kind": "ablation", "label": "x", "mean": ablated},
+                {"kind": "ablation_random", "label": "y", "mean": random},
+            ],
+            "norms": {"bypassed_over_ff": ratio},
+            "outliers": {"gamma_vs_ff_out": {"pearson": r}},
+        }
+
+    summary = {"layers": [layer(0.2, 0.1, 3.0, -0.5, 0.05, 0.2),
+                          layer(0.1, 0.2, 1.5, -0.1, 0.1, 0.1),
+                          layer(0.3, 0.1, 2.5, 0.2, 0.3, 0.3)]}
+    found = {c["finding"].split(" (")[0]: c for c in paper_checks(summary)}
+    cancel = found["FF's contextualization is cancelled by RES and LN"]
+    assert (cancel["layers_holding"], cancel["layers"], cancel["holds"]) == (2, 3, True)
+    res = found["RES2 bypasses a vector more than twice as large as FF's output"]
+    assert (res["layers_holding"], res["holds"]) == (2, True)
+    gamma = found["LN's γ shrinks FF's outlier dimensions"]
+    assert (gamma["layers_holding"], gamma["holds"]) == (2, True)
+    ablation = found["FF's contextualization lives in the smallest-γ dimensions"]
+    # one layer of three, but the layer average 0.15 ≤ 0.8 × 0.2
+    assert (ablation["layers_holding"], ablation["holds"]) == (1, True)
+    assert not any(c["finding"].startswith("FF-amp is not explained") for c in found.values())
