@@ -357,6 +357,22 @@ class FactorGroup:
         return torch.einsum("bkir,krd->bid", mixed, self.proj)
 
 
+def _cheaper_form(group: FactorGroup, weight: Tensor) -> FactorGroup:
+    """The group in whichever form makes ``basis @ weight`` (and its later use) cheaper.
+
+    A low-rank group costs ``K·r·d_in·d_out`` for the map plus ``B·K·n·r·d_out`` to form its
+    basis later; a materialised one ``B·K·n·r·d_in`` now plus ``B·K·n·d_in·d_out``. Short
+    single sequences favour materialising, batches and long sequences the low rank.
+    """
+    if group.proj is None:
+        return group
+    batch, k, n, r = group.coeff.shape
+    d_in, d_out = weight.shape
+    low_rank = k * r * d_in * d_out + batch * k * n * r * d_out
+    materialised = batch * k * n * r * d_in + batch * k * n * d_in * d_out
+    return group if low_rank <= materialised else FactorGroup(group.mix, group.basis())
+
+
 class FactoredDecomposition(Decomposition):
     r"""Decomposition ``F[i, j] = Σ_k mix[k, i, j] · basis[k, j]``.
 
@@ -456,7 +472,7 @@ class FactoredDecomposition(Decomposition):
         return sum(g.total() for g in self.groups) + self.bias
 
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> FactoredDecomposition:
-        groups = [g.vectors_map(lambda v: v @ weight) for g in self.groups]
+        groups = [_cheaper_form(g, weight).vectors_map(lambda v: v @ weight) for g in self.groups]
         return self._with(groups, self._bias_linear(weight, bias))
 
     def center(self) -> FactoredDecomposition:

@@ -107,3 +107,19 @@ def test_shape_errors():
         Decomposition(torch.zeros(2, 3, 3, 4), torch.zeros(2, 2, 4))
     with pytest.raises(ValueError, match="different shapes"):
         _ = Decomposition(torch.zeros(1, 2, 2, 3), torch.zeros(1, 2, 3)) + Decomposition(torch.zeros(1, 3, 3, 3), torch.zeros(1, 3, 3))
+
+
+def test_linear_picks_the_cheaper_form_of_a_low_rank_group():
+    from captum_ffb.decomposition import _cheaper_form
+
+    torch.manual_seed(4)
+    short = FactoredDecomposition(torch.rand(1, 2, 2, 2, dtype=torch.float64), torch.randn(1, 2, 2, 8, dtype=torch.float64),
+                                  torch.randn(1, 2, 8, dtype=torch.float64), proj=torch.randn(2, 8, 8, dtype=torch.float64))
+    weight = torch.randn(8, 16, dtype=torch.float64)
+    assert _cheaper_form(short.groups[0], weight).proj is None  # tiny n: materialise
+    out = short.linear(weight)
+    torch.testing.assert_close(out.terms, short.terms @ weight)
+    long = FactoredDecomposition(torch.rand(4, 2, 64, 64, dtype=torch.float64), torch.randn(4, 2, 64, 2, dtype=torch.float64),
+                                 torch.randn(4, 64, 8, dtype=torch.float64), proj=torch.randn(2, 2, 8, dtype=torch.float64))
+    assert _cheaper_form(long.groups[0], weight).proj is not None  # many tokens: stay low rank
+    torch.testing.assert_close(long.linear(weight).total(), long.total() @ weight)
