@@ -20,6 +20,7 @@ main { display: flex; gap: 22px; align-items: flex-start; margin-top: 12px; flex
 #ffb-map { display: block; cursor: crosshair; }
 #ffb-tooltip { position: absolute; pointer-events: none; display: none; background: rgba(31,35,40,.92); color: #fff; padding: 5px 8px; border-radius: 6px; font-size: 12.5px; white-space: nowrap; z-index: 2; }
 #ffb-tooltip b { color: #ffd8a8; }
+#ffb-cursor { position: absolute; pointer-events: none; display: none; border: 2px solid #0969da; border-radius: 2px; }
 aside { display: flex; flex-direction: column; gap: 10px; min-width: 240px; max-width: 420px; }
 #ffb-legend { font-size: 12px; color: var(--muted); display: flex; align-items: center; gap: 8px; }
 #ffb-info { font-size: 13px; }
@@ -147,6 +148,7 @@ JS = r"""
   })();
 
   var canvas = document.getElementById("ffb-map"), tooltip = document.getElementById("ffb-tooltip");
+  var cursor = document.getElementById("ffb-cursor");
   var geo = null;
 
   function layout() {
@@ -293,6 +295,7 @@ JS = r"""
   }
 
   function render() {
+    hide();
     syncControls(); drawMain(); drawThumbs(); drawInfo();
     document.body.dataset.state = [state.layer, state.scope, state.overlay ? 1 : 0, state.hideDiag ? 1 : 0, state.norm].join("|");
     try {
@@ -338,7 +341,10 @@ JS = r"""
     var rect = canvas.getBoundingClientRect();
     var x = e.clientX - rect.left - geo.left, y = e.clientY - rect.top - geo.top;
     var j = Math.floor(x / geo.cell), i = Math.floor(y / geo.cell);
-    if (x < 0 || y < 0 || i >= n || j >= n) { tooltip.style.display = "none"; mark(-1, -1); return; }
+    if (x < 0 || y < 0 || i >= n || j >= n) { hide(); return; }
+    cursor.style.display = "block";
+    cursor.style.left = (geo.left + geo.cell * j - 1) + "px"; cursor.style.top = (geo.top + geo.cell * i - 1) + "px";
+    cursor.style.width = cursor.style.height = (geo.cell + 2) + "px";
     var m = matrix(state.layer, state.scope, state.norm), v = m[i * n + j];
     tooltip.innerHTML = "";
     var line = document.createElement("div");
@@ -357,7 +363,8 @@ JS = r"""
     tooltip.style.top = (e.clientY - rect.top + 14) + "px";
     mark(i, j);
   });
-  canvas.addEventListener("mouseleave", function () { tooltip.style.display = "none"; mark(-1, -1); });
+  function hide() { tooltip.style.display = "none"; cursor.style.display = "none"; mark(-1, -1); }
+  canvas.addEventListener("mouseleave", hide);
   document.addEventListener("keydown", function (e) {
     if (e.target && (e.target.tagName === "SELECT" || e.target.tagName === "INPUT")) return;
     var li = data.layers.indexOf(state.layer), si = allScopes.indexOf(state.scope);

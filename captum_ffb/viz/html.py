@@ -135,7 +135,7 @@ def html_view(
   </div>
 </div>
 <main>
-  <div class="plot"><canvas id="ffb-map" aria-label="token-to-token map"></canvas><div id="ffb-tooltip" role="tooltip"></div></div>
+  <div class="plot"><canvas id="ffb-map" aria-label="token-to-token map"></canvas><div id="ffb-cursor"></div><div id="ffb-tooltip" role="tooltip"></div></div>
   <aside>
     <div id="ffb-info"></div>
     <div id="ffb-legend"><span id="ffb-lo"></span><canvas id="ffb-colorbar" width="160" height="12"></canvas><span id="ffb-hi"></span></div>
