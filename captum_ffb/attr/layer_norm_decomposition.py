@@ -177,8 +177,8 @@ class LayerNormDecomposition(LayerAttribution):
         names, single = self._scope_names(scope)
         results = self._run(
             inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
-            ChainOptions(activation_route, method, n_steps), keep=False,
-            relative=relative_delta,
+            ChainOptions(activation_route, method, n_steps),
+            _Outputs(maps=True, delta=return_convergence_delta, relative=relative_delta),
         )
         out = []
         for result in results:
@@ -212,8 +212,8 @@ class LayerNormDecomposition(LayerAttribution):
         names, single = self._scope_names(scope)
         results = self._run(
             inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
-            ChainOptions(activation_route, method, n_steps), keep=True,
-            relative=relative_delta,
+            ChainOptions(activation_route, method, n_steps),
+            _Outputs(decompositions=True, delta=return_convergence_delta, relative=relative_delta),
         )
         out = []
         for result in results:
@@ -293,8 +293,7 @@ class LayerNormDecomposition(LayerAttribution):
         scopes: list[str],
         internal_batch_size: int | None,
         options: ChainOptions,
-        keep: bool,
-        relative: bool = False,
+        outputs: _Outputs,
     ) -> list[LayerResult]:
         args = _positional(inputs, additional_forward_args)
         kwargs = dict(forward_kwargs or {})
@@ -325,7 +324,7 @@ class LayerNormDecomposition(LayerAttribution):
         progress = _progress(sum(len(c) for c in chunks), self.show_progress)
         results = []
         for block, rows in zip(blocks, chunks):
-            results.append(self._run_block(block, scopes, rows, options, keep, relative, progress))
+            results.append(self._run_block(block, scopes, rows, options, outputs, progress))
         if progress is not None:
             progress.close()
         return results
@@ -336,51 +335,60 @@ class LayerNormDecomposition(LayerAttribution):
         scopes: list[str],
         chunks: list[slice],
         options: ChainOptions,
-        keep: bool,
-        relative: bool,
+        outputs: _Outputs,
         progress: Any,
     ) -> LayerResult:
         chain = self.chain
-        result = LayerResult(chain)
         wanted = set(scopes)
         last = max(chain.scopes.index(name) for name in scopes)
         parts: dict[str, list[Decomposition]] = {name: [] for name in scopes}
         maps: dict[str, list[Tensor]] = {name: [] for name in scopes}
         deltas: dict[str, list[Tensor]] = {name: [] for name in scopes}
         scales: dict[str, list[Tensor]] = {name: [] for name in scopes}
-        references = {name: _reference(block, chain, name) for name in scopes}
+        references = {name: _reference(block, chain, name) for name in scopes} if outputs.delta else {}
 
         state = chain.mix(block, options)
         for rows in chunks:
+            offset = rows.start
             for position, (name, decomposition) in enumerate(chain.local(block, state, rows, options)):
                 if name in wanted:
-                    offset = rows.start
-                    maps[name].append(decomposition.maps(row_offset=offset))
-                    deltas[name].append(
-                        decomposition.completeness_residual(
-                            references[name][:, rows], row_offset=offset
-                        )
-                    )
-                    if relative:
-                        scales[name].append(
-                            _row_scale(references[name][:, rows], block.token_mask, offset)
-                        )
-                    if keep:
+                    if outputs.maps:
+                        maps[name].append(decomposition.maps(row_offset=offset))
+                    if outputs.delta:
+                        real = references[name][:, rows]
+                        deltas[name].append(decomposition.completeness_residual(real, row_offset=offset))
+                        if outputs.relative:
+                            scales[name].append(_row_scale(real, block.token_mask, offset))
+                    if outputs.decompositions:
                         parts[name].append(decomposition.dense())
                 if position >= last:
                     break
             if progress is not None:
                 progress.update(1)
 
+        result = LayerResult(chain)
         for name in scopes:
-            result.maps[name] = torch.cat(maps[name], dim=1)
-            result.delta[name] = torch.stack(deltas[name]).amax(dim=0)
-            if relative:
-                scale = torch.stack(scales[name]).amax(dim=0)
-                result.delta[name] = result.delta[name] / scale.clamp_min(torch.finfo(scale.dtype).tiny)
-            if keep:
+            if outputs.maps:
+                result.maps[name] = torch.cat(maps[name], dim=1)
+            if outputs.delta:
+                delta = torch.stack(deltas[name]).amax(dim=0)
+                if outputs.relative:
+                    scale = torch.stack(scales[name]).amax(dim=0)
+                    delta = delta / scale.clamp_min(torch.finfo(scale.dtype).tiny)
+                result.delta[name] = delta
+            if outputs.decompositions:
                 result.decompositions[name] = stack_rows(parts[name])
         return result
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """What a run keeps: maps, convergence deltas (relative or not), decompositions."""
+
+    maps: bool = False
+    delta: bool = False
+    relative: bool = False
+    decompositions: bool = False
 
 
 def _positional(inputs: Any, additional_forward_args: Any) -> tuple[Any, ...]:
