@@ -1,5 +1,6 @@
 """The tutorials in tutorials/ run from top to bottom without errors."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,23 +15,48 @@ def _notebooks():
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
+def _execute(path: Path, folder: Path):
+    import nbclient
+    import nbformat
+
+    book = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
+    )
+    client.execute()
+    return book
+
+
+@pytest.fixture(scope="module")
+def executed(request, tmp_path_factory):
+    """Every selected tutorial, executed at once (one kernel each, in parallel)."""
+    pytest.importorskip("nbformat")
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    chosen = sorted({
+        item.callspec.params["path"] for item in request.session.items
+        if item.module is request.module and "path" in getattr(getattr(item, "callspec", None), "params", {})
+    })
+    results = {}
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {p: pool.submit(_execute, p, tmp_path_factory.mktemp(p.stem)) for p in chosen}
+        for path, future in futures.items():
+            try:
+                results[path] = future.result()
+            except Exception as error:  # reported by the notebook's own test
+                results[path] = error
+    return results
+
+
 def test_there_are_tutorials():
     assert {p.name for p in TUTORIALS.glob("*.ipynb")} >= ON_MINILM | {"02_pre_ln_gpt2.ipynb"}
 
 
 @pytest.mark.parametrize("path", list(_notebooks()))
-def test_tutorial_runs(path, tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    book = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(
-        book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute()
-    errors = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors
-    produced = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    images = [o for o in produced if "image/png" in o.get("data", {})]
-    assert images, "every tutorial draws at least one figure"
+def test_tutorial_runs(path, executed):
+    book = executed[path]
+    if isinstance(book, Exception):
+        raise book
+    outputs = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
