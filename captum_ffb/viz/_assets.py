@@ -6,7 +6,7 @@ CSS = r"""
 body { margin: 0; padding: 18px 22px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink); background: var(--bg); }
 header h1 { font-size: 18px; margin: 0 0 2px; }
 header .meta { color: var(--muted); font-size: 12.5px; }
-header .text { margin: 6px 0 10px; font-size: 15px; }
+header .text { margin: 6px 0 10px; font-size: 15px; max-height: 4.6em; overflow-y: auto; }
 .controls { display: flex; flex-direction: column; gap: 6px; padding: 8px 10px; border: 1px solid var(--line); border-radius: 8px; background: var(--chip); }
 .controls .row { display: flex; align-items: center; flex-wrap: wrap; gap: 6px 12px; }
 .controls .label { width: 48px; color: var(--muted); font-size: 12.5px; }
