@@ -59,6 +59,21 @@ def bundled_model_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "model"
 
 
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub can be used (not offline, and it answers quickly)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get(
+        "TRANSFORMERS_OFFLINE", "0"
+    ) not in ("", "0"):
+        return False
+    import socket
+
+    try:
+        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def _gguf_file(folder: Path) -> str | None:
     files = sorted(p.name for p in folder.glob("*.gguf"))
     return files[0] if files else None
@@ -88,6 +103,12 @@ def load_model(name_or_dir: str | os.PathLike | None = None, causal_lm: bool = F
         if not source.exists():
             if str(name_or_dir).startswith((".", "/", "~")):
                 raise ModelNotFoundError(f"no model folder at {name_or_dir}")
+            if not _hub_reachable():
+                raise ModelNotFoundError(
+                    f"{name_or_dir!r} is not a model folder, and the Hugging Face hub cannot be "
+                    "reached (offline): pass a local folder, or leave --model out for the "
+                    "bundled all-MiniLM-L6-v2"
+                )
             source = str(name_or_dir)  # a hub id
     kwargs: dict[str, Any] = {}
     if isinstance(source, Path):

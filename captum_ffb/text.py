@@ -29,6 +29,8 @@ class TextMaps:
         scopes (tuple[str, ...]): the scopes computed, in chain order.
         ff_pair (tuple[str, str]): the scopes just before and after the FF block.
         layers (list[int]): the layer indices computed.
+        n_layers (int): the number of layers of the model.
+        input_ids (list[int]): the token ids.
         maps (dict): ``layer → scope → (n, n)`` tensor.
         delta (dict): ``layer → scope → completeness residual`` (float).
     """
@@ -41,6 +43,8 @@ class TextMaps:
     scopes: tuple[str, ...]
     ff_pair: tuple[str, str]
     layers: list[int]
+    n_layers: int = 0
+    input_ids: list[int] = field(default_factory=list)
     maps: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     delta: dict[int, dict[str, float]] = field(default_factory=dict)
 
@@ -105,7 +109,7 @@ def text_maps(
     for i in indices:
         if not -len(blocks) <= i < len(blocks):
             raise ValueError(f"layer {i} does not exist: the model has {len(blocks)} layers")
-    indices = [i % len(blocks) for i in indices]
+    indices = list(dict.fromkeys(i % len(blocks) for i in indices))  # in order, once each
     encoded = loaded.tokenizer(text, return_tensors="pt")
     ids = encoded["input_ids"]
     if ids.shape[1] > loaded.max_length:
@@ -125,6 +129,8 @@ def text_maps(
         scopes=tuple(n for n in lnd.scopes if n in names),
         ff_pair=lnd.chain.ff_pair,
         layers=indices,
+        n_layers=len(blocks),
+        input_ids=ids[0].tolist(),
     )
     for i, (maps, delta) in zip(indices, results):
         out.maps[i] = {name: m[0] for name, m in maps.items()}

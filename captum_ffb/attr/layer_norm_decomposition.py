@@ -83,7 +83,7 @@ class LayerNormDecomposition(LayerAttribution):
     Args:
         forward_func (Callable or nn.Module): the model, or a function that runs it.
         layer (nn.Module or list[nn.Module]): one Transformer block of a supported model, or a
-                    list of blocks (then ``attribute`` returns a list).
+                    list of blocks (then ``attribute`` returns a list, also for a list of one).
         device_ids (list[int], optional): as in Captum; unused.
         model_type (str, optional): the architecture to use when it cannot be read from
                     ``forward_func``'s config.
@@ -104,7 +104,8 @@ class LayerNormDecomposition(LayerAttribution):
         dtype: torch.dtype = torch.float32,
         show_progress: bool = False,
     ) -> None:
-        layers = list(layer) if isinstance(layer, (list, tuple, nn.ModuleList)) else [layer]
+        self._returns_list = isinstance(layer, (list, tuple, nn.ModuleList))
+        layers = list(layer) if self._returns_list else [layer]
         if not layers or not all(isinstance(m, nn.Module) for m in layers):
             raise TypeError("layer must be a Transformer block module or a list of them")
         super().__init__(forward_func, layer, device_ids)
@@ -188,7 +189,7 @@ class LayerNormDecomposition(LayerAttribution):
                 out.append((maps, delta))
             else:
                 out.append(maps)
-        return out if len(self._layers) > 1 else out[0]
+        return out if self._returns_list else out[0]
 
     def decompose(
         self,
@@ -223,7 +224,7 @@ class LayerNormDecomposition(LayerAttribution):
                 delta = result.delta[names[0]] if single else dict(result.delta)
                 value = (value, delta)
             out.append(value)
-        return out if len(self._layers) > 1 else out[0]
+        return out if self._returns_list else out[0]
 
     # ------------------------------------------------------------------ internals
     def _check_block(self, module: nn.Module) -> None:

@@ -133,12 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
     say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
     loaded = load_model(args.model)
-    if isinstance(layers, list) and len(set(layers)) == 1:
-        # Workaround: LayerNormDecomposition returns a bare result (not a list) for a list
-        # of one layer, which text_maps does not expect; the same layer twice gives a list.
-        layers = layers * 2
     maps = text_maps(args.text, loaded, layers=layers, scopes=scopes, show_progress=not args.quiet)
-    maps.layers = list(dict.fromkeys(maps.layers))
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "json" in formats:

@@ -282,3 +282,13 @@ def test_mixture_of_experts_uses_the_real_routing():
     with torch.no_grad():
         block.mlp.experts.down_proj[min(used)].zero_()
     assert not torch.allclose(lnd.attribute(ids, scope="AtbLnFf"), before)
+
+
+def test_a_list_of_one_layer_returns_a_list():
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    ids = token_ids()
+    single = LayerNormDecomposition(model, model.encoder.layer[0]).attribute(ids)
+    listed = LayerNormDecomposition(model, [model.encoder.layer[0]]).attribute(ids)
+    assert isinstance(listed, list) and len(listed) == 1
+    torch.testing.assert_close(listed[0], single)
