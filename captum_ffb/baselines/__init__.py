@@ -1,0 +1,65 @@
+"""Baselines to put next to the decomposition's maps, and the tools to compare them.
+
+* token-to-token maps of one layer from attention weights, attention norms (Kobayashi et al.
+  2020), Captum's gradient methods and Shapley values over the layer's input tokens
+  (:func:`baseline_maps`);
+* the paper's App. E, IG against Shapley values for the FF activation
+  (:func:`activation_study`);
+* agreement of maps: 1 − Spearman ρ, Pearson r, top-k overlap (:func:`compare`,
+  :func:`compare_methods`).
+"""
+
+from captum_ffb.baselines.activation import (
+    ACTIVATION_METHODS,
+    ActivationStudy,
+    activation_decomposition,
+    activation_study,
+    scopes_with_activation,
+    shapley_activation,
+)
+from captum_ffb.baselines.attention import attention_norm_maps, attention_weight_maps
+from captum_ffb.baselines.compare import ComparisonTable, compare, compare_methods, spearman
+from captum_ffb.baselines.context import LayerContext, LayerFunction, capture_layer
+from captum_ffb.baselines.gradients import (
+    GRADIENT_METHODS,
+    gradient_map,
+    gradient_maps,
+    gradient_vectors,
+)
+from captum_ffb.baselines.maps import ALIASES, BASELINES, baseline_maps, resolve_baselines
+from captum_ffb.baselines.shapley import (
+    SHAPLEY_METHODS,
+    shapley_maps,
+    shapley_values,
+    shapley_vectors,
+)
+
+__all__ = [
+    "ACTIVATION_METHODS",
+    "ALIASES",
+    "BASELINES",
+    "GRADIENT_METHODS",
+    "SHAPLEY_METHODS",
+    "ActivationStudy",
+    "ComparisonTable",
+    "LayerContext",
+    "LayerFunction",
+    "activation_decomposition",
+    "activation_study",
+    "attention_norm_maps",
+    "attention_weight_maps",
+    "baseline_maps",
+    "capture_layer",
+    "compare",
+    "compare_methods",
+    "gradient_map",
+    "gradient_maps",
+    "gradient_vectors",
+    "resolve_baselines",
+    "scopes_with_activation",
+    "shapley_activation",
+    "shapley_maps",
+    "shapley_values",
+    "shapley_vectors",
+    "spearman",
+]

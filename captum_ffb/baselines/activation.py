@@ -1,0 +1,313 @@
+r"""The paper's App. E: Integrated Gradients against Shapley values for the FF activation.
+
+The decomposition splits the FF pre-activation of output row ``i`` into the tokens' shares
+and a bias share, ``S_i = Σ_j u_ij + u_ib``, and must split ``g(S_i)`` the same way. The core
+uses Integrated Gradients (closed form ``u_ij · g(S_i)/S_i``). Here the same split is made
+with Shapley values: per row ``i`` one cooperative game whose players are the real tokens
+and the bias, with value ``v(C) = g(Σ_{j∈C} u_ij) − g(0)`` (an absent player contributes a
+zero share; every FF dimension is its own game and all share the evaluations). ``g(0)``
+joins the bias, so the result is complete like the IG rule. For a linear ``g`` every method
+gives ``u_ij · g(S)/S``; for GELU they differ, and App. E asks by how much the maps differ
+and what each costs.
+
+:func:`shapley_activation` is a drop-in alternative to :func:`captum_ffb.rules.activation`;
+:func:`activation_study` reruns a block's chain with each method and compares the maps and
+the time the activation step takes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from captum_ffb import rules
+from captum_ffb.baselines.compare import ComparisonTable, compare, compare_methods
+from captum_ffb.baselines.context import LayerContext
+from captum_ffb.baselines.shapley import MAX_EXACT_PLAYERS, shapley_values
+from captum_ffb.decomposition import Decomposition
+
+ActivationFn = Callable[[Tensor], Tensor]
+
+#: Activation decompositions: ``"ig"`` closed form (the core's rule), ``"ig_captum"`` Captum's
+#: IntegratedGradients (Gauss–Legendre, as the paper ran it), and Shapley values.
+ACTIVATION_METHODS = (
+    "ig",
+    "ig_captum",
+    "shap_exact",
+    "shap_permutation",
+    "shap_sampling",
+    "shap_kernel",
+    "captum_shapley",
+)
+
+#: Most values an exact game may hold at once (coalitions × outputs); larger games are split
+#: over the FF dimensions.
+EXACT_CHUNK_VALUES = 1 << 25
+
+
+def _g0(fn: ActivationFn, like: Tensor) -> Tensor:
+    return fn(torch.zeros(1, dtype=like.dtype, device=like.device))[0]
+
+
+def shapley_activation(
+    decomposition: Decomposition,
+    fn: ActivationFn,
+    method: str = "exact",
+    n_samples: int | None = None,
+    seed: int | None = 0,
+    batch_size: int = 4096,
+    max_exact_players: int = MAX_EXACT_PLAYERS,
+    show_progress: bool = False,
+) -> Decomposition:
+    r"""Decompose an element-wise activation ``g(S)`` with Shapley values.
+
+    Per output row, the players are the real tokens' shares ``u_j`` of the pre-activation
+    and the bias share ``u_b``; an absent player's share is zero. ``g(0)`` joins the bias.
+
+    Args:
+        decomposition (Decomposition): decomposition of the pre-activation ``S``.
+        fn (Callable): the activation ``g``.
+        method (str): ``"exact"``, ``"permutation"``, ``"sampling"``, ``"kernel"`` or
+                    ``"captum"`` (see :func:`~captum_ffb.baselines.shapley_values`).
+        n_samples (int, optional): the method's budget.
+        seed (int, optional): seed of the sampling methods.
+        batch_size (int): coalitions per evaluation.
+        max_exact_players (int): refuse ``"exact"`` above this many players.
+        show_progress (bool): show a progress bar over rows.
+
+    Returns:
+        Dense decomposition of ``g(S)``.
+    """
+    terms = decomposition.terms.detach()
+    bias = decomposition.bias.detach()
+    batch, n_out, n_in, width = terms.shape
+    mask = decomposition.token_mask
+    new_terms = torch.zeros_like(terms)
+    new_bias = torch.zeros_like(bias)
+    g0 = _g0(fn, bias)
+    jobs = [(b, i) for b in range(batch) for i in range(n_out)]
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        jobs = tqdm(jobs, desc=f"activation ({method})", unit="row")
+    for b, i in jobs:
+        players = (
+            torch.arange(n_in) if mask is None
+            else torch.nonzero(mask[b].cpu(), as_tuple=False).flatten()
+        )
+        shares = torch.cat([terms[b, i, players.to(terms.device)], bias[b, i][None]])  # (p, d)
+        p = shares.shape[0]
+        step = width if method != "exact" else max(1, min(width, EXACT_CHUNK_VALUES >> p))
+        for start in range(0, width, step):
+            cols = shares[:, start : start + step]
+
+            def value_fn(masks: Tensor, cols: Tensor = cols) -> Tensor:
+                return fn(masks.to(cols) @ cols) - g0
+
+            phi = shapley_values(
+                value_fn, p, method, n_samples, seed, batch_size, cols.dtype, max_exact_players
+            ).to(terms.dtype)
+            new_terms[b, i, players.to(terms.device), start : start + step] = phi[:-1]
+            new_bias[b, i, start : start + step] = phi[-1] + g0
+    return Decomposition(new_terms, new_bias, mask)
+
+
+def activation_decomposition(
+    decomposition: Decomposition,
+    fn: ActivationFn,
+    method: str = "ig",
+    pre_activation: Tensor | None = None,
+    n_samples: int | None = None,
+    seed: int | None = 0,
+    n_steps: int = 50,
+    show_progress: bool = False,
+) -> Decomposition:
+    r"""Decompose ``g(S)`` with one of :data:`ACTIVATION_METHODS`.
+
+    Args:
+        decomposition (Decomposition): decomposition of the pre-activation ``S``.
+        fn (Callable): the activation ``g``.
+        method (str): one of :data:`ACTIVATION_METHODS`.
+        pre_activation (Tensor, optional): the real ``S`` (used by the IG closed form).
+        n_samples (int, optional): budget of the Shapley methods.
+        seed (int, optional): seed of the sampling methods.
+        n_steps (int): steps of ``"ig_captum"``.
+        show_progress (bool): show a progress bar (Shapley methods).
+    """
+    if method not in ACTIVATION_METHODS:
+        raise ValueError(f"method must be one of {ACTIVATION_METHODS}, got {method!r}")
+    if method == "ig":
+        return rules.activation(decomposition, fn, pre_activation=pre_activation)
+    if method == "ig_captum":
+        return rules.activation(decomposition, fn, route="captum", method="gausslegendre", n_steps=n_steps)
+    shapley = {
+        "shap_exact": "exact",
+        "shap_permutation": "permutation",
+        "shap_sampling": "sampling",
+        "shap_kernel": "kernel",
+        "captum_shapley": "captum",
+    }[method]
+    return shapley_activation(
+        decomposition, fn, shapley, n_samples, seed, show_progress=show_progress
+    )
+
+
+def _warm_up() -> None:
+    """Run a two-player exact game once: shap compiles its numba kernels on first use."""
+    shapley_values(lambda masks: masks, 2, "exact")
+
+
+def _check_dense_ff(context: LayerContext) -> None:
+    spec = context.block.spec
+    unsupported = [
+        name for name in ("ff_gate", "moe", "attention_post_norm", "ff_post_norm")
+        if getattr(spec, name, None) is not None
+    ]
+    if context.chain_name not in ("post_ln", "pre_ln") or unsupported:
+        what = ", ".join(unsupported) if unsupported else f"a {context.chain_name} chain"
+        raise ValueError(
+            f"the activation study supports Post-LN and Pre-LN blocks with one element-wise "
+            f"activation; this block has {what}"
+        )
+
+
+def _norm(context: LayerContext, role: str, decomposition: Decomposition) -> Decomposition:
+    block = context.block
+    weight, bias, eps = block.norm_parameters(role)
+    real = block.real(role, "input")
+    if block.spec.norm == "rms_norm":
+        return rules.rms_norm(decomposition, real, weight, eps)
+    return rules.layer_norm(decomposition, real, weight, bias, eps)
+
+
+def scopes_with_activation(
+    context: LayerContext,
+    method: str = "ig",
+    n_samples: int | None = None,
+    seed: int | None = 0,
+    n_steps: int = 50,
+    show_progress: bool = False,
+) -> tuple[dict[str, Decomposition], float]:
+    r"""The block's decompositions at every scope with the activation split by ``method``.
+
+    The chain is the core's (attention, residual and norms from the rules); only the FF
+    activation step changes. All output rows are computed at once (meant for the short
+    inputs of this study).
+
+    Returns:
+        ``(scope → dense Decomposition, seconds spent in the activation step)``.
+    """
+    _check_dense_ff(context)
+    block = context.block
+    state = context.mix_state()
+    up = state["up"].dense()
+    fn = block.activation_fn()
+    start = time.perf_counter()
+    hidden = activation_decomposition(
+        up, fn, method, block.real("ff_in"), n_samples, seed, n_steps, show_progress
+    )
+    seconds = time.perf_counter() - start
+    ff = rules.linear(hidden, *block.projection(block.spec.ff_out))
+    atb = state["Atb"].dense()
+    if context.chain_name == "post_ln":
+        res = rules.residual(ff, atb)
+        decs = {"Atb": atb, "AtbFf": ff, "AtbFfRes": res, "AtbFfResLn": _norm(context, "norm2", res)}
+    else:
+        decs = {"Atb": atb, "AtbLn": state["AtbLn"].dense(), "AtbLnFf": ff,
+                "AtbLnFfRes": rules.residual(ff, atb)}
+    return {name: decs[name] for name in context.scopes}, seconds
+
+
+@dataclass
+class ActivationStudy:
+    r"""App. E for one block and one batch: maps, times and agreement per method.
+
+    Attributes:
+        n_tokens (int): sequence length (with padding).
+        methods (list[str]): the methods run.
+        reference (str): the method the others are compared with.
+        scopes (tuple[str, ...]): the block's scopes.
+        maps (dict): method → scope → ``(B, n, n)`` maps.
+        seconds (dict): method → seconds spent decomposing the activation.
+        agreement (ComparisonTable): each method against ``reference``, per scope.
+        contextualization (ComparisonTable): per method, ``1 − ρ`` between consecutive
+                    scopes from the FF input on (the paper's Fig. 11: FF, RES, LN).
+    """
+
+    n_tokens: int
+    methods: list[str]
+    reference: str
+    scopes: tuple[str, ...]
+    maps: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    agreement: ComparisonTable = field(default_factory=ComparisonTable)
+    contextualization: ComparisonTable = field(default_factory=ComparisonTable)
+
+
+def activation_study(
+    context: LayerContext,
+    methods: Sequence[str] = ("ig", "shap_exact", "shap_sampling", "shap_kernel"),
+    reference: str = "ig",
+    n_samples: int | None = None,
+    seed: int | None = 0,
+    n_steps: int = 50,
+    k: int = 3,
+    extra: dict[str, Any] | None = None,
+    show_progress: bool = False,
+) -> ActivationStudy:
+    r"""Run the block's chain with each activation method; compare maps and time.
+
+    Args:
+        context (LayerContext): from :func:`~captum_ffb.baselines.capture_layer`.
+        methods (list[str]): among :data:`ACTIVATION_METHODS`; ``reference`` is added if
+                    missing.
+        reference (str): the method the others are compared with (IG by default).
+        n_samples (int, optional): budget of the Shapley methods.
+        seed (int, optional): seed of the sampling methods.
+        n_steps (int): steps of ``"ig_captum"``.
+        k (int): top-k size of the comparison.
+        extra (dict, optional): constant leading columns of the tables (e.g. the layer).
+        show_progress (bool): show progress bars.
+    """
+    methods = list(dict.fromkeys([reference, *methods]))
+    unknown = [m for m in methods if m not in ACTIVATION_METHODS]
+    if unknown:
+        raise ValueError(f"unknown activation method {unknown[0]!r}; choose from {ACTIVATION_METHODS}")
+    study = ActivationStudy(context.n_tokens, methods, reference, context.scopes)
+    if "shap_exact" in methods:
+        _warm_up()  # compile shap's exact kernels before anything is timed
+    for method in methods:
+        decs, seconds = scopes_with_activation(context, method, n_samples, seed, n_steps, show_progress)
+        study.maps[method] = {scope: dec.maps() for scope, dec in decs.items()}
+        study.seconds[method] = seconds
+
+    extra = dict(extra or {})
+    agreement = ComparisonTable(k=k)
+    first = context.scopes.index(context.ff_pair[0])
+    for scope in context.scopes[first + 1 :]:  # the scopes before the FF do not change
+        per_method = {m: study.maps[m][scope] for m in methods}
+        agreement.extend(compare_methods(
+            per_method, reference, context.token_mask, context.causal, k,
+            {**extra, "n": context.n_tokens, "scope": scope},
+        ))
+    for row in agreement.rows:
+        row["seconds"] = study.seconds[row["method"]]
+    agreement.columns.append("seconds")
+    study.agreement = agreement
+
+    steps = list(zip(context.scopes[first:], context.scopes[first + 1 :]))
+    table = ComparisonTable(columns=[*extra, "n", "method", *[f"{a}->{b}" for a, b in steps]], k=k)
+    for method in methods:
+        row: dict[str, Any] = {**extra, "n": context.n_tokens, "method": method}
+        for a, b in steps:
+            change = compare(study.maps[method][a], study.maps[method][b],
+                             context.token_mask, context.causal, k)["1-spearman"]
+            row[f"{a}->{b}"] = float(change[~torch.isnan(change)].mean())
+        table.rows.append(row)
+    study.contextualization = table
+    return study

@@ -1,0 +1,312 @@
+"""One Transformer block, captured from one forward pass and replayable on new input vectors.
+
+The baselines need two views of a layer: the tensors of the real forward pass (attention
+probabilities, the value input, the real norms' statistics) and the layer *as a function of
+its n input vectors* ``X ↦ Y`` for gradients and Shapley values. Both come from one forward
+pass of the model: the core's capture records the tensors, and a pre-hook keeps the extra
+arguments the model handed to the block (attention mask, position embeddings, …), so the block
+can later be called on its own with other hidden states. Attention runs through the model's
+own eager attention function, so gradients (reverse and forward mode) flow through it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from captum_ffb.architectures import Block, ChainOptions
+from captum_ffb.architectures.block import resolve
+from captum_ffb.attr import LayerNormDecomposition
+from captum_ffb.capture import capture_blocks, recording_attention
+
+#: Names under which blocks receive a key/value cache; replays pass ``None`` instead.
+_CACHE_NAMES = ("past_key_value", "past_key_values", "layer_past", "cache")
+
+
+def _is_cache(value: Any) -> bool:
+    return type(value).__name__.endswith("Cache")
+
+
+def _for_example(value: Any, example: int, batch: int, count: int) -> Any:
+    """Slice batch-first tensors (rank ≥ 2) to one example and expand them to ``count`` rows."""
+    if isinstance(value, Tensor):
+        if value.dim() < 2:
+            return value
+        if value.shape[0] == batch and batch > 1:
+            value = value[example : example + 1]
+        if value.shape[0] == 1 and count != 1:
+            value = value.expand(count, *value.shape[1:])
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_for_example(v, example, batch, count) for v in value)
+    if _is_cache(value):
+        return None
+    return value
+
+
+def _first_tensor(value: Any) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], Tensor):
+        return value[0]
+    raise TypeError(f"the block returned {type(value).__name__}, not hidden states")
+
+
+@dataclass
+class LayerFunction:
+    r"""A Transformer block as a function of its input vectors, for one example of a batch.
+
+    ``fn(X)`` maps hidden states ``X`` ``(N, n, d)`` to the block's output ``(N, n, d)``,
+    with everything else (attention mask, positions) as in the captured forward pass. It is
+    differentiable (reverse and forward mode).
+
+    Attributes:
+        module (nn.Module): the block.
+        example (int): which example of the captured batch the other arguments come from.
+    """
+
+    module: nn.Module
+    example: int
+    _args: tuple[Any, ...]
+    _kwargs: dict[str, Any]
+    _hidden_keyword: bool
+    _batch: int
+    _owners: list[nn.Module]
+    _dtype: torch.dtype
+
+    def __call__(self, hidden: Tensor) -> Tensor:
+        if hidden.dim() != 3:
+            raise ValueError(f"hidden states must be (N, n, d), got {tuple(hidden.shape)}")
+        count = hidden.shape[0]
+        args = [_for_example(a, self.example, self._batch, count) for a in self._args]
+        kwargs = {
+            k: None if k in _CACHE_NAMES else _for_example(v, self.example, self._batch, count)
+            for k, v in self._kwargs.items()
+        }
+        hidden = hidden.to(self._dtype)
+        training = self.module.training
+        self.module.eval()  # dropout would make the function random
+        try:
+            with recording_attention([*self._owners, self.module]):
+                if self._hidden_keyword:
+                    out = self.module(*args, hidden_states=hidden, **kwargs)
+                else:
+                    out = self.module(hidden, *args, **kwargs)
+        finally:
+            self.module.train(training)
+        return _first_tensor(out).float()
+
+
+@dataclass
+class LayerContext:
+    r"""What the baselines need of one block for one batch of inputs.
+
+    Build it with :func:`capture_layer`.
+
+    Attributes:
+        block (Block): the core's view of the block (real tensors, probabilities, weights).
+        chain_name (str): the block's chain (``"post_ln"``, ``"pre_ln"``, …).
+        scopes (tuple[str, ...]): the decomposition's scopes for this block.
+        ff_pair (tuple[str, str]): the scopes just before and after the FF.
+        token_mask (Tensor, optional): ``(B, n)`` bool, ``False`` on padding.
+        causal (bool): whether token ``i`` only sees tokens ``j ≤ i`` (read from the
+                    attention probabilities).
+    """
+
+    block: Block
+    chain_name: str
+    scopes: tuple[str, ...]
+    ff_pair: tuple[str, str]
+    token_mask: Tensor | None
+    causal: bool
+    decomposer: LayerNormDecomposition
+    _call_args: tuple[Any, ...] = ()
+    _call_kwargs: dict[str, Any] = field(default_factory=dict)
+    _hidden_keyword: bool = False
+    _owners: list[nn.Module] = field(default_factory=list)
+
+    @property
+    def inputs(self) -> Tensor:
+        """The block's real input vectors ``(B, n, d)`` (float32)."""
+        return self.block.inputs
+
+    @property
+    def output(self) -> Tensor:
+        """The block's real output vectors ``(B, n, d)`` (float32)."""
+        return self.block.output
+
+    @property
+    def batch_size(self) -> int:
+        return self.block.capture.inputs.shape[0]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.block.capture.inputs.shape[1]
+
+    def real_tokens(self, example: int) -> Tensor:
+        """Indices of the real (non-padding) tokens of one example."""
+        if self.token_mask is None:
+            return torch.arange(self.n_tokens)
+        return torch.nonzero(self.token_mask[example].cpu(), as_tuple=False).flatten()
+
+    def layer_function(self, example: int = 0) -> LayerFunction:
+        """The block as a function ``(N, n, d) → (N, n, d)`` with the arguments of ``example``."""
+        if not 0 <= example < self.batch_size:
+            raise ValueError(f"example {example} is not in a batch of {self.batch_size}")
+        return LayerFunction(
+            self.block.module, example, self._call_args, self._call_kwargs,
+            self._hidden_keyword, self.batch_size, self._owners,
+            self.block.capture.inputs.dtype,
+        )
+
+    def value_input(self) -> Tensor:
+        """The real input of the attention's value projection ``(B, n, d)`` (float32)."""
+        return self.block.real("baseline_value", "input")
+
+    def mix_state(self, options: ChainOptions | None = None) -> dict[str, Any]:
+        """The chain's row-mixing state (decompositions before the FF activation)."""
+        return self.decomposer.chain.mix(self.block, options or ChainOptions())
+
+
+def _positional(inputs: Any, additional_forward_args: Any) -> tuple[Any, ...]:
+    if isinstance(inputs, Tensor):
+        args: tuple[Any, ...] = (inputs,)
+    elif isinstance(inputs, tuple) and inputs:
+        args = inputs
+    else:
+        raise TypeError("inputs must be a tensor of token ids or a non-empty tuple of tensors")
+    first = args[0]
+    if isinstance(first, Tensor) and (first.numel() == 0 or (first.dim() >= 2 and first.shape[1] == 0)):
+        raise ValueError("inputs are empty: at least one token is needed")
+    if additional_forward_args is None:
+        return args
+    extra = additional_forward_args
+    return args + (tuple(extra) if isinstance(extra, (tuple, list)) else (extra,))
+
+
+def _token_mask(attention_mask: Any, hidden: Tensor) -> Tensor | None:
+    if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2:
+        return None
+    if attention_mask.shape != hidden.shape[:2]:
+        return None
+    return (attention_mask != 0).to(hidden.device)
+
+
+def _is_causal(probs: Tensor, token_mask: Tensor | None) -> bool:
+    """True when no real row attends to a later real token."""
+    n = probs.shape[-1]
+    if n < 2:
+        return False
+    later = torch.ones(n, n, dtype=torch.bool, device=probs.device).triu(1)
+    if token_mask is not None:
+        real = token_mask.to(probs.device)
+        later = later & real[:, :, None] & real[:, None, :]
+        later = later[:, None]
+    if not bool(later.any()):
+        return False
+    return bool((probs.masked_select(later.expand_as(probs)) == 0).all())
+
+
+def _watched(decomposer: LayerNormDecomposition, module: nn.Module) -> dict[str, Any]:
+    roles = dict(decomposer._watched(module))  # the core's roles, whatever the chain needs
+    roles["baseline_value"] = resolve(module, decomposer.spec.value.path)
+    return roles
+
+
+def capture_layer(
+    forward_func: Callable | nn.Module,
+    layer: nn.Module,
+    inputs: Tensor | tuple[Tensor, ...],
+    additional_forward_args: Any = None,
+    forward_kwargs: dict[str, Any] | None = None,
+    model_type: str | None = None,
+) -> LayerContext:
+    r"""Run the model once and keep what the baselines need of ``layer``.
+
+    Args:
+        forward_func (nn.Module or Callable): the model (or a function that runs it).
+        layer (nn.Module): one Transformer block of a supported model.
+        inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids).
+        additional_forward_args (Any, optional): further positional arguments.
+        forward_kwargs (dict, optional): keyword arguments of the forward, e.g.
+                    ``{"attention_mask": mask}``; a 2-D mask marks padding.
+        model_type (str, optional): the architecture when it cannot be read from the model.
+
+    Returns:
+        LayerContext
+    """
+    if not isinstance(layer, nn.Module) or isinstance(layer, (nn.ModuleList, list, tuple)):
+        raise TypeError("layer must be one Transformer block module")
+    decomposer = LayerNormDecomposition(forward_func, layer, model_type=model_type)
+    args = _positional(inputs, additional_forward_args)
+    kwargs = dict(forward_kwargs or {})
+    model = forward_func if isinstance(forward_func, nn.Module) else None
+    if model is not None and "use_cache" not in kwargs:
+        try:
+            if "use_cache" in inspect.signature(model.forward).parameters:
+                kwargs["use_cache"] = False  # a cache would grow on every replay
+        except (TypeError, ValueError):
+            pass
+
+    call: dict[str, Any] = {}
+
+    def keep_call(module, call_args, call_kwargs):
+        if not call:
+            call["args"], call["kwargs"] = call_args, dict(call_kwargs)
+
+    owners = [model] if model is not None else []
+    training = layer.training
+    layer.eval()
+    handle = layer.register_forward_pre_hook(keep_call, with_kwargs=True)
+    try:
+        (capture,) = capture_blocks(
+            lambda: forward_func(*args, **kwargs),
+            [layer],
+            [_watched(decomposer, layer)],
+            [[resolve(layer, decomposer.spec.attention)]],
+            owners=owners,
+        )
+    finally:
+        handle.remove()
+        layer.train(training)
+
+    token_mask = _token_mask(kwargs.get("attention_mask"), capture.inputs)
+    block = Block(layer, decomposer.spec, capture, token_mask=token_mask)
+    call_args, call_kwargs = call["args"], call["kwargs"]
+    hidden_keyword = not call_args
+    if hidden_keyword:
+        call_kwargs.pop("hidden_states", None)
+    else:
+        call_args = call_args[1:]
+    chain = decomposer.chain
+    return LayerContext(
+        block=block,
+        chain_name=chain.name,
+        scopes=chain.scopes,
+        ff_pair=chain.ff_pair,
+        token_mask=token_mask,
+        causal=_is_causal(block.probs, token_mask),
+        decomposer=decomposer,
+        _call_args=tuple(call_args),
+        _call_kwargs=call_kwargs,
+        _hidden_keyword=hidden_keyword,
+        _owners=owners,
+    )
+
+
+def mask_maps(maps: Tensor, token_mask: Tensor | None) -> Tensor:
+    """Zero the rows and columns of padded tokens in ``(B, n, n)`` maps."""
+    if token_mask is None:
+        return maps
+    mask = token_mask.to(maps.dtype)
+    return maps * mask[:, :, None] * mask[:, None, :]
+
+
+def as_batch(maps: Sequence[Tensor]) -> Tensor:
+    """Stack per-example ``(n, n)`` maps into ``(B, n, n)``."""
+    return torch.stack(list(maps))

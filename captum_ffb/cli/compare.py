@@ -1,0 +1,294 @@
+"""``captum-ffb compare``: the decomposition's maps next to attention, gradient and Shapley
+baselines on the same layer and text, as tables and figures; ``--app-e`` reruns the paper's
+IG-against-Shapley study of the FF activation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = "captum_ffb_compare"
+DEFAULT_BASELINES = "attention,norm,ig,shap"
+DEFAULT_ACTIVATION_METHODS = "ig,ig_captum,shap_exact,shap_sampling,shap_kernel"
+
+EXAMPLES = f"""\
+examples:
+  captum-ffb compare "The cat sat on the mat."
+      every layer of the bundled all-MiniLM-L6-v2 against {DEFAULT_BASELINES}
+  captum-ffb compare "The cat sat on the mat." --layer 2 --baselines all --out cmp
+  captum-ffb compare "The quick brown fox jumps over the lazy dog." --app-e --lengths 5,8,10
+      App. E: IG against Shapley values for the FF activation of layer 0
+
+baselines (comma list): attention (= attention_mean, attention_sum), norm, norm_bias,
+  saliency, ixg, ig, gradients (= the three), shap (exact up to 12 tokens, else permutation
+  sampling), shap_exact, shap_permutation, shap_sampling, shap_kernel, captum_shapley, all
+
+files written to --out:
+  compare.csv, compare.md   per layer, each baseline against each scope's map:
+                            1 - Spearman rho, Pearson r, top-k overlap
+  compare_layerNN.png       the scopes' maps and the baselines' maps side by side
+with --app-e:
+  app_e_agreement.csv/.md   each activation method against IG, per length and scope
+  app_e_change.csv/.md      contextualization change (1 - rho) by FF, RES, LN per method
+  app_e_timing.csv/.md/.png seconds to decompose one layer's activation, per method and length
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "compare",
+        help="compare the maps with attention, gradient and Shapley baselines",
+        description=(
+            "Put the decomposition's maps of TEXT next to baselines computed on the same "
+            "layer and input (attention weights, attention norms, Captum's gradient methods, "
+            "Shapley values over the layer's input tokens) and write agreement tables and "
+            "figures. With --app-e, compare IG with Shapley values for the FF activation."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", help="the input text (quote it)")
+    parser.add_argument(
+        "--model", default=None, metavar="NAME_OR_DIR",
+        help="a local model folder, a Hugging Face id, or all-MiniLM-L6-v2 (bundled default)",
+    )
+    parser.add_argument(
+        "--layer", default=None, metavar="N|all",
+        help="layer index, comma list or all (default: all; 0 with --app-e)",
+    )
+    parser.add_argument(
+        "--baselines", default=DEFAULT_BASELINES, metavar="LIST",
+        help=f"comma list of baselines (default {DEFAULT_BASELINES})",
+    )
+    parser.add_argument(
+        "--scopes", default=None, metavar="LIST",
+        help="comma list of the decomposition's scopes to compare with (default: all)",
+    )
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help=f"output folder (default ./{DEFAULT_OUT})")
+    parser.add_argument("-k", "--top-k", type=int, default=3, dest="k",
+                        help="size of the top-k sets of the overlap score (default 3)")
+    parser.add_argument("--n-steps", type=int, default=50, help="IG integration steps (default 50)")
+    parser.add_argument("--n-samples", type=int, default=None,
+                        help="budget of the sampling Shapley methods (their defaults if unset)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling methods")
+    parser.add_argument("--route", choices=("forward", "captum"), default="forward",
+                        help="gradient route: forward-mode products (default) or Captum per output")
+    parser.add_argument("--no-figure", action="store_true", help="write no figures")
+    parser.add_argument("--app-e", action="store_true",
+                        help="run the App. E study (IG against Shapley for the FF activation)")
+    parser.add_argument("--lengths", default=None, metavar="LIST",
+                        help="with --app-e: comma list of sequence lengths (the text is cut; "
+                        "default: its full length)")
+    parser.add_argument("--methods", default=DEFAULT_ACTIVATION_METHODS, metavar="LIST",
+                        help=f"with --app-e: activation methods (default {DEFAULT_ACTIVATION_METHODS})")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars or tables on stdout")
+    parser.set_defaults(run=run)
+
+
+def _int_list(value: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{option} takes a comma list of integers, got {value!r}") from None
+    if not values:
+        raise ValueError(f"{option} is empty")
+    return values
+
+
+def _layers(value: str | None, default: str, count: int) -> list[int]:
+    value = default if value is None else value
+    if value.strip().lower() == "all":
+        return list(range(count))
+    layers = _int_list(value, "--layer")
+    for layer in layers:
+        if not -count <= layer < count:
+            raise ValueError(f"layer {layer} does not exist: the model has {count} layers")
+    return list(dict.fromkeys(layer % count for layer in layers))
+
+
+def _names(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise ValueError("the list is empty")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from captum_ffb.models import load_model
+
+    if not args.text or not args.text.strip():
+        raise ValueError("the text is empty")
+    if args.k < 1:
+        raise ValueError("--top-k must be positive")
+    if args.n_steps < 1:
+        raise ValueError("--n-steps must be positive")
+    if args.n_samples is not None and args.n_samples < 1:
+        raise ValueError("--n-samples must be positive")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
+    if not args.no_figure:
+        from captum_ffb.baselines.figure import _pyplot
+
+        _pyplot()
+    from captum_ffb.baselines import ACTIVATION_METHODS, resolve_baselines
+
+    if args.app_e:
+        methods = _names(args.methods) or []
+        unknown = [m for m in methods if m not in ACTIVATION_METHODS]
+        if unknown:
+            raise ValueError(
+                f"unknown activation method {unknown[0]!r}; choose from {', '.join(ACTIVATION_METHODS)}"
+            )
+        if args.lengths:
+            _int_list(args.lengths, "--lengths")
+    else:
+        resolve_baselines(args.baselines, 0)  # unknown names fail before the model loads
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(message, file=sys.stderr, flush=True)
+
+    say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
+    loaded = load_model(args.model)
+    if args.app_e:
+        return _run_app_e(args, loaded, out, say)
+    return _run_compare(args, loaded, out, say)
+
+
+def _encode(loaded: Any, text: str, max_length: int | None = None) -> Any:
+    kwargs: dict[str, Any] = {"return_tensors": "pt"}
+    if max_length is not None:
+        kwargs.update(truncation=True, max_length=max_length)
+    encoded = loaded.tokenizer(text, **kwargs)
+    if encoded["input_ids"].shape[1] > loaded.max_length:
+        raise ValueError(
+            f"the text has {encoded['input_ids'].shape[1]} tokens; the model takes at most "
+            f"{loaded.max_length}"
+        )
+    return encoded
+
+
+def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> int:
+    from tqdm.auto import tqdm
+
+    from captum_ffb.attr import LayerNormDecomposition
+    from captum_ffb.baselines import (
+        ComparisonTable,
+        baseline_maps,
+        capture_layer,
+        compare_methods,
+        resolve_baselines,
+    )
+
+    encoded = _encode(loaded, args.text)
+    ids = encoded["input_ids"]
+    kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}
+    tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    blocks = loaded.blocks
+    layers = _layers(args.layer, "all", len(blocks))
+    names = resolve_baselines(args.baselines, ids.shape[1])
+    scopes_arg = _names(args.scopes)
+    out.mkdir(parents=True, exist_ok=True)
+
+    table = ComparisonTable(k=args.k)
+    figures = []
+    for layer in tqdm(layers, desc="layers", unit="layer", disable=args.quiet):
+        block = blocks[layer]
+        lnd = LayerNormDecomposition(loaded.model, block)
+        scopes = scopes_arg or list(lnd.scopes)
+        ours = lnd.attribute(ids, scope=scopes, forward_kwargs=kwargs)
+        context = capture_layer(loaded.model, block, ids, forward_kwargs=kwargs)
+        theirs = baseline_maps(
+            context, methods=names, route=args.route, n_steps=args.n_steps,
+            n_samples=args.n_samples, seed=args.seed,
+        )
+        for scope in scopes:  # rows: each baseline against this scope's map
+            table.extend(compare_methods(
+                {**theirs, scope: ours[scope]}, reference=scope, token_mask=context.token_mask,
+                causal=context.causal, k=args.k, extra={"layer": layer},
+            ))
+        maps = {**{s: ours[s] for s in scopes}, **theirs}
+        if not args.no_figure:
+            from captum_ffb.baselines.figure import side_by_side
+
+            figures.append(side_by_side(
+                {name: value[0] for name, value in maps.items()}, tokens,
+                out / f"compare_layer{layer:02d}.png",
+                title=f"{loaded.name}, layer {layer}: decomposition scopes and baselines",
+            ))
+    written = _write_table(table, out / "compare")
+    if not args.quiet:
+        print(table.to_markdown())
+    for path in [*written, *figures]:
+        print(path)
+    return 0
+
+
+def _write_table(table: Any, stem: Path) -> list[Path]:
+    csv_path = stem.with_suffix(".csv")
+    md_path = stem.with_suffix(".md")
+    table.to_csv(csv_path)
+    md_path.write_text(table.to_markdown(), encoding="utf-8")
+    return [csv_path, md_path]
+
+
+def _run_app_e(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> int:
+    from captum_ffb.baselines import ComparisonTable, activation_study, capture_layer
+
+    methods = _names(args.methods) or []
+    full = _encode(loaded, args.text)["input_ids"].shape[1]
+    lengths = _int_list(args.lengths, "--lengths") if args.lengths else [full]
+    too_long = [n for n in lengths if n > full or n < 2]
+    if too_long:
+        raise ValueError(
+            f"--lengths {too_long[0]} is not possible: the text has {full} tokens (at least 2 "
+            "are needed)"
+        )
+    blocks = loaded.blocks
+    layers = _layers(args.layer, "0", len(blocks))
+    out.mkdir(parents=True, exist_ok=True)
+
+    agreement = ComparisonTable(k=args.k)
+    change = ComparisonTable(k=args.k)
+    timing = ComparisonTable(columns=["layer", "n", "method", "seconds"], k=args.k)
+    seconds: dict[str, dict[int, float]] = {}
+    for layer in layers:
+        for n in lengths:
+            say(f"layer {layer}, n = {n} ...")
+            encoded = _encode(loaded, args.text, max_length=n)
+            ids = encoded["input_ids"]
+            kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}
+            context = capture_layer(loaded.model, blocks[layer], ids, forward_kwargs=kwargs)
+            study = activation_study(
+                context, methods, n_samples=args.n_samples, seed=args.seed,
+                n_steps=args.n_steps, k=args.k, extra={"layer": layer},
+                show_progress=not args.quiet,
+            )
+            agreement.extend(study.agreement)
+            change.extend(study.contextualization)
+            for method, value in study.seconds.items():
+                timing.rows.append({"layer": layer, "n": n, "method": method, "seconds": value})
+                seconds.setdefault(method, {})[n] = value if layer == layers[0] else seconds[method][n]
+    written = _write_table(agreement, out / "app_e_agreement")
+    written += _write_table(change, out / "app_e_change")
+    written += _write_table(timing, out / "app_e_timing")
+    if not args.no_figure:
+        from captum_ffb.baselines.figure import timing_plot
+
+        written.append(timing_plot(
+            seconds, out / "app_e_timing.png",
+            title=f"{loaded.name}, layer {layers[0]}: activation decomposition time",
+        ))
+    if not args.quiet:
+        print(timing.to_markdown())
+        print(agreement.to_markdown())
+        print(change.to_markdown())
+    for path in written:
+        print(path)
+    return 0

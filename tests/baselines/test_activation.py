@@ -1,0 +1,102 @@
+"""App. E: Shapley values for the FF activation, and the study that compares them with IG."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.activations import ACT2FN
+
+from captum_ffb import Decomposition, LayerNormDecomposition, rules
+from captum_ffb.baselines import (
+    activation_study,
+    capture_layer,
+    scopes_with_activation,
+    shapley_activation,
+)
+from tests.baselines.conftest import padded_pair
+from tests.models import TINY_MODELS, token_ids
+
+
+def _pre_activation() -> Decomposition:
+    generator = torch.Generator().manual_seed(2)
+    terms = torch.randn(1, 3, 4, 5, generator=generator, dtype=torch.float64)
+    bias = 0.3 * torch.randn(1, 3, 5, generator=generator, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, False]])
+    terms[:, :, 3] = 0  # a padded token owns nothing
+    return Decomposition(terms, bias, mask)
+
+
+@pytest.mark.parametrize("method", ["exact", "kernel", "permutation"])
+@pytest.mark.parametrize("offset", [0.0, 0.3])
+def test_shapley_of_a_linear_activation_equals_the_closed_form(method, offset):
+    dec = _pre_activation()
+
+    def linear(t):
+        return 2.5 * t + offset
+
+    shapley = shapley_activation(dec, linear, method)
+    closed = rules.activation(dec, linear)
+    torch.testing.assert_close(shapley.terms, 2.5 * dec.terms)
+    torch.testing.assert_close(shapley.terms, closed.terms)
+    torch.testing.assert_close(shapley.bias, closed.bias)
+
+
+def test_exact_shapley_of_gelu_is_complete_and_differs_from_ig():
+    dec = _pre_activation()
+    gelu = ACT2FN["gelu"]
+    shapley = shapley_activation(dec, gelu, "exact")
+    torch.testing.assert_close(shapley.total(), gelu(dec.total()))
+    assert shapley.terms[:, :, 3].abs().max() == 0
+    assert (shapley.terms - rules.activation(dec, gelu).terms).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_the_study_chain_with_ig_reproduces_the_decomposition(name):
+    spec = TINY_MODELS[name]
+    model = spec.build()
+    block = spec.blocks(model)[0]
+    ids = token_ids(2, 5)
+    mask = torch.ones_like(ids)
+    mask[1, 3:] = 0
+    context = capture_layer(model, block, ids, forward_kwargs={"attention_mask": mask})
+    decs, seconds = scopes_with_activation(context, "ig")
+    lnd = LayerNormDecomposition(model, block)
+    expected = lnd.attribute(ids, scope=list(lnd.scopes), forward_kwargs={"attention_mask": mask})
+    assert list(decs) == list(lnd.scopes) and seconds >= 0
+    for scope, maps in expected.items():
+        torch.testing.assert_close(decs[scope].maps(), maps, atol=1e-5, rtol=1e-5)
+
+
+def test_shapley_decomposition_of_a_layer_is_complete():
+    context, _ = padded_pair("bert", n=4)
+    decs, _ = scopes_with_activation(context, "shap_exact")
+    torch.testing.assert_close(decs["AtbFfResLn"].total(), context.output, atol=1e-4, rtol=1e-4)
+
+
+def test_activation_study_tables():
+    context, _ = padded_pair("gpt2", n=4)
+    study = activation_study(context, ["shap_exact", "shap_kernel"], extra={"layer": 1})
+    assert study.methods == ["ig", "shap_exact", "shap_kernel"]
+    after_ff = context.scopes[context.scopes.index(context.ff_pair[0]) + 1 :]
+    assert len(study.agreement) == 2 * len(after_ff)
+    row = study.agreement.lookup(method="shap_exact", scope=after_ff[-1])
+    assert row["reference"] == "ig" and row["layer"] == 1 and row["n"] == 4
+    assert 0 <= row["1-spearman"] <= 2 and row["seconds"] >= 0
+    # Kernel SHAP enumerates all 2^5 coalitions here, so it is exact.
+    torch.testing.assert_close(
+        study.maps["shap_kernel"][after_ff[-1]], study.maps["shap_exact"][after_ff[-1]],
+        atol=1e-5, rtol=1e-4,
+    )
+    assert [r["method"] for r in study.contextualization.rows] == study.methods
+    assert "AtbLnFf->AtbLnFfRes" in study.contextualization.columns
+
+
+def test_unsupported_blocks_and_methods_are_refused():
+    context, _ = padded_pair("bert", n=3)
+    with pytest.raises(ValueError, match="unknown activation method"):
+        activation_study(context, ["lime"])
+    spec = TINY_MODELS["gpt_neox"]
+    model = spec.build()
+    parallel = capture_layer(model, spec.blocks(model)[0], token_ids(1, 3))
+    with pytest.raises(ValueError, match="supports Post-LN and Pre-LN"):
+        scopes_with_activation(parallel, "ig")
