@@ -143,10 +143,10 @@ def _read_hf(spec: str, split: str, text_column: str) -> list[str]:
     try:
         data = datasets.load_dataset(name, config or None, split=split)
     except Exception as error:  # the hub, a missing split, ...: one line for the user
-        raise ValueError(f"cannot load {spec!r}: {str(error).splitlines()[0]}") from error
+        raise ValueError(f"cannot load 'hf:{spec}': {str(error).splitlines()[0]}") from error
     if text_column not in data.column_names:
         raise ValueError(
-            f"{spec!r} has no column {text_column!r}; columns: {', '.join(data.column_names)}"
+            f"'hf:{spec}' has no column {text_column!r}; columns: {', '.join(data.column_names)}"
         )
     return [str(value) for value in data[text_column]]
 

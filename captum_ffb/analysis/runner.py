@@ -69,7 +69,9 @@ class AnalysisConfig:
         mask_rate (float): share of tokens masked for masked LMs (the paper: 0.12); 0 turns
                     masking off. Causal models are never masked.
         seed (int): seed of the masking and of the random-dimension control.
-        batch_size (int): sequences per batch (padded, with an attention mask).
+        batch_size (int): most sequences per batch (padded, with an attention mask).
+        memory_gb (float): memory a batch's decompositions may take (GiB); long sequences
+                    go in smaller batches, down to one sequence.
         max_tokens (int, optional): longest sequence analysed, special tokens included
                     (default: the model's maximum); longer lines are skipped and reported.
         ablation_fraction (float): share of dimensions with the smallest γ ignored in the
@@ -86,6 +88,7 @@ class AnalysisConfig:
     mask_rate: float = 0.12
     seed: int = 0
     batch_size: int = 16
+    memory_gb: float = 2.0
     max_tokens: int | None = None
     ablation_fraction: float = 0.01
     top_k: int = 50
@@ -99,6 +102,8 @@ class AnalysisConfig:
             raise ValueError(f"mask rate must lie in [0, 1); got {self.mask_rate}")
         if self.max_seqs is not None and self.max_seqs < 1:
             raise ValueError(f"--max-seqs must be at least 1; got {self.max_seqs}")
+        if not self.memory_gb > 0:
+            raise ValueError(f"memory budget must be positive; got {self.memory_gb}")
         if self.batch_size < 1:
             raise ValueError(f"batch size must be at least 1; got {self.batch_size}")
         if self.max_tokens is not None and self.max_tokens < 2:
@@ -413,10 +418,44 @@ def _pad(sequences: Sequence[PreparedSequence], tokenizer: Any) -> tuple[Tensor,
     return ids, mask
 
 
-def plan_batches(sequences: Sequence[PreparedSequence], batch_size: int) -> list[list[int]]:
-    """Positions of ``sequences`` per batch: sorted by length (less padding), then by index."""
+def plan_batches(
+    sequences: Sequence[PreparedSequence],
+    batch_size: int,
+    bytes_per_cell: int = 0,
+    budget: int = 0,
+) -> list[list[int]]:
+    r"""Positions of ``sequences`` per batch: sorted by length (less padding), then by index,
+    at most ``batch_size`` per batch and, when ``budget`` is set, at most as many as keep
+    ``batch · n² · bytes_per_cell`` within it (never fewer than one).
+
+    Args:
+        sequences (list[PreparedSequence]): the sequences.
+        batch_size (int): most sequences per batch.
+        bytes_per_cell (int): memory one ``(i, j)`` pair of one sequence needs.
+        budget (int): bytes a batch may take; 0 for no limit.
+    """
     order = sorted(range(len(sequences)), key=lambda k: (len(sequences[k].ids), sequences[k].index))
-    return [order[k : k + batch_size] for k in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    for position in order:
+        n = len(sequences[position].ids)  # the longest so far: the order is by length
+        current = batches[-1] if batches else None
+        fits = current is not None and len(current) < batch_size and (
+            not budget or (len(current) + 1) * n * n * bytes_per_cell <= budget
+        )
+        if fits:
+            current.append(position)
+        else:
+            batches.append([position])
+    return batches
+
+
+def _hidden_size(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    for key in ("hidden_size", "n_embd", "d_model", "dim"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1024
 
 
 # --------------------------------------------------------------------------- files
@@ -435,7 +474,7 @@ def _fingerprint(loaded: LoadedModel, config: AnalysisConfig, causal: bool, mask
     head = {
         "model": loaded.name, "model_type": loaded.model_type, "layers": len(loaded.blocks),
         "causal": causal, "mask_rate": mask_rate, "seed": config.seed,
-        "batch_size": config.batch_size, "max_tokens": max_tokens,
+        "batch_size": config.batch_size, "memory_gb": config.memory_gb, "max_tokens": max_tokens,
         "ablation_fraction": config.ablation_fraction, "shard_version": SHARD_VERSION,
     }
     digest.update(json.dumps(head, sort_keys=True).encode())
@@ -527,7 +566,9 @@ def analyze_corpus(
     _atomic_write(run_file, lambda h: json.dump(settings, h, indent=2), binary=False)
 
     run = _Run(loaded, config, causal)
-    batches = plan_batches(sequences, config.batch_size)
+    # dense terms of every scope, the next-norm scope and the ablation temporaries, float32
+    cell = 4 * _hidden_size(loaded.model) * (len(run.scopes) + 3)
+    batches = plan_batches(sequences, config.batch_size, cell, int(config.memory_gb * 2**30))
     run.setup_norms(*(t.to(run.device) for t in _pad([sequences[k] for k in batches[0]], tokenizer)))
     done = {k for k in range(len(batches)) if _load_shard(_shard_path(shards, k)) is not None}
     progress = None

@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the masking (default 0)")
     parser.add_argument("--batch-size", type=int, default=16, metavar="B",
                         help="sequences per batch (default 16)")
+    parser.add_argument("--memory-gb", type=float, default=2.0, metavar="G",
+                        help="memory a batch's decompositions may take; batches of long "
+                        "sequences shrink to fit, down to one sequence (default 2)")
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
                         help="skip lines longer than N tokens (default: the model's maximum)")
     parser.add_argument("--top-k", type=int, default=50, metavar="K",
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = AnalysisConfig(
         max_seqs=args.max_seqs, mask_rate=args.mask_rate, seed=args.seed,
-        batch_size=args.batch_size, max_tokens=args.max_tokens,
+        batch_size=args.batch_size, memory_gb=args.memory_gb, max_tokens=args.max_tokens,
         ablation_fraction=args.ablation_fraction, top_k=args.top_k, min_count=args.min_count,
         include_special=args.include_special, pmi=args.pmi,
     )

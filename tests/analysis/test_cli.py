@@ -55,3 +55,16 @@ def test_bad_input_is_one_line(model_dir, corpus, tmp_path, capsys, extra, messa
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_interrupted_run_says_how_to_resume(model_dir, corpus, tmp_path, capsys, monkeypatch):
+    import captum_ffb.analysis as analysis
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(analysis, "analyze_corpus", interrupted)
+    argv = ["analyze", "--model", str(model_dir), "--data", str(corpus), "--out",
+            str(tmp_path / "o"), "--quiet"]
+    assert main(argv) == 130
+    assert "run the same command again to resume" in capsys.readouterr().err

@@ -101,3 +101,35 @@ def test_bad_settings(tokenizer):
         prepare_sequences(LINES, tokenizer, max_tokens=20, mask_rate=1.0)
     with pytest.raises(ValueError, match="max-seqs"):
         prepare_sequences(LINES, tokenizer, max_tokens=20, max_seqs=0)
+
+
+class _FakeDataset:
+    column_names = ["sentence", "label"]
+
+    def __getitem__(self, column):
+        return {"sentence": ["a good film .", "a bad film ."], "label": [1, 0]}[column]
+
+
+class _FakeDatasets:
+    """Stands in for the ``datasets`` package (no hub here)."""
+
+    calls: list = []
+
+    @classmethod
+    def load_dataset(cls, name, config=None, split=None):
+        cls.calls.append((name, config, split))
+        if name == "missing":
+            raise FileNotFoundError("Dataset 'missing' doesn't exist on the Hub\nmore lines")
+        return _FakeDataset()
+
+
+def test_hf_source_through_datasets(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "datasets", _FakeDatasets)
+    corpus = load_corpus("hf:glue:sst2", split="validation", text_column="sentence")
+    assert corpus.lines == ["a good film .", "a bad film ."]
+    assert corpus.name == "hf:glue:sst2[validation].sentence"
+    assert _FakeDatasets.calls[-1] == ("glue", "sst2", "validation")
+    with pytest.raises(ValueError, match="no column 'text'; columns: sentence, label"):
+        load_corpus("hf:glue:sst2", text_column="text")
+    with pytest.raises(ValueError, match="cannot load 'hf:missing'.*doesn't exist on the Hub$"):
+        load_corpus("hf:missing")

@@ -47,6 +47,17 @@ def test_measures_follow_the_paper():
         ("FF+RES+LN", "AtbLn", "AtbLnFfResLn")]
 
 
+def test_batches_are_sorted_by_length_and_fit_the_memory_budget():
+    from captum_ffb.analysis.corpus import PreparedSequence
+    from captum_ffb.analysis.runner import plan_batches
+
+    sequences = [PreparedSequence(k, [0] * n, [False] * n) for k, n in enumerate([3, 10, 3, 5])]
+    assert plan_batches(sequences, 2) == [[0, 2], [3, 1]]
+    # 3 · 5² = 75 fits 80 bytes, 4 · 10² does not; 10 alone runs even over the budget
+    assert plan_batches(sequences, 4, bytes_per_cell=1, budget=80) == [[0, 2, 3], [1]]
+    assert plan_batches(sequences, 4, bytes_per_cell=1, budget=20) == [[0, 2], [3], [1]]
+
+
 def _direct_maps(loaded, line, layer):
     ids = torch.tensor([loaded.tokenizer(line)["input_ids"]])
     lnd = LayerNormDecomposition(loaded.model, loaded.blocks[layer])
