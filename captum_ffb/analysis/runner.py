@@ -296,8 +296,6 @@ class _Run:
 
     def _watch(self, recorder: _Recorder) -> None:
         """Hooks on the norm after each Pre-LN layer (its real input and output)."""
-        if self.chain.name != "pre_ln":
-            return
         for index, following in enumerate(self.following):
             if following is not None:
                 recorder.watch(("next_in", index), following, "input")
@@ -309,12 +307,13 @@ class _Run:
         ids, mask = ids_cpu.to(self.device), mask_cpu.to(self.device)
         batch, n = ids.shape
         recorder = _Recorder()
-        self._watch(recorder)
-        try:
-            with torch.no_grad():
-                self.model(ids, attention_mask=mask)
-        finally:
-            recorder.close()
+        if self.chain.name == "pre_ln":  # the real input and output of the next norms
+            self._watch(recorder)
+            try:
+                with torch.no_grad():
+                    self.model(ids, attention_mask=mask)
+            finally:
+                recorder.close()
 
         n_layers = len(self.blocks)
         changes = np.full((batch, n_layers, len(self.measures)), np.nan)
