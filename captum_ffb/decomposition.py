@@ -341,7 +341,10 @@ class FactorGroup:
         """``(B, K, n_in, d)``."""
         if self.proj is None:
             return self.coeff
-        return torch.matmul(self.coeff, self.proj)
+        batch, k, n, r = self.coeff.shape
+        # One product per component over all batch rows (no copy of proj per batch element).
+        flat = self.coeff.transpose(0, 1).reshape(k, batch * n, r)
+        return torch.matmul(flat, self.proj).reshape(k, batch, n, -1).transpose(0, 1)
 
     def vectors_map(self, fn) -> FactorGroup:
         """Apply a linear map ``fn`` of the vectors (acting on their last dimension)."""

@@ -22,12 +22,20 @@ ROUTES = ("closed_form", "captum")
 
 
 def _value_at_zero(fn: ActivationFn, like: Tensor) -> tuple[Tensor, Tensor]:
-    """``g(0)`` and ``g'(0)`` (by autograd, as Captum's gradients see it)."""
+    """``g(0)`` and ``g'(0)`` (by autograd, as Captum's gradients see it), cached per ``g``."""
+    key = (id(fn), like.dtype, like.device)
+    cached = _AT_ZERO.get(key)
+    if cached is not None and cached[0] is fn:
+        return cached[1], cached[2]
     with torch.enable_grad():
         zero = torch.zeros(1, dtype=like.dtype, device=like.device, requires_grad=True)
         value = fn(zero)
         (slope,) = torch.autograd.grad(value.sum(), zero)
+    _AT_ZERO[key] = (fn, value.detach()[0], slope[0])
     return value.detach()[0], slope[0]
+
+
+_AT_ZERO: dict[tuple, tuple] = {}
 
 
 def activation_coefficients(fn: ActivationFn, pre_activation: Tensor) -> tuple[Tensor, Tensor]:
