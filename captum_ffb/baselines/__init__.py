@@ -22,6 +22,7 @@ from captum_ffb.baselines.compare import ComparisonTable, compare, compare_metho
 from captum_ffb.baselines.context import LayerContext, LayerFunction, capture_layer
 from captum_ffb.baselines.gradients import (
     GRADIENT_METHODS,
+    completeness_residual,
     gradient_map,
     gradient_maps,
     gradient_vectors,
@@ -52,6 +53,7 @@ __all__ = [
     "capture_layer",
     "compare",
     "compare_methods",
+    "completeness_residual",
     "gradient_map",
     "gradient_maps",
     "gradient_vectors",

@@ -157,9 +157,12 @@ def activation_decomposition(
     )
 
 
-def _warm_up() -> None:
-    """Run a two-player exact game once: shap compiles its numba kernels on first use."""
-    shapley_values(lambda masks: masks, 2, "exact")
+def _warm_up(methods: Sequence[str]) -> None:
+    """Run every method once on a toy input, so that imports and shap's numba compilation
+    (seconds, on first use) are not timed."""
+    toy = Decomposition(torch.ones(1, 1, 2, 3), torch.ones(1, 1, 3))
+    for method in methods:
+        activation_decomposition(toy, torch.tanh, method, n_samples=8, n_steps=2)
 
 
 def _check_dense_ff(context: LayerContext) -> None:
@@ -279,8 +282,7 @@ def activation_study(
     if unknown:
         raise ValueError(f"unknown activation method {unknown[0]!r}; choose from {ACTIVATION_METHODS}")
     study = ActivationStudy(context.n_tokens, methods, reference, context.scopes)
-    if "shap_exact" in methods:
-        _warm_up()  # compile shap's exact kernels before anything is timed
+    _warm_up(methods)
     for method in methods:
         decs, seconds = scopes_with_activation(context, method, n_samples, seed, n_steps, show_progress)
         study.maps[method] = {scope: dec.maps() for scope, dec in decs.items()}

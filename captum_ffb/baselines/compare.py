@@ -175,7 +175,10 @@ class ComparisonTable:
     @staticmethod
     def _format(value: Any) -> str:
         if isinstance(value, float):
-            return "nan" if math.isnan(value) else f"{value:.3f}"
+            if math.isnan(value):
+                return "nan"
+            text = f"{value:.3f}"
+            return "0.000" if text == "-0.000" else text
         return str(value)
 
     def to_markdown(self) -> str:

@@ -234,6 +234,41 @@ def gradient_vectors(
     return vectors * keep[None, :, None].to(vectors)
 
 
+def completeness_residual(
+    layer_fn: LayerFn,
+    x: Tensor,
+    vectors: Tensor,
+    rows: Sequence[int] | Tensor | None = None,
+    relative: bool = True,
+) -> float:
+    r"""How far attribution vectors are from complete: ``max_i |Σ_j V[i, j] − (y_i(X) − y_i(0))|``.
+
+    Zero for exact Shapley vectors and, up to the integration error, for IG; a large value
+    for IG means the straight path from the zero baseline is too rough for ``n_steps``
+    (typical of Post-LN blocks, whose LayerNorm is nearly discontinuous at a zero input).
+
+    Args:
+        layer_fn (Callable): the layer.
+        x (Tensor): one example's input ``(n, d)``.
+        vectors (Tensor): ``(n_out, n_in, d_out)`` from :func:`gradient_vectors` or
+                    :func:`~captum_ffb.baselines.shapley_vectors`.
+        rows (list[int], optional): the output rows to check (default all; pass the real
+                    tokens when there is padding).
+        relative (bool): divide by ``max |y(X) − y(0)|``.
+    """
+    x = x.detach().float()
+    with torch.no_grad():
+        change = layer_fn(x[None])[0] - layer_fn(torch.zeros_like(x)[None])[0]
+    error = (vectors.sum(dim=1) - change).abs()
+    if rows is not None:
+        index = torch.as_tensor(rows, dtype=torch.long)
+        error, change = error[index], change[index]
+    residual = float(error.max())
+    if relative:
+        residual /= max(float(change.abs().max()), torch.finfo(torch.float32).tiny)
+    return residual
+
+
 def gradient_map(
     layer_fn: LayerFn,
     x: Tensor,

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from captum_ffb import Decomposition, rules
-from captum_ffb.baselines import gradient_map, gradient_maps, gradient_vectors
+from captum_ffb.baselines import (
+    completeness_residual,
+    gradient_map,
+    gradient_maps,
+    gradient_vectors,
+)
 
 N, D, HEADS, HEAD_DIM = 4, 6, 2, 3
 
@@ -69,6 +74,9 @@ def test_integrated_gradients_are_complete_on_a_pre_ln_block():
     with torch.no_grad():
         change = fn(x[None])[0] - fn(torch.zeros_like(x)[None])[0]
     torch.testing.assert_close(vectors.sum(dim=1), change, atol=1e-4, rtol=1e-4)
+    assert completeness_residual(fn, x, vectors) < 1e-4
+    # InputXGradient is not complete for a nonlinear layer
+    assert completeness_residual(fn, x, gradient_vectors(fn, x, "ixg")) > 1e-2
 
 
 @pytest.mark.parametrize("method", ["ig", "saliency"])
