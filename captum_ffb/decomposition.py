@@ -17,7 +17,10 @@ hold and the cheap forms are kept for as long as the mathematics allows:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,14 +38,78 @@ __all__ = [
 def _apply_matrix(vectors: Tensor, weight: Tensor) -> Tensor:
     """``vectors @ weight`` over the last dimension, keeping a transposed layout cheap.
 
-    Dense terms are sometimes a ``transpose(1, 2)`` view of a contiguous buffer; multiplying
+    Dense terms are often a ``transpose(1, 2)`` view of a contiguous buffer; multiplying
     in the buffer's own layout avoids copying ``n²`` vectors before the product.
     """
     if vectors.dim() == 4 and not vectors.is_contiguous():
         swapped = vectors.transpose(1, 2)
         if swapped.is_contiguous():
-            return (swapped @ weight).transpose(1, 2)
-    return vectors @ weight
+            out = _output((*swapped.shape[:-1], weight.shape[1]), swapped)
+            return torch.matmul(swapped, weight, out=out).transpose(1, 2)
+    out = _output((*vectors.shape[:-1], weight.shape[1]), vectors) if vectors.is_contiguous() else None
+    return torch.matmul(vectors, weight, out=out)
+
+
+class ScratchArena:
+    """Buffers for the dense tensors of one row chunk, reused by the next chunk and call.
+
+    Fresh multi-megabyte tensors cost page faults on every allocation; while an arena is
+    active (:func:`using_arena`), the dense operations of this module write their results
+    into its buffers instead, the k-th request of a chunk getting the k-th buffer. Only for
+    results that die with the chunk: the engine activates it when no decomposition is kept.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: list[Tensor] = []
+        self.position = 0
+
+    def reset(self) -> None:
+        """Start a new chunk: buffers are handed out again from the first."""
+        self.position = 0
+
+    def empty(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        numel = math.prod(shape)
+        if self.position < len(self.buffers):
+            buffer = self.buffers[self.position]
+            if buffer.numel() < numel or buffer.dtype != like.dtype or buffer.device != like.device:
+                buffer = self.buffers[self.position] = torch.empty(numel, dtype=like.dtype, device=like.device)
+        else:
+            buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+            self.buffers.append(buffer)
+        self.position += 1
+        return buffer[:numel].view(shape)
+
+    def clear(self) -> None:
+        self.buffers.clear()
+        self.position = 0
+
+
+_ARENA: contextvars.ContextVar[ScratchArena | None] = contextvars.ContextVar("captum_ffb_arena", default=None)
+
+
+@contextlib.contextmanager
+def using_arena(arena: ScratchArena | None) -> Iterator[None]:
+    """Let the dense operations write into ``arena`` (``None``: allocate normally)."""
+    token = _ARENA.set(arena)
+    try:
+        yield
+    finally:
+        _ARENA.reset(token)
+
+
+def _dense_like(terms: Tensor) -> Tensor | None:
+    """An arena buffer laid out like ``terms`` (kept in its transposed layout if it has one)."""
+    if _ARENA.get() is None:
+        return None
+    if terms.dim() == 4 and not terms.is_contiguous() and terms.transpose(1, 2).is_contiguous():
+        return _output(terms.transpose(1, 2).shape, terms).transpose(1, 2)
+    return _output(terms.shape, terms)
+
+
+def _output(shape: tuple[int, ...], like: Tensor) -> Tensor | None:
+    """A buffer for a dense result from the active arena, or ``None`` (a fresh tensor)."""
+    arena = _ARENA.get()
+    return None if arena is None else arena.empty(tuple(shape), like)
 
 
 def as_matrix(x: Tensor | float, like: Tensor) -> Tensor:
@@ -175,6 +242,16 @@ class Decomposition:
             self.token_mask,
         )
 
+    def center_scale(self, rows: Tensor, features: Tensor | None = None) -> Decomposition:
+        """``center()`` then ``scale(rows, features)``: the LayerNorm steps, with one
+        temporary fewer for dense terms."""
+        factor = rows[..., None] if features is None else rows[..., None] * features
+        terms = self.terms
+        centred = torch.sub(terms, terms.mean(dim=-1, keepdim=True), out=_dense_like(terms))
+        centred.mul_(factor[:, :, None, :])
+        bias = (self.bias - self.bias.mean(dim=-1, keepdim=True)) * factor
+        return Decomposition(centred, bias, self.token_mask)
+
     def scale_rows(self, scale: Tensor) -> Decomposition:
         """Multiply every vector of output row ``i`` by ``scale[:, i]``.
 
@@ -198,9 +275,8 @@ class Decomposition:
             features (Tensor, optional): ``(d,)``.
         """
         factor = rows[..., None] if features is None else rows[..., None] * features
-        return Decomposition(
-            self.terms * factor[:, :, None, :], self.bias * factor, self.token_mask
-        )
+        terms = torch.mul(self.terms, factor[:, :, None, :], out=_dense_like(self.terms))
+        return Decomposition(terms, self.bias * factor, self.token_mask)
 
     def add_bias(self, beta: Tensor) -> Decomposition:
         """Add a vector owed to no token (β of a norm, a constant)."""
@@ -210,9 +286,8 @@ class Decomposition:
         if not isinstance(other, Decomposition):
             return NotImplemented
         _check_same_shape(self, other)
-        return Decomposition(
-            self.terms + other.terms, self.bias + other.bias, self.token_mask
-        )
+        terms = torch.add(self.terms, other.terms, out=_dense_like(self.terms))
+        return Decomposition(terms, self.bias + other.bias, self.token_mask)
 
     # ----------------------------------------------------------------- constructors
     @staticmethod
@@ -281,6 +356,9 @@ class TokenwiseDecomposition(Decomposition):
         return TokenwiseDecomposition(
             self.vectors @ weight, self._bias_linear(weight, bias), self.token_mask
         )
+
+    def center_scale(self, rows: Tensor, features: Tensor | None = None) -> TokenwiseDecomposition:
+        return self.center().scale(rows, features)
 
     def center(self) -> TokenwiseDecomposition:
         v = self.vectors
@@ -448,11 +526,16 @@ class FactoredDecomposition(Decomposition):
 
     @property
     def terms(self) -> Tensor:
+        return self._dense_terms()
+
+    def _dense_terms(self) -> Tensor:
         # Contract over components with token j as a batch index: (B, n_in, n_out, d),
         # returned as a (B, n_out, n_in, d) view so later products need no copy.
         # Contiguous operands: BLAS is several times slower on strided views.
         mix = self.mix.permute(0, 3, 2, 1).contiguous()  # (B, n_in, n_out, K)
-        return torch.matmul(mix, self._basis_by_token()).transpose(1, 2)
+        basis = self._basis_by_token()
+        out = _output((self.batch_size, self.n_in, mix.shape[2], basis.shape[-1]), basis)
+        return torch.matmul(mix, basis, out=out).transpose(1, 2)
 
     @property
     def n_in(self) -> int:
@@ -477,6 +560,9 @@ class FactoredDecomposition(Decomposition):
     def linear(self, weight: Tensor, bias: Tensor | None = None) -> FactoredDecomposition:
         groups = [_cheaper_form(g, weight).vectors_map(lambda v: v @ weight) for g in self.groups]
         return self._with(groups, self._bias_linear(weight, bias))
+
+    def center_scale(self, rows: Tensor, features: Tensor | None = None) -> FactoredDecomposition:
+        return self.center().scale(rows, features)
 
     def center(self) -> FactoredDecomposition:
         groups = [g.vectors_map(lambda v: v - v.mean(dim=-1, keepdim=True)) for g in self.groups]

@@ -23,7 +23,7 @@ from captum_ffb.architectures import (
 from captum_ffb.architectures.block import resolve
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.capture import capture_blocks
-from captum_ffb.decomposition import Decomposition, stack_rows
+from captum_ffb.decomposition import Decomposition, ScratchArena, stack_rows, using_arena
 
 ScopeArg = str | Sequence[str] | None
 
@@ -88,7 +88,9 @@ class LayerNormDecomposition(LayerAttribution):
         model_type (str, optional): the architecture to use when it cannot be read from
                     ``forward_func``'s config.
         memory_budget (int): bytes the row chunks may take when ``internal_batch_size`` is
-                    not given.
+                    not given. The FF's hidden terms are written into scratch buffers that
+                    are kept between calls (mapped memory is reused, which is faster);
+                    :meth:`release_memory` frees them.
         dtype (torch.dtype): the precision of the decomposition (float32 by default; a
                     half-precision model is decomposed in float32).
         show_progress (bool): show a progress bar over layers and row chunks.
@@ -125,6 +127,7 @@ class LayerNormDecomposition(LayerAttribution):
         for module in layers:
             self._check_block(module)
         self.memory_budget = int(memory_budget)
+        self._arena = ScratchArena()
         self.dtype = dtype
         self.show_progress = show_progress
 
@@ -136,6 +139,10 @@ class LayerNormDecomposition(LayerAttribution):
 
     def has_convergence_delta(self) -> bool:
         return True
+
+    def release_memory(self) -> None:
+        """Free the scratch buffers kept between calls (at most about ``memory_budget``)."""
+        self._arena.clear()
 
     @log_usage()
     def attribute(
@@ -349,21 +356,26 @@ class LayerNormDecomposition(LayerAttribution):
         references = {name: _reference(block, chain, name) for name in scopes} if outputs.delta else {}
 
         state = chain.mix(block, options)
+        # A chunk's dense tensors die with it unless decompositions are kept: reuse buffers.
+        arena = None if outputs.decompositions else self._arena
         for rows in chunks:
             offset = rows.start
-            for position, (name, decomposition) in enumerate(chain.local(block, state, rows, options)):
-                if name in wanted:
-                    if outputs.maps:
-                        maps[name].append(decomposition.maps(row_offset=offset))
-                    if outputs.delta:
-                        real = references[name][:, rows]
-                        deltas[name].append(decomposition.completeness_residual(real, row_offset=offset))
-                        if outputs.relative:
-                            scales[name].append(_row_scale(real, block.token_mask, offset))
-                    if outputs.decompositions:
-                        parts[name].append(decomposition.dense())
-                if position >= last:
-                    break
+            if arena is not None:
+                arena.reset()
+            with using_arena(arena):
+                for position, (name, decomposition) in enumerate(chain.local(block, state, rows, options)):
+                    if name in wanted:
+                        if outputs.maps:
+                            maps[name].append(decomposition.maps(row_offset=offset))
+                        if outputs.delta:
+                            real = references[name][:, rows]
+                            deltas[name].append(decomposition.completeness_residual(real, row_offset=offset))
+                            if outputs.relative:
+                                scales[name].append(_row_scale(real, block.token_mask, offset))
+                        if outputs.decompositions:
+                            parts[name].append(decomposition.dense())
+                    if position >= last:
+                        break
             if progress is not None:
                 progress.update(1)
 

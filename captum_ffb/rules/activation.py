@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition, TokenwiseDecomposition
+from captum_ffb.decomposition import Decomposition, FactoredDecomposition, TokenwiseDecomposition
 
 ActivationFn = Callable[[Tensor], Tensor]
 
@@ -95,11 +95,11 @@ def activation(
         return TokenwiseDecomposition(
             decomposition.vectors * coeff, decomposition.bias * coeff + g0, decomposition.token_mask
         )
-    terms = decomposition.terms
-    if type(decomposition) is Decomposition:  # stored terms: leave them untouched
-        terms = terms * coeff[:, :, None, :]
-    else:  # the compact forms materialise a fresh tensor: scale it in place
+    if isinstance(decomposition, FactoredDecomposition):
+        terms = decomposition.terms  # materialised afresh: scale it in place
         terms.mul_(coeff[:, :, None, :])
+    else:  # stored terms: leave them untouched
+        terms = decomposition.terms * coeff[:, :, None, :]
     return Decomposition(terms, decomposition.bias * coeff + g0, decomposition.token_mask)
 
 
@@ -214,9 +214,17 @@ def gated_activation(
     if isinstance(gate, TokenwiseDecomposition) and isinstance(up, TokenwiseDecomposition):
         vectors = gate.vectors * coeff_gate + up.vectors * coeff_up
         return TokenwiseDecomposition(vectors, bias, gate.token_mask)
-    terms = gate.terms * coeff_gate[:, :, None, :]
-    terms = terms + up.terms * coeff_up[:, :, None, :]
+    terms = _fresh_terms(gate)
+    terms.mul_(coeff_gate[:, :, None, :])
+    terms.addcmul_(_fresh_terms(up), coeff_up[:, :, None, :])
     return Decomposition(terms, bias, gate.token_mask)
+
+
+def _fresh_terms(decomposition: Decomposition) -> Tensor:
+    """Dense terms that may be written to (the compact forms materialise them afresh)."""
+    if isinstance(decomposition, FactoredDecomposition):
+        return decomposition.terms
+    return decomposition.terms.clone()
 
 
 def _captum_gated(gate: Decomposition, up: Decomposition, fn: ActivationFn, method: str, n_steps: int) -> Decomposition:

@@ -30,7 +30,7 @@ def layer_norm(
     """
     real = real_input.to(decomposition.bias.dtype)
     scale = torch.rsqrt(real.var(dim=-1, unbiased=False) + eps)
-    out = decomposition.center().scale(scale, weight)
+    out = decomposition.center_scale(scale, weight)
     if bias is not None:
         out = out.add_bias(bias)
     return out

@@ -87,3 +87,19 @@ def test_memory_budget_sets_the_row_chunks():
     finally:
         engine._row_chunks = plain
     assert len(seen[0]) == 9 and len(seen[1]) == 1  # one row per chunk under a tiny budget
+
+
+def test_scratch_buffers_reused_across_calls_and_sizes_change_nothing():
+    spec = TINY_MODELS["llama"]
+    model = spec.build()
+    block = spec.blocks(model)[0]
+    reused = LayerNormDecomposition(model, block)
+    for n, rows in ((9, None), (5, 2), (9, 4), (3, None)):
+        ids = token_ids(batch=2, n=n, seed=n)
+        got = reused.attribute(ids, scope=list(reused.scopes), internal_batch_size=rows)
+        fresh = LayerNormDecomposition(model, block).decompose(ids, scope=list(reused.scopes))
+        for scope in reused.scopes:
+            torch.testing.assert_close(got[scope], fresh[scope].maps())
+    assert reused._arena.buffers
+    reused.release_memory()
+    assert not reused._arena.buffers
