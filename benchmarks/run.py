@@ -89,7 +89,7 @@ def routes(n: int) -> dict:
     rel = max(float((numeric[s] - exact[s]).abs().max() / exact[s].abs().max()) for s in scopes)
 
     # The activation step on this layer's own FF pre-activation decomposition.
-    (capture,) = capture_blocks(lambda: model(input_ids=ids), [layer], [lnd._watched(layer)],
+    (capture,) = capture_blocks(lambda: model(input_ids=ids), [layer], [lnd.watched_modules(layer)],
                                 [[layer.attention.self]], owners=[model])
     block = Block(layer, lnd.spec, capture)
     up = lnd.chain.mix(block, ChainOptions())["up"]

@@ -228,3 +228,29 @@ def capture_blocks(
         capture.tensors = {k: _as_sequence(v, batch) for k, v in capture.tensors.items()}
         capture.probs = [store[i][0] if store[i] else fallback[i] for i in ids if store[i] or i in fallback]
     return captures
+
+
+def forward_arguments(inputs: Any, additional_forward_args: Any) -> tuple[Any, ...]:
+    """The positional arguments of the forward call, Captum style; rejects empty inputs."""
+    if isinstance(inputs, Tensor):
+        args: tuple[Any, ...] = (inputs,)
+    elif isinstance(inputs, tuple) and inputs:
+        args = inputs
+    else:
+        raise TypeError("inputs must be a tensor of token ids or a non-empty tuple of tensors")
+    first = args[0]
+    if isinstance(first, Tensor) and (first.numel() == 0 or (first.dim() >= 2 and first.shape[1] == 0)):
+        raise ValueError("inputs are empty: at least one token is needed")
+    if additional_forward_args is None:
+        return args
+    extra = additional_forward_args
+    return args + (tuple(extra) if isinstance(extra, (tuple, list)) else (extra,))
+
+
+def token_mask_of(attention_mask: Any, hidden: Tensor) -> Tensor | None:
+    """``1`` for real tokens from a 2-D ``attention_mask`` matching ``hidden``, else ``None``."""
+    if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2:
+        return None
+    if attention_mask.shape != hidden.shape[:2]:
+        return None
+    return (attention_mask != 0).to(hidden.device)

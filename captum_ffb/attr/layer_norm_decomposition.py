@@ -22,7 +22,7 @@ from captum_ffb.architectures import (
 )
 from captum_ffb.architectures.block import resolve
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
-from captum_ffb.capture import capture_blocks
+from captum_ffb.capture import capture_blocks, forward_arguments, token_mask_of
 from captum_ffb.decomposition import Decomposition, ScratchArena, stack_rows, using_arena
 
 ScopeArg = str | Sequence[str] | None
@@ -267,8 +267,9 @@ class LayerNormDecomposition(LayerAttribution):
             )
         return names, single
 
-    def _watched(self, module: nn.Module) -> dict[str, nn.Module]:
-        """Role → module whose real input and output the chain and the deltas need."""
+    def watched_modules(self, module: nn.Module) -> dict[str, nn.Module]:
+        """Role → module of the block ``module`` whose real input and output the chain and
+        the deltas need (for :func:`captum_ffb.capture.capture_blocks`)."""
         spec = self.spec
         roles = {
             "norm1": spec.norm1,
@@ -303,7 +304,7 @@ class LayerNormDecomposition(LayerAttribution):
         options: ChainOptions,
         outputs: _Outputs,
     ) -> list[LayerResult]:
-        args = _positional(inputs, additional_forward_args)
+        args = forward_arguments(inputs, additional_forward_args)
         kwargs = dict(forward_kwargs or {})
         if internal_batch_size is not None and internal_batch_size < 1:
             raise ValueError("internal_batch_size must be a positive number of rows")
@@ -315,7 +316,7 @@ class LayerNormDecomposition(LayerAttribution):
             captures = capture_blocks(
                 lambda: self.forward_func(*args, **kwargs),
                 self._layers,
-                [self._watched(module) for module in self._layers],
+                [self.watched_modules(module) for module in self._layers],
                 [[resolve(module, self.spec.attention)] for module in self._layers],
                 owners=[self._model] if self._model is not None else [],
             )
@@ -323,7 +324,7 @@ class LayerNormDecomposition(LayerAttribution):
             for module, mode in zip(self._layers, training):
                 module.train(mode)
 
-        token_mask = _token_mask(kwargs.get("attention_mask"), captures[0].inputs)
+        token_mask = token_mask_of(kwargs.get("attention_mask"), captures[0].inputs)
         blocks = [
             Block(module, self.spec, capture, dtype=self.dtype, token_mask=token_mask)
             for module, capture in zip(self._layers, captures)
@@ -402,30 +403,6 @@ class _Outputs:
     delta: bool = False
     relative: bool = False
     decompositions: bool = False
-
-
-def _positional(inputs: Any, additional_forward_args: Any) -> tuple[Any, ...]:
-    if isinstance(inputs, Tensor):
-        args: tuple[Any, ...] = (inputs,)
-    elif isinstance(inputs, tuple) and inputs:
-        args = inputs
-    else:
-        raise TypeError("inputs must be a tensor of token ids or a non-empty tuple of tensors")
-    first = args[0]
-    if isinstance(first, Tensor) and (first.numel() == 0 or (first.dim() >= 2 and first.shape[1] == 0)):
-        raise ValueError("inputs are empty: at least one token is needed")
-    if additional_forward_args is None:
-        return args
-    extra = additional_forward_args
-    return args + (tuple(extra) if isinstance(extra, (tuple, list)) else (extra,))
-
-
-def _token_mask(attention_mask: Any, hidden: Tensor) -> Tensor | None:
-    if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2:
-        return None
-    if attention_mask.shape != hidden.shape[:2]:
-        return None
-    return (attention_mask != 0).to(hidden.device)
 
 
 def _reference(block: Block, chain: Chain, scope: str) -> Tensor:

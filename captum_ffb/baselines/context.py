@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from captum_ffb.architectures import Block, ChainOptions
 from captum_ffb.architectures.block import resolve
 from captum_ffb.attr import LayerNormDecomposition
-from captum_ffb.capture import capture_blocks, recording_attention
+from captum_ffb.capture import capture_blocks, forward_arguments, recording_attention, token_mask_of
 
 #: Names under which blocks receive a key/value cache; replays pass ``None`` instead.
 _CACHE_NAMES = ("past_key_value", "past_key_values", "layer_past", "cache")
@@ -173,30 +173,6 @@ class LayerContext:
         return self.decomposer.chain.mix(self.block, options or ChainOptions())
 
 
-def _positional(inputs: Any, additional_forward_args: Any) -> tuple[Any, ...]:
-    if isinstance(inputs, Tensor):
-        args: tuple[Any, ...] = (inputs,)
-    elif isinstance(inputs, tuple) and inputs:
-        args = inputs
-    else:
-        raise TypeError("inputs must be a tensor of token ids or a non-empty tuple of tensors")
-    first = args[0]
-    if isinstance(first, Tensor) and (first.numel() == 0 or (first.dim() >= 2 and first.shape[1] == 0)):
-        raise ValueError("inputs are empty: at least one token is needed")
-    if additional_forward_args is None:
-        return args
-    extra = additional_forward_args
-    return args + (tuple(extra) if isinstance(extra, (tuple, list)) else (extra,))
-
-
-def _token_mask(attention_mask: Any, hidden: Tensor) -> Tensor | None:
-    if not isinstance(attention_mask, Tensor) or attention_mask.dim() != 2:
-        return None
-    if attention_mask.shape != hidden.shape[:2]:
-        return None
-    return (attention_mask != 0).to(hidden.device)
-
-
 def _is_causal(probs: Tensor, token_mask: Tensor | None) -> bool:
     """True when no real row attends to a later real token."""
     n = probs.shape[-1]
@@ -213,7 +189,7 @@ def _is_causal(probs: Tensor, token_mask: Tensor | None) -> bool:
 
 
 def _watched(decomposer: LayerNormDecomposition, module: nn.Module) -> dict[str, Any]:
-    roles = dict(decomposer._watched(module))  # the core's roles, whatever the chain needs
+    roles = dict(decomposer.watched_modules(module))  # the core's roles, whatever the chain needs
     roles["baseline_value"] = resolve(module, decomposer.spec.value.path)
     return roles
 
@@ -243,7 +219,7 @@ def capture_layer(
     if not isinstance(layer, nn.Module) or isinstance(layer, (nn.ModuleList, list, tuple)):
         raise TypeError("layer must be one Transformer block module")
     decomposer = LayerNormDecomposition(forward_func, layer, model_type=model_type)
-    args = _positional(inputs, additional_forward_args)
+    args = forward_arguments(inputs, additional_forward_args)
     kwargs = dict(forward_kwargs or {})
     model = forward_func if isinstance(forward_func, nn.Module) else None
     if model is not None and "use_cache" not in kwargs:
@@ -275,7 +251,7 @@ def capture_layer(
         handle.remove()
         layer.train(training)
 
-    token_mask = _token_mask(kwargs.get("attention_mask"), capture.inputs)
+    token_mask = token_mask_of(kwargs.get("attention_mask"), capture.inputs)
     block = Block(layer, decomposer.spec, capture, token_mask=token_mask)
     call_args, call_kwargs = call["args"], call["kwargs"]
     hidden_keyword = not call_args

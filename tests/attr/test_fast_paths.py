@@ -61,7 +61,7 @@ def test_fast_paths_equal_the_plain_chain(name, rows_per_chunk):
     lnd = LayerNormDecomposition(model, layer, dtype=torch.float64)
     fast = lnd.attribute(ids, scope=list(lnd.scopes), internal_batch_size=rows_per_chunk)
 
-    (capture,) = capture_blocks(lambda: model(input_ids=ids), [layer], [lnd._watched(layer)],
+    (capture,) = capture_blocks(lambda: model(input_ids=ids), [layer], [lnd.watched_modules(layer)],
                                 [[layer.get_submodule(lnd.spec.attention)]], owners=[model])
     plain = _plain_chain(Block(layer, lnd.spec, capture, dtype=torch.float64))
     for scope in lnd.scopes:
