@@ -520,8 +520,18 @@ class FactoredDecomposition(Decomposition):
     def _basis_by_token(self) -> Tensor:
         """Basis vectors as ``(B, n_in, K, d)``, contiguous, made once per decomposition."""
         if "by_token" not in self._cache:
-            parts = [g.basis().expand(self.batch_size, -1, -1, -1).transpose(1, 2) for g in self.groups]
-            self._cache["by_token"] = torch.cat(parts, dim=2).contiguous()
+            # Written component by component: no temporary as large as the result.
+            first = self.groups[0].coeff
+            width = self.dim if self.groups[0].proj is None else self.groups[0].proj.shape[-1]
+            out = torch.empty(self.batch_size, self.n_in, self.n_components, width,
+                              dtype=first.dtype, device=first.device)
+            k = 0
+            for group in self.groups:
+                for c in range(group.coeff.shape[1]):
+                    coeff = group.coeff[:, c]  # (B or 1, n_in, r)
+                    out[:, :, k] = coeff if group.proj is None else coeff @ group.proj[c]
+                    k += 1
+            self._cache["by_token"] = out
         return self._cache["by_token"]
 
     @property

@@ -87,8 +87,13 @@ def attention(
     w_v, w_o, group = _head_projections(value_weight, output_weight, n_heads)
 
     # The bias: value-input bias and b_V through each head, mixed by α, then b_O.
-    bias_heads = _per_head(value_input.bias, w_v, w_o, group, value_bias)  # (B, n, H, d)
-    bias = torch.matmul(probs, bias_heads.transpose(1, 2)).sum(dim=1)
+    # Mixed in head space first (as attention itself does), then through W_O^h.
+    values = torch.einsum("bnd,dke->bkne", value_input.bias, w_v)
+    if value_bias is not None:
+        values = values + value_bias.reshape(w_v.shape[1], 1, w_v.shape[2])
+    if group > 1:
+        values = values.repeat_interleave(group, dim=1)
+    bias = torch.einsum("bhie,heo->bio", torch.matmul(probs, values), w_o)
     if output_bias is not None:
         bias = bias + output_bias
 
