@@ -299,6 +299,14 @@ def markdown(results: dict) -> str:
     ]
     for row in results["memory"]:
         out.append(f"| {row['model']} | {row['n']} | {row['peak_rss_gb']:.2f} | {row['above_start_gb']:.2f} | {row['seconds']:.1f} | {row['measured']} |")
+    out += [
+        "",
+        "The `n²` terms are bounded by the budget; what grows beyond it is linear in n or the "
+        "model's own forward pass: the attention probabilities (`H·n²`, also held by eager "
+        "attention during the forward) and, for each FF input projection, the per-token bases "
+        "of the compact form (`n·(H+1)·d_ff` floats: 2.2 GB for each of the gate and up "
+        "projections of the Llama-size layer at n = 2048).",
+    ]
     t = results["throughput"]
     out += [
         "",
@@ -316,7 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
     parser.add_argument("--memory-child", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the Markdown from the JSON of the last run")
     args = parser.parse_args(argv)
+    if args.report_only:
+        results = json.loads(Path(args.out).with_suffix(".json").read_text())
+        Path(args.out).write_text(markdown(results))
+        return 0
     if args.memory_child:
         print(json.dumps(memory_child(args.memory_child[0], int(args.memory_child[1]))))
         return 0
