@@ -182,21 +182,11 @@ class LayerNormDecomposition(LayerAttribution):
         Returns:
             maps, or ``(maps, delta)``; a list of those for a list of layers.
         """
-        names, single = self._scope_names(scope)
-        results = self._run(
-            inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
-            ChainOptions(activation_route, method, n_steps),
-            _Outputs(maps=True, delta=return_convergence_delta, relative=relative_delta),
+        return self._answer(
+            "maps", inputs, additional_forward_args, forward_kwargs, scope, internal_batch_size,
+            ChainOptions(activation_route, method, n_steps), return_convergence_delta,
+            relative_delta,
         )
-        out = []
-        for result in results:
-            maps = result.maps[names[0]] if single else dict(result.maps)
-            if return_convergence_delta:
-                delta = result.delta[names[0]] if single else dict(result.delta)
-                out.append((maps, delta))
-            else:
-                out.append(maps)
-        return out if self._returns_list else out[0]
 
     def decompose(
         self,
@@ -217,19 +207,38 @@ class LayerNormDecomposition(LayerAttribution):
             a dense :class:`~captum_ffb.Decomposition` with terms ``(batch, n, n, d)`` (a dict
             for a list of scopes; a list for a list of layers), with deltas if asked.
         """
-        names, single = self._scope_names(scope)
-        results = self._run(
-            inputs, additional_forward_args, forward_kwargs, names, internal_batch_size,
-            ChainOptions(activation_route, method, n_steps),
-            _Outputs(decompositions=True, delta=return_convergence_delta, relative=relative_delta),
+        return self._answer(
+            "decompositions", inputs, additional_forward_args, forward_kwargs, scope,
+            internal_batch_size, ChainOptions(activation_route, method, n_steps),
+            return_convergence_delta, relative_delta,
         )
+
+    def _answer(
+        self,
+        kind: str,
+        inputs: Any,
+        additional_forward_args: Any,
+        forward_kwargs: dict[str, Any] | None,
+        scope: ScopeArg,
+        internal_batch_size: int | None,
+        options: ChainOptions,
+        with_delta: bool,
+        relative_delta: bool,
+    ) -> Any:
+        """Run, then shape the answer as Captum does: ``kind`` is ``"maps"`` or
+        ``"decompositions"``; one value per scope (a dict for a list of scopes), with its
+        delta if asked, in a list for a list of layers."""
+        names, single = self._scope_names(scope)
+        outputs = _Outputs(maps=kind == "maps", decompositions=kind == "decompositions",
+                           delta=with_delta, relative=relative_delta)
+        results = self._run(inputs, additional_forward_args, forward_kwargs, names,
+                            internal_batch_size, options, outputs)
         out = []
         for result in results:
-            decs = result.decompositions
-            value = decs[names[0]] if single else dict(decs)
-            if return_convergence_delta:
-                delta = result.delta[names[0]] if single else dict(result.delta)
-                value = (value, delta)
+            values = getattr(result, kind)
+            value = values[names[0]] if single else dict(values)
+            if with_delta:
+                value = (value, result.delta[names[0]] if single else dict(result.delta))
             out.append(value)
         return out if self._returns_list else out[0]
 
