@@ -340,12 +340,15 @@ class LayerNormDecomposition(LayerAttribution):
         ]
         chunks = [_row_chunks(block, internal_batch_size, self.memory_budget) for block in blocks]
         progress = _progress(sum(len(c) for c in chunks), self.show_progress)
-        results = []
-        for block, rows in zip(blocks, chunks):
-            results.append(self._run_block(block, scopes, rows, options, outputs, progress))
-        if progress is not None:
-            progress.close()
-        return results
+        try:
+            with torch.no_grad():  # the Captum route turns gradients back on where it needs them
+                return [
+                    self._run_block(block, scopes, rows, options, outputs, progress)
+                    for block, rows in zip(blocks, chunks)
+                ]
+        finally:
+            if progress is not None:
+                progress.close()
 
     def _run_block(
         self,

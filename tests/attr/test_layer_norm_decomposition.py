@@ -37,6 +37,9 @@ def test_is_a_captum_layer_attribution(tiny):
     lnd = LayerNormDecomposition(model, spec.blocks(model)[0])
     assert isinstance(lnd, LayerAttribution)
     assert lnd.has_convergence_delta()
+    assert any(p.requires_grad for p in model.parameters())
+    maps, delta = lnd.attribute(token_ids(), return_convergence_delta=True)
+    assert not maps.requires_grad and not delta.requires_grad  # computed under no_grad
 
 
 def test_completeness_at_every_scope_against_real_tensors(tiny):
@@ -292,3 +295,12 @@ def test_a_list_of_one_layer_returns_a_list():
     listed = LayerNormDecomposition(model, [model.encoder.layer[0]]).attribute(ids)
     assert isinstance(listed, list) and len(listed) == 1
     torch.testing.assert_close(listed[0], single)
+
+
+def test_progress_bar_over_row_chunks(capsys):
+    spec = TINY_MODELS["bert"]
+    model = spec.build()
+    lnd = LayerNormDecomposition(model, list(model.encoder.layer), show_progress=True)
+    lnd.attribute(token_ids(), internal_batch_size=3)
+    err = capsys.readouterr().err
+    assert "decomposing" in err and "6/6" in err  # 2 layers x 3 chunks of rows
