@@ -85,7 +85,8 @@ def _attention(block: Block, value_input: Decomposition) -> Decomposition:
 def _ff_projections(block: Block, ff_input: Decomposition) -> State:
     """The FF input projections, applied while the decomposition is still compact."""
     if block.is_moe:
-        return {"ff_input": ff_input}  # experts project it chunk by chunk
+        # experts project it chunk by chunk; routing weights are read once for all rows
+        return {"ff_input": ff_input, "routing": block.router_weights()}
     state: State = {"up": rules.linear(ff_input, *block.projection(block.spec.ff_in))}
     if block.spec.ff_gate is not None:
         state["gate"] = rules.linear(ff_input, *block.projection(block.spec.ff_gate))
@@ -137,7 +138,7 @@ def _moe_rest(block: Block, projected: State, rows: Rows, options: ChainOptions)
     """Σ_e w_e(i) · expert_e(z)_i with the routing weights ``w`` of the real forward pass."""
     moe = block.spec.moe
     ff_input = projected["ff_input"].rows(rows)
-    weights = block.router_weights()[:, rows]
+    weights = projected["routing"][:, rows]
     fn = block.expert_activation()
     out: Decomposition | None = None
     for expert in range(weights.shape[-1]):

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb.analysis import stats
+
 
 def _as_batch(maps: Tensor, name: str) -> Tensor:
     if not isinstance(maps, Tensor):
@@ -57,31 +59,14 @@ def comparable_entries(
     return keep
 
 
-def _ranks(values: Tensor) -> Tensor:
-    """Ranks 0 … m−1 of a 1-D tensor, ties sharing their average rank."""
-    order = values.argsort()
-    ranks = torch.empty_like(values)
-    ranks[order] = torch.arange(values.numel(), dtype=values.dtype)
-    _, inverse, counts = torch.unique(values, return_inverse=True, return_counts=True)
-    sums = torch.zeros(counts.numel(), dtype=values.dtype).index_add_(0, inverse, ranks)
-    return (sums / counts)[inverse]
-
-
 def _pearson(a: Tensor, b: Tensor) -> float:
-    if a.numel() < 2:
-        return math.nan
-    a = a - a.mean()
-    b = b - b.mean()
-    denominator = (a.norm() * b.norm()).item()
-    if denominator == 0 or not math.isfinite(denominator):
-        return math.nan
-    return float((a @ b).item() / denominator)
+    return stats.pearson(a.double().flatten().numpy(), b.double().flatten().numpy())
 
 
 def spearman(a: Tensor, b: Tensor) -> float:
-    """Spearman's ρ of two 1-D tensors (NaN when either is constant)."""
-    a, b = a.double().flatten(), b.double().flatten()
-    return _pearson(_ranks(a), _ranks(b))
+    """Spearman's ρ of two tensors, flattened (NaN when either is constant); see
+    :func:`captum_ffb.analysis.stats.spearman`."""
+    return stats.spearman(a.double().flatten().numpy(), b.double().flatten().numpy())
 
 
 def _topk_overlap(a: Tensor, b: Tensor, keep: Tensor, k: int) -> float:
