@@ -1,15 +1,22 @@
 """captum_ffb: exact token-to-token attribution maps for every Transformer layer.
 
-A Captum extension implementing the layer decomposition of Kobayashi et al. (EMNLP 2020,
-2021; ICLR 2024): attention, residuals, norms and feed-forward blocks, exactly.
+A Captum extension implementing the decomposition of Kobayashi et al. (EMNLP 2020, 2021;
+ICLR 2024): attention, residuals, norms and feed-forward blocks, exactly.
+
+Layout: :mod:`captum_ffb.rules` (what each component does to a decomposition),
+:mod:`captum_ffb.architectures` (where each family keeps its components),
+:mod:`captum_ffb.engine` (capture, blocks, chains), :mod:`captum_ffb.attr` (the Captum
+attributions), then analyses, baselines, views and the CLI.
 """
 
 from captum_ffb.architectures import (
     ArchitectureSpec,
+    MixtureOfExperts,
     Projection,
     UnsupportedArchitectureError,
     get_architecture,
     register_architecture,
+    register_chain,
     supported_architectures,
 )
 from captum_ffb.attr import LayerNormDecomposition
@@ -18,18 +25,22 @@ from captum_ffb.decomposition import (
     FactoredDecomposition,
     TokenwiseDecomposition,
 )
+from captum_ffb.engine import Chain
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ArchitectureSpec",
+    "Chain",
     "Decomposition",
     "FactoredDecomposition",
     "LayerNormDecomposition",
+    "MixtureOfExperts",
     "Projection",
     "TokenwiseDecomposition",
     "UnsupportedArchitectureError",
     "get_architecture",
     "register_architecture",
+    "register_chain",
     "supported_architectures",
 ]

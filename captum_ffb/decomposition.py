@@ -32,6 +32,7 @@ __all__ = [
     "FactoredDecomposition",
     "TokenwiseDecomposition",
     "as_matrix",
+    "no_terms",
 ]
 
 
@@ -124,11 +125,21 @@ class Decomposition:
         terms (Tensor): ``terms[b, i, j]`` is the part of output vector ``i`` owed to input
                     token ``j``.
         bias (Tensor): the part of each output vector owed to no token (biases, β).
-        token_mask (Tensor, optional): ``(B, n_in)``, 1 for real tokens, 0 for padding. Maps
-                    are zeroed on padded rows and columns.
+        token_mask (Tensor, optional): ``(B, n_out)``, 1 for real tokens, 0 for padding. Maps
+                    are zeroed on padded rows, and on padded columns when the players are
+                    the tokens themselves.
+        player_mask (Tensor, optional): ``(B, n_in)``, 1 for the players that take part.
+                    Needed only when the players are not the tokens (groups of tokens);
+                    by default the token mask stands for it when the sizes match.
     """
 
-    def __init__(self, terms: Tensor, bias: Tensor, token_mask: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        terms: Tensor,
+        bias: Tensor,
+        token_mask: Tensor | None = None,
+        player_mask: Tensor | None = None,
+    ) -> None:
         if terms.dim() != 4 or bias.dim() != 3:
             raise ValueError(
                 "terms must be (batch, n_out, n_in, d) and bias (batch, n_out, d); got "
@@ -141,8 +152,19 @@ class Decomposition:
         self._terms = terms
         self.bias = bias
         self.token_mask = token_mask
+        self._player_mask = player_mask
 
     # ----------------------------------------------------------------- shape and views
+    @property
+    def player_mask(self) -> Tensor | None:
+        """``(B, n_in)``: which players take part (``None``: all)."""
+        if getattr(self, "_player_mask", None) is not None:
+            return self._player_mask
+        mask = self.token_mask
+        if mask is not None and mask.shape[-1] == self.n_in:
+            return mask
+        return None
+
     @property
     def terms(self) -> Tensor:
         """Dense terms ``(B, n_out, n_in, d)`` (materialised for the compact forms)."""
@@ -164,13 +186,18 @@ class Decomposition:
     def dim(self) -> int:
         return self.bias.shape[-1]
 
+    def _new(self, terms: Tensor, bias: Tensor) -> Decomposition:
+        """A dense decomposition with these masks."""
+        return Decomposition(terms, bias, self.token_mask, self._player_mask)
+
     def dense(self) -> Decomposition:
         """This decomposition with its terms materialised."""
-        return Decomposition(self.terms, self.bias, self.token_mask)
+        return self._new(self.terms, self.bias)
 
     def rows(self, index: slice | Tensor) -> Decomposition:
-        """The decomposition of the output vectors ``index`` only."""
-        return Decomposition(self.terms[:, index], self.bias[:, index], self.token_mask)
+        """The decomposition of the output vectors ``index`` only (the token mask keeps
+        describing the full sequence: pass ``row_offset`` to :meth:`maps`)."""
+        return self._new(self.terms[:, index], self.bias[:, index])
 
     # ----------------------------------------------------------------- readouts
     def total(self) -> Tensor:
@@ -188,11 +215,13 @@ class Decomposition:
         return self._mask_maps(maps, row_offset)
 
     def _mask_maps(self, maps: Tensor, row_offset: int) -> Tensor:
-        if self.token_mask is None:
-            return maps
-        mask = self.token_mask.to(maps.dtype)
-        rows = mask[:, row_offset : row_offset + maps.shape[1]]
-        return maps * rows[:, :, None] * mask[:, None, : maps.shape[2]]
+        if self.token_mask is not None:
+            rows = self.token_mask.to(maps.dtype)[:, row_offset : row_offset + maps.shape[1]]
+            maps = maps * rows[:, :, None]
+        players = self.player_mask
+        if players is not None:
+            maps = maps * players.to(maps.dtype)[:, None, :]
+        return maps
 
     def completeness_residual(
         self, target: Tensor, relative: bool = False, row_offset: int = 0
@@ -223,11 +252,7 @@ class Decomposition:
             weight (Tensor): ``(d_in, d_out)``.
             bias (Tensor, optional): ``(d_out,)``.
         """
-        return Decomposition(
-            _apply_matrix(self.terms, weight),
-            self._bias_linear(weight, bias),
-            self.token_mask,
-        )
+        return self._new(_apply_matrix(self.terms, weight), self._bias_linear(weight, bias))
 
     def _bias_linear(self, weight: Tensor, bias: Tensor | None) -> Tensor:
         out = self.bias @ weight
@@ -236,10 +261,8 @@ class Decomposition:
     def center(self) -> Decomposition:
         """Subtract from every vector its mean over the feature dimension (a linear map)."""
         terms = self.terms
-        return Decomposition(
-            terms - terms.mean(dim=-1, keepdim=True),
-            self.bias - self.bias.mean(dim=-1, keepdim=True),
-            self.token_mask,
+        return self._new(
+            terms - terms.mean(dim=-1, keepdim=True), self.bias - self.bias.mean(dim=-1, keepdim=True)
         )
 
     def center_scale(self, rows: Tensor, features: Tensor | None = None) -> Decomposition:
@@ -250,7 +273,7 @@ class Decomposition:
         centred = torch.sub(terms, terms.mean(dim=-1, keepdim=True), out=_dense_like(terms))
         centred.mul_(factor[:, :, None, :])
         bias = (self.bias - self.bias.mean(dim=-1, keepdim=True)) * factor
-        return Decomposition(centred, bias, self.token_mask)
+        return self._new(centred, bias)
 
     def scale_rows(self, scale: Tensor) -> Decomposition:
         """Multiply every vector of output row ``i`` by ``scale[:, i]``.
@@ -259,13 +282,11 @@ class Decomposition:
             scale (Tensor): ``(B, n_out)`` (one number per row) or ``(B, n_out, d)``.
         """
         per_row = scale if scale.dim() == 3 else scale[..., None]
-        return Decomposition(
-            self.terms * per_row[:, :, None, :], self.bias * per_row, self.token_mask
-        )
+        return self._new(self.terms * per_row[:, :, None, :], self.bias * per_row)
 
     def scale_features(self, gamma: Tensor) -> Decomposition:
         """Multiply every vector element-wise by ``gamma`` ``(d,)``."""
-        return Decomposition(self.terms * gamma, self.bias * gamma, self.token_mask)
+        return self._new(self.terms * gamma, self.bias * gamma)
 
     def scale(self, rows: Tensor, features: Tensor | None = None) -> Decomposition:
         """``scale_rows(rows)`` then ``scale_features(features)``, in one pass over the terms.
@@ -276,18 +297,18 @@ class Decomposition:
         """
         factor = rows[..., None] if features is None else rows[..., None] * features
         terms = torch.mul(self.terms, factor[:, :, None, :], out=_dense_like(self.terms))
-        return Decomposition(terms, self.bias * factor, self.token_mask)
+        return self._new(terms, self.bias * factor)
 
     def add_bias(self, beta: Tensor) -> Decomposition:
         """Add a vector owed to no token (β of a norm, a constant)."""
-        return Decomposition(self.terms, self.bias + beta, self.token_mask)
+        return self._new(self.terms, self.bias + beta)
 
     def __add__(self, other: Decomposition) -> Decomposition:
         if not isinstance(other, Decomposition):
             return NotImplemented
         _check_same_shape(self, other)
         terms = torch.add(self.terms, other.terms, out=_dense_like(self.terms))
-        return Decomposition(terms, self.bias + other.bias, self.token_mask)
+        return self._new(terms, self.bias + other.bias)
 
     # ----------------------------------------------------------------- constructors
     @staticmethod
@@ -325,6 +346,7 @@ class TokenwiseDecomposition(Decomposition):
         self.vectors = vectors
         self.bias = bias
         self.token_mask = token_mask
+        self._player_mask = None
 
     @property
     def terms(self) -> Tensor:
@@ -469,6 +491,7 @@ class FactoredDecomposition(Decomposition):
         bias (Tensor): ``(B, n_out, d)``.
         token_mask (Tensor, optional): see :class:`Decomposition`.
         proj (Tensor, optional): ``(K, r, d)``: the basis is ``basis @ proj``.
+        player_mask (Tensor, optional): see :class:`Decomposition`.
     """
 
     def __init__(
@@ -478,31 +501,45 @@ class FactoredDecomposition(Decomposition):
         bias: Tensor,
         token_mask: Tensor | None = None,
         proj: Tensor | None = None,
+        player_mask: Tensor | None = None,
     ) -> None:
         if mix.dim() != 4 or basis.dim() != 4 or mix.shape[1] != basis.shape[1]:
             raise ValueError(
                 "mix must be (batch, K, n_out, n_in) and basis (batch, K, n_in, d); got "
                 f"{tuple(mix.shape)} and {tuple(basis.shape)}"
             )
-        self._init([FactorGroup(mix, basis, proj)], bias, token_mask, {})
+        self._init([FactorGroup(mix, basis, proj)], bias, token_mask, {}, player_mask)
 
-    def _init(self, groups: list[FactorGroup], bias: Tensor, token_mask: Tensor | None, cache: dict) -> None:
+    def _init(
+        self,
+        groups: list[FactorGroup],
+        bias: Tensor,
+        token_mask: Tensor | None,
+        cache: dict,
+        player_mask: Tensor | None = None,
+    ) -> None:
         self.groups = groups
         self.bias = bias
         self.token_mask = token_mask
+        self._player_mask = player_mask
         self._cache = cache  # shared by the row chunks of one decomposition
 
     @classmethod
     def from_groups(
-        cls, groups: list[FactorGroup], bias: Tensor, token_mask: Tensor | None = None, cache: dict | None = None
+        cls,
+        groups: list[FactorGroup],
+        bias: Tensor,
+        token_mask: Tensor | None = None,
+        cache: dict | None = None,
+        player_mask: Tensor | None = None,
     ) -> FactoredDecomposition:
         """A factored decomposition made of several component groups."""
         out = cls.__new__(cls)
-        out._init(groups, bias, token_mask, {} if cache is None else cache)
+        out._init(groups, bias, token_mask, {} if cache is None else cache, player_mask)
         return out
 
     def _with(self, groups: list[FactorGroup], bias: Tensor, cache: dict | None = None) -> FactoredDecomposition:
-        return FactoredDecomposition.from_groups(groups, bias, self.token_mask, cache)
+        return FactoredDecomposition.from_groups(groups, bias, self.token_mask, cache, self._player_mask)
 
     # ------------------------------------------------------------------ views
     @property
@@ -606,8 +643,22 @@ class FactoredDecomposition(Decomposition):
 
 def stack_rows(parts: Sequence[Decomposition]) -> Decomposition:
     """Concatenate row chunks of one decomposition back into a dense decomposition."""
+    if len(parts) == 1:
+        return parts[0].dense()
     return Decomposition(
         torch.cat([p.terms for p in parts], dim=1),
         torch.cat([p.bias for p in parts], dim=1),
         parts[0].token_mask,
+        getattr(parts[0], "_player_mask", None),
     )
+
+
+def no_terms(like: Decomposition, bias: Tensor) -> FactoredDecomposition:
+    """A decomposition of ``bias`` ``(B, n_out, d)`` with every token term zero, over the
+    same rows and players as ``like`` (stored compactly: one zero component)."""
+    batch, n_out, width = bias.shape
+    zero = bias.new_zeros(1, 1, 1, 1)
+    mix = zero.expand(batch, 1, n_out, like.n_in)
+    basis = zero.expand(batch, 1, like.n_in, width)
+    return FactoredDecomposition(mix, basis, bias, like.token_mask,
+                                 player_mask=getattr(like, "_player_mask", None))

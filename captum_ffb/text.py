@@ -33,6 +33,7 @@ class TextMaps:
         input_ids (list[int]): the token ids.
         maps (dict): ``layer → scope → (n, n)`` tensor.
         delta (dict): ``layer → scope → completeness residual`` (float).
+        causal (bool): whether token ``i`` sees only tokens ``j ≤ i`` (from the family's spec).
     """
 
     text: str
@@ -47,6 +48,7 @@ class TextMaps:
     input_ids: list[int] = field(default_factory=list)
     maps: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     delta: dict[int, dict[str, float]] = field(default_factory=dict)
+    causal: bool = False
 
     def ff_amp(self, layer: int) -> Tensor:
         """The FF-amp map of ``layer``: column-normalised map after FF minus before FF."""
@@ -131,6 +133,7 @@ def text_maps(
         layers=indices,
         n_layers=len(blocks),
         input_ids=ids[0].tolist(),
+        causal=lnd.spec.is_causal(loaded.model.config),
     )
     for i, (maps, delta) in zip(indices, results):
         out.maps[i] = {name: m[0] for name, m in maps.items()}

@@ -166,6 +166,12 @@ def tiny_models() -> list[TinyModel]:
         MistralModel,
         MixtralConfig,
         MixtralModel,
+        Olmo2Config,
+        Olmo2Model,
+        OlmoConfig,
+        OlmoModel,
+        Phi3Config,
+        Phi3Model,
         PhiConfig,
         PhiModel,
         Qwen2Config,
@@ -180,6 +186,10 @@ def tiny_models() -> list[TinyModel]:
         return GPTJModel(GPTJConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
                                     n_positions=64, bos_token_id=0, eos_token_id=0))
 
+    olmo2_refs = {
+        "Atb": ("mlp", "input"), "AtbLn": ("mlp", "input"),
+        "AtbLnFf": ("post_feedforward_layernorm", "output"), "AtbLnFfRes": ("", "output"),
+    }
     modern = [
         TinyModel("llama", decoder(LlamaConfig, LlamaModel), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("mistral", decoder(MistralConfig, MistralModel, sliding_window=4), lambda m: m.layers, True, llama_refs, final_norm=True),
@@ -193,6 +203,9 @@ def tiny_models() -> list[TinyModel]:
                   {"Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"), "AtbLnFf": ("mlp", "output"), "AtbLnFfRes": ("", "output")}, final_norm=True),
         TinyModel("gptj", _seeded(gptj), lambda m: m.h, True, parallel_refs("attn", "mlp"), final_norm=True),
         TinyModel("phi", decoder(PhiConfig, PhiModel, partial_rotary_factor=0.5, num_key_value_heads=4), lambda m: m.layers, True, parallel_refs("self_attn", "mlp"), final_norm=True),
+        TinyModel("phi3", decoder(Phi3Config, Phi3Model, head_dim=8, num_key_value_heads=2, pad_token_id=0), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("olmo", decoder(OlmoConfig, OlmoModel), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("olmo2", decoder(Olmo2Config, Olmo2Model), lambda m: m.layers, True, olmo2_refs, final_norm=True),
         TinyModel("mixtral", decoder(MixtralConfig, MixtralModel, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("qwen2_moe", decoder(Qwen2MoeConfig, Qwen2MoeModel, moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]), lambda m: m.layers, True, llama_refs, final_norm=True),
     ]

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from captum_ffb import rules
 from captum_ffb.analysis.corpus import PreparedSequence, SkippedLine, prepare_sequences
 from captum_ffb.analysis.stats import (
     PairTable,
@@ -40,24 +39,13 @@ from captum_ffb.analysis.stats import (
     spearman,
 )
 from captum_ffb.architectures import get_architecture
-from captum_ffb.architectures.block import resolve
 from captum_ffb.attr import LayerNormDecomposition
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
 from captum_ffb.models import LoadedModel
 
 __all__ = ["AnalysisConfig", "Measure", "analyze_corpus", "is_causal", "measures_for"]
 
-#: Name of the extra Pre-LN scope: the next layer's LN1 applied to the layer output.
-NEXT_LN_SCOPE = "AtbLnFfResLn"
-
-#: model_types whose models attend only to the past (besides configs with ``is_decoder``).
-CAUSAL_TYPES = frozenset({
-    "gpt2", "gpt_neo", "gpt_neox", "gptj", "opt", "llama", "mistral", "mixtral", "qwen2",
-    "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3", "falcon", "bloom", "olmo",
-    "olmo2", "codegen", "stablelm", "starcoder2", "smollm3",
-})
-
-SHARD_VERSION = 1
+SHARD_VERSION = 2
 
 
 @dataclass
@@ -140,11 +128,11 @@ def _parts(scope: str) -> list[str]:
 def measures_for(chain_name: str, scopes: Sequence[str], ff_pair: tuple[str, str]) -> list[Measure]:
     r"""The measurements of a chain: consecutive steps, changes relative to the map before
     FF, and the two ablations. Pre-LN chains get the next layer's LN1 as a last scope."""
-    extended = list(scopes) + ([NEXT_LN_SCOPE] if chain_name == "pre_ln" else [])
+    extended = list(scopes) + ([NEXT_NORM_SCOPE] if chain_name == "pre_ln" else [])
     out = []
     for source, target in zip(extended, extended[1:]):
         label = "+" + _parts(target)[-1].upper()
-        if target == NEXT_LN_SCOPE:
+        if target == NEXT_NORM_SCOPE:
             label += " (next LN1)"
         out.append(Measure("consecutive", label, source, target))
     before = ff_pair[0]
@@ -159,77 +147,11 @@ def measures_for(chain_name: str, scopes: Sequence[str], ff_pair: tuple[str, str
 
 
 def is_causal(model: nn.Module) -> bool:
-    """Whether ``model`` attends only to the past, from its config."""
+    """Whether ``model`` attends only to the past, from its family's spec and config."""
     config = getattr(model, "config", None)
     if config is None:
         return False
-    return bool(getattr(config, "is_decoder", False)) or config.model_type in CAUSAL_TYPES
-
-
-# --------------------------------------------------------------------------- hooks
-class _Recorder:
-    """Forward hooks that keep one input or output per key during one forward pass."""
-
-    def __init__(self) -> None:
-        self.store: dict[tuple[str, int], Tensor] = {}
-        self._handles: list[Any] = []
-
-    def watch(self, key: tuple[str, int], module: nn.Module, which: str) -> None:
-        def hook(mod: nn.Module, args: tuple, output: Any) -> None:
-            value = args[0] if which == "input" else output
-            if isinstance(value, (tuple, list)):
-                value = value[0]
-            self.store.setdefault(key, value.detach())
-
-        self._handles.append(module.register_forward_hook(hook))
-
-    def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def get(self, key: tuple[str, int], batch: int, n: int) -> Tensor:
-        return self.store[key].reshape(batch, n, -1).to(torch.float32)
-
-
-def _norm_parameters(module: nn.Module, offset: float) -> tuple[Tensor | None, Tensor | None, float]:
-    weight = getattr(module, "weight", None)
-    weight = None if weight is None else weight.detach().to(torch.float32) + offset
-    bias = getattr(module, "bias", None)
-    bias = None if bias is None else bias.detach().to(torch.float32)
-    eps = getattr(module, "eps", None)
-    if eps is None:
-        eps = getattr(module, "variance_epsilon", 1e-6)
-    return weight, bias, float(eps)
-
-
-def _inside(module: nn.Module, roots: Sequence[nn.Module]) -> bool:
-    return any(module is m for root in roots for m in root.modules())
-
-
-def find_final_norm(model: nn.Module, blocks: Sequence[nn.Module], input_ids: Tensor,
-                    attention_mask: Tensor) -> nn.Module | None:
-    """The norm outside the blocks that reads the last block's output (GPT-2's ``ln_f``)."""
-    candidates = [
-        m for m in model.modules()
-        if "norm" in type(m).__name__.lower() and getattr(m, "weight", None) is not None
-        and not _inside(m, blocks)
-    ]
-    recorder = _Recorder()
-    recorder.watch(("last", 0), blocks[-1], "output")
-    for k, module in enumerate(candidates):
-        recorder.watch(("norm", k), module, "input")
-    try:
-        with torch.no_grad():
-            model(input_ids, attention_mask=attention_mask)
-    finally:
-        recorder.close()
-    last = recorder.store[("last", 0)]
-    for k, module in enumerate(candidates):
-        seen = recorder.store.get(("norm", k))
-        if seen is not None and seen.shape == last.shape and torch.equal(seen, last):
-            return module
-    return None
+    return get_architecture(config.model_type).is_causal(config)
 
 
 # --------------------------------------------------------------------------- the run
@@ -245,8 +167,8 @@ class _Run:
         parameter = next(self.model.parameters(), None)
         self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.spec = get_architecture(loaded.model_type)
-        self.lnds = [LayerNormDecomposition(self.model, block) for block in self.blocks]
-        chain = self.lnds[0].chain
+        self.lnd = LayerNormDecomposition(self.model, self.blocks)
+        chain = self.lnd.chain
         if chain.name not in ("post_ln", "pre_ln"):
             raise ValueError(
                 f"the corpus analysis covers Post-LN and Pre-LN models; {loaded.model_type} "
@@ -254,35 +176,37 @@ class _Run:
             )
         self.chain = chain
         self.scopes = list(chain.scopes)
+        #: every scope computed: Pre-LN chains add the norm that reads the layer's output
+        self.computed = self.scopes + ([NEXT_NORM_SCOPE] if chain.name == "pre_ln" else [])
         self.ff_pair = chain.ff_pair
         #: the scope right after the FF output: FF output plus the bypassed vector (RES2)
         self.res_scope = self.scopes[self.scopes.index(self.ff_pair[1]) + 1]
         self.measures = measures_for(chain.name, chain.scopes, chain.ff_pair)
-        self.following: list[nn.Module | None] = []
         self.following_role: list[str] = []
         self.gamma: list[Tensor | None] = []
         self.dims: list[Tensor] = []
         self.random_dims: list[Tensor] = []
+        self._setup_norms()
 
-    def setup_norms(self, input_ids: Tensor, attention_mask: Tensor) -> None:
-        """Find the norm that follows each layer's FF output and the dimensions to ignore."""
-        spec = self.spec
-        final = None
-        if self.chain.name == "pre_ln":
-            final = find_final_norm(self.model, self.blocks, input_ids, attention_mask)
-        for index, block in enumerate(self.blocks):
+    def _setup_norms(self) -> None:
+        """The norm whose γ meets each layer's FF output, and the dimensions to ignore."""
+        spec, model_config = self.spec, self.model.config
+        following = next_norms(self.model, spec, self.blocks) if self.chain.name == "pre_ln" else [
+            block.get_submodule(spec.norm2) for block in self.blocks
+        ]
+        last = len(self.blocks) - 1
+        for index, module in enumerate(following):
             if self.chain.name != "pre_ln":
-                module, role = resolve(block, spec.norm2), "norm2 (LN2)"
-            elif index + 1 < len(self.blocks):
-                module, role = resolve(self.blocks[index + 1], spec.norm1), "next layer's norm1"
+                role = "norm2 (LN2)"
+            elif module is None:
+                role = "none"
             else:
-                module, role = final, "final norm" if final is not None else "none"
-            self.following.append(module)
+                role = "next layer's norm1" if index < last else "final norm"
             self.following_role.append(role)
             gamma = None
             if module is not None:
-                gamma = _norm_parameters(module, spec.norm_weight_offset)[0]
-                gamma = None if gamma is None else gamma.cpu()
+                gamma = norm_parameters(module, spec, model_config)[0]
+                gamma = None if gamma is None else gamma.detach().float().cpu()
             self.gamma.append(gamma)
             if gamma is None:  # a norm without γ, or no norm after the last Pre-LN layer
                 self.dims.append(torch.zeros(0, dtype=torch.long))
@@ -294,27 +218,11 @@ class _Run:
             chosen = rng.choice(gamma.numel(), size=dims.numel(), replace=False)
             self.random_dims.append(torch.as_tensor(np.sort(chosen).astype(np.int64)))
 
-    def _watch(self, recorder: _Recorder) -> None:
-        """Hooks on the norm after each Pre-LN layer (its real input and output)."""
-        for index, following in enumerate(self.following):
-            if following is not None:
-                recorder.watch(("next_in", index), following, "input")
-                recorder.watch(("next_out", index), following, "output")
-
     def batch(self, sequences: Sequence[PreparedSequence]) -> dict[str, np.ndarray]:
-        """All statistics one batch contributes."""
+        """All statistics one batch contributes, from one forward pass."""
         ids_cpu, mask_cpu = _pad(sequences, self.loaded.tokenizer)
         ids, mask = ids_cpu.to(self.device), mask_cpu.to(self.device)
         batch, n = ids.shape
-        recorder = _Recorder()
-        if self.chain.name == "pre_ln":  # the real input and output of the next norms
-            self._watch(recorder)
-            try:
-                with torch.no_grad():
-                    self.model(ids, attention_mask=mask)
-            finally:
-                recorder.close()
-
         n_layers = len(self.blocks)
         changes = np.full((batch, n_layers, len(self.measures)), np.nan)
         deltas = np.zeros((batch, n_layers))
@@ -322,18 +230,14 @@ class _Run:
         out: dict[str, np.ndarray] = {}
         ff_norm, bypass_norm = np.zeros(n_layers), np.zeros(n_layers)
         ff_abs, ff_in_abs = [], []
-        for index, lnd in enumerate(self.lnds):
+        layers = self.lnd.iter_layers(
+            ids, forward_kwargs={"attention_mask": mask}, scope=self.computed,
+            convergence_delta=True, relative_delta=True,
+        )
+        for index, result in layers:
+            decs = result.decompositions
+            deltas[:, index] = torch.stack(list(result.delta.values())).amax(0).cpu().numpy()
             with torch.no_grad():
-                decs, delta = lnd.decompose(
-                    ids, scope=self.scopes, return_convergence_delta=True,
-                    forward_kwargs={"attention_mask": mask}, relative_delta=True,
-                )
-                deltas[:, index] = torch.stack([delta[s] for s in self.scopes]).amax(0).cpu().numpy()
-                if self.chain.name == "pre_ln":
-                    extra = self._next_norm(index, decs[self.scopes[-1]], recorder, batch, n)
-                    if extra is not None:
-                        decs[NEXT_LN_SCOPE], residual = extra
-                        deltas[:, index] = np.maximum(deltas[:, index], residual)
                 maps = {name: dec.maps().cpu() for name, dec in decs.items()}
                 before, after = self.ff_pair
                 if self.dims[index].numel():
@@ -388,21 +292,6 @@ class _Run:
             ff_in_abs_sum=np.stack(ff_in_abs),
         )
         return out
-
-    def _next_norm(self, index: int, last: Decomposition, recorder: _Recorder, batch: int,
-                   n: int) -> tuple[Decomposition, np.ndarray] | None:
-        module = self.following[index]
-        if module is None:
-            return None
-        weight, bias, eps = _norm_parameters(module, self.spec.norm_weight_offset)
-        real_in = recorder.get(("next_in", index), batch, n)
-        if self.spec.norm == "rms_norm":
-            dec = rules.rms_norm(last, real_in, weight, eps)
-        else:
-            dec = rules.layer_norm(last, real_in, weight, bias, eps)
-        real_out = recorder.get(("next_out", index), batch, n)
-        residual = dec.completeness_residual(real_out, relative=True).cpu().numpy()
-        return dec, residual
 
 
 def _pad(sequences: Sequence[PreparedSequence], tokenizer: Any) -> tuple[Tensor, Tensor]:
@@ -568,7 +457,6 @@ def analyze_corpus(
     # dense terms of every scope, the next-norm scope and the ablation temporaries, float32
     cell = 4 * _hidden_size(loaded.model) * (len(run.scopes) + 3)
     batches = plan_batches(sequences, config.batch_size, cell, int(config.memory_gb * 2**30))
-    run.setup_norms(*(t.to(run.device) for t in _pad([sequences[k] for k in batches[0]], tokenizer)))
     done = {k for k in range(len(batches)) if _load_shard(_shard_path(shards, k)) is not None}
     progress = None
     if show_progress:
@@ -719,7 +607,7 @@ def summarise(
         "model": run.loaded.name,
         "model_type": run.loaded.model_type,
         "chain": run.chain.name,
-        "scopes": run.scopes + ([NEXT_LN_SCOPE] if run.chain.name == "pre_ln" else []),
+        "scopes": run.computed,
         "ff_pair": list(run.ff_pair),
         "causal": run.causal,
         "source": source,

@@ -1,26 +1,27 @@
-"""Architectures: declarative specs per model family, a registry, and the block chains."""
+"""Architectures: declarative specs per model family and the registries of families and
+chains. The chains themselves live in :mod:`captum_ffb.engine.chains`."""
 
 from captum_ffb.architectures import families as _families  # noqa: F401  (registrations)
-from captum_ffb.architectures.block import Block
-from captum_ffb.architectures.chains import CHAINS, Chain, ChainOptions, get_chain
 from captum_ffb.architectures.registry import (
     UnsupportedArchitectureError,
     get_architecture,
+    get_chain,
     register_architecture,
+    register_chain,
+    registered_chains,
     supported_architectures,
 )
-from captum_ffb.architectures.spec import ArchitectureSpec, Projection
+from captum_ffb.architectures.spec import ArchitectureSpec, MixtureOfExperts, Projection
 
 __all__ = [
-    "CHAINS",
     "ArchitectureSpec",
-    "Block",
-    "Chain",
-    "ChainOptions",
+    "MixtureOfExperts",
     "Projection",
     "UnsupportedArchitectureError",
     "get_architecture",
     "get_chain",
     "register_architecture",
+    "register_chain",
+    "registered_chains",
     "supported_architectures",
 ]

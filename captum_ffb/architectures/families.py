@@ -7,9 +7,17 @@ from dataclasses import replace
 from captum_ffb.architectures.registry import register_architecture
 from captum_ffb.architectures.spec import ArchitectureSpec, MixtureOfExperts, Projection
 
+
+def _is_decoder(config) -> bool:
+    """when the config says is_decoder"""
+    return bool(getattr(config, "is_decoder", False))
+
+
 # BERT and the families that kept its module layout.
 BERT = ArchitectureSpec(
     chain="post_ln",
+    blocks="encoder.layer",
+    causal=_is_decoder,
     attention="attention.self",
     value=Projection("attention.self.value"),
     attention_output=Projection("attention.output.dense"),
@@ -23,6 +31,8 @@ BERT = ArchitectureSpec(
 
 DISTILBERT = ArchitectureSpec(
     chain="post_ln",
+    blocks="transformer.layer",
+    causal=False,
     attention="attention",
     value=Projection("attention.v_lin"),
     attention_output=Projection("attention.out_lin"),
@@ -36,6 +46,9 @@ DISTILBERT = ArchitectureSpec(
 
 GPT2 = ArchitectureSpec(
     chain="pre_ln",
+    blocks="h",
+    final_norm="ln_f",
+    causal=True,
     attention="attn",
     value=Projection("attn.c_attn", part=2, parts=3),
     attention_output=Projection("attn.c_proj"),
@@ -55,6 +68,9 @@ def _opt_chain(config) -> str:
 
 OPT = ArchitectureSpec(
     chain=_opt_chain,
+    blocks="decoder.layers",
+    final_norm="decoder.final_layer_norm",
+    causal=True,
     attention="self_attn",
     value=Projection("self_attn.v_proj"),
     attention_output=Projection("self_attn.out_proj"),
@@ -78,6 +94,9 @@ def _llama_like(description: str, **changes) -> ArchitectureSpec:
     """Pre-RMSNorm decoder with a gated (SwiGLU / GeGLU) MLP, rotary attention and GQA."""
     fields = dict(
         chain="pre_ln",
+        blocks="layers",
+        final_norm="norm",
+        causal=True,
         attention="self_attn",
         value=Projection("self_attn.v_proj"),
         attention_output=Projection("self_attn.o_proj"),
@@ -127,6 +146,9 @@ def _neox_chain(config) -> str:
 
 register_architecture("gpt_neox", ArchitectureSpec(
     chain=_neox_chain,
+    blocks="layers",
+    final_norm="final_layer_norm",
+    causal=True,
     attention="attention",
     value=Projection("attention.query_key_value", part=2, parts=3, groups="num_attention_heads"),
     attention_output=Projection("attention.dense"),
@@ -140,7 +162,11 @@ register_architecture("gpt_neox", ArchitectureSpec(
 ))
 register_architecture("gptj", ArchitectureSpec(
     chain="parallel",
+    blocks="h",
+    final_norm="ln_f",
+    causal=True,
     attention="attn",
+    attention_method="_attn",
     value=Projection("attn.v_proj"),
     attention_output=Projection("attn.out_proj"),
     norm1="ln_1",
@@ -152,6 +178,9 @@ register_architecture("gptj", ArchitectureSpec(
 ))
 register_architecture("phi", ArchitectureSpec(
     chain="parallel",
+    blocks="layers",
+    final_norm="final_layernorm",
+    causal=True,
     attention="self_attn",
     value=Projection("self_attn.v_proj"),
     attention_output=Projection("self_attn.dense"),
@@ -166,6 +195,9 @@ register_architecture("phi", ArchitectureSpec(
 # --------------------------------------------------------------------------- mixtures of experts
 register_architecture("mixtral", ArchitectureSpec(
     chain="pre_ln",
+    blocks="layers",
+    final_norm="norm",
+    causal=True,
     attention="self_attn",
     value=Projection("self_attn.v_proj"),
     attention_output=Projection("self_attn.o_proj"),
@@ -185,4 +217,40 @@ register_architecture("qwen2_moe", _llama_like(
         shared_expert="mlp.shared_expert",
         shared_expert_gate="mlp.shared_expert_gate",
     ),
+))
+
+# --------------------------------------------------------------------------- Phi-3, OLMo
+def _phi3_value_columns(config) -> tuple[int, int]:
+    """The value slice of Phi-3's fused ``qkv_proj``: ``[q (H·e) | k (H_kv·e) | v (H_kv·e)]``."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv = (config.num_key_value_heads or config.num_attention_heads) * head_dim
+    start = config.num_attention_heads * head_dim + kv
+    return start, start + kv
+
+
+register_architecture("phi3", _llama_like(
+    "Pre-LN decoder, RMSNorm, SwiGLU with fused gate_up_proj, fused qkv_proj with unequal "
+    "parts (GQA), RoPE",
+    value=Projection("self_attn.qkv_proj", columns=_phi3_value_columns),
+    ff_in=Projection("mlp.gate_up_proj", part=1, parts=2),
+    ff_gate=Projection("mlp.gate_up_proj", part=0, parts=2),
+    activation="mlp.activation_fn",
+))
+register_architecture("olmo", _llama_like(
+    "Pre-LN decoder, LayerNorm without parameters (ε = 1e-5, fixed in its code), SwiGLU, "
+    "RoPE; value clipping (clip_qkv) is not supported",
+    norm="layer_norm",
+    norm_eps=1e-5,
+    unsupported=lambda config: (
+        "its config clips q, k and v (clip_qkv), which is not linear in the values"
+        if getattr(config, "clip_qkv", None) is not None else None
+    ),
+))
+register_architecture("olmo2", _llama_like(
+    "decoder normalising the outputs of attention and FF (RMSNorm, no pre-norms), QK-norm, "
+    "SwiGLU, RoPE",
+    norm1=None,
+    norm2=None,
+    attention_post_norm="post_attention_layernorm",
+    ff_post_norm="post_feedforward_layernorm",
 ))

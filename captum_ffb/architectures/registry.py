@@ -1,10 +1,14 @@
-"""The architecture registry: Hugging Face ``model_type`` → :class:`ArchitectureSpec`."""
+"""The registries: Hugging Face ``model_type`` → :class:`ArchitectureSpec`, and chain name →
+chain (the wiring of rules for one block type, see :mod:`captum_ffb.engine.chains`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from captum_ffb.architectures.spec import ArchitectureSpec
 
 _REGISTRY: dict[str, ArchitectureSpec] = {}
+_CHAINS: dict[str, Any] = {}
 
 
 class UnsupportedArchitectureError(ValueError):
@@ -28,6 +32,11 @@ def register_architecture(
     """
     if not isinstance(spec, ArchitectureSpec):
         raise TypeError(f"spec must be an ArchitectureSpec, got {type(spec).__name__}")
+    if isinstance(spec.chain, str) and _CHAINS and spec.chain not in _CHAINS:
+        raise ValueError(
+            f"spec names chain {spec.chain!r}, which is not registered; registered: "
+            f"{', '.join(registered_chains())} (register_chain adds one)"
+        )
     if model_type in _REGISTRY and not overwrite:
         raise ValueError(
             f"model_type {model_type!r} is already registered; pass overwrite=True to replace it"
@@ -50,3 +59,39 @@ def get_architecture(model_type: str | None) -> ArchitectureSpec:
         "keeps attention, norms and feed-forward with captum_ffb.ArchitectureSpec and call "
         "captum_ffb.register_architecture(model_type, spec)."
     )
+
+
+def register_chain(name: str, chain: Any, overwrite: bool = False) -> None:
+    r"""Register a block chain under ``name``, for specs to name in ``chain=``.
+
+    Args:
+        name (str): the chain's name (``chain.name`` must match).
+        chain (Chain): a :class:`captum_ffb.engine.Chain`.
+        overwrite (bool): replace an existing registration instead of raising.
+
+    Example::
+
+        >>> from captum_ffb import register_chain
+        >>> from captum_ffb.engine import Chain
+        >>> register_chain("my_block", Chain(name="my_block", ...))
+    """
+    for attribute in ("name", "scopes", "mix", "local", "roles"):
+        if not hasattr(chain, attribute):
+            raise TypeError(f"a chain needs a {attribute!r}; build it with captum_ffb.engine.Chain")
+    if chain.name != name:
+        raise ValueError(f"the chain is called {chain.name!r}, not {name!r}")
+    if name in _CHAINS and not overwrite:
+        raise ValueError(f"chain {name!r} is already registered; pass overwrite=True to replace it")
+    _CHAINS[name] = chain
+
+
+def registered_chains() -> list[str]:
+    """The registered chain names, sorted."""
+    return sorted(_CHAINS)
+
+
+def get_chain(name: str) -> Any:
+    """The chain registered as ``name``; a clear error when there is none."""
+    if name not in _CHAINS:
+        raise ValueError(f"unknown chain {name!r}; registered: {', '.join(registered_chains())}")
+    return _CHAINS[name]

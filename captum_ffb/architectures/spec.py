@@ -6,6 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+#: A config-dependent value: the value itself, or a function of the model config.
+ConfigValue = Callable[[Any], Any]
+
 
 @dataclass(frozen=True)
 class Projection:
@@ -19,12 +22,16 @@ class Projection:
                     ``query_key_value``: ``[q_h, k_h, v_h]`` for each head ``h``), the number of
                     groups, or the name of the config attribute holding it; slice ``part`` is
                     taken from every group.
+        columns (Callable, optional): for fused projections with unequal parts (Phi-3's
+                    ``qkv_proj`` with grouped-query attention): a function of the model
+                    config returning the ``(start, stop)`` output columns to take.
     """
 
     path: str
     part: int = 0
     parts: int = 1
     groups: int | str = 1
+    columns: Callable[[Any], tuple[int, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -59,14 +66,15 @@ class ArchitectureSpec:
     not use may be left empty.
 
     Attributes:
-        chain (str or Callable): name of the chain in :mod:`captum_ffb.architectures.chains`
-                    (``"post_ln"``, ``"pre_ln"``, ``"parallel"``, …), or a function of the model
-                    config returning one (OPT switches on ``do_layer_norm_before``).
+        chain (str or Callable): name of a registered chain (``"post_ln"``, ``"pre_ln"``,
+                    ``"parallel"``, or one added with :func:`register_chain`), or a function of
+                    the model config returning one (OPT switches on ``do_layer_norm_before``).
         attention (str): the module that calls the attention function (its probabilities).
         value (Projection): the value projection ``W_V``.
         attention_output (Projection): the output projection ``W_O``.
-        norm1 (str): the norm before (Pre-LN) or after (Post-LN) attention.
-        norm2 (str): the norm before (Pre-LN) or after (Post-LN) the feed-forward block.
+        norm1 (str, optional): the norm before (Pre-LN) or after (Post-LN) attention;
+                    ``None`` for a block without one (OLMo 2 normalises only the outputs).
+        norm2 (str, optional): the norm before (Pre-LN) or after (Post-LN) the feed-forward.
         ff_in (Projection): the FF input projection (the *up* projection of gated FFs).
         activation (str): the activation module or function.
         ff_out (Projection): the FF output projection. The three FF fields may be left out
@@ -75,12 +83,29 @@ class ArchitectureSpec:
         ff_output (str, optional): the module whose output is the whole FF branch (for the
                     convergence delta); ``ff_out`` by default.
         attention_post_norm (str, optional): a norm on the attention output before the
-                    residual (Gemma 2's "sandwich" norms).
+                    residual (Gemma 2's "sandwich" norms, OLMo 2).
         ff_post_norm (str, optional): a norm on the FF output before the residual.
         moe (MixtureOfExperts, optional): the FF is a sparse mixture of experts (in blocks
                     where the MoE module exists; other blocks use the dense FF paths).
         norm (str): ``"layer_norm"`` or ``"rms_norm"``.
         norm_weight_offset (float): added to the norm weight (Gemma stores ``γ − 1``).
+        norm_eps (float, optional): the norms' ε when neither the norm module nor the config
+                    holds it (OLMo's parameter-free LayerNorm hard-codes 1e-5); otherwise it
+                    is read from the module (``eps``, ``variance_epsilon``) or the config.
+        blocks (str, optional): where the list of blocks lives, from the base model (e.g.
+                    ``"encoder.layer"``); found by searching when left out.
+        final_norm (str, optional): the norm after the last block, from the base model
+                    (GPT-2's ``"ln_f"``); ``None`` when there is none.
+        causal (bool or Callable, optional): whether tokens see only the past, or a function
+                    of the config. By default: Post-LN chains are bidirectional unless the
+                    config says ``is_decoder``; the other chains are causal.
+        attention_method (str, optional): for attention modules that do not call
+                    transformers' ``AttentionInterface``: the name of their method that maps
+                    ``(query, key, value, attention_mask)`` to ``(output, probabilities)``
+                    (GPT-J's ``"_attn"``).
+        unsupported (Callable, optional): a function of the config returning why a model
+                    of this family cannot be decomposed (a setting the rules do not cover),
+                    or ``None``.
         description (str): one line for the supported-architectures table.
     """
 
@@ -88,8 +113,8 @@ class ArchitectureSpec:
     attention: str
     value: Projection
     attention_output: Projection
-    norm1: str
-    norm2: str
+    norm1: str | None
+    norm2: str | None
     ff_in: Projection | None = None
     activation: str | None = None
     ff_out: Projection | None = None
@@ -100,6 +125,12 @@ class ArchitectureSpec:
     moe: MixtureOfExperts | None = None
     norm: str = "layer_norm"
     norm_weight_offset: float = 0.0
+    norm_eps: float | None = None
+    blocks: str | None = None
+    final_norm: str | None = None
+    causal: bool | ConfigValue | None = None
+    attention_method: str | None = None
+    unsupported: Callable[[Any], str | None] | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -112,3 +143,23 @@ class ArchitectureSpec:
     def chain_name(self, config: Any) -> str:
         """The chain that applies to a model with this ``config``."""
         return self.chain(config) if callable(self.chain) else self.chain
+
+    def is_causal(self, config: Any) -> bool:
+        """Whether a model with this ``config`` lets token ``i`` see only tokens ``j ≤ i``."""
+        if self.causal is None:
+            if self.chain_name(config) == "post_ln":
+                return bool(getattr(config, "is_decoder", False))
+            return True
+        return bool(self.causal(config) if callable(self.causal) else self.causal)
+
+    def check_config(self, config: Any) -> None:
+        """Raise a clear error when a setting of ``config`` is not supported."""
+        reason = self.unsupported(config) if self.unsupported is not None else None
+        if reason:
+            model_type = getattr(config, "model_type", "this model")
+            raise ValueError(f"{model_type} is not supported here: {reason}")
+
+    def norm_roles(self) -> list[str]:
+        """The roles of the block's norms that this spec names."""
+        roles = ("norm1", "norm2", "attention_post_norm", "ff_post_norm")
+        return [role for role in roles if getattr(self, role) is not None]

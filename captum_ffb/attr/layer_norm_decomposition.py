@@ -3,9 +3,7 @@ layer attribution."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -13,57 +11,27 @@ from captum.attr import LayerAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
-from captum_ffb.architectures import (
+from captum_ffb.architectures import get_architecture
+from captum_ffb.decomposition import Decomposition, ScratchArena
+from captum_ffb.engine import (
     Block,
-    Chain,
-    ChainOptions,
-    get_architecture,
-    get_chain,
+    LayerResult,
+    Outputs,
+    capture_layers,
+    chain_for,
+    find_model,
+    model_type_of,
+    reference,
+    resolve_rules,
+    row_chunks,
+    run_block,
 )
-from captum_ffb.architectures.block import resolve
-from captum_ffb.architectures.spec import ArchitectureSpec, Projection
-from captum_ffb.capture import capture_blocks, forward_arguments, token_mask_of
-from captum_ffb.decomposition import Decomposition, ScratchArena, stack_rows, using_arena
+from captum_ffb.engine.block import config_of, has_path
 
 ScopeArg = str | Sequence[str] | None
 
 #: Memory the row chunks may take when ``internal_batch_size`` is not given (bytes).
 DEFAULT_MEMORY_BUDGET = 1 << 30
-
-
-@dataclass
-class LayerResult:
-    """Everything computed for one layer: maps, deltas and (optionally) decompositions."""
-
-    chain: Chain
-    maps: dict[str, Tensor] = field(default_factory=dict)
-    delta: dict[str, Tensor] = field(default_factory=dict)
-    decompositions: dict[str, Decomposition] = field(default_factory=dict)
-
-
-def _find_model(forward_func: Callable) -> nn.Module | None:
-    if isinstance(forward_func, nn.Module):
-        return forward_func
-    owner = getattr(forward_func, "__self__", None)
-    return owner if isinstance(owner, nn.Module) else None
-
-
-def _model_type_of(model: nn.Module | None, layers: Sequence[nn.Module]) -> str | None:
-    for root in ([model] if model is not None else []) + list(layers):
-        for module in root.modules():
-            model_type = getattr(getattr(module, "config", None), "model_type", None)
-            if model_type:
-                return model_type
-    return None
-
-
-def _config_of(model: nn.Module | None, layers: Sequence[nn.Module]) -> Any:
-    for root in ([model] if model is not None else []) + list(layers):
-        for module in root.modules():
-            config = getattr(module, "config", None)
-            if config is not None:
-                return config
-    return None
 
 
 class LayerNormDecomposition(LayerAttribution):
@@ -75,10 +43,14 @@ class LayerNormDecomposition(LayerAttribution):
     is ``M[b, i, j] = ‖F_i(x_j)‖₂``, read at one of the paper's *scopes*:
 
     * Post-LN (BERT, RoBERTa, ...): ``Atb``, ``AtbFf``, ``AtbFfRes``, ``AtbFfResLn``;
-    * Pre-LN (GPT-2, OPT, Llama, ...): ``Atb``, ``AtbLn``, ``AtbLnFf``, ``AtbLnFfRes``.
+    * Pre-LN (GPT-2, OPT, Llama, ...): ``Atb``, ``AtbLn``, ``AtbLnFf``, ``AtbLnFfRes``, and on
+      request ``AtbLnFfResLn`` (the norm that reads the layer's output applied to it);
+    * parallel blocks (GPT-J, GPT-NeoX, Phi): ``Atb``, ``LnFf``, ``AtbLnFfRes``.
 
-    The convergence delta is the completeness residual: the largest absolute difference
-    between ``Σ_j F_i(x_j) + b_i`` and the tensor the model really computed at that scope.
+    The decomposition is built from per-module rules chosen by role; ``rules`` replaces any
+    of them (see :mod:`captum_ffb.rules`). The convergence delta is the completeness
+    residual: the largest absolute difference between ``Σ_j F_i(x_j) + b_i`` and the tensor
+    the model really computed at that scope.
 
     Args:
         forward_func (Callable or nn.Module): the model, or a function that runs it.
@@ -94,25 +66,41 @@ class LayerNormDecomposition(LayerAttribution):
         dtype (torch.dtype): the precision of the decomposition (float32 by default; a
                     half-precision model is decomposed in float32).
         show_progress (bool): show a progress bar over layers and row chunks.
+        rules (dict, optional): role → rule replacing the default rule of that role, e.g.
+                    ``{"activation": IGActivation(route="captum")}``; the roles of this
+                    model's chain are in :attr:`roles`.
+
+    Examples::
+
+        >>> from captum_ffb import LayerNormDecomposition
+        >>> from captum_ffb.models import load_model
+        >>> loaded = load_model()                      # all-MiniLM-L6-v2, offline
+        >>> enc = loaded.tokenizer(["The cat sat on the mat."], return_tensors="pt")
+        >>> lnd = LayerNormDecomposition(loaded.model, loaded.model.encoder.layer[2])
+        >>> maps, delta = lnd.attribute(
+        ...     enc.input_ids, forward_kwargs={"attention_mask": enc.attention_mask},
+        ...     return_convergence_delta=True)
+        >>> maps.shape                                 # (1, n, n): ‖F_i(x_j)‖
     """
 
     def __init__(
         self,
-        forward_func: Callable,
+        forward_func: Callable | nn.Module,
         layer: nn.Module | Sequence[nn.Module],
         device_ids: list[int] | None = None,
         model_type: str | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         dtype: torch.dtype = torch.float32,
         show_progress: bool = False,
+        rules: Mapping[str, Callable] | None = None,
     ) -> None:
         self._returns_list = isinstance(layer, (list, tuple, nn.ModuleList))
         layers = list(layer) if self._returns_list else [layer]
         if not layers or not all(isinstance(m, nn.Module) for m in layers):
             raise TypeError("layer must be a Transformer block module or a list of them")
         super().__init__(forward_func, layer, device_ids)
-        self._layers = layers
-        self._model = _find_model(forward_func)
+        self._layers: list[nn.Module] = layers
+        self._model = find_model(forward_func)
         if self._model is not None:
             members = {id(m) for m in self._model.modules()}
             for index, module in enumerate(layers):
@@ -121,21 +109,30 @@ class LayerNormDecomposition(LayerAttribution):
                         f"layer {index} ({type(module).__name__}) is not part of the model "
                         f"{type(self._model).__name__}"
                     )
-        self.model_type = model_type or _model_type_of(self._model, layers)
-        self.spec: ArchitectureSpec = get_architecture(self.model_type)
-        self.chain: Chain = get_chain(self.spec.chain_name(_config_of(self._model, layers)))
+        self.model_type = model_type or model_type_of(self._model, *layers)
+        self.spec = get_architecture(self.model_type)
+        self._config = config_of(self._model, *layers)
+        self.chain = chain_for(self.spec, self._config)
         for module in layers:
             self._check_block(module)
+        self.rules = resolve_rules(self.chain, self.spec, rules, f"a {self.model_type} block")
+        if memory_budget <= 0:
+            raise ValueError("memory_budget must be a positive number of bytes")
         self.memory_budget = int(memory_budget)
-        self._arena = ScratchArena()
         self.dtype = dtype
         self.show_progress = show_progress
+        self._arena = ScratchArena()
 
     # ------------------------------------------------------------------ public API
     @property
     def scopes(self) -> tuple[str, ...]:
         """The scope names of this model's chain, from attention only to the whole layer."""
         return self.chain.scopes
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles this model's chain calls (the keys ``rules`` may replace)."""
+        return tuple(sorted(self.chain.roles(self.spec)))
 
     def has_convergence_delta(self) -> bool:
         return True
@@ -153,10 +150,8 @@ class LayerNormDecomposition(LayerAttribution):
         return_convergence_delta: bool = False,
         internal_batch_size: int | None = None,
         forward_kwargs: dict[str, Any] | None = None,
-        activation_route: str = "closed_form",
-        method: str = "gausslegendre",
-        n_steps: int = 50,
         relative_delta: bool = False,
+        input_decomposition: Decomposition | None = None,
     ) -> Any:
         r"""Token-to-token maps ``(batch, n, n)``: ``[b, i, j] = ‖F_i(x_j)‖`` at ``scope``.
 
@@ -172,22 +167,22 @@ class LayerNormDecomposition(LayerAttribution):
             forward_kwargs (dict, optional): keyword arguments of the model's forward, e.g.
                         ``{"attention_mask": mask}``; with a 2-D ``attention_mask`` padded
                         positions get zero rows and columns.
-            activation_route (str): ``"closed_form"`` (exact, default) or ``"captum"``
-                        (Captum's ``IntegratedGradients`` per output row, for checking).
-            method (str): Captum's integration method for the ``"captum"`` route.
-            n_steps (int): Captum's number of steps for the ``"captum"`` route.
             relative_delta (bool): divide each delta by the largest ``|value|`` of the real
                         tensor (useful where hidden states reach large magnitudes).
+            input_decomposition (Decomposition, optional): a decomposition of the layer's
+                        input over any players (``terms (batch, n, P, d)``), to start from
+                        instead of the identity (one layer only): the maps are then
+                        ``(batch, n, P)`` over those players. This is how blocks chain.
 
         Returns:
             maps, or ``(maps, delta)``; a list of those for a list of layers.
         """
         return self._answer(
             "maps", inputs, additional_forward_args, forward_kwargs, scope, internal_batch_size,
-            ChainOptions(activation_route, method, n_steps), return_convergence_delta,
-            relative_delta,
+            return_convergence_delta, relative_delta, input_decomposition,
         )
 
+    @log_usage()
     def decompose(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -196,10 +191,8 @@ class LayerNormDecomposition(LayerAttribution):
         return_convergence_delta: bool = False,
         internal_batch_size: int | None = None,
         forward_kwargs: dict[str, Any] | None = None,
-        activation_route: str = "closed_form",
-        method: str = "gausslegendre",
-        n_steps: int = 50,
         relative_delta: bool = False,
+        input_decomposition: Decomposition | None = None,
     ) -> Any:
         r"""The decomposition itself (vectors and bias) at ``scope``; see :meth:`attribute`.
 
@@ -209,10 +202,77 @@ class LayerNormDecomposition(LayerAttribution):
         """
         return self._answer(
             "decompositions", inputs, additional_forward_args, forward_kwargs, scope,
-            internal_batch_size, ChainOptions(activation_route, method, n_steps),
-            return_convergence_delta, relative_delta,
+            internal_batch_size, return_convergence_delta, relative_delta, input_decomposition,
         )
 
+    def iter_layers(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
+        scope: ScopeArg = None,
+        maps: bool = False,
+        decompositions: bool = True,
+        convergence_delta: bool = False,
+        relative_delta: bool = False,
+        internal_batch_size: int | None = None,
+    ) -> Iterator[tuple[int, LayerResult]]:
+        r"""One forward pass for all layers, then ``(layer position, LayerResult)`` one layer
+        at a time, so that only one layer's decompositions are held at once.
+
+        Args:
+            inputs, additional_forward_args, forward_kwargs, scope, internal_batch_size:
+                        see :meth:`attribute`.
+            maps (bool): compute the maps.
+            decompositions (bool): keep the dense decompositions.
+            convergence_delta (bool): compute the completeness residuals.
+            relative_delta (bool): make them relative (see :meth:`attribute`).
+
+        A scope a layer cannot give (``AtbLnFfResLn`` after the last layer of a model
+        without a final norm) is missing from that layer's result.
+        """
+        names, _ = self._scope_names(scope)
+        outputs = Outputs(maps=maps, decompositions=decompositions, delta=convergence_delta,
+                          relative=relative_delta)
+        blocks = self._capture(inputs, additional_forward_args, forward_kwargs, names, strict=False)
+        yield from self._run(blocks, names, internal_batch_size, outputs)
+
+    def compute_convergence_delta(
+        self,
+        attributions: Decomposition | Sequence[Decomposition],
+        inputs: Tensor | tuple[Tensor, ...],
+        additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
+        scope: str | None = None,
+        relative: bool = False,
+    ) -> Tensor | list[Tensor]:
+        r"""The completeness residual of given decompositions against the model's own tensors.
+
+        Runs one forward pass on ``inputs`` and compares ``Σ_j F_i(x_j) + b_i`` of each
+        decomposition with the real tensor at ``scope`` (Captum's convergence delta).
+
+        Args:
+            attributions (Decomposition or list[Decomposition]): one per layer, as returned
+                        by :meth:`decompose`.
+            inputs, additional_forward_args, forward_kwargs: the inputs they were made from.
+            scope (str, optional): the scope they decompose (default: the whole layer).
+            relative (bool): divide by the largest ``|value|`` of the real tensor.
+
+        Returns:
+            ``(batch,)`` residuals (a list for a list of layers).
+        """
+        names, _ = self._scope_names(scope)
+        given = list(attributions) if self._returns_list else [attributions]
+        if len(given) != len(self._layers):
+            raise ValueError(f"expected {len(self._layers)} decompositions, got {len(given)}")
+        blocks = self._capture(inputs, additional_forward_args, forward_kwargs, names)
+        out = [
+            dec.completeness_residual(reference(block, self.chain, names[0]), relative=relative)
+            for dec, block in zip(given, blocks)
+        ]
+        return out if self._returns_list else out[0]
+
+    # ------------------------------------------------------------------ internals
     def _answer(
         self,
         kind: str,
@@ -221,20 +281,21 @@ class LayerNormDecomposition(LayerAttribution):
         forward_kwargs: dict[str, Any] | None,
         scope: ScopeArg,
         internal_batch_size: int | None,
-        options: ChainOptions,
         with_delta: bool,
         relative_delta: bool,
+        start: Decomposition | None,
     ) -> Any:
         """Run, then shape the answer as Captum does: ``kind`` is ``"maps"`` or
         ``"decompositions"``; one value per scope (a dict for a list of scopes), with its
         delta if asked, in a list for a list of layers."""
         names, single = self._scope_names(scope)
-        outputs = _Outputs(maps=kind == "maps", decompositions=kind == "decompositions",
-                           delta=with_delta, relative=relative_delta)
-        results = self._run(inputs, additional_forward_args, forward_kwargs, names,
-                            internal_batch_size, options, outputs)
+        if start is not None and len(self._layers) != 1:
+            raise ValueError("input_decomposition starts one layer; give a single layer")
+        outputs = Outputs(maps=kind == "maps", decompositions=kind == "decompositions",
+                          delta=with_delta, relative=relative_delta)
+        blocks = self._capture(inputs, additional_forward_args, forward_kwargs, names)
         out = []
-        for result in results:
+        for _, result in self._run(blocks, names, internal_batch_size, outputs, start):
             values = getattr(result, kind)
             value = values[names[0]] if single else dict(values)
             if with_delta:
@@ -242,20 +303,20 @@ class LayerNormDecomposition(LayerAttribution):
             out.append(value)
         return out if self._returns_list else out[0]
 
-    # ------------------------------------------------------------------ internals
     def _check_block(self, module: nn.Module) -> None:
         spec = self.spec
-        paths = [spec.attention, spec.value.path, spec.attention_output.path, spec.norm1, spec.norm2]
-        paths += [p for p in (spec.attention_post_norm, spec.ff_post_norm) if p is not None]
+        paths = [spec.attention, spec.value.path, spec.attention_output.path]
+        paths += [p for p in (spec.norm1, spec.norm2, spec.attention_post_norm, spec.ff_post_norm)
+                  if p is not None]
         moe = spec.moe
-        if moe is not None and _has(module, moe.experts):
+        if moe is not None and has_path(module, moe.experts):
             paths += [moe.module, moe.router]
         else:
             paths += [spec.ff_in.path, spec.activation, spec.ff_out.path]
             if spec.ff_gate is not None:
                 paths.append(spec.ff_gate.path)
         for path in paths:
-            if not _has(module, path):
+            if not has_path(module, path):
                 raise ValueError(
                     f"{type(module).__name__} is not a {self.model_type} Transformer block "
                     f"(no {path!r}); pass one block, e.g. the first of the model's layer list"
@@ -263,208 +324,58 @@ class LayerNormDecomposition(LayerAttribution):
 
     def _scope_names(self, scope: ScopeArg) -> tuple[list[str], bool]:
         if scope is None:
-            return [self.chain.scopes[-1]], True
+            return [self.chain.output_scope], True
         single = isinstance(scope, str)
         names = [scope] if single else list(scope)
         if not names:
             raise ValueError("scope must name at least one scope")
-        unknown = [name for name in names if name not in self.chain.scopes]
+        unknown = [name for name in names if name not in self.chain.all_scopes]
         if unknown:
             raise ValueError(
                 f"unknown scope {unknown[0]!r} for a {self.chain.name} model; choose from "
-                f"{', '.join(self.chain.scopes)}"
+                f"{', '.join(self.chain.all_scopes)}"
             )
         return names, single
 
-    def watched_modules(self, module: nn.Module) -> dict[str, nn.Module]:
-        """Role → module of the block ``module`` whose real input and output the chain and
-        the deltas need (for :func:`captum_ffb.capture.capture_blocks`)."""
-        spec = self.spec
-        roles = {
-            "norm1": spec.norm1,
-            "norm2": spec.norm2,
-            "attn_out": spec.attention_output.path,
-            "attention_post_norm": spec.attention_post_norm,
-            "ff_post_norm": spec.ff_post_norm,
-            "ff_in": _path(spec.ff_in),
-            "ff_gate": _path(spec.ff_gate),
-            "ff_out": _path(spec.ff_out),
-            "activation": spec.activation,
-            "ff": spec.ff_output or _path(spec.ff_out),
-        }
-        if spec.moe is not None and _has(module, spec.moe.experts):
-            roles.update(ff=spec.moe.module, router=spec.moe.router,
-                         shared_expert_gate=spec.moe.shared_expert_gate)
-        if spec.ff_post_norm is not None:
-            roles["ff"] = spec.ff_post_norm  # the FF branch ends with its post-norm
-        return {
-            role: resolve(module, path)
-            for role, path in roles.items()
-            if path is not None and _has(module, path)
-        }
+    def _capture(self, inputs: Any, additional_forward_args: Any, forward_kwargs: dict[str, Any] | None,
+                 scopes: list[str], strict: bool = True) -> list[Block]:
+        extra = set(scopes) & set(self.chain.extra_scopes)
+        blocks, _ = capture_layers(
+            self.forward_func, self._model, self._layers, self.spec, inputs,
+            additional_forward_args, forward_kwargs, dtype=self.dtype, with_next_norms=bool(extra),
+        )
+        if extra and strict:
+            missing = [k for k, block in enumerate(blocks) if block.next_norm is None]
+            if missing:
+                raise ValueError(
+                    f"scope {sorted(extra)[0]!r} needs the norm that reads the layer's output; "
+                    "none was found for this layer (pass the model itself as forward_func, and "
+                    "note that the family may have no such norm)"
+                )
+        return blocks
 
     def _run(
         self,
-        inputs: Tensor | tuple[Tensor, ...],
-        additional_forward_args: Any,
-        forward_kwargs: dict[str, Any] | None,
+        blocks: list[Block],
         scopes: list[str],
         internal_batch_size: int | None,
-        options: ChainOptions,
-        outputs: _Outputs,
-    ) -> list[LayerResult]:
-        args = forward_arguments(inputs, additional_forward_args)
-        kwargs = dict(forward_kwargs or {})
+        outputs: Outputs,
+        start: Decomposition | None = None,
+    ) -> Iterator[tuple[int, LayerResult]]:
         if internal_batch_size is not None and internal_batch_size < 1:
             raise ValueError("internal_batch_size must be a positive number of rows")
-
-        training = [module.training for module in self._layers]
-        for module in self._layers:
-            module.eval()  # dropout would make the captured tensors random
-        try:
-            captures = capture_blocks(
-                lambda: self.forward_func(*args, **kwargs),
-                self._layers,
-                [self.watched_modules(module) for module in self._layers],
-                [[resolve(module, self.spec.attention)] for module in self._layers],
-                owners=[self._model] if self._model is not None else [],
-            )
-        finally:
-            for module, mode in zip(self._layers, training):
-                module.train(mode)
-
-        token_mask = token_mask_of(kwargs.get("attention_mask"), captures[0].inputs)
-        blocks = [
-            Block(module, self.spec, capture, dtype=self.dtype, token_mask=token_mask)
-            for module, capture in zip(self._layers, captures)
-        ]
-        chunks = [_row_chunks(block, internal_batch_size, self.memory_budget) for block in blocks]
+        players = None if start is None else start.n_in
+        chunks = [row_chunks(block, internal_batch_size, self.memory_budget, players) for block in blocks]
         progress = _progress(sum(len(c) for c in chunks), self.show_progress)
         try:
-            with torch.no_grad():  # the Captum route turns gradients back on where it needs them
-                return [
-                    self._run_block(block, scopes, rows, options, outputs, progress)
-                    for block, rows in zip(blocks, chunks)
-                ]
+            for index, (block, rows) in enumerate(zip(blocks, chunks)):
+                with torch.no_grad():  # the Captum route turns gradients back on where needed
+                    result = run_block(block, self.chain, self.rules, scopes, rows, outputs,
+                                       start, self._arena, progress)
+                yield index, result
         finally:
             if progress is not None:
                 progress.close()
-
-    def _run_block(
-        self,
-        block: Block,
-        scopes: list[str],
-        chunks: list[slice],
-        options: ChainOptions,
-        outputs: _Outputs,
-        progress: Any,
-    ) -> LayerResult:
-        chain = self.chain
-        wanted = set(scopes)
-        last = max(chain.scopes.index(name) for name in scopes)
-        parts: dict[str, list[Decomposition]] = {name: [] for name in scopes}
-        maps: dict[str, list[Tensor]] = {name: [] for name in scopes}
-        deltas: dict[str, list[Tensor]] = {name: [] for name in scopes}
-        scales: dict[str, list[Tensor]] = {name: [] for name in scopes}
-        references = {name: _reference(block, chain, name) for name in scopes} if outputs.delta else {}
-
-        state = chain.mix(block, options)
-        # A chunk's dense tensors die with it unless decompositions are kept: reuse buffers.
-        arena = None if outputs.decompositions else self._arena
-        for rows in chunks:
-            offset = rows.start
-            if arena is not None:
-                arena.reset()
-            with using_arena(arena):
-                for position, (name, decomposition) in enumerate(chain.local(block, state, rows, options)):
-                    if name in wanted:
-                        if outputs.maps:
-                            maps[name].append(decomposition.maps(row_offset=offset))
-                        if outputs.delta:
-                            real = references[name][:, rows]
-                            deltas[name].append(decomposition.completeness_residual(real, row_offset=offset))
-                            if outputs.relative:
-                                scales[name].append(_row_scale(real, block.token_mask, offset))
-                        if outputs.decompositions:
-                            parts[name].append(decomposition.dense())
-                    if position >= last:
-                        break
-            if progress is not None:
-                progress.update(1)
-
-        result = LayerResult(chain)
-        for name in scopes:
-            if outputs.maps:
-                result.maps[name] = torch.cat(maps[name], dim=1)
-            if outputs.delta:
-                delta = torch.stack(deltas[name]).amax(dim=0)
-                if outputs.relative:
-                    scale = torch.stack(scales[name]).amax(dim=0)
-                    delta = delta / scale.clamp_min(torch.finfo(scale.dtype).tiny)
-                result.delta[name] = delta
-            if outputs.decompositions:
-                result.decompositions[name] = stack_rows(parts[name])
-        return result
-
-
-@dataclass(frozen=True)
-class _Outputs:
-    """What a run keeps: maps, convergence deltas (relative or not), decompositions."""
-
-    maps: bool = False
-    delta: bool = False
-    relative: bool = False
-    decompositions: bool = False
-
-
-def _reference(block: Block, chain: Chain, scope: str) -> Tensor:
-    """The real tensor a scope reproduces: the sum of the chain's sources for it."""
-    total = None
-    for role, which in chain.references[scope]:
-        if role == "block":
-            value = block.output if which == "output" else block.inputs
-        else:
-            value = block.real(role, which)
-        total = value if total is None else total + value
-    return total
-
-
-def _path(projection: Projection | None) -> str | None:
-    return None if projection is None else projection.path
-
-
-def _has(module: nn.Module, path: str) -> bool:
-    try:
-        resolve(module, path)
-    except ValueError:
-        return False
-    return True
-
-
-def _row_scale(reference: Tensor, token_mask: Tensor | None, offset: int) -> Tensor:
-    """Largest ``|value|`` of the real tensor per batch element, over real rows."""
-    size = reference.abs().amax(dim=-1)
-    if token_mask is not None:
-        size = size * token_mask[:, offset : offset + size.shape[1]].to(size.dtype)
-    return size.amax(dim=1)
-
-
-def _row_chunks(block: Block, rows_per_chunk: int | None, budget: int) -> list[slice]:
-    batch, n, width = block.capture.inputs.shape
-    if rows_per_chunk is None:
-        ff_width = _ff_width(block)
-        item = torch.finfo(block.dtype).bits // 8
-        per_row = batch * n * (2 * ff_width + 8 * width) * item
-        rows_per_chunk = max(1, min(n, budget // max(per_row, 1)))
-    count = math.ceil(n / rows_per_chunk)
-    return [slice(i * rows_per_chunk, min(n, (i + 1) * rows_per_chunk)) for i in range(count)]
-
-
-def _ff_width(block: Block) -> int:
-    """Width of the FF hidden layer (of one expert for mixtures of experts)."""
-    if block.is_moe:
-        return block.expert_weights(0)[0].shape[-1] * 2
-    return block.capture.tensors[("ff_in", "output")].shape[-1] * (2 if block.spec.ff_gate else 1)
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -473,4 +384,3 @@ def _progress(total: int, enabled: bool) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="decomposing", unit="chunk")
-

@@ -13,9 +13,9 @@ from captum_ffb.baselines.activation import (
     ACTIVATION_METHODS,
     ActivationStudy,
     activation_decomposition,
+    activation_rule,
     activation_study,
     scopes_with_activation,
-    shapley_activation,
 )
 from captum_ffb.baselines.attention import attention_norm_maps, attention_weight_maps
 from captum_ffb.baselines.compare import ComparisonTable, compare, compare_methods, spearman
@@ -28,12 +28,8 @@ from captum_ffb.baselines.gradients import (
     gradient_vectors,
 )
 from captum_ffb.baselines.maps import ALIASES, BASELINES, baseline_maps, resolve_baselines
-from captum_ffb.baselines.shapley import (
-    SHAPLEY_METHODS,
-    shapley_maps,
-    shapley_values,
-    shapley_vectors,
-)
+from captum_ffb.baselines.shapley import shapley_maps, shapley_vectors
+from captum_ffb.rules.shapley import SHAPLEY_METHODS, shapley_values
 
 __all__ = [
     "ACTIVATION_METHODS",
@@ -46,6 +42,7 @@ __all__ = [
     "LayerContext",
     "LayerFunction",
     "activation_decomposition",
+    "activation_rule",
     "activation_study",
     "attention_norm_maps",
     "attention_weight_maps",
@@ -59,7 +56,6 @@ __all__ = [
     "gradient_vectors",
     "resolve_baselines",
     "scopes_with_activation",
-    "shapley_activation",
     "shapley_maps",
     "shapley_values",
     "shapley_vectors",

@@ -10,14 +10,13 @@ joins the bias, so the result is complete like the IG rule. For a linear ``g`` e
 gives ``u_ij · g(S)/S``; for GELU they differ, and App. E asks by how much the maps differ
 and what each costs.
 
-:func:`shapley_activation` is a drop-in alternative to :func:`captum_ffb.rules.activation`;
-:func:`activation_study` reruns a block's chain with each method and compares the maps and
-the time the activation step takes.
+:class:`~captum_ffb.rules.ShapleyActivation` is the rule that splits ``g(S)`` by Shapley
+values; :func:`activation_study` runs a block's chain once per method, swapping only the
+``"activation"`` rule, and compares the maps and the time the activation step takes.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb import rules
 from captum_ffb.baselines.compare import ComparisonTable, compare, compare_methods
 from captum_ffb.baselines.context import LayerContext
-from captum_ffb.baselines.shapley import MAX_EXACT_PLAYERS, shapley_values
 from captum_ffb.decomposition import Decomposition
+from captum_ffb.engine import Outputs, run_block
+from captum_ffb.rules import IGActivation, ShapleyActivation, TimedRule
 
 ActivationFn = Callable[[Tensor], Tensor]
 
@@ -45,76 +44,37 @@ ACTIVATION_METHODS = (
     "captum_shapley",
 )
 
-#: Most values an exact game may hold at once (coalitions × outputs); larger games are split
-#: over the FF dimensions.
-EXACT_CHUNK_VALUES = 1 << 25
 
-
-def _g0(fn: ActivationFn, like: Tensor) -> Tensor:
-    return fn(torch.zeros(1, dtype=like.dtype, device=like.device))[0]
-
-
-def shapley_activation(
-    decomposition: Decomposition,
-    fn: ActivationFn,
-    method: str = "exact",
+def activation_rule(
+    method: str = "ig",
     n_samples: int | None = None,
     seed: int | None = 0,
-    batch_size: int = 4096,
-    max_exact_players: int = MAX_EXACT_PLAYERS,
+    n_steps: int = 50,
     show_progress: bool = False,
-) -> Decomposition:
-    r"""Decompose an element-wise activation ``g(S)`` with Shapley values.
-
-    Per output row, the players are the real tokens' shares ``u_j`` of the pre-activation
-    and the bias share ``u_b``; an absent player's share is zero. ``g(0)`` joins the bias.
+) -> Callable:
+    r"""The ``"activation"`` rule of one of :data:`ACTIVATION_METHODS`.
 
     Args:
-        decomposition (Decomposition): decomposition of the pre-activation ``S``.
-        fn (Callable): the activation ``g``.
-        method (str): ``"exact"``, ``"permutation"``, ``"sampling"``, ``"kernel"`` or
-                    ``"captum"`` (see :func:`~captum_ffb.baselines.shapley_values`).
-        n_samples (int, optional): the method's budget.
+        method (str): one of :data:`ACTIVATION_METHODS`.
+        n_samples (int, optional): budget of the Shapley methods.
         seed (int, optional): seed of the sampling methods.
-        batch_size (int): coalitions per evaluation.
-        max_exact_players (int): refuse ``"exact"`` above this many players.
-        show_progress (bool): show a progress bar over rows.
-
-    Returns:
-        Dense decomposition of ``g(S)``.
+        n_steps (int): steps of ``"ig_captum"``.
+        show_progress (bool): show a progress bar (Shapley methods).
     """
-    terms = decomposition.terms.detach()
-    bias = decomposition.bias.detach()
-    batch, n_out, n_in, width = terms.shape
-    mask = decomposition.token_mask
-    new_terms = torch.zeros_like(terms)
-    new_bias = torch.zeros_like(bias)
-    g0 = _g0(fn, bias)
-    jobs = [(b, i) for b in range(batch) for i in range(n_out)]
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        jobs = tqdm(jobs, desc=f"activation ({method})", unit="row")
-    for b, i in jobs:
-        players = (
-            torch.arange(n_in) if mask is None
-            else torch.nonzero(mask[b].cpu(), as_tuple=False).flatten()
-        )
-        shares = torch.cat([terms[b, i, players.to(terms.device)], bias[b, i][None]])  # (p, d)
-        p = shares.shape[0]
-        step = width if method != "exact" else max(1, min(width, EXACT_CHUNK_VALUES >> p))
-        for start in range(0, width, step):
-            cols = shares[:, start : start + step]
-
-            def value_fn(masks: Tensor, cols: Tensor = cols) -> Tensor:
-                return fn(masks.to(cols) @ cols) - g0
-
-            phi = shapley_values(
-                value_fn, p, method, n_samples, seed, batch_size, cols.dtype, max_exact_players
-            ).to(terms.dtype)
-            new_terms[b, i, players.to(terms.device), start : start + step] = phi[:-1]
-            new_bias[b, i, start : start + step] = phi[-1] + g0
-    return Decomposition(new_terms, new_bias, mask)
+    if method not in ACTIVATION_METHODS:
+        raise ValueError(f"method must be one of {ACTIVATION_METHODS}, got {method!r}")
+    if method == "ig":
+        return IGActivation()
+    if method == "ig_captum":
+        return IGActivation(route="captum", method="gausslegendre", n_steps=n_steps)
+    shapley = {
+        "shap_exact": "exact",
+        "shap_permutation": "permutation",
+        "shap_sampling": "sampling",
+        "shap_kernel": "kernel",
+        "captum_shapley": "captum",
+    }[method]
+    return ShapleyActivation(shapley, n_samples, seed, show_progress=show_progress)
 
 
 def activation_decomposition(
@@ -127,34 +87,18 @@ def activation_decomposition(
     n_steps: int = 50,
     show_progress: bool = False,
 ) -> Decomposition:
-    r"""Decompose ``g(S)`` with one of :data:`ACTIVATION_METHODS`.
+    r"""Decompose ``g(S)`` with one of :data:`ACTIVATION_METHODS` (the rule of
+    :func:`activation_rule` applied once).
 
     Args:
         decomposition (Decomposition): decomposition of the pre-activation ``S``.
         fn (Callable): the activation ``g``.
         method (str): one of :data:`ACTIVATION_METHODS`.
         pre_activation (Tensor, optional): the real ``S`` (used by the IG closed form).
-        n_samples (int, optional): budget of the Shapley methods.
-        seed (int, optional): seed of the sampling methods.
-        n_steps (int): steps of ``"ig_captum"``.
-        show_progress (bool): show a progress bar (Shapley methods).
+        n_samples, seed, n_steps, show_progress: see :func:`activation_rule`.
     """
-    if method not in ACTIVATION_METHODS:
-        raise ValueError(f"method must be one of {ACTIVATION_METHODS}, got {method!r}")
-    if method == "ig":
-        return rules.activation(decomposition, fn, pre_activation=pre_activation)
-    if method == "ig_captum":
-        return rules.activation(decomposition, fn, route="captum", method="gausslegendre", n_steps=n_steps)
-    shapley = {
-        "shap_exact": "exact",
-        "shap_permutation": "permutation",
-        "shap_sampling": "sampling",
-        "shap_kernel": "kernel",
-        "captum_shapley": "captum",
-    }[method]
-    return shapley_activation(
-        decomposition, fn, shapley, n_samples, seed, show_progress=show_progress
-    )
+    rule = activation_rule(method, n_samples, seed, n_steps, show_progress)
+    return rule(decomposition, fn, pre_activation)
 
 
 def _warm_up(methods: Sequence[str]) -> None:
@@ -163,29 +107,6 @@ def _warm_up(methods: Sequence[str]) -> None:
     toy = Decomposition(torch.ones(1, 1, 2, 3), torch.ones(1, 1, 3))
     for method in methods:
         activation_decomposition(toy, torch.tanh, method, n_samples=8, n_steps=2)
-
-
-def _check_dense_ff(context: LayerContext) -> None:
-    spec = context.block.spec
-    unsupported = [
-        name for name in ("ff_gate", "moe", "attention_post_norm", "ff_post_norm")
-        if getattr(spec, name, None) is not None
-    ]
-    if context.chain_name not in ("post_ln", "pre_ln") or unsupported:
-        what = ", ".join(unsupported) if unsupported else f"a {context.chain_name} chain"
-        raise ValueError(
-            f"the activation study supports Post-LN and Pre-LN blocks with one element-wise "
-            f"activation; this block has {what}"
-        )
-
-
-def _norm(context: LayerContext, role: str, decomposition: Decomposition) -> Decomposition:
-    block = context.block
-    weight, bias, eps = block.norm_parameters(role)
-    real = block.real(role, "input")
-    if block.spec.norm == "rms_norm":
-        return rules.rms_norm(decomposition, real, weight, eps)
-    return rules.layer_norm(decomposition, real, weight, bias, eps)
 
 
 def scopes_with_activation(
@@ -198,32 +119,24 @@ def scopes_with_activation(
 ) -> tuple[dict[str, Decomposition], float]:
     r"""The block's decompositions at every scope with the activation split by ``method``.
 
-    The chain is the core's (attention, residual and norms from the rules); only the FF
-    activation step changes. All output rows are computed at once (meant for the short
+    The block's own chain runs on the tensors already captured in ``context``, with the
+    ``"activation"`` rule replaced; all output rows are computed at once (meant for the short
     inputs of this study).
 
     Returns:
         ``(scope → dense Decomposition, seconds spent in the activation step)``.
     """
-    _check_dense_ff(context)
-    block = context.block
-    state = context.mix_state()
-    up = state["up"].dense()
-    fn = block.activation_fn()
-    start = time.perf_counter()
-    hidden = activation_decomposition(
-        up, fn, method, block.real("ff_in"), n_samples, seed, n_steps, show_progress
-    )
-    seconds = time.perf_counter() - start
-    ff = rules.linear(hidden, *block.projection(block.spec.ff_out))
-    atb = state["Atb"].dense()
-    if context.chain_name == "post_ln":
-        res = rules.residual(ff, atb)
-        decs = {"Atb": atb, "AtbFf": ff, "AtbFfRes": res, "AtbFfResLn": _norm(context, "norm2", res)}
-    else:
-        decs = {"Atb": atb, "AtbLn": state["AtbLn"].dense(), "AtbLnFf": ff,
-                "AtbLnFfRes": rules.residual(ff, atb)}
-    return {name: decs[name] for name in context.scopes}, seconds
+    decomposer = context.decomposer
+    if "activation" not in decomposer.roles:
+        raise ValueError(
+            f"the activation study splits an element-wise activation; a {decomposer.model_type} "
+            f"block calls the roles {', '.join(decomposer.roles)}"
+        )
+    timed = TimedRule(activation_rule(method, n_samples, seed, n_steps, show_progress))
+    rules = {**decomposer.rules, "activation": timed}
+    result = run_block(context.block, decomposer.chain, rules, list(context.scopes),
+                       [slice(None)], Outputs(decompositions=True))
+    return dict(result.decompositions), timed.seconds
 
 
 @dataclass

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from captum_ffb import rules
 from captum_ffb.baselines.context import LayerContext, mask_maps
 from captum_ffb.decomposition import Decomposition, FactoredDecomposition
+from captum_ffb.rules import Attention
 
 REDUCTIONS = ("mean", "sum")
 
@@ -49,7 +49,7 @@ def attention_norm_maps(context: LayerContext, include_value_bias: bool = False)
     w_v, b_v, w_o, b_o = block.attention_weights()
     if not include_value_bias or b_v is None:
         identity = Decomposition.identity(value_input, context.token_mask)
-        return rules.attention(identity, probs, w_v, b_v, w_o, b_o).maps()
+        return Attention()(identity, probs, w_v, b_v, w_o, b_o).maps()
     n_heads = probs.shape[1]
     head_dim = w_o.shape[0] // n_heads
     values = value_input @ w_v + b_v  # (B, n, H_kv · d_head)

@@ -7,6 +7,7 @@ pass of the model: the core's capture records the tensors, and a pre-hook keeps 
 arguments the model handed to the block (attention mask, position embeddings, …), so the block
 can later be called on its own with other hidden states. Attention runs through the model's
 own eager attention function, so gradients (reverse and forward mode) flow through it.
+Everything is recorded by the engine's single capture (:func:`captum_ffb.engine.capture`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from captum_ffb.architectures import Block, ChainOptions
-from captum_ffb.architectures.block import resolve
 from captum_ffb.attr import LayerNormDecomposition
-from captum_ffb.capture import capture_blocks, forward_arguments, recording_attention, token_mask_of
+from captum_ffb.engine import Block, capture_layers, recording_attention
 
 #: Names under which blocks receive a key/value cache; replays pass ``None`` instead.
 _CACHE_NAMES = ("past_key_value", "past_key_values", "layer_past", "cache")
@@ -114,8 +113,10 @@ class LayerContext:
         scopes (tuple[str, ...]): the decomposition's scopes for this block.
         ff_pair (tuple[str, str]): the scopes just before and after the FF.
         token_mask (Tensor, optional): ``(B, n)`` bool, ``False`` on padding.
-        causal (bool): whether token ``i`` only sees tokens ``j ≤ i`` (read from the
-                    attention probabilities).
+        causal (bool): whether token ``i`` only sees tokens ``j ≤ i`` (from the family's
+                    spec).
+        decomposer (LayerNormDecomposition): the decomposition of this block (its rules,
+                    chain and scopes).
     """
 
     block: Block
@@ -166,32 +167,7 @@ class LayerContext:
 
     def value_input(self) -> Tensor:
         """The real input of the attention's value projection ``(B, n, d)`` (float32)."""
-        return self.block.real("baseline_value", "input")
-
-    def mix_state(self, options: ChainOptions | None = None) -> dict[str, Any]:
-        """The chain's row-mixing state (decompositions before the FF activation)."""
-        return self.decomposer.chain.mix(self.block, options or ChainOptions())
-
-
-def _is_causal(probs: Tensor, token_mask: Tensor | None) -> bool:
-    """True when no real row attends to a later real token."""
-    n = probs.shape[-1]
-    if n < 2:
-        return False
-    later = torch.ones(n, n, dtype=torch.bool, device=probs.device).triu(1)
-    if token_mask is not None:
-        real = token_mask.to(probs.device)
-        later = later & real[:, :, None] & real[:, None, :]
-        later = later[:, None]
-    if not bool(later.any()):
-        return False
-    return bool((probs.masked_select(later.expand_as(probs)) == 0).all())
-
-
-def _watched(decomposer: LayerNormDecomposition, module: nn.Module) -> dict[str, Any]:
-    roles = dict(decomposer.watched_modules(module))  # the core's roles, whatever the chain needs
-    roles["baseline_value"] = resolve(module, decomposer.spec.value.path)
-    return roles
+        return self.block.real("value", "input")
 
 
 def capture_layer(
@@ -219,7 +195,6 @@ def capture_layer(
     if not isinstance(layer, nn.Module) or isinstance(layer, (nn.ModuleList, list, tuple)):
         raise TypeError("layer must be one Transformer block module")
     decomposer = LayerNormDecomposition(forward_func, layer, model_type=model_type)
-    args = forward_arguments(inputs, additional_forward_args)
     kwargs = dict(forward_kwargs or {})
     model = forward_func if isinstance(forward_func, nn.Module) else None
     if model is not None and "use_cache" not in kwargs:
@@ -228,50 +203,24 @@ def capture_layer(
                 kwargs["use_cache"] = False  # a cache would grow on every replay
         except (TypeError, ValueError):
             pass
-
-    call: dict[str, Any] = {}
-
-    def keep_call(module, call_args, call_kwargs):
-        if not call:
-            call["args"], call["kwargs"] = call_args, dict(call_kwargs)
-
-    owners = [model] if model is not None else []
-    training = layer.training
-    layer.eval()
-    handle = layer.register_forward_pre_hook(keep_call, with_kwargs=True)
-    try:
-        (capture,) = capture_blocks(
-            lambda: forward_func(*args, **kwargs),
-            [layer],
-            [_watched(decomposer, layer)],
-            [[resolve(layer, decomposer.spec.attention)]],
-            owners=owners,
-        )
-    finally:
-        handle.remove()
-        layer.train(training)
-
-    token_mask = token_mask_of(kwargs.get("attention_mask"), capture.inputs)
-    block = Block(layer, decomposer.spec, capture, token_mask=token_mask)
-    call_args, call_kwargs = call["args"], call["kwargs"]
-    hidden_keyword = not call_args
-    if hidden_keyword:
-        call_kwargs.pop("hidden_states", None)
-    else:
-        call_args = call_args[1:]
+    (block,), _ = capture_layers(
+        forward_func, model, [layer], decomposer.spec, inputs, additional_forward_args, kwargs,
+        with_next_norms=False, keep_calls=True,
+    )
+    record = block.capture
     chain = decomposer.chain
     return LayerContext(
         block=block,
         chain_name=chain.name,
         scopes=chain.scopes,
         ff_pair=chain.ff_pair,
-        token_mask=token_mask,
-        causal=_is_causal(block.probs, token_mask),
+        token_mask=block.token_mask,
+        causal=decomposer.spec.is_causal(block.config),
         decomposer=decomposer,
-        _call_args=tuple(call_args),
-        _call_kwargs=call_kwargs,
-        _hidden_keyword=hidden_keyword,
-        _owners=owners,
+        _call_args=tuple(record.call_args),
+        _call_kwargs=dict(record.call_kwargs),
+        _hidden_keyword=record.hidden_keyword,
+        _owners=[model] if model is not None else [],
     )
 
 

@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
@@ -51,14 +52,31 @@ def _check(method: str, route: str, x: Tensor, batch_size: int) -> None:
         raise ValueError("batch_size must be a positive number of examples")
 
 
-def _integration(method: str, n_steps: int) -> tuple[list[float], list[float]]:
-    """Captum's integration nodes ``α`` and weights for ``n_steps`` steps."""
-    from captum.attr._utils.approximation_methods import approximation_parameters
+#: Integration methods, by Captum's names.
+INTEGRATION_METHODS = ("gausslegendre", "riemann_left", "riemann_right", "riemann_middle",
+                       "riemann_trapezoid")
 
+
+def _integration(method: str, n_steps: int) -> tuple[list[float], list[float]]:
+    """Nodes ``α`` on [0, 1] and weights of the integration methods Captum offers (the same
+    rules: Gauss–Legendre, or Riemann sums with left, right, middle or trapezoid nodes)."""
     if n_steps < 1:
         raise ValueError("n_steps must be positive")
-    step_sizes, alphas = approximation_parameters(method)
-    return list(alphas(n_steps)), list(step_sizes(n_steps))
+    if method not in INTEGRATION_METHODS:
+        raise ValueError(f"unknown integration method {method!r}; choose from {INTEGRATION_METHODS}")
+    n = n_steps
+    if method == "gausslegendre":
+        nodes, weights = np.polynomial.legendre.leggauss(n)
+        return list((nodes + 1) / 2), list(weights / 2)
+    if method == "riemann_trapezoid":
+        if n < 2:
+            raise ValueError("the trapezoid rule needs at least 2 steps")
+        weights = [1 / n] * n
+        weights[0] /= 2
+        weights[-1] /= 2
+        return list(np.linspace(0, 1, n)), weights
+    start = {"riemann_left": 0.0, "riemann_right": 1 / n, "riemann_middle": 1 / (2 * n)}[method]
+    return list(start + np.arange(n) / n), [1 / n] * n
 
 
 def _progress(total: int, enabled: bool, desc: str) -> Any:

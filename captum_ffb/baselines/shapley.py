@@ -12,7 +12,8 @@ Shapley value of token ``j`` is then a vector per output row,
 complete by construction (``Σ_j φ_j[i] = y_i − L(0)_i``), and the map is
 ``M[i, j] = ‖φ_j[i]‖₂``.
 
-Methods (all with the zero baseline as the only background sample):
+Methods (the game solver of :mod:`captum_ffb.rules.shapley`, with the zero baseline as the
+only background sample):
 
 * ``"exact"``: ``shap.explainers.Exact``, all ``2^p`` coalitions (gray-code order).
 * ``"permutation"``: ``shap.explainers.Permutation`` (antithetic permutation sampling);
@@ -26,188 +27,13 @@ Methods (all with the zero baseline as the only background sample):
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from captum_ffb.baselines.context import LayerContext, mask_maps
-
-ValueFn = Callable[[Tensor], Tensor]
-
-SHAPLEY_METHODS = ("exact", "permutation", "sampling", "kernel", "captum")
-
-#: Most players the exact method accepts by default (it evaluates 2^p coalitions).
-MAX_EXACT_PLAYERS = 16
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None) -> Iterator[None]:
-    """Seed numpy's and torch's global generators for the block; restore them afterwards."""
-    if seed is None:
-        yield
-        return
-    state = np.random.get_state()
-    np.random.seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        try:
-            yield
-        finally:
-            np.random.set_state(state)
-
-
-def _numpy_model(value_fn: ValueFn, dtype: torch.dtype, batch_size: int) -> Callable[[np.ndarray], np.ndarray]:
-    """Wrap ``value_fn`` (masks → values) as the numpy model the shap explainers call."""
-
-    def model(masks: np.ndarray) -> np.ndarray:
-        masks_t = torch.as_tensor(np.asarray(masks, dtype=np.float64)).to(dtype)
-        outs = []
-        with torch.no_grad():
-            for start in range(0, masks_t.shape[0], batch_size):
-                outs.append(value_fn(masks_t[start : start + batch_size]).double())
-        return torch.cat(outs).reshape(masks_t.shape[0], -1).cpu().numpy()
-
-    return model
-
-
-def _shap_values(values: Any, n_players: int) -> np.ndarray:
-    """Explanation or legacy output → ``(p, m)``."""
-    array = np.asarray(getattr(values, "values", values), dtype=np.float64)
-    if array.ndim == 3 and array.shape[0] == 1:  # (1, p, m)
-        array = array[0]
-    elif array.ndim == 3 and array.shape[-1] == 1:  # legacy (1?, p, m) transposed
-        array = array[..., 0]
-    if array.ndim == 1:
-        array = array[:, None]
-    if array.shape[0] != n_players:
-        array = array.reshape(n_players, -1)
-    return array
-
-
-def shapley_values(
-    value_fn: ValueFn,
-    n_players: int,
-    method: str = "exact",
-    n_samples: int | None = None,
-    seed: int | None = 0,
-    batch_size: int = 256,
-    dtype: torch.dtype = torch.float32,
-    max_exact_players: int = MAX_EXACT_PLAYERS,
-) -> Tensor:
-    r"""Shapley values of a vector-valued game given on coalition masks, ``(p, m)``.
-
-    The game is ``v(S) = value_fn(mask_S)`` with ``mask_S ∈ {0, 1}^p`` (a float row per
-    coalition); the empty coalition is the baseline. Every output element is its own game;
-    all share the same evaluations.
-
-    Args:
-        value_fn (Callable): ``(N, p)`` masks → ``(N, m)`` values.
-        n_players (int): ``p``.
-        method (str): ``"exact"``, ``"permutation"``, ``"sampling"``, ``"kernel"`` or
-                    ``"captum"`` (see the module documentation).
-        n_samples (int, optional): the method's budget (see the module documentation).
-        seed (int, optional): seed of the sampling methods (``None`` leaves the global
-                    generators alone).
-        batch_size (int): coalitions per call of ``value_fn``.
-        dtype (torch.dtype): dtype of the masks given to ``value_fn``.
-        max_exact_players (int): refuse ``"exact"`` above this many players.
-
-    Returns:
-        Tensor ``(p, m)`` in float64.
-    """
-    if method not in SHAPLEY_METHODS:
-        raise ValueError(f"method must be one of {SHAPLEY_METHODS}, got {method!r}")
-    if n_players < 1:
-        raise ValueError("a Shapley game needs at least one player")
-    if n_samples is not None and n_samples < 1:
-        raise ValueError("n_samples must be positive")
-    p = n_players
-    if method == "exact" and p > max_exact_players:
-        raise ValueError(
-            f"exact Shapley values of {p} players need 2^{p} evaluations; use a sampling "
-            f"method or raise max_exact_players (now {max_exact_players})"
-        )
-    if method == "captum":
-        return _captum_values(value_fn, p, n_samples, seed, batch_size, dtype)
-
-    shap = _import_shap()
-    model = _numpy_model(value_fn, dtype, batch_size)
-    background = np.zeros((1, p))
-    instance = np.ones((1, p))
-    with _seeded(seed), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if method == "exact":
-            explainer = shap.explainers.Exact(model, background)
-            values = explainer(instance, max_evals=2**p + 1, batch_size=batch_size, silent=True)
-        elif method == "permutation":
-            explainer = shap.explainers.Permutation(model, background, seed=seed)
-            budget = n_samples if n_samples is not None else 10 * (2 * p + 1)
-            values = explainer(
-                instance, max_evals=max(budget, 2 * p + 1), batch_size=batch_size, silent=True
-            )
-        elif method == "sampling":
-            explainer = _sampling_explainer(shap)(model, background)
-            budget = n_samples if n_samples is not None else 2 * p + 2048
-            values = explainer.shap_values(instance, nsamples=budget, silent=True)
-        else:
-            explainer = shap.KernelExplainer(model, background)
-            budget = n_samples if n_samples is not None else 2 * p + 2048
-            values = explainer.shap_values(instance, nsamples=budget, l1_reg=False, silent=True)
-    return torch.from_numpy(_shap_values(values, p))
-
-
-def _import_shap() -> Any:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # shap's plotting colours warn on import
-            import shap
-    except ImportError as error:  # pragma: no cover - depends on the install
-        raise ValueError("the shap methods need shap: pip install 'captum_ffb[shap]'") from error
-    return shap
-
-
-def _sampling_explainer(shap: Any) -> type:
-    """shap's Sampling explainer, guarded against outputs on which no player varies.
-
-    shap normalises the per-player variances of every output by their sum to share its
-    second-round budget; an output whose every marginal contribution is constant (a causal
-    row that sees one token) gives 0/0 and poisons the estimate with NaN. A variance floor
-    far below any real variance removes the division by zero and changes nothing else.
-    """
-
-    class GuardedSampling(shap.explainers.Sampling):
-        def sampling_estimate(self, *args: Any, **kwargs: Any) -> Any:
-            mean, var = super().sampling_estimate(*args, **kwargs)
-            return mean, var + 1e-200
-
-    return GuardedSampling
-
-
-def _captum_values(
-    value_fn: ValueFn, p: int, n_samples: int | None, seed: int | None, batch_size: int,
-    dtype: torch.dtype,
-) -> Tensor:
-    from captum.attr import ShapleyValueSampling
-
-    def forward(masks: Tensor) -> Tensor:
-        return value_fn(masks.to(dtype)).reshape(masks.shape[0], -1).double()
-
-    inputs = torch.ones(1, p, dtype=torch.float64)
-    with _seeded(seed), torch.no_grad():
-        attributions = ShapleyValueSampling(forward).attribute(
-            inputs,
-            baselines=0.0,
-            n_samples=n_samples if n_samples is not None else 25,
-            perturbations_per_eval=max(1, min(batch_size, p)),
-        )
-    # attributions: (1, m, p) in Captum's multi-output layout (output shape, then inputs)
-    values = attributions.reshape(-1, p).t()
-    return values.double()
+from captum_ffb.rules.shapley import MAX_EXACT_PLAYERS, shapley_values
 
 
 def shapley_vectors(

@@ -1,26 +1,279 @@
-"""Activation rules: Integrated Gradients (zero baseline) over the tokens' shares of the input.
+"""Activation rules: how ``g(S)`` and ``g(A) ⊙ B`` are shared among the players of ``S``.
 
-For an element-wise activation ``g`` applied to ``S = Σ_j u_j + u_b`` the integral has a closed
-form, ``IG_j = u_j · (g(S) − g(0)) / S``; the numeric route through Captum's
-:class:`~captum.attr.IntegratedGradients` computes the same numbers and stays available for
-checking. Gated activations ``g(A) ⊙ B`` need one 1-D integral per output element.
+The default is Integrated Gradients with a zero baseline over the players' shares of the
+pre-activation (the paper's choice). For an element-wise ``g`` applied to
+``S = Σ_j u_j + u_b`` the integral has the closed form ``IG_j = u_j · (g(S) − g(0)) / S``;
+the numeric route through Captum's :class:`~captum.attr.IntegratedGradients` computes the
+same numbers and stays available for checking. Gated activations ``g(A) ⊙ B`` need one 1-D
+integral per output element.
+
+The alternatives people compare against are rules too: the linearised rule (gradient times
+input, ``F ⊙ g'(S)``: not complete, and its convergence delta says by how much) and the
+"FF owed to no token" rule (the activation's whole output goes to the bias, so the FF block
+adds nothing to any token's share: the view of Kobayashi et al. 2021). Shapley values are in
+:mod:`captum_ffb.rules.shapley`.
+
+Every rule whose coefficients are fixed by the real pre-activation also gives them to the
+one-backward-pass route: :meth:`slope` (element-wise) or :meth:`slopes` (gated) is the
+derivative of the rule's frozen linear map.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition, FactoredDecomposition, TokenwiseDecomposition
+from captum_ffb.decomposition import (
+    Decomposition,
+    FactoredDecomposition,
+    TokenwiseDecomposition,
+    no_terms,
+)
+from captum_ffb.rules.base import Rule
 
 ActivationFn = Callable[[Tensor], Tensor]
 
 ROUTES = ("closed_form", "captum")
 
 
+def _check_route(route: str) -> None:
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+
+
+def _scale_terms(decomposition: Decomposition, coeff: Tensor, bias: Tensor) -> Decomposition:
+    """``F ⊙ coeff`` row by row (``coeff`` ``(B, n_out, d)``), with the given new bias."""
+    if isinstance(decomposition, TokenwiseDecomposition):
+        return TokenwiseDecomposition(decomposition.vectors * coeff, bias, decomposition.token_mask)
+    if isinstance(decomposition, FactoredDecomposition):
+        terms = decomposition.terms  # materialised afresh: scale it in place
+        terms.mul_(coeff[:, :, None, :])
+    else:  # stored terms: leave them untouched
+        terms = decomposition.terms * coeff[:, :, None, :]
+    return Decomposition(terms, bias, decomposition.token_mask, player_mask=decomposition.player_mask)
+
+
+def _real(value: Tensor | None, decomposition: Decomposition) -> Tensor:
+    total = decomposition.total() if value is None else value
+    return total.to(decomposition.bias.dtype)
+
+
+def _slope_at(fn: ActivationFn, x: Tensor) -> Tensor:
+    """``g'(x)`` element-wise, by autograd."""
+    with torch.enable_grad():
+        point = x.detach().clone().requires_grad_(True)
+        (slope,) = torch.autograd.grad(fn(point).sum(), point)
+    return slope.detach()
+
+
+# --------------------------------------------------------------------------- element-wise
+@dataclass
+class IGActivation(Rule):
+    r"""Integrated Gradients (zero baseline, straight path) for an element-wise ``g(S)``.
+
+    The players are the tokens' shares ``u_j`` of the pre-activation and the bias share
+    ``u_b``. ``g(0)`` (zero for GELU, ReLU, SiLU) joins the bias, so completeness holds.
+
+    Call: ``IGActivation()(decomposition, fn, pre_activation)`` with the decomposition of
+    ``S``, the activation ``g`` and the real ``S`` ``(B, n_out, d)`` (``None``: the
+    decomposition's own total).
+
+    Args:
+        route (str): ``"closed_form"`` (default: ``IG_j = u_j (g(S) − g(0)) / S``, exact) or
+                    ``"captum"`` (the integral computed by :class:`captum.attr.IntegratedGradients`
+                    with one example per output row; for checking).
+        method (str): Captum's integration method for the ``"captum"`` route.
+        n_steps (int): Captum's number of steps for the ``"captum"`` route.
+        internal_batch_size (int, optional): Captum's ``internal_batch_size`` for that route.
+
+    Examples::
+
+        >>> from captum_ffb import LayerNormDecomposition
+        >>> from captum_ffb.rules import IGActivation
+        >>> lnd = LayerNormDecomposition(model, layer,
+        ...                              rules={"activation": IGActivation(route="captum")})
+    """
+
+    route: str = "closed_form"
+    method: str = "gausslegendre"
+    n_steps: int = 50
+    internal_batch_size: int | None = None
+
+    role = "activation"
+
+    def __post_init__(self) -> None:
+        _check_route(self.route)
+
+    @property
+    def linear_in_players(self) -> bool:  # type: ignore[override]
+        return self.route == "closed_form"
+
+    def slope(self, fn: ActivationFn, pre_activation: Tensor) -> Tensor:
+        """The frozen coefficient ``(g(S) − g(0)) / S`` (``g'(0)`` where ``S = 0``)."""
+        return activation_coefficients(fn, pre_activation)[0]
+
+    def __call__(self, decomposition: Decomposition, fn: ActivationFn,
+                 pre_activation: Tensor | None = None) -> Decomposition:
+        if self.route == "captum":
+            return _captum_activation(decomposition, fn, self.method, self.n_steps,
+                                      self.internal_batch_size)
+        coeff, g0 = activation_coefficients(fn, _real(pre_activation, decomposition))
+        return _scale_terms(decomposition, coeff, decomposition.bias * coeff + g0)
+
+
+@dataclass
+class LinearisedActivation(Rule):
+    r"""Gradient times input for an element-wise ``g(S)``: ``F' = F ⊙ g'(S)``, ``b' = b ⊙ g'(S)``.
+
+    The first-order view many gradient methods take. It is not complete (``S g'(S) ≠ g(S)``
+    for a curved ``g``): the convergence delta of a decomposition using it measures the gap.
+    Call as :class:`IGActivation`.
+    """
+
+    role = "activation"
+
+    def slope(self, fn: ActivationFn, pre_activation: Tensor) -> Tensor:
+        """``g'(S)``."""
+        return _slope_at(fn, pre_activation)
+
+    def __call__(self, decomposition: Decomposition, fn: ActivationFn,
+                 pre_activation: Tensor | None = None) -> Decomposition:
+        slope = self.slope(fn, _real(pre_activation, decomposition))
+        return _scale_terms(decomposition, slope, decomposition.bias * slope)
+
+
+@dataclass
+class NoTokenActivation(Rule):
+    r"""The activation's whole output ``g(S)`` is owed to no token (it goes to the bias).
+
+    With it the FF block adds nothing to any token's share: every token term after the FF
+    comes through the residual, the view of Kobayashi et al. (2021), which left FF out.
+    Complete. Call as :class:`IGActivation`.
+    """
+
+    role = "activation"
+
+    def slope(self, fn: ActivationFn, pre_activation: Tensor) -> Tensor:
+        """Zero: no token's share passes."""
+        return torch.zeros_like(pre_activation)
+
+    def __call__(self, decomposition: Decomposition, fn: ActivationFn,
+                 pre_activation: Tensor | None = None) -> Decomposition:
+        real = _real(pre_activation, decomposition)
+        return no_terms(decomposition, fn(real))
+
+
+# --------------------------------------------------------------------------- gated
+@dataclass
+class GatedIGActivation(Rule):
+    r"""Integrated Gradients (zero baseline) for a gated activation ``g(A) ⊙ B`` (SwiGLU, GeGLU).
+
+    Over the shares of ``A`` and ``B``: ``IG_{a_j} = a_j · ∫₀¹ t g'(tA) B dt`` and
+    ``IG_{b_j} = b_j · ∫₀¹ g(tA) dt``. Neither integral depends on ``j``; with
+    ``m = ∫₀¹ g(tA) dt`` (one quadrature per output element, or a closed form for exact GELU
+    and ReLU) integration by parts gives ``∫₀¹ t g'(tA) dt = (g(A) − m) / A``, so the two
+    coefficients add up to ``g(A)·B`` exactly.
+
+    Call: ``GatedIGActivation()(gate, up, fn, real_gate, real_up)`` with the decompositions
+    of ``A`` (gate projection) and ``B`` (up projection), ``g``, and the real ``A`` and ``B``
+    (``None``: the decompositions' totals).
+
+    Args:
+        route (str): ``"closed_form"`` (the formulas above, default) or ``"captum"``
+                    (Captum's ``IntegratedGradients`` over the pairs ``(a_j, b_j)``, for checking).
+        method (str): Captum's integration method for the ``"captum"`` route.
+        n_steps (int): Captum's number of steps for the ``"captum"`` route.
+        n_points (int): Gauss–Legendre nodes for ``m``.
+        mean_value (Callable, optional): a closed form of ``A ↦ ∫₀¹ g(tA) dt``, used instead
+                    of quadrature (by default one is looked up for ``g``, see
+                    :func:`mean_value_closed_form`).
+    """
+
+    route: str = "closed_form"
+    method: str = "gausslegendre"
+    n_steps: int = 50
+    n_points: int = 32
+    mean_value: Callable[[Tensor], Tensor] | None = None
+
+    role = "gated_activation"
+
+    def __post_init__(self) -> None:
+        _check_route(self.route)
+
+    @property
+    def linear_in_players(self) -> bool:  # type: ignore[override]
+        return self.route == "closed_form"
+
+    def slopes(self, fn: ActivationFn, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """The frozen coefficients ``(B (g(A) − m) / A, m)`` of the gate and up shares."""
+        mean_value = self.mean_value or mean_value_closed_form(fn)
+        m = mean_value(a) if mean_value is not None else gate_mean_value(fn, a, self.n_points)
+        _, slope0 = _value_at_zero(fn, a)
+        zero = a == 0
+        safe = torch.where(zero, torch.ones_like(a), a)
+        return b * torch.where(zero, slope0 / 2, (fn(a) - m) / safe), m
+
+    def __call__(self, gate: Decomposition, up: Decomposition, fn: ActivationFn,
+                 real_gate: Tensor | None = None, real_up: Tensor | None = None) -> Decomposition:
+        if self.route == "captum":
+            return _captum_gated(gate, up, fn, self.method, self.n_steps)
+        coeff_gate, coeff_up = self.slopes(fn, _real(real_gate, gate), _real(real_up, up))
+        return _combine_gated(gate, up, coeff_gate, coeff_up)
+
+
+@dataclass
+class LinearisedGatedActivation(Rule):
+    r"""Gradient times input for ``g(A) ⊙ B``: shares of ``A`` times ``g'(A) B``, of ``B`` times ``g(A)``.
+
+    Not complete (the gate's part is counted to first order only); its convergence delta
+    measures the gap. Call as :class:`GatedIGActivation`.
+    """
+
+    role = "gated_activation"
+
+    def slopes(self, fn: ActivationFn, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """``(g'(A) B, g(A))``."""
+        return _slope_at(fn, a) * b, fn(a)
+
+    def __call__(self, gate: Decomposition, up: Decomposition, fn: ActivationFn,
+                 real_gate: Tensor | None = None, real_up: Tensor | None = None) -> Decomposition:
+        coeff_gate, coeff_up = self.slopes(fn, _real(real_gate, gate), _real(real_up, up))
+        return _combine_gated(gate, up, coeff_gate, coeff_up)
+
+
+@dataclass
+class NoTokenGatedActivation(Rule):
+    r"""The gated activation's whole output ``g(A) ⊙ B`` is owed to no token (see
+    :class:`NoTokenActivation`). Call as :class:`GatedIGActivation`."""
+
+    role = "gated_activation"
+
+    def slopes(self, fn: ActivationFn, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """Zeros: no token's share passes."""
+        return torch.zeros_like(a), torch.zeros_like(b)
+
+    def __call__(self, gate: Decomposition, up: Decomposition, fn: ActivationFn,
+                 real_gate: Tensor | None = None, real_up: Tensor | None = None) -> Decomposition:
+        return no_terms(gate, fn(_real(real_gate, gate)) * _real(real_up, up))
+
+
+def _combine_gated(gate: Decomposition, up: Decomposition, coeff_gate: Tensor, coeff_up: Tensor) -> Decomposition:
+    """``gate ⊙ coeff_gate + up ⊙ coeff_up``, term by term."""
+    bias = gate.bias * coeff_gate + up.bias * coeff_up
+    if isinstance(gate, TokenwiseDecomposition) and isinstance(up, TokenwiseDecomposition):
+        vectors = gate.vectors * coeff_gate + up.vectors * coeff_up
+        return TokenwiseDecomposition(vectors, bias, gate.token_mask)
+    terms = _fresh_terms(gate)
+    terms.mul_(coeff_gate[:, :, None, :])
+    terms.addcmul_(_fresh_terms(up), coeff_up[:, :, None, :])
+    return Decomposition(terms, bias, gate.token_mask, player_mask=gate.player_mask)
+
+
+# --------------------------------------------------------------------------- shared maths
 def _value_at_zero(fn: ActivationFn, like: Tensor) -> tuple[Tensor, Tensor]:
     """``g(0)`` and ``g'(0)`` (by autograd, as Captum's gradients see it), cached per ``g``."""
     key = (id(fn), like.dtype, like.device)
@@ -54,53 +307,6 @@ def activation_coefficients(fn: ActivationFn, pre_activation: Tensor) -> tuple[T
     zero = pre_activation == 0
     safe = torch.where(zero, torch.ones_like(pre_activation), pre_activation)
     return torch.where(zero, slope0, value / safe), g0
-
-
-def activation(
-    decomposition: Decomposition,
-    fn: ActivationFn,
-    pre_activation: Tensor | None = None,
-    route: str = "closed_form",
-    method: str = "gausslegendre",
-    n_steps: int = 50,
-    internal_batch_size: int | None = None,
-) -> Decomposition:
-    r"""Decompose an element-wise activation ``g(S)`` with Integrated Gradients.
-
-    The players are the tokens' shares ``u_j`` of the pre-activation and the bias share
-    ``u_b``; the baseline is zero and the path straight. ``g(0)`` (zero for GELU, ReLU, SiLU)
-    joins the bias, so completeness holds exactly.
-
-    Args:
-        decomposition (Decomposition): decomposition of the pre-activation ``S``.
-        fn (Callable): the activation ``g``.
-        pre_activation (Tensor, optional): the real ``S`` ``(B, n_out, d)``; by default the
-                    decomposition's own total.
-        route (str): ``"closed_form"`` (default, exact) or ``"captum"`` (numeric integral with
-                    :class:`captum.attr.IntegratedGradients`).
-        method (str): Captum's integration method for the ``"captum"`` route.
-        n_steps (int): Captum's number of steps for the ``"captum"`` route.
-        internal_batch_size (int, optional): Captum's ``internal_batch_size`` for that route.
-
-    Returns:
-        Dense decomposition of ``g(S)``.
-    """
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-    if route == "captum":
-        return _captum_activation(decomposition, fn, method, n_steps, internal_batch_size)
-    total = decomposition.total() if pre_activation is None else pre_activation
-    coeff, g0 = activation_coefficients(fn, total.to(decomposition.bias.dtype))
-    if isinstance(decomposition, TokenwiseDecomposition):
-        return TokenwiseDecomposition(
-            decomposition.vectors * coeff, decomposition.bias * coeff + g0, decomposition.token_mask
-        )
-    if isinstance(decomposition, FactoredDecomposition):
-        terms = decomposition.terms  # materialised afresh: scale it in place
-        terms.mul_(coeff[:, :, None, :])
-    else:  # stored terms: leave them untouched
-        terms = decomposition.terms * coeff[:, :, None, :]
-    return Decomposition(terms, decomposition.bias * coeff + g0, decomposition.token_mask)
 
 
 def _captum_activation(
@@ -137,6 +343,7 @@ def _captum_activation(
         attributions[:, :, :n_in].contiguous(),
         attributions[:, :, n_in] + g0,
         decomposition.token_mask,
+        player_mask=decomposition.player_mask,
     )
 
 
@@ -159,65 +366,6 @@ def gate_mean_value(fn: ActivationFn, gate: Tensor, n_points: int = 32) -> Tenso
     for t, w in zip(nodes, weights):
         total += w * fn(t * wide)
     return total.to(gate.dtype)
-
-
-def gated_activation(
-    gate: Decomposition,
-    up: Decomposition,
-    fn: ActivationFn,
-    real_gate: Tensor | None = None,
-    real_up: Tensor | None = None,
-    n_points: int = 32,
-    mean_value: Callable[[Tensor], Tensor] | None = None,
-    route: str = "closed_form",
-    method: str = "gausslegendre",
-    n_steps: int = 50,
-) -> Decomposition:
-    r"""Decompose a gated activation ``g(A) ⊙ B`` (SwiGLU, GeGLU) with Integrated Gradients.
-
-    With zero baseline over the shares of ``A`` and ``B``:
-    ``IG_{a_j} = a_j · ∫₀¹ t g'(tA) B dt`` and ``IG_{b_j} = b_j · ∫₀¹ g(tA) dt``. Neither
-    integral depends on ``j``; with ``m = ∫₀¹ g(tA) dt`` (one quadrature per output element)
-    integration by parts gives ``∫₀¹ t g'(tA) dt = (g(A) − m) / A``, so the two coefficients
-    add up to ``g(A)·B`` exactly.
-
-    Args:
-        gate (Decomposition): decomposition of ``A`` (the gate projection).
-        up (Decomposition): decomposition of ``B`` (the up projection), same rows and tokens.
-        fn (Callable): ``g``.
-        real_gate (Tensor, optional): the real ``A``; by default ``gate``'s total.
-        real_up (Tensor, optional): the real ``B``; by default ``up``'s total.
-        n_points (int): Gauss–Legendre nodes for ``m``.
-        mean_value (Callable, optional): a closed form of ``A ↦ ∫₀¹ g(tA) dt``, used instead
-                    of quadrature (by default one is looked up for ``g``, see
-                    :func:`mean_value_closed_form`).
-        route (str): ``"closed_form"`` (the formulas above, default) or ``"captum"``
-                    (Captum's ``IntegratedGradients`` over the pairs ``(a_j, b_j)``, for checking).
-        method (str): Captum's integration method for the ``"captum"`` route.
-        n_steps (int): Captum's number of steps for the ``"captum"`` route.
-    """
-    if route not in ROUTES:
-        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-    if route == "captum":
-        return _captum_gated(gate, up, fn, method, n_steps)
-    mean_value = mean_value or mean_value_closed_form(fn)
-    dtype = gate.bias.dtype
-    a = (gate.total() if real_gate is None else real_gate).to(dtype)
-    b = (up.total() if real_up is None else real_up).to(dtype)
-    m = mean_value(a) if mean_value is not None else gate_mean_value(fn, a, n_points)
-    _, slope0 = _value_at_zero(fn, a)
-    zero = a == 0
-    safe = torch.where(zero, torch.ones_like(a), a)
-    coeff_gate = b * torch.where(zero, slope0 / 2, (fn(a) - m) / safe)
-    coeff_up = m
-    bias = gate.bias * coeff_gate + up.bias * coeff_up
-    if isinstance(gate, TokenwiseDecomposition) and isinstance(up, TokenwiseDecomposition):
-        vectors = gate.vectors * coeff_gate + up.vectors * coeff_up
-        return TokenwiseDecomposition(vectors, bias, gate.token_mask)
-    terms = _fresh_terms(gate)
-    terms.mul_(coeff_gate[:, :, None, :])
-    terms.addcmul_(_fresh_terms(up), coeff_up[:, :, None, :])
-    return Decomposition(terms, bias, gate.token_mask)
 
 
 def _fresh_terms(decomposition: Decomposition) -> Tensor:
@@ -245,7 +393,8 @@ def _captum_gated(gate: Decomposition, up: Decomposition, fn: ActivationFn, meth
             (players(gate), players(up)), method=method, n_steps=n_steps
         )
     total = (ig_a + ig_b).detach().reshape(batch, n_out, n_in + 1, width)
-    return Decomposition(total[:, :, :n_in].contiguous(), total[:, :, n_in], gate.token_mask)
+    return Decomposition(total[:, :, :n_in].contiguous(), total[:, :, n_in], gate.token_mask,
+                         player_mask=gate.player_mask)
 
 
 def _exact_gelu_mean_value(a: Tensor) -> Tensor:

@@ -5,24 +5,29 @@ from __future__ import annotations
 from torch import Tensor
 
 from captum_ffb.decomposition import Decomposition
+from captum_ffb.rules.base import Rule
 
 
-def linear(decomposition: Decomposition, weight: Tensor, bias: Tensor | None = None) -> Decomposition:
+class Linear(Rule):
     r"""Decompose ``z W + c`` given a decomposition of ``z``.
 
-    Every term is mapped by ``W``; the constant ``c`` joins the bias (it is owed to no token).
+    Every term is mapped by ``W``; the constant ``c`` joins the bias (it is owed to no
+    token). The result keeps the cheapest storage form the input allows.
 
-    Args:
-        decomposition (Decomposition): decomposition of the input vectors.
-        weight (Tensor): ``(d_in, d_out)`` (the transpose of ``nn.Linear.weight``).
-        bias (Tensor, optional): ``(d_out,)``.
+    Call: ``Linear()(decomposition, weight, bias=None)`` with ``weight`` ``(d_in, d_out)``
+    (the transpose of ``nn.Linear.weight``) and ``bias`` ``(d_out,)``.
 
-    Returns:
-        Decomposition of the output vectors, in the cheapest form the input allows.
+    Examples::
+
+        >>> out = Linear()(dec, layer.weight.t(), layer.bias)
     """
-    if weight.shape[0] != decomposition.dim:
-        raise ValueError(
-            f"weight expects vectors of width {weight.shape[0]}, the decomposition has "
-            f"width {decomposition.dim}"
-        )
-    return decomposition.linear(weight, bias)
+
+    role = "linear"
+
+    def __call__(self, decomposition: Decomposition, weight: Tensor, bias: Tensor | None = None) -> Decomposition:
+        if weight.shape[0] != decomposition.dim:
+            raise ValueError(
+                f"weight expects vectors of width {weight.shape[0]}, the decomposition has "
+                f"width {decomposition.dim}"
+            )
+        return decomposition.linear(weight, bias)

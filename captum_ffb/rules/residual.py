@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from captum_ffb.decomposition import Decomposition
+from captum_ffb.rules.base import Rule
 
 
-def residual(branch: Decomposition, skip: Decomposition) -> Decomposition:
+class Residual(Rule):
     r"""Decompose ``branch + skip`` by adding the two decompositions term by term.
 
-    Args:
-        branch (Decomposition): decomposition of the sub-block's output ``f(z)``.
-        skip (Decomposition): decomposition of what the residual connection bypasses.
-
-    Returns:
-        Decomposition of the sum; compact forms are kept where both allow it.
+    Call: ``Residual()(branch, skip)``: the decompositions of the sub-block's output ``f(z)``
+    and of what the residual connection bypasses. Compact forms are kept where both allow it.
     """
-    return branch + skip
+
+    role = "residual"
+
+    def __call__(self, branch: Decomposition, skip: Decomposition) -> Decomposition:
+        return branch + skip

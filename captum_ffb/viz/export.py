@@ -109,7 +109,7 @@ def to_inseq(
     (index,) = pick_layers(maps, layer)
     names = pick_scopes(maps.scopes, scopes)
     tokens = [TokenWithId(t, k) for k, t in enumerate(display_tokens(maps.tokens))]
-    causal = _is_causal(maps)
+    causal = maps.causal
     sequences = []
     for name in names:
         grid = maps.maps[index][name].detach().float().cpu().T.contiguous()  # [j, i]
@@ -164,13 +164,3 @@ def to_captum(maps: TextMaps, layer: int, scope: str | None = None) -> Any:
         token_attr=matrix,
     )
 
-
-def _is_causal(maps: TextMaps) -> bool:
-    """Whether every map is lower-triangular (a decoder): then ``j > i`` holds nothing."""
-    n = len(maps.tokens)
-    if n < 2:
-        return False
-    upper = torch.ones(n, n, dtype=torch.bool).triu(1)
-    return all(
-        bool((m[upper] == 0).all()) for layer in maps.maps.values() for m in layer.values()
-    )

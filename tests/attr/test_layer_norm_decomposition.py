@@ -12,6 +12,7 @@ from captum_ffb import (
     UnsupportedArchitectureError,
     supported_architectures,
 )
+from captum_ffb.rules import GatedIGActivation, IGActivation
 from tests.models import TINY_MODELS, capture_references, token_ids
 
 NAMES = sorted(TINY_MODELS)
@@ -99,8 +100,11 @@ def test_closed_form_equals_captum_integrated_gradients(tiny):
     ids = token_ids(batch=1, n=6)
     lnd = LayerNormDecomposition(model, spec.blocks(model)[0])
     exact = lnd.attribute(ids, scope=list(lnd.scopes))
-    numeric = lnd.attribute(ids, scope=list(lnd.scopes), activation_route="captum",
-                            method="gausslegendre", n_steps=50)
+    role = "activation" if "activation" in lnd.roles else "gated_activation"
+    rule = {"activation": IGActivation, "gated_activation": GatedIGActivation}[role]
+    captum_route = LayerNormDecomposition(model, spec.blocks(model)[0], rules={
+        role: rule(route="captum", method="gausslegendre", n_steps=50)})
+    numeric = captum_route.attribute(ids, scope=list(lnd.scopes))
     for scope in lnd.scopes:
         assert _relative(numeric[scope], exact[scope]) < 1e-5, scope
 

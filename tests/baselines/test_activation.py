@@ -6,13 +6,9 @@ import pytest
 import torch
 from transformers.activations import ACT2FN
 
-from captum_ffb import Decomposition, LayerNormDecomposition, rules
-from captum_ffb.baselines import (
-    activation_study,
-    capture_layer,
-    scopes_with_activation,
-    shapley_activation,
-)
+from captum_ffb import Decomposition, LayerNormDecomposition
+from captum_ffb.baselines import activation_study, capture_layer, scopes_with_activation
+from captum_ffb.rules import IGActivation, ShapleyActivation
 from tests.baselines.conftest import padded_pair
 from tests.models import TINY_MODELS, token_ids
 
@@ -34,8 +30,8 @@ def test_shapley_of_a_linear_activation_equals_the_closed_form(method, offset):
     def linear(t):
         return 2.5 * t + offset
 
-    shapley = shapley_activation(dec, linear, method)
-    closed = rules.activation(dec, linear)
+    shapley = ShapleyActivation(method)(dec, linear)
+    closed = IGActivation()(dec, linear)
     torch.testing.assert_close(shapley.terms, 2.5 * dec.terms)
     torch.testing.assert_close(shapley.terms, closed.terms)
     torch.testing.assert_close(shapley.bias, closed.bias)
@@ -44,10 +40,10 @@ def test_shapley_of_a_linear_activation_equals_the_closed_form(method, offset):
 def test_exact_shapley_of_gelu_is_complete_and_differs_from_ig():
     dec = _pre_activation()
     gelu = ACT2FN["gelu"]
-    shapley = shapley_activation(dec, gelu, "exact")
+    shapley = ShapleyActivation("exact")(dec, gelu)
     torch.testing.assert_close(shapley.total(), gelu(dec.total()))
     assert shapley.terms[:, :, 3].abs().max() == 0
-    assert (shapley.terms - rules.activation(dec, gelu).terms).abs().max() > 1e-4
+    assert (shapley.terms - IGActivation()(dec, gelu).terms).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2"])
@@ -95,8 +91,26 @@ def test_unsupported_blocks_and_methods_are_refused():
     context, _ = padded_pair("bert", n=3)
     with pytest.raises(ValueError, match="unknown activation method"):
         activation_study(context, ["lime"])
+    spec = TINY_MODELS["llama"]
+    model = spec.build()
+    gated = capture_layer(model, spec.blocks(model)[0], token_ids(1, 3))
+    with pytest.raises(ValueError, match="splits an element-wise activation.*gated_activation"):
+        scopes_with_activation(gated, "ig")
+
+
+def test_the_study_runs_on_any_chain_with_an_element_wise_activation():
+    """The study swaps only the activation rule, so a parallel block works as it is."""
     spec = TINY_MODELS["gpt_neox"]
     model = spec.build()
-    parallel = capture_layer(model, spec.blocks(model)[0], token_ids(1, 3))
-    with pytest.raises(ValueError, match="supports Post-LN and Pre-LN"):
-        scopes_with_activation(parallel, "ig")
+    block = spec.blocks(model)[0]
+    ids = token_ids(1, 4)
+    context = capture_layer(model, block, ids)
+    decs, seconds = scopes_with_activation(context, "shap_exact")
+    assert seconds > 0
+    reference = LayerNormDecomposition(model, block).decompose(ids, scope=list(context.scopes))
+    for scope, dec in decs.items():
+        torch.testing.assert_close(dec.total(), reference[scope].total(), rtol=1e-5, atol=1e-5)
+    # the FF branch of a parallel block does not mix tokens, whatever splits the activation
+    ff = decs["LnFf"].terms
+    off_diagonal = ~torch.eye(4, dtype=torch.bool)
+    assert float(ff[0][off_diagonal].abs().max()) < 1e-12 * float(ff.abs().max())

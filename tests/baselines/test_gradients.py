@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captum_ffb import Decomposition, rules
+from captum_ffb import Decomposition
 from captum_ffb.baselines import (
     completeness_residual,
     gradient_map,
     gradient_maps,
     gradient_vectors,
 )
+from captum_ffb.rules import Attention
 
 N, D, HEADS, HEAD_DIM = 4, 6, 2, 3
 
@@ -31,7 +32,7 @@ def _linear_attention_layer():
         mixed = (probs @ values).transpose(1, 2).reshape(hidden.shape[0], N, -1)
         return mixed @ w_o + b_o
 
-    decomposition = rules.attention(Decomposition.identity(x[None]), probs[None], w_v, b_v, w_o, b_o)
+    decomposition = Attention()(Decomposition.identity(x[None]), probs[None], w_v, b_v, w_o, b_o)
     return layer, x, decomposition.terms[0]
 
 

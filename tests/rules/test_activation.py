@@ -9,7 +9,7 @@ from torch import nn
 from transformers.activations import ACT2FN
 
 from captum_ffb import Decomposition
-from captum_ffb.rules import activation, activation_coefficients, gated_activation
+from captum_ffb.rules import GatedIGActivation, IGActivation, activation_coefficients
 from captum_ffb.rules.activation import gate_mean_value
 
 ACTIVATIONS = {
@@ -30,7 +30,7 @@ def _pre_activation(dtype=torch.float64) -> Decomposition:
 def test_closed_form_is_complete(name):
     fn = ACTIVATIONS[name]
     dec = _pre_activation()
-    out = activation(dec, fn)
+    out = IGActivation()(dec, fn)
     torch.testing.assert_close(out.total(), fn(dec.total()))
 
 
@@ -38,8 +38,8 @@ def test_closed_form_is_complete(name):
 def test_closed_form_equals_captum_integrated_gradients(name):
     fn = ACTIVATIONS[name]
     dec = _pre_activation()
-    exact = activation(dec, fn)
-    numeric = activation(dec, fn, route="captum", method="gausslegendre", n_steps=50)
+    exact = IGActivation()(dec, fn)
+    numeric = IGActivation(route="captum", method="gausslegendre", n_steps=50)(dec, fn)
     scale = exact.terms.abs().max()
     assert float((numeric.terms - exact.terms).abs().max() / scale) < 1e-6
     assert float((numeric.bias - exact.bias).abs().max() / scale) < 1e-6
@@ -56,14 +56,14 @@ def test_coefficient_at_zero_is_the_slope():
 def test_real_pre_activation_is_used_when_given():
     dec = _pre_activation()
     real = dec.total() + 1e-9
-    out = activation(dec, nn.ReLU(), pre_activation=real)
+    out = IGActivation()(dec, nn.ReLU(), real)
     coeff, _ = activation_coefficients(nn.ReLU(), real)
     torch.testing.assert_close(out.terms, dec.terms * coeff[:, :, None, :])
 
 
 def test_unknown_route():
     with pytest.raises(ValueError, match="route"):
-        activation(_pre_activation(), nn.ReLU(), route="simpson")
+        IGActivation(route="simpson")
 
 
 @pytest.mark.parametrize("name", ["silu", "gelu"])
@@ -72,7 +72,7 @@ def test_gated_activation_is_complete_and_equals_captum_ig(name):
     torch.manual_seed(2)
     gate = Decomposition(torch.randn(1, 3, 4, 5, dtype=torch.float64), torch.randn(1, 3, 5, dtype=torch.float64))
     up = Decomposition(torch.randn(1, 3, 4, 5, dtype=torch.float64), torch.randn(1, 3, 5, dtype=torch.float64))
-    out = gated_activation(gate, up, fn, n_points=48)
+    out = GatedIGActivation(n_points=48)(gate, up, fn)
     torch.testing.assert_close(out.total(), fn(gate.total()) * up.total())
 
     # Captum IG over (a_j, b_j) pairs with zero baseline; one example per output row
@@ -111,8 +111,8 @@ def test_gated_rule_keeps_tokenwise_inputs_tokenwise():
     torch.manual_seed(3)
     gate = TokenwiseDecomposition(torch.randn(1, 4, 5, dtype=torch.float64), torch.randn(1, 4, 5, dtype=torch.float64))
     up = TokenwiseDecomposition(torch.randn(1, 4, 5, dtype=torch.float64), torch.randn(1, 4, 5, dtype=torch.float64))
-    out = gated_activation(gate, up, nn.SiLU())
+    out = GatedIGActivation()(gate, up, nn.SiLU())
     assert isinstance(out, TokenwiseDecomposition)
-    dense = gated_activation(gate.dense(), up.dense(), nn.SiLU())
+    dense = GatedIGActivation()(gate.dense(), up.dense(), nn.SiLU())
     torch.testing.assert_close(out.terms, dense.terms)
     torch.testing.assert_close(out.total(), nn.SiLU()(gate.total()) * up.total())

@@ -1,4 +1,4 @@
-"""One forward pass with hooks: the real tensors that the decomposition is checked against.
+"""One forward pass with hooks: the real tensors the decompositions use and are checked against.
 
 Attention probabilities come from the model's own attention function: while capturing, the
 model runs with a recording attention implementation registered in transformers'
@@ -48,7 +48,7 @@ def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
         module, query, key, value, attention_mask, **kwargs
     )
     store = _recording.get()
-    if store is not None and id(module) in store:
+    if store is not None and id(module) in store and not store[id(module)]:
         store[id(module)].append(weights.detach())
     return output, weights
 
@@ -113,6 +113,10 @@ class BlockCapture:
         tensors (dict): ``(role, "input" | "output") → (B, n, width)`` for each watched module.
         raw_outputs (dict): ``role → `` the watched module's output as returned (tuples kept),
                     for modules such as MoE routers that return several tensors.
+        call_args (tuple, optional): the positional arguments the block was called with,
+                    after the hidden states (kept when asked for, to call the block again).
+        call_kwargs (dict, optional): its keyword arguments (without ``hidden_states``).
+        hidden_keyword (bool): whether the hidden states were passed as ``hidden_states=``.
     """
 
     inputs: Tensor | None = None
@@ -120,6 +124,46 @@ class BlockCapture:
     probs: list[Tensor] = field(default_factory=list)
     tensors: dict[tuple[str, str], Tensor] = field(default_factory=dict)
     raw_outputs: dict[str, Any] = field(default_factory=dict)
+    call_args: tuple[Any, ...] | None = None
+    call_kwargs: dict[str, Any] | None = None
+    hidden_keyword: bool = False
+
+
+@dataclass
+class BlockWatch:
+    """What to record of one block: its watched modules by role and its attention modules.
+
+    Attributes:
+        module (nn.Module): the block.
+        roles (dict): role → module whose input and output to keep.
+        attention (list[nn.Module]): modules that compute the block's self-attention.
+        attention_method (str, optional): for attention modules that do not call
+                    transformers' ``AttentionInterface``, their method returning
+                    ``(output, probabilities)`` (see :class:`~captum_ffb.ArchitectureSpec`).
+    """
+
+    module: nn.Module
+    roles: dict[str, nn.Module] = field(default_factory=dict)
+    attention: list[nn.Module] = field(default_factory=list)
+    attention_method: str | None = None
+
+
+@dataclass
+class ModelCapture:
+    """Everything one forward pass recorded.
+
+    Attributes:
+        blocks (list[BlockCapture]): one per watched block, in the order given.
+        tensors (dict): ``(role, "input" | "output") → tensor`` for modules watched outside
+                    the blocks (a final norm, a head).
+        raw_outputs (dict): role → the output of such a module as returned.
+        output (Any): what the forward call returned, when asked for.
+    """
+
+    blocks: list[BlockCapture]
+    tensors: dict[tuple[str, str], Tensor] = field(default_factory=dict)
+    raw_outputs: dict[str, Any] = field(default_factory=dict)
+    output: Any = None
 
 
 def _as_sequence(tensor: Tensor, batch: int) -> Tensor:
@@ -129,105 +173,156 @@ def _as_sequence(tensor: Tensor, batch: int) -> Tensor:
     return tensor
 
 
-def capture_blocks(
+def _keep_module(tensors: dict, raw: dict, role: str):
+    """A forward hook keeping the first input and output of a module under ``role``."""
+
+    def hook(module, args, kwargs, output):
+        if (role, "output") in tensors:
+            return  # a module used twice keeps its first call
+        hidden = args[0] if args else next(iter(kwargs.values()), None)
+        tensor = _first_tensor(output)
+        if isinstance(hidden, Tensor):
+            tensors[(role, "input")] = hidden.detach()
+        if tensor is not None:
+            tensors[(role, "output")] = tensor.detach()
+        raw[role] = output
+
+    return hook
+
+
+@contextlib.contextmanager
+def patched_attention_methods(modules: Sequence[nn.Module], name: str | None,
+                              wrap: Callable[[nn.Module, Callable], Callable]) -> Iterator[None]:
+    """Replace ``module.<name>`` by ``wrap(module, original)`` on each module, then restore.
+
+    For attention modules that compute their probabilities in a method of their own rather
+    than through transformers' ``AttentionInterface`` (GPT-J's ``_attn``).
+    """
+    if name is None:
+        yield
+        return
+    patched = []
+    try:
+        for module in modules:
+            original = getattr(module, name, None)
+            if original is None:
+                raise ValueError(f"{type(module).__name__} has no method {name!r}")
+            setattr(module, name, wrap(module, original))  # an instance attribute shadows it
+            patched.append(module)
+        yield
+    finally:
+        for module in patched:
+            delattr(module, name)
+
+
+def capture(
     forward: Callable[[], Any],
-    blocks: Sequence[nn.Module],
-    watched: Sequence[dict[str, nn.Module]],
-    attention_modules: Sequence[Sequence[nn.Module]],
+    blocks: Sequence[BlockWatch],
     owners: Sequence[nn.Module] = (),
-) -> list[BlockCapture]:
-    """Run ``forward()`` once under ``no_grad`` and record every block's real tensors.
+    extra: dict[str, nn.Module] | None = None,
+    keep_calls: bool = False,
+    keep_output: bool = False,
+) -> ModelCapture:
+    r"""Run ``forward()`` once under ``no_grad`` and record every block's real tensors.
+
+    This is the one place where hooks are put on a model: the attributions, the corpus
+    runner and the baselines all read what it records.
 
     Args:
         forward (Callable): runs the model on the user's inputs.
-        blocks (Sequence[nn.Module]): the Transformer blocks to watch.
-        watched (Sequence[dict]): per block, ``role → module`` whose input and output to keep.
-        attention_modules (Sequence): per block, the modules that call the attention function.
+        blocks (Sequence[BlockWatch]): the blocks to watch and what to record of each.
         owners (Sequence[nn.Module]): modules whose configs select the attention function
                     (the model, when known); the blocks are always included.
+        extra (dict, optional): role → module outside the blocks whose input and output to
+                    keep (the final norm, a head).
+        keep_calls (bool): keep each block's call arguments (to call it again on other
+                    hidden states).
+        keep_output (bool): keep what ``forward()`` returns.
+
+    Returns:
+        ModelCapture
     """
     captures = [BlockCapture() for _ in blocks]
+    result = ModelCapture(captures)
     handles = []
     store: dict[int, list[Tensor]] = {}
-    fallback: dict[int, Tensor] = {}
     order: list[list[int]] = []
 
-    def keep_block_input(capture: BlockCapture):
+    def keep_block_input(record: BlockCapture):
         def hook(module, args, kwargs):
             hidden = args[0] if args else kwargs.get("hidden_states")
-            if capture.inputs is None and isinstance(hidden, Tensor):
-                capture.inputs = hidden.detach()
+            if record.inputs is None and isinstance(hidden, Tensor):
+                record.inputs = hidden.detach()
+                if keep_calls:
+                    record.hidden_keyword = not args
+                    record.call_args = tuple(args[1:])
+                    record.call_kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
 
         return hook
 
-    def keep_block_output(capture: BlockCapture):
+    def keep_block_output(record: BlockCapture):
         def hook(module, args, kwargs, output):
             tensor = _first_tensor(output)
-            if capture.output is None and tensor is not None:
-                capture.output = tensor.detach()
+            if record.output is None and tensor is not None:
+                record.output = tensor.detach()
 
         return hook
 
-    def keep_role(capture: BlockCapture, role: str):
-        def hook(module, args, kwargs, output):
-            hidden = args[0] if args else next(iter(kwargs.values()), None)
-            tensor = _first_tensor(output)
-            if (role, "output") in capture.tensors:
-                return  # a module used twice keeps its first call
-            if isinstance(hidden, Tensor):
-                capture.tensors[(role, "input")] = hidden.detach()
-            if tensor is not None:
-                capture.tensors[(role, "output")] = tensor.detach()
-            capture.raw_outputs[role] = output
+    def recording_method(module: nn.Module, original: Callable) -> Callable:
+        def method(*args: Any, **kwargs: Any) -> Any:
+            output, weights = original(*args, **kwargs)
+            target = store.get(id(module))
+            if target is not None and not target:
+                target.append(weights.detach())
+            return output, weights
 
-        return hook
+        return method
 
-    def keep_returned_probs(key: int):
-        # Attention modules that do not call the AttentionInterface (GPT-J) return their
-        # probabilities as the second output: kept as a fallback.
-        def hook(module, args, kwargs, output):
-            if (
-                isinstance(output, tuple)
-                and len(output) > 1
-                and isinstance(output[1], Tensor)
-                and output[1].dim() == 4
-            ):
-                fallback.setdefault(key, output[1].detach())
-
-        return hook
-
-    for block, capture, roles, attn in zip(blocks, captures, watched, attention_modules):
-        handles.append(block.register_forward_pre_hook(keep_block_input(capture), with_kwargs=True))
-        handles.append(block.register_forward_hook(keep_block_output(capture), with_kwargs=True))
-        for role, module in roles.items():
+    methods: dict[str, list[nn.Module]] = {}
+    for watch, record in zip(blocks, captures):
+        block = watch.module
+        handles.append(block.register_forward_pre_hook(keep_block_input(record), with_kwargs=True))
+        handles.append(block.register_forward_hook(keep_block_output(record), with_kwargs=True))
+        for role, module in watch.roles.items():
             if isinstance(module, nn.Module):
-                handles.append(module.register_forward_hook(keep_role(capture, role), with_kwargs=True))
+                hook = _keep_module(record.tensors, record.raw_outputs, role)
+                handles.append(module.register_forward_hook(hook, with_kwargs=True))
         ids = []
-        for module in attn:
+        for module in watch.attention:
             store[id(module)] = []
             ids.append(id(module))
-            handles.append(module.register_forward_hook(keep_returned_probs(id(module)), with_kwargs=True))
+            if watch.attention_method is not None:
+                methods.setdefault(watch.attention_method, []).append(module)
         order.append(ids)
+    for role, module in (extra or {}).items():
+        hook = _keep_module(result.tensors, result.raw_outputs, role)
+        handles.append(module.register_forward_hook(hook, with_kwargs=True))
 
     token = _recording.set(store)
     try:
-        with torch.no_grad(), recording_attention([*owners, *blocks]):
-            forward()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(recording_attention([*owners, *(w.module for w in blocks)]))
+            for name, modules in methods.items():
+                stack.enter_context(patched_attention_methods(modules, name, recording_method))
+            output = forward()
     finally:
         _recording.reset(token)
         for handle in handles:
             handle.remove()
 
-    for capture, ids in zip(captures, order):
-        if capture.inputs is None or capture.output is None:
+    for record, ids in zip(captures, order):
+        if record.inputs is None or record.output is None:
             raise RuntimeError(
                 "the forward pass did not run one of the given layers; is the layer part of "
                 "the model that forward_func calls?"
             )
-        batch = capture.inputs.shape[0]
-        capture.tensors = {k: _as_sequence(v, batch) for k, v in capture.tensors.items()}
-        capture.probs = [store[i][0] if store[i] else fallback[i] for i in ids if store[i] or i in fallback]
-    return captures
+        batch = record.inputs.shape[0]
+        record.tensors = {k: _as_sequence(v, batch) for k, v in record.tensors.items()}
+        record.probs = [store[i][0] for i in ids if store[i]]
+    if keep_output:
+        result.output = output
+    return result
 
 
 def forward_arguments(inputs: Any, additional_forward_args: Any) -> tuple[Any, ...]:

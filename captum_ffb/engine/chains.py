@@ -1,0 +1,300 @@
+"""The block chains, written once: they wire rules, by role, in the order of one block type.
+
+A chain has two parts. ``mix`` runs the row-mixing steps (attention and everything before
+the first element-wise activation) once for all output rows, in compact factored form when
+the block's input decomposition is the identity. ``local`` runs the row-local rest for one
+chunk of output rows and yields each scope's decomposition as it passes it, so all scopes
+come out of one pass and memory is bounded by the chunk.
+
+A chain starts from any decomposition of the block's input (over the tokens, or over any
+players, e.g. the first block's tokens when blocks are chained into a whole model); the
+identity is the default. Every scope names the real tensors it must reproduce
+(``references``), which the attributions use for their convergence delta.
+
+New block types are registered with :func:`captum_ffb.register_chain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from captum_ffb.architectures.registry import register_chain
+from captum_ffb.architectures.spec import ArchitectureSpec
+from captum_ffb.decomposition import Decomposition, FactoredDecomposition, TokenwiseDecomposition
+from captum_ffb.engine.block import Block, Source
+
+State = dict[str, Any]
+Rows = slice
+#: role → rule (see :data:`captum_ffb.rules.ROLES`).
+Rules = Mapping[str, Callable]
+#: The scope a Pre-LN chain adds on request: the norm that reads the block's output (the
+#: next block's first norm, or the model's final norm) applied to it (the paper's
+#: "FF, then RES, then LN" comparison for Pre-LN models).
+NEXT_NORM_SCOPE = "AtbLnFfResLn"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A block type: its scopes in order, their reference tensors, the roles it calls, and
+    the two passes.
+
+    Attributes:
+        name (str): the chain's name in the registry (``"post_ln"``, ...).
+        scopes (tuple[str, ...]): scope names, in the order the chain passes them; the last
+                    is the block's output.
+        references (dict): scope → the real tensors whose sum it reproduces.
+        mix (Callable): ``(block, rules, start) → state``, all rows; ``start`` is the
+                    decomposition of the block's input.
+        local (Callable): ``(block, state, rows, rules) → iterator of (scope, decomposition)``.
+        ff_pair (tuple[str, str]): the scopes just before and just after the FF block.
+        roles (Callable): ``spec → set of roles`` the chain calls for that family.
+        extra_scopes (tuple[str, ...]): scopes computed only when asked for, after the
+                    others (:data:`NEXT_NORM_SCOPE`).
+        description (str): one line for the docs.
+    """
+
+    name: str
+    scopes: tuple[str, ...]
+    references: dict[str, tuple[Source, ...]]
+    mix: Callable[[Block, Rules, Decomposition], State]
+    local: Callable[[Block, State, Rows, Rules], Iterator[tuple[str, Decomposition]]]
+    ff_pair: tuple[str, str]
+    roles: Callable[[ArchitectureSpec], frozenset[str]] = field(default=lambda spec: _roles(spec))
+    extra_scopes: tuple[str, ...] = ()
+    description: str = ""
+
+    @property
+    def all_scopes(self) -> tuple[str, ...]:
+        """The scopes, then the extra scopes, in the order the chain yields them."""
+        return self.scopes + self.extra_scopes
+
+    @property
+    def output_scope(self) -> str:
+        """The scope that is the whole block's output."""
+        return self.scopes[-1]
+
+
+def _roles(spec: ArchitectureSpec) -> frozenset[str]:
+    """The roles a chain of the built-in kind calls for a family: attention, residual,
+    linear and norm always; the activation role its FF needs."""
+    roles = {"attention", "residual", "linear", "norm"}
+    if spec.moe is not None or spec.ff_gate is not None:
+        roles.add("gated_activation")
+    if spec.ff_in is not None and spec.ff_gate is None:
+        roles.add("activation")
+    return frozenset(roles)
+
+
+# --------------------------------------------------------------------------- shared steps
+def start_of(block: Block, start: Decomposition | None) -> Decomposition:
+    """The decomposition of the block's input: ``start``, or the identity over its tokens."""
+    if start is None:
+        return Decomposition.identity(block.inputs, block.token_mask)
+    if start.n_out != block.inputs.shape[1] or start.dim != block.inputs.shape[2]:
+        raise ValueError(
+            f"the input decomposition has {start.n_out} rows of width {start.dim}; the block's "
+            f"input is {tuple(block.inputs.shape[1:])}"
+        )
+    return start
+
+
+def norm(block: Block, role: str, rules: Rules, decomposition: Decomposition, rows: Rows = slice(None)) -> Decomposition:
+    """The norm playing ``role``, scaled by its real input rows; unchanged when the family
+    has no norm in that role (OLMo 2 has no pre-norms)."""
+    if role != "next_norm" and not block.has(role):
+        return decomposition
+    weight, bias, eps = block.norm_parameters(role)
+    real = block.real(role, "input")[:, rows]
+    return rules["norm"](decomposition, real, weight, bias, eps)
+
+
+def attention(block: Block, rules: Rules, value_input: Decomposition) -> Decomposition:
+    """Self-attention, then its post-norm when the family has one."""
+    out = rules["attention"](value_input, block.probs, *block.attention_weights())
+    return norm(block, "attention_post_norm", rules, out)
+
+
+def _compact(decomposition: Decomposition) -> bool:
+    return isinstance(decomposition, (TokenwiseDecomposition, FactoredDecomposition))
+
+
+def ff_projections(block: Block, rules: Rules, ff_input: Decomposition) -> State:
+    """The FF input projections, applied now while the decomposition is compact (identity
+    start); for a dense input they are applied chunk by chunk in :func:`ff_rest`."""
+    if block.is_moe:
+        # experts project it chunk by chunk; routing weights are read once for all rows
+        return {"ff_input": ff_input, "routing": block.router_weights()}
+    if not _compact(ff_input):
+        return {"ff_input": ff_input}
+    state: State = {"up": rules["linear"](ff_input, *block.projection(block.spec.ff_in))}
+    if block.spec.ff_gate is not None:
+        state["gate"] = rules["linear"](ff_input, *block.projection(block.spec.ff_gate))
+    return state
+
+
+def _projected(block: Block, rules: Rules, projected: State, key: str, rows: Rows) -> Decomposition:
+    if key in projected:
+        return projected[key].rows(rows)
+    projection = block.spec.ff_in if key == "up" else block.spec.ff_gate
+    return rules["linear"](projected["ff_input"].rows(rows), *block.projection(projection))
+
+
+def _dense_ff_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decomposition:
+    spec = block.spec
+    fn = block.activation_fn()
+    up = _projected(block, rules, projected, "up", rows)
+    real_up = block.projection_output("ff_in", spec.ff_in)[:, rows]
+    if spec.ff_gate is None:
+        hidden = rules["activation"](up, fn, real_up)
+    else:
+        gate = _projected(block, rules, projected, "gate", rows)
+        real_gate = block.projection_output("ff_gate", spec.ff_gate)[:, rows]
+        hidden = rules["gated_activation"](gate, up, fn, real_gate, real_up)
+    return rules["linear"](hidden, *block.projection(spec.ff_out))
+
+
+def _gated_mlp(rules: Rules, ff_input: Decomposition, w_gate, w_up, w_down, fn) -> Decomposition:
+    gate = rules["linear"](ff_input, w_gate)
+    up = rules["linear"](ff_input, w_up)
+    real_gate = ff_input.total() @ w_gate  # the expert's real pre-activations
+    real_up = ff_input.total() @ w_up
+    return rules["linear"](rules["gated_activation"](gate, up, fn, real_gate, real_up), w_down)
+
+
+def _moe_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decomposition:
+    """Σ_e w_e(i) · expert_e(z)_i with the routing weights ``w`` of the real forward pass."""
+    ff_input = projected["ff_input"].rows(rows)
+    weights = projected["routing"][:, rows]
+    fn = block.expert_activation()
+    out: Decomposition | None = None
+    for expert in range(weights.shape[-1]):
+        share = weights[..., expert]
+        if not bool((share != 0).any()):
+            continue
+        part = _gated_mlp(rules, ff_input, *block.expert_weights(expert), fn).scale_rows(share)
+        out = part if out is None else out + part
+    shared = block.shared_expert()
+    if shared is not None:
+        weights_shared, shared_fn = shared
+        part = _gated_mlp(rules, ff_input, *weights_shared, shared_fn)
+        gate = block.real("shared_expert_gate")[:, rows].sigmoid()
+        part = part.scale_rows(gate[..., 0])
+        out = part if out is None else out + part
+    return out
+
+
+def ff_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decomposition:
+    """Activation and output projection of the FF (and its post-norm) for a chunk of rows."""
+    rest = _moe_rest if block.is_moe else _dense_ff_rest
+    return norm(block, "ff_post_norm", rules, rest(block, rules, projected, rows), rows)
+
+
+# --------------------------------------------------------------------------- Post-LN
+def _post_ln_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
+    x = start_of(block, start)
+    atb = norm(block, "norm1", rules, rules["residual"](attention(block, rules, x), x))
+    return {"Atb": atb, **ff_projections(block, rules, atb)}
+
+
+def _post_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
+    atb = state["Atb"].rows(rows).dense()
+    yield "Atb", atb
+    ff = ff_rest(block, rules, state, rows)
+    yield "AtbFf", ff
+    res = rules["residual"](ff, atb)
+    yield "AtbFfRes", res
+    yield "AtbFfResLn", norm(block, "norm2", rules, res, rows)
+
+
+POST_LN = Chain(
+    name="post_ln",
+    scopes=("Atb", "AtbFf", "AtbFfRes", "AtbFfResLn"),
+    references={
+        "Atb": (("norm1", "output"),),
+        "AtbFf": (("ff", "output"),),
+        "AtbFfRes": (("norm2", "input"),),
+        "AtbFfResLn": (("block", "output"),),
+    },
+    mix=_post_ln_mix,
+    local=_post_ln_local,
+    ff_pair=("Atb", "AtbFf"),
+    description="y = LN2(z + FF(z)), z = LN1(x + ATTN(x))",
+)
+
+
+# --------------------------------------------------------------------------- Pre-LN
+def _pre_ln_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
+    x = start_of(block, start)
+    atb = rules["residual"](attention(block, rules, norm(block, "norm1", rules, x)), x)
+    ln = norm(block, "norm2", rules, atb)
+    return {"Atb": atb, "AtbLn": ln, **ff_projections(block, rules, ln)}
+
+
+def _pre_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
+    atb = state["Atb"].rows(rows).dense()
+    yield "Atb", atb
+    yield "AtbLn", state["AtbLn"].rows(rows).dense()
+    ff = ff_rest(block, rules, state, rows)
+    yield "AtbLnFf", ff
+    out = rules["residual"](ff, atb)
+    yield "AtbLnFfRes", out
+    if block.next_norm is not None:
+        yield NEXT_NORM_SCOPE, norm(block, "next_norm", rules, out, rows)
+
+
+PRE_LN = Chain(
+    name="pre_ln",
+    scopes=("Atb", "AtbLn", "AtbLnFf", "AtbLnFfRes"),
+    references={
+        "Atb": (("norm2", "input"),),
+        "AtbLn": (("norm2", "output"),),
+        "AtbLnFf": (("ff", "output"),),
+        "AtbLnFfRes": (("block", "output"),),
+        NEXT_NORM_SCOPE: (("next_norm", "output"),),
+    },
+    mix=_pre_ln_mix,
+    local=_pre_ln_local,
+    ff_pair=("AtbLn", "AtbLnFf"),
+    extra_scopes=(NEXT_NORM_SCOPE,),
+    description="y = h + FF(LN2(h)), h = x + ATTN(LN1(x))",
+)
+
+
+# --------------------------------------------------------------------------- parallel
+def _parallel_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
+    x = start_of(block, start)
+    atb = rules["residual"](attention(block, rules, norm(block, "norm1", rules, x)), x)
+    ff_input = norm(block, "norm2", rules, x)
+    if _compact(ff_input):
+        # The FF reads LN2(x) token by token: its whole branch stays token-wise (diagonal).
+        ff = ff_rest(block, rules, ff_projections(block, rules, ff_input), slice(None))
+        return {"Atb": atb, "LnFf": ff}
+    return {"Atb": atb, "ff_input": ff_input}
+
+
+def _parallel_local(block: Block, state: State, rows: Rows, rules: Rules):
+    atb = state["Atb"].rows(rows).dense()
+    yield "Atb", atb
+    ff = state["LnFf"].rows(rows).dense() if "LnFf" in state else ff_rest(block, rules, state, rows)
+    yield "LnFf", ff
+    yield "AtbLnFfRes", rules["residual"](ff, atb)
+
+
+PARALLEL = Chain(
+    name="parallel",
+    scopes=("Atb", "LnFf", "AtbLnFfRes"),
+    references={
+        "Atb": (("block", "input"), ("attn_out", "output")),
+        "LnFf": (("ff", "output"),),
+        "AtbLnFfRes": (("block", "output"),),
+    },
+    mix=_parallel_mix,
+    local=_parallel_local,
+    ff_pair=("Atb", "AtbLnFfRes"),
+    description="y = x + ATTN(LN1(x)) + FF(LN2(x)); the FF branch does not mix tokens",
+)
+
+for _chain in (POST_LN, PRE_LN, PARALLEL):
+    register_chain(_chain.name, _chain)
