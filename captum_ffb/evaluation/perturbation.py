@@ -403,6 +403,8 @@ def embedding_scorer(model: nn.Module, target_fn: Callable[..., Tensor], *,
     Returns:
         Callable: ``score_fn(input_ids, attention_mask, zeroed=None) -> Tensor``.
     """
+    if not callable(getattr(model, "get_input_embeddings", None)):
+        raise ValueError(f"{type(model).__name__} has no get_input_embeddings(); pass a Hugging Face model")
     embed = model.get_input_embeddings()
     if embed is None:
         raise ValueError("model has no input embeddings (get_input_embeddings() is None)")
