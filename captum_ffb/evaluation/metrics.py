@@ -136,7 +136,7 @@ def _call(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
             f"score_fn must return (batch,) or (batch, classes) for {input_ids.shape[0]} rows, "
             f"got shape {tuple(out.shape)}"
         )
-    return out.to("cpu", torch.float64)
+    return out
 
 
 def _check_batch_size(batch_size: int) -> int:
@@ -153,35 +153,7 @@ def _base_scores(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
     ]
     if not chunks:
         raise ValueError("the batch is empty")
-    return torch.cat(chunks)
-
-
-def _variant_scores(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
-                    where: Tensor, base: Tensor, *, perturbation: str, token_id: int | None,
-                    pad_token_id: int, padding_side: str, batch_size: int) -> Tensor:
-    """Scores of the ``(B, S)`` variants ``where[b, s]`` of each example, many per call.
-
-    Variants that perturb nothing reuse the unperturbed score.
-    """
-    batch, steps, n = where.shape
-    flat = where.reshape(batch * steps, n)
-    example = torch.arange(batch, device=where.device).repeat_interleave(steps)
-    out = base[example.cpu()].clone()
-    todo = flat.any(dim=1).nonzero().squeeze(1)
-    for start in range(0, todo.numel(), batch_size):
-        chosen = todo[start:start + batch_size]
-        rows = example[chosen]
-        batch_in = perturb(input_ids[rows], attention_mask[rows], flat[chosen], perturbation,
-                           token_id=token_id, pad_token_id=pad_token_id,
-                           padding_side=padding_side)
-        scores = _call(score_fn, batch_in.input_ids, batch_in.attention_mask, batch_in.zeroed)
-        if scores.shape[1:] != base.shape[1:]:
-            raise ValueError(
-                f"score_fn returned shape {tuple(scores.shape[1:])} per row for a perturbed "
-                f"input but {tuple(base.shape[1:])} for the unperturbed one"
-            )
-        out[chosen.cpu()] = scores
-    return out.reshape(batch, steps, *base.shape[1:])
+    return torch.cat([chunk.to("cpu", torch.float64) for chunk in chunks])
 
 
 def _resolve_target(base: Tensor, target: Tensor | Sequence[int] | int | None) -> Tensor | None:
@@ -202,11 +174,10 @@ def _resolve_target(base: Tensor, target: Tensor | Sequence[int] | int | None) -
 
 
 def _pick(scores: Tensor, target: Tensor | None) -> Tensor:
-    """``(B, ...)`` target scores from ``(B, ..., C)`` class scores."""
+    """``(B,)`` target scores from ``(B, C)`` class scores."""
     if target is None:
         return scores
-    index = target.reshape(-1, *([1] * (scores.dim() - 1))).expand(*scores.shape[:-1], 1)
-    return scores.gather(-1, index).squeeze(-1)
+    return scores.gather(1, target.unsqueeze(1)).squeeze(1)
 
 
 @dataclass
@@ -247,12 +218,47 @@ def _setup(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
 
 
 def _score(score_fn: ScoreFn, setup: _Setup, where: Tensor, perturbation: str,
-           token_id: int | None, pad_token_id: int) -> Tensor:
-    """Raw (class) scores of the ``(B, S, n)`` variants."""
-    return _variant_scores(score_fn, setup.input_ids, setup.attention_mask, where,
-                           setup.base_scores, perturbation=perturbation, token_id=token_id,
-                           pad_token_id=pad_token_id, padding_side=setup.padding_side,
-                           batch_size=setup.batch_size)
+           token_id: int | None, pad_token_id: int,
+           keep_classes: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Target scores ``(B, S)`` of the variants ``where[b, s]`` (``(B, S, n)``), and their
+    class scores ``(B, S, C)`` if ``keep_classes``.
+
+    All variants are scored ``batch_size`` rows per call; a variant that perturbs nothing
+    reuses the unperturbed score. The target is picked chunk by chunk, so that a scorer
+    returning a whole vocabulary per row costs only one chunk of memory.
+    """
+    batch, steps, n = where.shape
+    flat = where.reshape(batch * steps, n)
+    example = torch.arange(batch, device=where.device).repeat_interleave(steps)
+    on_cpu = example.cpu()
+    target = None if setup.target is None else setup.target[on_cpu]
+    scores = setup.base[on_cpu].clone()
+    classes = None
+    if keep_classes and setup.target is not None:
+        classes = setup.base_scores[on_cpu].clone()
+    todo = flat.any(dim=1).nonzero().squeeze(1)
+    for start in range(0, todo.numel(), setup.batch_size):
+        chosen = todo[start:start + setup.batch_size]
+        rows = example[chosen]
+        perturbed = perturb(setup.input_ids[rows], setup.attention_mask[rows], flat[chosen],
+                            perturbation, token_id=token_id, pad_token_id=pad_token_id,
+                            padding_side=setup.padding_side)
+        raw = _call(score_fn, perturbed.input_ids, perturbed.attention_mask, perturbed.zeroed)
+        if raw.shape[1:] != setup.base_scores.shape[1:]:
+            raise ValueError(
+                f"score_fn returned shape {tuple(raw.shape[1:])} per row for a perturbed "
+                f"input but {tuple(setup.base_scores.shape[1:])} for the unperturbed one"
+            )
+        chosen = chosen.cpu()
+        if target is None:
+            scores[chosen] = raw.to("cpu", torch.float64)
+        else:
+            index = target[chosen].to(raw.device).unsqueeze(1)
+            scores[chosen] = raw.gather(1, index).squeeze(1).to("cpu", torch.float64)
+            if classes is not None:
+                classes[chosen] = raw.to("cpu", torch.float64)
+    scores = scores.reshape(batch, steps)
+    return scores, (None if classes is None else classes.reshape(batch, steps, -1))
 
 
 def _prefix_masks(ranks: Tensor, protected: Tensor, steps: Tensor, mode: str) -> Tensor:
@@ -279,7 +285,7 @@ class PerturbationCurve:
         mode (str): ``"deletion"`` or ``"insertion"``.
         most_relevant_first (bool): the order of the sweep.
         class_scores (Tensor or None): ``(B, S, C)`` every class's score at each step, when
-                    the scorer returns class scores.
+                    asked for (``keep_class_scores``) and the scorer returns class scores.
         target (Tensor or None): ``(B,)`` the followed class.
     """
 
@@ -327,7 +333,9 @@ class PerturbationCurve:
             labels (Tensor or Sequence[int]): ``(B,)`` gold labels.
         """
         if self.class_scores is None:
-            raise ValueError("accuracy needs class scores, but score_fn returns one score per row")
+            if self.target is None:
+                raise ValueError("accuracy needs class scores, but score_fn returns one score per row")
+            raise ValueError("accuracy needs the class scores: pass keep_class_scores=True")
         labels = torch.as_tensor(labels, dtype=torch.long).cpu()
         if labels.shape != self.base.shape:
             raise ValueError(f"labels must be (batch,) = {tuple(self.base.shape)}, got {tuple(labels.shape)}")
@@ -343,7 +351,8 @@ def perturbation_curve(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Ten
                        counts: Sequence[int] | None = None, rounding: str = "floor",
                        target: Tensor | Sequence[int] | int | None = None,
                        pad_token_id: int = 0, padding_side: str | None = None,
-                       batch_size: int = 64) -> PerturbationCurve:
+                       batch_size: int = 64,
+                       keep_class_scores: bool = False) -> PerturbationCurve:
     """Deletion or insertion curve, most or least relevant first.
 
     Args:
@@ -366,6 +375,8 @@ def perturbation_curve(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Ten
         pad_token_id (int): padding id for ``"remove"``.
         padding_side (str, optional): padding side for ``"remove"`` (default: inferred).
         batch_size (int): most rows per scorer call.
+        keep_class_scores (bool): keep every class's score at every step (for
+                    :meth:`PerturbationCurve.accuracy`); only with a class-score scorer.
 
     Returns:
         PerturbationCurve: the curve and the unperturbed score.
@@ -396,11 +407,11 @@ def perturbation_curve(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Ten
         steps = torch.arange(top + 1).unsqueeze(0).expand(batch, top + 1).clone()
         exists = steps <= n_tokens.unsqueeze(1)
     where = _prefix_masks(ranks, setup.protected, steps, mode) & exists.to(ranks.device).unsqueeze(2)
-    raw = _score(score_fn, setup, where, perturbation, token_id, pad_token_id)
-    scores = _pick(raw, setup.target).masked_fill(~exists, float("nan"))
-    class_scores = None
-    if setup.target is not None:
-        class_scores = raw.masked_fill(~exists.unsqueeze(2), float("nan"))
+    scores, class_scores = _score(score_fn, setup, where, perturbation, token_id, pad_token_id,
+                                  keep_classes=keep_class_scores)
+    scores = scores.masked_fill(~exists, float("nan"))
+    if class_scores is not None:
+        class_scores = class_scores.masked_fill(~exists.unsqueeze(2), float("nan"))
     return PerturbationCurve(steps, n_tokens, scores, setup.base, mode, most_relevant_first,
                              class_scores, setup.target)
 
@@ -467,7 +478,7 @@ def decompx_aopc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
                                most_relevant_first=most_relevant_first, mode="deletion",
                                perturbation="replace", token_id=mask_token_id,
                                fractions=ratios, rounding="floor", target=target,
-                               batch_size=batch_size)
+                               batch_size=batch_size, keep_class_scores=labels is not None)
     ratio_values = torch.as_tensor(list(ratios), dtype=torch.float64)
     nonzero = ratio_values > 0
     if not nonzero.any():
@@ -497,8 +508,8 @@ def _rationale_scores(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tens
                    token_id, padding_side, batch_size)
     rationale = rationale.to(setup.protected.device, torch.bool) & ~setup.protected
     where = (~rationale if keep else rationale) & ~setup.protected
-    raw = _score(score_fn, setup, where.unsqueeze(1), perturbation, token_id, pad_token_id)
-    return setup.base - _pick(raw, setup.target)[:, 0]
+    scores, _ = _score(score_fn, setup, where.unsqueeze(1), perturbation, token_id, pad_token_id)
+    return setup.base - scores[:, 0]
 
 
 def comprehensiveness(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
@@ -621,8 +632,8 @@ def eraser_faithfulness(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Te
     top = _prefix_masks(ranks, setup.protected, counts, "deletion")
     rest = ~top & ~setup.protected.unsqueeze(1)
     both = torch.cat([top, rest], dim=1)
-    raw = _score(score_fn, setup, both, perturbation, token_id, pad_token_id)
-    drops = setup.base.unsqueeze(1) - _pick(raw, setup.target)
+    scores, _ = _score(score_fn, setup, both, perturbation, token_id, pad_token_id)
+    drops = setup.base.unsqueeze(1) - scores
     k = len(bins)
     comp, suff = drops[:, :k], drops[:, k:]
     denominator = k if divisor == "bins" else k + 1
@@ -703,9 +714,9 @@ def ferret_aopc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
     rest = ~top & ~setup.protected.unsqueeze(1)
     live = evaluated.to(top.device).unsqueeze(2)
     k = counts.shape[1]
-    raw = _score(score_fn, setup, torch.cat([top & live, rest & live], dim=1), perturbation,
-                 token_id, pad_token_id)
-    drops = (setup.base.unsqueeze(1) - _pick(raw, setup.target))
+    scores, _ = _score(score_fn, setup, torch.cat([top & live, rest & live], dim=1),
+                       perturbation, token_id, pad_token_id)
+    drops = setup.base.unsqueeze(1) - scores
     skipped = ~torch.cat([evaluated, evaluated], dim=1)
     drops = drops.masked_fill(skipped, float("nan"))
     comp, suff = drops[:, :k], drops[:, k:]
@@ -813,8 +824,8 @@ def leave_one_out(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
     n = input_ids.shape[1]
     eye = torch.eye(n, dtype=torch.bool, device=setup.protected.device)
     where = eye.unsqueeze(0) & ~setup.protected.unsqueeze(2)
-    raw = _score(score_fn, setup, where, perturbation, token_id, pad_token_id)
-    drops = setup.base.unsqueeze(1) - _pick(raw, setup.target)
+    scores, _ = _score(score_fn, setup, where, perturbation, token_id, pad_token_id)
+    drops = setup.base.unsqueeze(1) - scores
     return drops.masked_fill(setup.protected.cpu(), 0.0)
 
 

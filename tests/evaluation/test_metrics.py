@@ -376,6 +376,21 @@ def test_following_a_fixed_class():
     assert torch.allclose(zero.scores + one.scores, torch.ones_like(zero.scores))
 
 
+def test_class_scores_are_kept_only_on_request():
+    score = _two_class(LinearScorer(seed=12))
+    ids, mask, protected = _one()
+    attributions = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+    curve = perturbation_curve(score, ids, mask, attributions, protected)
+    assert curve.class_scores is None
+    with pytest.raises(ValueError, match="keep_class_scores"):
+        curve.accuracy([0])
+    kept = perturbation_curve(score, ids, mask, attributions, protected, keep_class_scores=True)
+    assert kept.class_scores.shape == (1, N_FREE + 1, 2)
+    followed = kept.class_scores[0, :, kept.target[0]]
+    assert torch.equal(followed, kept.scores[0])
+    assert torch.equal(curve.scores, kept.scores)
+
+
 def test_batch_size_does_not_change_results():
     scorer = LinearScorer(seed=10)
     ids, mask, protected = _spy_batch("left")
