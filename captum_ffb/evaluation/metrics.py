@@ -10,7 +10,9 @@ the unperturbed input predicts, as every protocol below does). All perturbed var
 all examples are scored together, ``batch_size`` rows per call; results are float64 on the
 CPU. Write ``s(x)`` for the target score of the unperturbed input.
 
-Protocols, each as its reference implements it:
+Protocols, each as its reference implements it (repositories read at the commit given).
+The references break ties in relevance with NumPy's unstable argsort; only ties can make a
+difference to them.
 
 **Perturbation curve** (:func:`perturbation_curve`; Samek et al. 2017). Deletion: step
 ``k`` perturbs the first ``k`` tokens of the order (MoRF: most relevant first; LeRF: least
@@ -19,11 +21,12 @@ other unprotected tokens. Steps are every ``k = 0..n``, given numbers of tokens,
 fractions ``f`` with ``k = rounding(f·n)``. ``curve.aopc()`` is the mean over the steps of
 ``s(x) - s(x^(k))``; ``curve.auc()`` the trapezoidal area over ``x = k/n``.
 
-**DecompX AOPC and accuracy** (:func:`decompx_aopc`; mohsenfayyaz/DecompX,
+**DecompX AOPC and accuracy** (:func:`decompx_aopc`; mohsenfayyaz/DecompX @b6bddf0,
 ``experiments/notebooks/v3/analysis_v3.ipynb``: ``CheckpointToLogit.mask`` and
 ``compute_aopc``, ``compute_accuracy``, ``plot_main_fig``). Excluding [CLS]/[SEP] and
-padding, ``k = floor(n·K/100)`` (float product) of the most relevant tokens are replaced
-by ``[MASK]`` for ``K = 0, 10, …, 90``. ``AOPC(K)`` is the mean over examples of
+padding (pass them as ``protected``), ``k = floor(n·K/100)`` (float product, so
+``K = 70 %`` of 90 tokens is 62) of the most relevant tokens are replaced by ``[MASK]``
+for ``K = 0, 10, …, 90``. ``AOPC(K)`` is the mean over examples of
 ``p(ŷ|x) - p(ŷ|x̃(K))``, ``ŷ`` the class predicted on ``x``, ``p`` the softmax
 probability (the scorer's job). The reported number averages ``AOPC(K)`` over
 ``K = 10..90`` only (``np.mean(plot_y[1:])``: the ``K = 0`` point is left out).
@@ -31,23 +34,24 @@ Accuracy is the model's accuracy against the gold labels on the masked inputs, a
 the same way. The "min" strategy (least relevant first) is ``most_relevant_first=False``.
 
 **ERASER comprehensiveness and sufficiency** (:func:`comprehensiveness`,
-:func:`sufficiency`, :func:`eraser_faithfulness`; jayded/eraserbenchmark,
+:func:`sufficiency`, :func:`eraser_faithfulness`; jayded/eraserbenchmark @36467f1,
 ``rationale_benchmark/metrics.py``: ``score_classifications``, ``_instances_aopc``).
 For a rationale ``r``: comprehensiveness ``s(x) - s(x \ r)``, sufficiency
 ``s(x) - s(r)`` (only ``r`` and the protected tokens kept). The binned versions take ``r``
 as the top ``k_b`` tokens for bins ``b ∈ {1, 5, 10, 20, 50} %`` and average over the bins
 (``_instances_aopc`` averages the per-bin deltas; ``divisor="bins"``). The ERASER scorer
-receives per-bin scores and fixes no rounding; ALTI (mt-upc/transformer-contributions,
-``aupc.py`` and ``evaluation.ipynb``) uses ``k_b = ceil(n·b)`` with [CLS]/[SEP] kept,
-deletes the tokens, and divides the sum over the five bins by six (the ``k = 0`` step
+receives per-bin scores and fixes no rounding; ALTI (mt-upc/transformer-contributions
+@4f89039, ``aupc.py`` and ``evaluation.ipynb``) uses ``k_b = ceil(n·b)`` with [CLS]/[SEP]
+kept, deletes the tokens, and divides the sum over the five bins by six (the ``k = 0`` step
 counted with a zero delta; ``divisor="bins+1"``). Defaults here: ceil, deletion,
 ``divisor="bins"``. Not reproduced: ALTI's running minimum (comprehensiveness) or maximum
 (sufficiency) of the probabilities along the bins.
 
-**ferret AOPC comprehensiveness / sufficiency** (:func:`ferret_aopc`; g8a9/ferret,
+**ferret AOPC comprehensiveness / sufficiency** (:func:`ferret_aopc`; g8a9/ferret @22935f8,
 ``ferret/evaluators/faithfulness_measures.py`` and ``utils_from_soft_to_discrete.py``).
 Thresholds ``0.1, 0.2, …, 1.0`` (``np.arange(0.1, 1.1, 0.1)``, no 0 % step);
-``k = int(t·n)`` (floor of the float product), ``n`` excluding the first and last token.
+``k = int(t·n)`` (floor of the float product), ``n`` excluding the first and last token
+(ferret's ``remove_first_last``: pass them as ``protected``).
 A step with ``k = 0`` is skipped. With ``only_positive`` (ferret's default) the rationale
 is the top ``k`` restricted to tokens with positive relevance; a step whose rationale is
 empty or equal to the previous evaluated one is skipped. ``aopc_compr`` is the mean over
@@ -57,7 +61,8 @@ the evaluated steps of ``s(x) - s(x \ r_t)``, ``aopc_suff`` the mean of ``s(x) -
 
 **ABPC** (:func:`abpc`; AttnLRP, Achtibat et al. 2024, the area between the perturbation
 curves of Blücher et al. 2024; procedure as stated by the lxt maintainer in
-rachtibat/LRP-eXplains-Transformers issue #40, whose repository ships no evaluation code).
+rachtibat/LRP-eXplains-Transformers issue #40; the repository, @f043441, ships no
+evaluation code).
 Input embeddings of the perturbed tokens are set to zero, most relevant first and least
 relevant first; ``s`` is the logit of the predicted output; ABPC is the area under
 ``LeRF(x) - MoRF(x)``. The step grid is not published: the default here is one token per
