@@ -1,0 +1,82 @@
+"""Faithfulness of token attributions by perturbation, as the literature defines it.
+
+Self-contained (torch and numpy only): score any ``(batch, n)`` attribution with a scorer
+``score_fn(input_ids, attention_mask, zeroed)``. :mod:`~captum_ffb.evaluation.perturbation`
+holds the orderings, the perturbations and :func:`embedding_scorer`;
+:mod:`~captum_ffb.evaluation.metrics` the protocols (DecompX AOPC, ERASER, ferret, ABPC,
+leave-one-out and Kendall's τ), each documented with its source.
+"""
+
+from captum_ffb.evaluation.metrics import (
+    DECOMPX_RATIOS,
+    ERASER_BINS,
+    FERRET_THRESHOLDS,
+    AbpcResult,
+    DecompXResult,
+    EraserResult,
+    FerretResult,
+    PerturbationCurve,
+    abpc,
+    comprehensiveness,
+    decompx_aopc,
+    eraser_faithfulness,
+    ferret_aopc,
+    kendall_tau,
+    leave_one_out,
+    perturbation_curve,
+    sufficiency,
+    taucorr_loo,
+)
+from captum_ffb.evaluation.perturbation import (
+    PERTURBATIONS,
+    PerturbedBatch,
+    ScoreFn,
+    embedding_scorer,
+    last_token,
+    perturb,
+    protected_mask,
+    random_attribution,
+    rank_positions,
+    relevance_order,
+    remove_tokens,
+    replace_tokens,
+    tokens_for_fractions,
+    top_k_mask,
+    zero_embeddings,
+)
+
+__all__ = [
+    "DECOMPX_RATIOS",
+    "ERASER_BINS",
+    "FERRET_THRESHOLDS",
+    "PERTURBATIONS",
+    "AbpcResult",
+    "DecompXResult",
+    "EraserResult",
+    "FerretResult",
+    "PerturbationCurve",
+    "PerturbedBatch",
+    "ScoreFn",
+    "abpc",
+    "comprehensiveness",
+    "decompx_aopc",
+    "embedding_scorer",
+    "eraser_faithfulness",
+    "ferret_aopc",
+    "kendall_tau",
+    "last_token",
+    "leave_one_out",
+    "perturb",
+    "perturbation_curve",
+    "protected_mask",
+    "random_attribution",
+    "rank_positions",
+    "relevance_order",
+    "remove_tokens",
+    "replace_tokens",
+    "sufficiency",
+    "taucorr_loo",
+    "tokens_for_fractions",
+    "top_k_mask",
+    "zero_embeddings",
+]
