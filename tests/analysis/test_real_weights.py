@@ -20,6 +20,6 @@ def test_minilm_on_demo_sentences(tmp_path):
     assert len(summary["layers"]) == 6
     for layer in summary["layers"]:
         assert layer["completeness_residual_max"] < 1e-4
-        assert all(math.isfinite(c["mean"]) and 0 <= c["mean"] <= 2 for c in layer["changes"])
+        assert all(math.isfinite(c["mean"]) for c in layer["changes"])
         assert len(layer["outliers"]["ignored_dims"]) == 3  # 1 % of 384
         assert layer["norms"]["ff_output"] > 0 and layer["norms"]["bypassed"] > 0
