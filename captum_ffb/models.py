@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,14 +83,135 @@ def _gguf_file(folder: Path) -> str | None:
     return files[0] if files else None
 
 
-def load_model(name_or_dir: str | os.PathLike | None = None, causal_lm: bool = False) -> LoadedModel:
+#: Files of which a model folder needs one for its tokenizer (or a ``.gguf`` file).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
+    "spiece.model", "sentencepiece.bpe.model",
+)
+
+
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """What reading a broken ``config.json`` raises (hub's strict dataclasses included)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # older huggingface_hub
+        return (OSError, ValueError)
+    return (OSError, ValueError, StrictDataclassError)
+
+
+def _locate(name_or_dir: str | os.PathLike | None) -> tuple[str | Path, str, dict[str, Any]]:
+    """Where a model loads from, its name and the ``from_pretrained`` keyword arguments; a
+    local folder must hold a configuration (``config.json`` or a ``.gguf`` file) and a
+    tokenizer."""
+    if name_or_dir is None or str(name_or_dir) == DEFAULT_MODEL:
+        return bundled_model_dir(), DEFAULT_MODEL, {}
+    source = Path(name_or_dir).expanduser()
+    name = str(name_or_dir)
+    if not source.exists():
+        if name.startswith((".", "/", "~")):
+            raise ModelNotFoundError(f"no model folder at {name_or_dir}")
+        if not _hub_reachable():
+            raise ModelNotFoundError(
+                f"{name_or_dir!r} is not a model folder, and the Hugging Face hub cannot be "
+                "reached (offline): pass a local folder, or leave --model out for the "
+                "bundled all-MiniLM-L6-v2"
+            )
+        return name, name, {}  # a hub id
+    if not source.is_dir():
+        raise ModelNotFoundError(f"{source} is a file: give the folder that holds the model")
+    kwargs: dict[str, Any] = {}
+    gguf = _gguf_file(source)
+    if not (source / "config.json").exists():
+        if gguf is None:
+            raise ModelNotFoundError(f"the model folder {source} has no config.json and no .gguf file")
+        kwargs["gguf_file"] = gguf
+    elif not any((source / f).exists() for f in TOKENIZER_FILES):
+        raise ModelNotFoundError(
+            f"the model folder {source} has no tokenizer: none of {', '.join(TOKENIZER_FILES)} "
+            "(save one there with tokenizer.save_pretrained(folder))"
+        )
+    return source, name, kwargs
+
+
+@contextlib.contextmanager
+def _progress_bars(show: bool, gguf: bool = False) -> Iterator[None]:
+    """Hide transformers' and the hub's progress bars (weight loading, downloads, GGUF
+    de-quantisation) inside the block unless ``show``; their state is restored afterwards."""
+    if show:
+        yield
+        return
+    from huggingface_hub.utils import tqdm as hub_tqdm
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hub_states = dict(getattr(hub_tqdm, "progress_bar_states", {}))
+    gguf_utils = None
+    if gguf:  # its bar is a plain tqdm that the switch above does not reach
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+        gguf_bar = gguf_utils.tqdm
+        gguf_utils.tqdm = functools.partial(gguf_bar, disable=True)
+    with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=0 has priority: fine
+        warnings.simplefilter("ignore")
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if enabled:
+                hf_logging.enable_progress_bar()
+        if hasattr(hub_tqdm, "progress_bar_states"):
+            hub_tqdm.progress_bar_states.clear()
+            hub_tqdm.progress_bar_states.update(hub_states)
+        if gguf_utils is not None:
+            gguf_utils.tqdm = gguf_bar
+
+
+def _read_config(source: str | Path, name: str, kwargs: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source, **kwargs)
+    except (*_config_errors(), TypeError, ImportError) as error:  # a broken config.json
+        raise ModelNotFoundError(
+            f"cannot read the configuration of {name!r}: {error}".splitlines()[0]
+        ) from error
+    get_architecture(config.model_type)  # unsupported families fail before any weights load
+    return config
+
+
+def model_config(name_or_dir: str | os.PathLike | None = None) -> Any:
+    r"""A model's configuration, read without loading its weights: its ``config.json``, or
+    the metadata of its GGUF file (a few seconds).
+
+    Args:
+        name_or_dir (str or PathLike, optional): as for :func:`load_model`.
+
+    Returns:
+        The ``PretrainedConfig``. Raises :class:`ModelNotFoundError` when the folder, its
+        tokenizer or its configuration is missing or unreadable, and
+        :class:`~captum_ffb.UnsupportedArchitectureError` for an unsupported family.
+    """
+    return _read_config(*_locate(name_or_dir))
+
+
+def load_model(
+    name_or_dir: str | os.PathLike | None = None,
+    causal_lm: bool = False,
+    show_progress: bool = True,
+    config: Any = None,
+) -> LoadedModel:
     r"""Load a model and tokenizer in eval mode, offline where possible.
 
     Args:
         name_or_dir (str or PathLike, optional): ``None`` or ``"all-MiniLM-L6-v2"`` for the
-                    bundled default; a local folder (with ``config.json``, or with a ``.gguf``
-                    file); or a Hugging Face id (needs hub access).
+                    bundled default; a local folder (with ``config.json`` and tokenizer
+                    files, or with a ``.gguf`` file); or a Hugging Face id (needs hub access).
         causal_lm (bool): load with a language-model head (``AutoModelForCausalLM``).
+        show_progress (bool): show transformers' weight-loading progress bar.
+        config (PretrainedConfig, optional): the model's configuration from
+                    :func:`model_config`, so that it is not read twice.
 
     Returns:
         LoadedModel
@@ -94,31 +219,14 @@ def load_model(name_or_dir: str | os.PathLike | None = None, causal_lm: bool = F
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     auto = AutoModelForCausalLM if causal_lm else AutoModel
-    if name_or_dir is None or str(name_or_dir) == DEFAULT_MODEL:
-        source: str | Path = bundled_model_dir()
-        name = DEFAULT_MODEL
-    else:
-        source = Path(name_or_dir).expanduser()
-        name = str(name_or_dir)
-        if not source.exists():
-            if str(name_or_dir).startswith((".", "/", "~")):
-                raise ModelNotFoundError(f"no model folder at {name_or_dir}")
-            if not _hub_reachable():
-                raise ModelNotFoundError(
-                    f"{name_or_dir!r} is not a model folder, and the Hugging Face hub cannot be "
-                    "reached (offline): pass a local folder, or leave --model out for the "
-                    "bundled all-MiniLM-L6-v2"
-                )
-            source = str(name_or_dir)  # a hub id
-    kwargs: dict[str, Any] = {}
-    if isinstance(source, Path):
-        gguf = _gguf_file(source)
-        if gguf is not None and not (source / "config.json").exists():
-            kwargs["gguf_file"] = gguf
+    source, name, kwargs = _locate(name_or_dir)
+    if config is None:
+        config = _read_config(source, name, kwargs)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = auto.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as error:
+        with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
+            tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)
+            model = auto.from_pretrained(source, config=config, **kwargs)
+    except _config_errors() as error:
         raise ModelNotFoundError(f"cannot load model {name!r}: {error}".splitlines()[0]) from error
     model.eval()
     spec = get_architecture(model.config.model_type)  # fail early, with the supported list

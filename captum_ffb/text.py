@@ -86,6 +86,52 @@ def ff_amplification(before: Tensor, after: Tensor) -> Tensor:
     return columns(after) - columns(before)
 
 
+def check_text(text: str) -> str:
+    r"""``text`` if it can be tokenised, else a one-line ValueError: it is empty, or it is not
+    valid UTF-8 (bytes that are not UTF-8 on a command line reach Python as lone surrogates,
+    which tokenizers refuse)."""
+    if not text or not text.strip():
+        raise ValueError("the text is empty")
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError as error:
+        first = error.start
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the bytes the command line had
+        raw.decode("utf-8")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        pass
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"the text is not valid UTF-8 (byte 0x{raw[error.start]:02x} at position "
+            f"{error.start})"
+        ) from None
+    raise ValueError(
+        f"the text is not valid UTF-8 (lone surrogate U+{ord(text[first]):04X} at character "
+        f"{first})"
+    )
+
+
+def encode_text(text: str, model: LoadedModel, **kwargs: Any) -> Any:
+    r"""Tokenise ``text`` for ``model`` as PyTorch tensors.
+
+    A one-line ValueError when :func:`check_text` refuses the text or it has more tokens
+    than the model takes; the tokenizer's own warning about over-long inputs is not shown.
+
+    Args:
+        text (str): the input.
+        model (LoadedModel): from :func:`captum_ffb.models.load_model`.
+        **kwargs: more arguments of the tokenizer call (``truncation``, ``max_length``).
+    """
+    check_text(text)
+    encoded = model.tokenizer(text, return_tensors="pt", verbose=False, **kwargs)
+    count = encoded["input_ids"].shape[1]
+    if count > model.max_length:
+        raise ValueError(f"the text has {count} tokens; the model takes at most {model.max_length}")
+    return encoded
+
+
 def text_maps(
     text: str,
     model: LoadedModel | None = None,
@@ -96,15 +142,14 @@ def text_maps(
     r"""Compute the maps of ``text`` for the chosen layers and scopes in one forward pass.
 
     Args:
-        text (str): the input; must not be empty.
+        text (str): the input; not empty, valid UTF-8 (see :func:`check_text`).
         model (LoadedModel, optional): from :func:`captum_ffb.models.load_model`; the bundled
                     all-MiniLM-L6-v2 by default.
         layers (list[int] or "all"): layer indices (negative counts from the end).
         scopes (list[str], optional): scope names; all scopes of the chain by default.
         show_progress (bool): show a progress bar.
     """
-    if not text or not text.strip():
-        raise ValueError("the text is empty")
+    check_text(text)
     loaded = model or load_model()
     blocks = loaded.blocks
     indices = list(range(len(blocks))) if layers == "all" else [int(i) for i in layers]
@@ -112,12 +157,8 @@ def text_maps(
         if not -len(blocks) <= i < len(blocks):
             raise ValueError(f"layer {i} does not exist: the model has {len(blocks)} layers")
     indices = list(dict.fromkeys(i % len(blocks) for i in indices))  # in order, once each
-    encoded = loaded.tokenizer(text, return_tensors="pt")
+    encoded = encode_text(text, loaded)
     ids = encoded["input_ids"]
-    if ids.shape[1] > loaded.max_length:
-        raise ValueError(
-            f"the text has {ids.shape[1]} tokens; the model takes at most {loaded.max_length}"
-        )
     lnd = LayerNormDecomposition(loaded.model, [blocks[i] for i in indices], show_progress=show_progress)
     names = list(scopes) if scopes else list(lnd.scopes)
     kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}

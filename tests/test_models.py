@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from captum_ffb.models import ModelNotFoundError, find_blocks, load_model
+from captum_ffb.models import ModelNotFoundError, find_blocks, load_model, model_config
 from tests.models import TINY_MODELS
 
 
@@ -27,3 +27,81 @@ def test_a_saved_folder_loads(tmp_path):
     loaded = load_model(tmp_path)
     assert loaded.model_type == "bert" and len(loaded.blocks) == 2
     assert find_blocks(loaded.model) is loaded.model.encoder.layer
+
+
+def _weights_only(folder):
+    """A folder with a tiny BERT's config.json and weights, and no tokenizer."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=60, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+def test_a_folder_without_tokenizer_names_what_is_missing(tmp_path):
+    folder = _weights_only(tmp_path / "no-tokenizer")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    for read in (load_model, model_config):
+        with pytest.raises(ModelNotFoundError) as error:
+            read(folder)
+        message = str(error.value)
+        assert f"the model folder {folder} has no tokenizer" in message
+        assert all(name in message for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"))
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"]))
+    assert load_model(folder).tokenizer.convert_tokens_to_ids("a") == 4  # a vocabulary is enough
+
+
+def test_a_folder_without_configuration_or_a_file(tmp_path):
+    (tmp_path / "vocab.txt").write_text("[UNK]\n")
+    with pytest.raises(ModelNotFoundError, match="has no config.json and no .gguf file"):
+        load_model(tmp_path)
+    with pytest.raises(ModelNotFoundError, match="is a file: give the folder"):
+        load_model(tmp_path / "vocab.txt")
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", "{not json", '{"model_type": "bert", "hidden_size": "x"}'])
+def test_a_broken_configuration_is_one_clear_error(tmp_path, text):
+    (tmp_path / "config.json").write_text(text)
+    (tmp_path / "vocab.txt").write_text("[UNK]\n")
+    with pytest.raises(ModelNotFoundError, match="cannot read the configuration of"):
+        model_config(tmp_path)
+
+
+def test_model_config_reads_no_weights(tmp_path, monkeypatch):
+    from transformers import AutoConfig, AutoModel, BertTokenizerFast
+
+    folder = _weights_only(tmp_path)
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were loaded")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(AutoModel, "from_pretrained", no_weights)
+        config = model_config(folder)
+    assert (config.model_type, config.num_hidden_layers) == ("bert", 2)
+    with monkeypatch.context() as patch:  # a config given to load_model is not read again
+        patch.setattr(AutoConfig, "from_pretrained", no_weights)
+        assert load_model(folder, config=config).model.config.num_hidden_layers == 2
+
+
+def test_show_progress_false_hides_the_loading_bar_and_restores_it(tmp_path, capsys):
+    from transformers.utils import logging as hf_logging
+
+    folder = _weights_only(tmp_path)
+    (folder / "vocab.txt").write_text("[UNK]\n")
+    assert hf_logging.is_progress_bar_enabled()
+    capsys.readouterr()
+    load_model(folder, show_progress=False)
+    assert "Loading weights" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()  # as it was
+    load_model(folder)
+    assert "Loading weights" in capsys.readouterr().err
+    hf_logging.disable_progress_bar()
+    try:
+        load_model(folder, show_progress=False)
+        assert not hf_logging.is_progress_bar_enabled()  # a user's choice stays
+    finally:
+        hf_logging.enable_progress_bar()

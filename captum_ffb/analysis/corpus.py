@@ -128,7 +128,13 @@ def _read_text_file(path: Path) -> list[str]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from error
+        data, at = error.object, error.start  # ``data`` without the byte-order mark
+        lines = (data[:at].decode("utf-8") + "?").splitlines()  # as the corpus splits them
+        line, column = len(lines), len(lines[-1][:-1].encode("utf-8"))
+        raise ValueError(
+            f"{path} is not valid UTF-8: line {line} (byte 0x{data[at]:02x} at position "
+            f"{column}); save it as UTF-8"
+        ) from None
     return text.splitlines()
 
 

@@ -33,9 +33,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "attention": ("attention_mean", "attention_sum"),
     "gradients": ("saliency", "ixg", "ig"),
     "shap": ("shap",),  # exact up to ``exact_up_to`` tokens, permutation sampling beyond
-    "all": (
-        "attention_mean", "attention_sum", "norm", "saliency", "ixg", "ig", "shap",
-    ),
+    # every baseline; shap_exact only up to ``exact_up_to`` tokens (it runs 2^n coalitions)
+    "all": tuple(BASELINES),
 }
 
 #: Most tokens for which the alias ``"shap"`` means exact Shapley values.
@@ -43,13 +42,17 @@ EXACT_UP_TO = 12
 
 
 def resolve_baselines(names: str | Sequence[str], n_tokens: int, exact_up_to: int = EXACT_UP_TO) -> list[str]:
-    """Expand aliases (``"attention"``, ``"shap"``, …) and check the names; keeps order."""
+    r"""Expand aliases (``"attention"``, ``"shap"``, ``"all"``, …) and check the names; keeps
+    order. ``"all"`` is every baseline of :data:`BASELINES`, but leaves ``shap_exact`` out
+    beyond ``exact_up_to`` tokens (``shap_permutation`` samples the same values)."""
     if isinstance(names, str):
         names = [part.strip() for part in names.split(",") if part.strip()]
     out: list[str] = []
     for name in names:
         expanded = ALIASES.get(name, (name,))
         for item in expanded:
+            if name == "all" and item == "shap_exact" and n_tokens > exact_up_to:
+                continue
             if item == "shap":
                 item = "shap_exact" if n_tokens <= exact_up_to else "shap_permutation"
             if item not in BASELINES:

@@ -2,6 +2,8 @@
 
 Each sub-command lives in its own module of this package and exposes
 ``register(subparsers)``, which adds its parser and sets ``run=callable(args) -> int``.
+User mistakes raise :class:`UsageError` (or the library's ``ValueError``s) and end with one
+line and exit code 2; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-#: Errors shown to users as one line (no traceback).
-USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, TypeError)
+from captum_ffb.cli._common import UsageError
+
+__all__ = ["USER_ERRORS", "UsageError", "build_parser", "main"]
+
+#: Errors shown to users as one line (no traceback); ``UsageError`` is a ``ValueError``.
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError)
 
 
 def build_parser() -> argparse.ArgumentParser:

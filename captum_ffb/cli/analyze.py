@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from captum_ffb.cli._common import UsageError, check_model_options
+
 EXAMPLES = """\
 examples:
   captum-ffb analyze --out analysis_demo
@@ -82,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print nothing but errors: no progress bars or summary")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
     parser.set_defaults(run=run)
 
@@ -90,7 +93,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from captum_ffb.analysis import AnalysisConfig, analyze_corpus, load_corpus
     from captum_ffb.analysis.report import write_report
-    from captum_ffb.models import load_model
+    from captum_ffb.models import load_model, model_config
 
     config = AnalysisConfig(
         max_seqs=args.max_seqs, mask_rate=args.mask_rate, seed=args.seed,
@@ -101,11 +104,12 @@ def run(args: argparse.Namespace) -> int:
     config.check()
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
-    _device(args.device)  # fail before loading anything
+        raise UsageError(f"--out {out} exists and is not a folder")
+    device = _device(args.device)  # fail before loading anything
+    model_settings = model_config(args.model)  # an unusable model fails before the corpus
+    check_model_options(model_settings)
     corpus = load_corpus(args.data, split=args.split, text_column=args.text_column)
-    device = _device(args.device)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=model_settings)
     loaded.model.to(device)
     started = time.monotonic()
     try:
@@ -136,11 +140,11 @@ def _device(name: str) -> Any:
     try:
         device = torch.device(name)
     except RuntimeError as error:
-        raise ValueError(f"cannot use device {name!r}: not a torch device name") from error
+        raise UsageError(f"cannot use device {name!r}: not a torch device name") from error
     available = {
         "cuda": torch.cuda.is_available,
         "mps": lambda: torch.backends.mps.is_available(),
     }.get(device.type, lambda: True)
     if not available():
-        raise ValueError(f"cannot use device {name!r}: no {device.type} device is available")
+        raise UsageError(f"cannot use device {name!r}: no {device.type} device is available")
     return device

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from captum_ffb.cli._common import UsageError, check_model_options
+
 DEFAULT_OUT = "captum_ffb_compare"
 DEFAULT_BASELINES = "attention,norm,ig,shap"
 DEFAULT_ACTIVATION_METHODS = "ig,ig_captum,shap_exact,shap_sampling,shap_kernel"
@@ -23,7 +25,8 @@ examples:
 
 baselines (comma list): attention (= attention_mean, attention_sum), norm, norm_bias,
   saliency, ixg, ig, gradients (= the three), shap (exact up to 12 tokens, else permutation
-  sampling), shap_exact, shap_permutation, shap_sampling, shap_kernel, captum_shapley, all
+  sampling), shap_exact, shap_permutation, shap_sampling, shap_kernel, captum_shapley,
+  all (= all twelve; shap_exact only up to 12 tokens, as it costs 2^n layer runs)
 
 files written to --out:
   compare.csv, compare.md   per layer, each baseline against each scope's map:
@@ -84,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "default: its full length)")
     parser.add_argument("--methods", default=DEFAULT_ACTIVATION_METHODS, metavar="LIST",
                         help=f"with --app-e: activation methods (default {DEFAULT_ACTIVATION_METHODS})")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or tables on stdout")
+    parser.add_argument("--quiet", action="store_true",
+                        help="print nothing but errors: no progress bars, tables or list of files")
     parser.set_defaults(run=run)
 
 
@@ -92,9 +96,9 @@ def _int_list(value: str, option: str) -> list[int]:
     try:
         values = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"{option} takes a comma list of integers, got {value!r}") from None
+        raise UsageError(f"{option} takes a comma list of integers, got {value!r}") from None
     if not values:
-        raise ValueError(f"{option} is empty")
+        raise UsageError(f"{option} is empty")
     return values
 
 
@@ -105,33 +109,33 @@ def _layers(value: str | None, default: str, count: int) -> list[int]:
     layers = _int_list(value, "--layer")
     for layer in layers:
         if not -count <= layer < count:
-            raise ValueError(f"layer {layer} does not exist: the model has {count} layers")
+            raise UsageError(f"layer {layer} does not exist: the model has {count} layers")
     return list(dict.fromkeys(layer % count for layer in layers))
 
 
-def _names(value: str | None) -> list[str] | None:
+def _names(value: str | None, option: str) -> list[str] | None:
     if value is None:
         return None
     names = [v.strip() for v in value.split(",") if v.strip()]
     if not names:
-        raise ValueError("the list is empty")
+        raise UsageError(f"{option} is empty")
     return names
 
 
 def run(args: argparse.Namespace) -> int:
-    from captum_ffb.models import load_model
+    from captum_ffb.models import load_model, model_config
+    from captum_ffb.text import check_text
 
-    if not args.text or not args.text.strip():
-        raise ValueError("the text is empty")
+    check_text(args.text)
     if args.k < 1:
-        raise ValueError("--top-k must be positive")
+        raise UsageError("--top-k must be positive")
     if args.n_steps < 1:
-        raise ValueError("--n-steps must be positive")
+        raise UsageError("--n-steps must be positive")
     if args.n_samples is not None and args.n_samples < 1:
-        raise ValueError("--n-samples must be positive")
+        raise UsageError("--n-samples must be positive")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+        raise UsageError(f"--out {out} exists and is not a folder")
     if not args.no_figure:
         from captum_ffb.baselines.figure import _pyplot
 
@@ -139,39 +143,39 @@ def run(args: argparse.Namespace) -> int:
     from captum_ffb.baselines import ACTIVATION_METHODS, resolve_baselines
 
     if args.app_e:
-        methods = _names(args.methods) or []
+        methods = _names(args.methods, "--methods") or []
         unknown = [m for m in methods if m not in ACTIVATION_METHODS]
         if unknown:
-            raise ValueError(
+            raise UsageError(
                 f"unknown activation method {unknown[0]!r}; choose from {', '.join(ACTIVATION_METHODS)}"
             )
         if args.lengths:
             _int_list(args.lengths, "--lengths")
     else:
         resolve_baselines(args.baselines, 0)  # unknown names fail before the model loads
+    # layers and scopes fail before the weights load too
+    layer_spec = args.layer or ("0" if args.app_e else "all")
+    layers = None if layer_spec.strip().lower() == "all" else _int_list(layer_spec, "--layer")
+    config = model_config(args.model)
+    check_model_options(config, layers, None if args.app_e else _names(args.scopes, "--scopes"))
 
     def say(message: str) -> None:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
     say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config)
     if args.app_e:
         return _run_app_e(args, loaded, out, say)
     return _run_compare(args, loaded, out, say)
 
 
 def _encode(loaded: Any, text: str, max_length: int | None = None) -> Any:
-    kwargs: dict[str, Any] = {"return_tensors": "pt"}
-    if max_length is not None:
-        kwargs.update(truncation=True, max_length=max_length)
-    encoded = loaded.tokenizer(text, **kwargs)
-    if encoded["input_ids"].shape[1] > loaded.max_length:
-        raise ValueError(
-            f"the text has {encoded['input_ids'].shape[1]} tokens; the model takes at most "
-            f"{loaded.max_length}"
-        )
-    return encoded
+    from captum_ffb.text import encode_text
+
+    if max_length is None:
+        return encode_text(text, loaded)
+    return encode_text(text, loaded, truncation=True, max_length=max_length)
 
 
 def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> int:
@@ -193,7 +197,7 @@ def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> 
     blocks = loaded.blocks
     layers = _layers(args.layer, "all", len(blocks))
     names = resolve_baselines(args.baselines, ids.shape[1])
-    scopes_arg = _names(args.scopes)
+    scopes_arg = _names(args.scopes, "--scopes")
     out.mkdir(parents=True, exist_ok=True)
 
     table = ComparisonTable(k=args.k)
@@ -225,8 +229,8 @@ def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> 
     written = _write_table(table, out / "compare")
     if not args.quiet:
         print(table.to_markdown())
-    for path in [*written, *figures]:
-        print(path)
+        for path in [*written, *figures]:
+            print(path)
     return 0
 
 
@@ -241,12 +245,12 @@ def _write_table(table: Any, stem: Path) -> list[Path]:
 def _run_app_e(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> int:
     from captum_ffb.baselines import ComparisonTable, activation_study, capture_layer
 
-    methods = _names(args.methods) or []
+    methods = _names(args.methods, "--methods") or []
     full = _encode(loaded, args.text)["input_ids"].shape[1]
     lengths = _int_list(args.lengths, "--lengths") if args.lengths else [full]
     too_long = [n for n in lengths if n > full or n < 2]
     if too_long:
-        raise ValueError(
+        raise UsageError(
             f"--lengths {too_long[0]} is not possible: the text has {full} tokens (at least 2 "
             "are needed)"
         )
@@ -289,6 +293,6 @@ def _run_app_e(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> in
         print(timing.to_markdown())
         print(agreement.to_markdown())
         print(change.to_markdown())
-    for path in written:
-        print(path)
+        for path in written:
+            print(path)
     return 0

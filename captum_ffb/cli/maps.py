@@ -8,8 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from captum_ffb.cli._common import UsageError, check_model_options
+
 FORMATS = ("png", "html", "json")
 DEFAULT_OUT = "captum_ffb_maps"
+#: Resolutions the PNG figures may take.
+DPI_RANGE = (10, 1200)
 
 EXAMPLES = f"""\
 examples:
@@ -72,8 +76,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="LIST",
         help="comma list of png, html, json (default: all three)",
     )
-    parser.add_argument("--dpi", type=int, default=150, help="resolution of the PNG figures")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    parser.add_argument(
+        "--dpi", type=int, default=150,
+        help=f"resolution of the PNG figures, {DPI_RANGE[0]} to {DPI_RANGE[1]} (default 150)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true",
+        help="print nothing but errors: no progress bars, summary or list of files",
+    )
     parser.set_defaults(run=run)
 
 
@@ -82,7 +92,7 @@ def parse_formats(value: str) -> list[str]:
     formats = [f.strip().lower().lstrip(".") for f in value.split(",") if f.strip()]
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
-        raise ValueError(
+        raise UsageError(
             f"unknown format {unknown[0] if unknown else value!r}; choose from {', '.join(FORMATS)}"
         )
     return list(dict.fromkeys(formats))
@@ -95,9 +105,9 @@ def parse_layers(value: str) -> list[int] | str:
     try:
         layers = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--layer takes an integer, a comma list or 'all', got {value!r}") from None
+        raise UsageError(f"--layer takes an integer, a comma list or 'all', got {value!r}") from None
     if not layers:
-        raise ValueError("--layer is empty")
+        raise UsageError("--layer is empty")
     return layers
 
 
@@ -107,32 +117,35 @@ def parse_scopes(values: list[str] | None) -> list[str] | None:
         return None
     scopes = [s.strip() for v in values for s in v.split(",") if s.strip()]
     if not scopes:
-        raise ValueError("--scopes is empty")
+        raise UsageError("--scopes is empty")
     return scopes
 
 
 def run(args: argparse.Namespace) -> int:
     """Compute the maps of ``args.text`` and write the requested files."""
-    from captum_ffb.models import load_model
-    from captum_ffb.text import text_maps
+    from captum_ffb.models import load_model, model_config
+    from captum_ffb.text import check_text, text_maps
 
-    if not args.text or not args.text.strip():
-        raise ValueError("the text is empty")
+    check_text(args.text)
     formats = parse_formats(args.format)
     layers = parse_layers(args.layer)
     scopes = parse_scopes(args.scopes)
+    if not DPI_RANGE[0] <= args.dpi <= DPI_RANGE[1]:
+        raise UsageError(f"--dpi must lie between {DPI_RANGE[0]} and {DPI_RANGE[1]}, got {args.dpi}")
     if "png" in formats:
         _check_matplotlib()
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+        raise UsageError(f"--out {out} exists and is not a folder")
+    config = model_config(args.model)  # layers and scopes fail before the weights load
+    check_model_options(config, layers, scopes)
 
     def say(message: str) -> None:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
     say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config)
     maps = text_maps(args.text, loaded, layers=layers, scopes=scopes, show_progress=not args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -151,8 +164,8 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(map(str, maps.layers))}, scopes {', '.join(maps.scopes)}; "
             f"largest completeness residual {worst:.2e}"
         )
-    for path in written:
-        print(path)
+        for path in written:
+            print(path)
     return 0
 
 
@@ -160,7 +173,7 @@ def _check_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ValueError(
+        raise UsageError(
             "PNG figures need matplotlib: pip install 'captum_ffb[viz]' (or --format html,json)"
         ) from None
 

@@ -33,8 +33,24 @@ def test_text_file_and_bad_paths(tmp_path):
         load_corpus(str(tmp_path))
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"\xff\xfe\x00bad")
-    with pytest.raises(ValueError, match="not UTF-8"):
+    with pytest.raises(ValueError, match=r"not valid UTF-8: line 1 \(byte 0xff at position 0\)"):
         load_corpus(str(binary))
+
+
+@pytest.mark.parametrize("raw, line, byte, position", [
+    (b"first\nsecond caf\xe9\nthird\n", 2, "e9", 10),
+    (b"\xef\xbb\xbfa\r\nb\r\n\xc3\xa9t\xe9\n", 3, "e9", 3),  # BOM, CRLF, é before
+    (b"a\rb\rc\xff", 3, "ff", 1),  # lines as the corpus splits them
+])
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path, raw, line, byte, position):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(raw)
+    with pytest.raises(ValueError) as error:
+        load_corpus(str(path))
+    assert str(error.value) == (
+        f"{path} is not valid UTF-8: line {line} (byte 0x{byte} at position {position}); "
+        "save it as UTF-8"
+    )
 
 
 def test_rotten_tomatoes_reader_keeps_review_snippets(tmp_path):
