@@ -25,9 +25,7 @@ def check_model_options(
     from captum_ffb.architectures import get_architecture, get_chain
 
     spec = get_architecture(getattr(config, "model_type", None))
-    check_config = getattr(spec, "check_config", None)
-    if check_config is not None:
-        check_config(config)
+    spec.check_config(config)
     count = getattr(config, "num_hidden_layers", None)
     if isinstance(count, int) and count > 0 and layers not in (None, "all"):
         for layer in layers:
@@ -35,9 +33,9 @@ def check_model_options(
                 raise UsageError(f"layer {layer} does not exist: the model has {count} layers")
     if scopes:
         chain = get_chain(spec.chain_name(config))
-        unknown = [s for s in scopes if s not in chain.scopes]
+        unknown = [s for s in scopes if s not in chain.all_scopes]
         if unknown:
             raise UsageError(
                 f"unknown scope {unknown[0]!r} for a {chain.name} model; choose from "
-                f"{', '.join(chain.scopes)}"
+                f"{', '.join(chain.all_scopes)}"
             )

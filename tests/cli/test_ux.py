@@ -139,7 +139,7 @@ def test_quiet_prints_nothing(bert_dir, tmp_path, capsys):
     (["--layer", "2"], "layer 2 does not exist: the model has 2 layers"),
     (["--layer", "0,-3"], "layer -3 does not exist: the model has 2 layers"),
     (["--scopes", "Atb", "AtbFf"], "unknown scope 'AtbFf' for a pre_ln model; choose from "
-     "Atb, AtbLn, AtbLnFf, AtbLnFfRes"),
+     "Atb, AtbLn, AtbLnFf, AtbLnFfRes, AtbLnFfResLn"),
     (["--dpi", "0"], "--dpi must lie between 10 and 1200, got 0"),
     (["--format", "svg"], "unknown format 'svg'; choose from png, html, json"),
 ])
