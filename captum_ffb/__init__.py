@@ -19,7 +19,7 @@ from captum_ffb.architectures import (
     register_chain,
     supported_architectures,
 )
-from captum_ffb.attr import LayerNormDecomposition
+from captum_ffb.attr import Contrast, Direction, LayerNormDecomposition, NormDecomposition
 from captum_ffb.decomposition import (
     Decomposition,
     FactoredDecomposition,
@@ -32,10 +32,13 @@ __version__ = "0.2.0"
 __all__ = [
     "ArchitectureSpec",
     "Chain",
+    "Contrast",
     "Decomposition",
+    "Direction",
     "FactoredDecomposition",
     "LayerNormDecomposition",
     "MixtureOfExperts",
+    "NormDecomposition",
     "Projection",
     "TokenwiseDecomposition",
     "UnsupportedArchitectureError",

@@ -225,6 +225,29 @@ def tiny_models() -> list[TinyModel]:
 TINY_MODELS = {model.name: model for model in tiny_models()}
 
 
+def tiny_task_model(name: str, task: str = "causal_lm", num_labels: int = 3) -> nn.Module:
+    """The tiny model ``name`` with a head (``"causal_lm"`` or ``"sequence_classification"``),
+    norms and every bias randomised so that the bias player is not trivially zero."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    config = TINY_MODELS[name].build().config
+    torch.manual_seed(0)
+    if task == "causal_lm":
+        model = AutoModelForCausalLM.from_config(config)
+    else:
+        config.num_labels = num_labels
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = 0
+        model = AutoModelForSequenceClassification.from_config(config)
+    model.eval()
+    _randomise_norms(model)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.normal_(0, 0.1)
+    return model
+
+
 def token_ids(batch: int = 2, n: int = 9, seed: int = 1) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, n), generator=generator)

@@ -1,8 +1,9 @@
-"""Captum attributions built on the layer decomposition."""
+"""Captum attributions built on the decomposition: layer maps and whole-model contributions."""
 
 from captum_ffb.attr.layer_norm_decomposition import (
     DEFAULT_MEMORY_BUDGET,
     LayerNormDecomposition,
 )
+from captum_ffb.attr.norm_decomposition import Contrast, Direction, NormDecomposition
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "LayerNormDecomposition"]
+__all__ = ["DEFAULT_MEMORY_BUDGET", "Contrast", "Direction", "LayerNormDecomposition", "NormDecomposition"]

@@ -1,0 +1,152 @@
+"""Declarative heads: what a task model computes after its last block, for each family.
+
+A head reads one position (or a pooling of positions) of the last block's output, applies
+the family's final norm, then dense layers and activations, then the output layer whose
+row for the target (a class, a token) gives the scalar explained. Paths are resolved from
+the task model first, then from its base model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from captum_ffb.architectures.spec import Projection
+
+#: Tasks a head can serve, read from the model's class name.
+TASKS = ("causal_lm", "sequence_classification", "base")
+
+
+@dataclass(frozen=True)
+class HeadActivation:
+    """An element-wise activation between two dense layers of a head.
+
+    Attributes:
+        path (str, optional): the activation module (BERT's ``pooler.activation``).
+        function (str, optional): the name of a function the head calls directly
+                    (``"tanh"``, ``"relu"``, ``"gelu"``), when it is not a module.
+    """
+
+    path: str | None = None
+    function: str | None = None
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    r"""What follows the blocks in one kind of task model.
+
+    Attributes:
+        position (str): the position read: ``"first"`` (the [CLS] / ``<s>`` token) or
+                    ``"last"`` (each row's last real token; a causal LM's default target
+                    position, which the user may change).
+        final_norm (bool): apply the family's final norm (``ArchitectureSpec.final_norm``)
+                    first, when the model has one.
+        layers (tuple): dense layers (:class:`Projection`) and activations
+                    (:class:`HeadActivation`) after the norm, in order.
+        output (str, optional): the output layer whose rows are the targets; ``None``: the
+                    model's output embeddings (``get_output_embeddings()``, the LM head).
+        softcap (str, optional): the config attribute of a final ``c·tanh(logit / c)``
+                    (Gemma 2's ``final_logit_softcapping``).
+    """
+
+    position: str = "last"
+    final_norm: bool = True
+    layers: tuple[Projection | HeadActivation, ...] = field(default_factory=tuple)
+    output: str | None = None
+    softcap: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.position not in ("first", "last"):
+            raise ValueError(f"position must be 'first' or 'last', got {self.position!r}")
+
+
+_HEADS: dict[tuple[str, str], HeadSpec] = {}
+
+#: The head every causal LM has unless its family registers another.
+CAUSAL_LM = HeadSpec(position="last")
+#: Decoder sequence classifiers (``GPT2ForSequenceClassification``, Llama's, ...).
+DECODER_CLASSIFIER = HeadSpec(position="last", output="score")
+#: A base model read through a pooling and a direction (see ``captum_ffb.Direction``).
+BASE = HeadSpec(position="last", output=None)
+
+
+def register_head(model_type: str, task: str, head: HeadSpec, overwrite: bool = False) -> None:
+    r"""Register the head of one family's task model.
+
+    Args:
+        model_type (str): the Hugging Face ``model_type``.
+        task (str): one of :data:`TASKS`.
+        head (HeadSpec): what the task model computes after its last block.
+        overwrite (bool): replace an existing registration.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    if (model_type, task) in _HEADS and not overwrite:
+        raise ValueError(f"a {task} head of {model_type!r} is already registered")
+    _HEADS[(model_type, task)] = head
+
+
+def task_of(model_class_name: str) -> str:
+    """The task of a transformers model class, from its name."""
+    if model_class_name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "causal_lm"
+    if model_class_name.endswith("ForSequenceClassification"):
+        return "sequence_classification"
+    return "base"
+
+
+def get_head(model_type: str, task: str) -> HeadSpec:
+    """The head of ``model_type``'s ``task`` model; a clear error when none is known."""
+    if (model_type, task) in _HEADS:
+        return _HEADS[(model_type, task)]
+    if task == "causal_lm":
+        return CAUSAL_LM
+    if task == "base":
+        return BASE
+    known = sorted(m for m, t in _HEADS if t == task)
+    raise ValueError(
+        f"no {task} head is registered for {model_type!r} (known: {', '.join(known)}); "
+        "describe it with captum_ffb.architectures.heads.HeadSpec and register_head"
+    )
+
+
+_BERT_CLASSIFIER = HeadSpec(
+    position="first",
+    final_norm=False,
+    layers=(Projection("pooler.dense"), HeadActivation(path="pooler.activation")),
+    output="classifier",
+)
+_ROBERTA_CLASSIFIER = HeadSpec(
+    position="first",
+    final_norm=False,
+    layers=(Projection("classifier.dense"), HeadActivation(function="tanh")),
+    output="classifier.out_proj",
+)
+_ELECTRA_CLASSIFIER = HeadSpec(
+    position="first",
+    final_norm=False,
+    layers=(Projection("classifier.dense"), HeadActivation(path="classifier.activation")),
+    output="classifier.out_proj",
+)
+_DISTILBERT_CLASSIFIER = HeadSpec(
+    position="first",
+    final_norm=False,
+    layers=(Projection("pre_classifier"), HeadActivation(function="relu")),
+    output="classifier",
+)
+
+register_head("bert", "sequence_classification", _BERT_CLASSIFIER)
+for _name in ("roberta", "xlm-roberta", "camembert"):
+    register_head(_name, "sequence_classification", _ROBERTA_CLASSIFIER)
+register_head("electra", "sequence_classification", _ELECTRA_CLASSIFIER)
+register_head("distilbert", "sequence_classification", _DISTILBERT_CLASSIFIER)
+for _name in ("gpt2", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
+              "gemma3_text", "gpt_neox", "gptj", "phi", "phi3", "mixtral", "qwen2_moe",
+              "olmo", "olmo2"):
+    register_head(_name, "sequence_classification", DECODER_CLASSIFIER)
+# OPT-350m projects the final hidden states down to the embedding width before the LM head
+# (its base model's output includes the projection too); absent layers are skipped.
+_OPT_PROJECT_OUT = (Projection("decoder.project_out"),)
+register_head("opt", "causal_lm", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
+register_head("opt", "base", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
+for _name in ("gemma2", "gemma3_text"):
+    register_head(_name, "causal_lm", HeadSpec(position="last", softcap="final_logit_softcapping"))

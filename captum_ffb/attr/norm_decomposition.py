@@ -1,0 +1,498 @@
+"""``NormDecomposition``: exact contributions of the input tokens to a model's output, as a
+Captum model-level attribution (as ``IntegratedGradients`` is to ``LayerIntegratedGradients``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from captum.attr import Attribution
+from captum.log import log_usage
+from torch import Tensor, nn
+
+from captum_ffb.architectures import get_architecture
+from captum_ffb.attr.layer_norm_decomposition import DEFAULT_MEMORY_BUDGET
+from captum_ffb.engine import (
+    capture_layers,
+    chain_for,
+    find_blocks,
+    find_model,
+    forward_arguments,
+    model_type_of,
+    resolve_rules,
+)
+from captum_ffb.engine.block import config_of
+from captum_ffb.engine.linearise import linearise
+from captum_ffb.engine.run import warn_if_padded_without_mask
+from captum_ffb.engine.whole import (
+    HeadTarget,
+    element_wise_rule,
+    head_forward,
+    player_start,
+    propagate,
+    resolve_head,
+)
+from captum_ffb.rules import is_linear_in_players
+
+ROUTES = ("backward", "forward")
+POOLINGS = ("mean", "cls", "first", "last")
+
+
+@dataclass(frozen=True)
+class Contrast:
+    r"""A contrastive target ``logit(positive) − logit(negative)`` (a token or a class each).
+
+    Args:
+        positive (int or Tensor): the unit whose logit counts positively (one per row as a
+                    ``(batch,)`` tensor, or one for all rows).
+        negative (int or Tensor): the unit whose logit is subtracted.
+
+    Examples::
+
+        >>> pos, neg = tok.convert_tokens_to_ids(["Ġpositive", "Ġnegative"])
+        >>> attributions = NormDecomposition(model).attribute(ids, target=Contrast(pos, neg))
+    """
+
+    positive: int | Tensor
+    negative: int | Tensor
+
+
+@dataclass(frozen=True)
+class Direction:
+    r"""A linear read-out of a base model: ``⟨vector, pool(h)⟩ + bias`` (a probe, a sentiment
+    head on sentence embeddings).
+
+    Args:
+        vector (Tensor): ``(d,)``, or ``(batch, d)`` for one per row.
+        pooling (str or int): ``"mean"`` over real tokens, ``"cls"``/``"first"`` (the first
+                    real token), ``"last"`` (the last real token), or a position.
+        bias (float or Tensor): added to the read-out (the bias player gets it).
+    """
+
+    vector: Tensor
+    pooling: str | int = "mean"
+    bias: float | Tensor = 0.0
+
+
+def _per_row(value: int | Tensor, batch: int, device: torch.device, what: str) -> Tensor:
+    tensor = torch.as_tensor(value, device=device)
+    if tensor.is_floating_point():
+        raise TypeError(f"{what} must be an integer index (or one per row), got floats")
+    if tensor.dim() == 0:
+        return tensor.expand(batch).long()
+    tensor = tensor.reshape(-1)
+    if tensor.numel() != batch:
+        raise ValueError(f"{what} has {tensor.numel()} entries for a batch of {batch}")
+    return tensor.long()
+
+
+def real_positions(token_mask: Tensor, where: str) -> Tensor:
+    """Each row's first or last real position ``(B,)`` (left or right padding)."""
+    n = token_mask.shape[1]
+    real = token_mask.bool()
+    if not bool(real.any(dim=1).all()):
+        raise ValueError("a row of the batch has no real token")
+    index = torch.arange(n, device=token_mask.device)
+    if where == "last":
+        return torch.where(real, index, -1).amax(dim=1)
+    return torch.where(real, index, n).amin(dim=1)
+
+
+class NormDecomposition(Attribution):
+    r"""Exact contributions of a model's input tokens to one of its outputs.
+
+    The model's blocks are chained (each block's decomposition starts from the previous
+    one's) and followed by the head's rules, so that a scalar output (a class logit, the
+    logit of a token at a position, a contrast of two logits, a direction read from pooled
+    hidden states) is written exactly as ``Σ_j c_j + c_bias``, one ``c_j`` per input
+    position (the first block's input vectors are the players) and one for everything owed
+    to no token. With the attention probabilities, norm scales and activation coefficients
+    of the real forward pass frozen, the model is linear in the players, so ``c_j`` costs
+    one backward pass (``route="backward"``), and equals the forward propagation of the
+    decompositions through every block (``route="forward"``, which also gives whole-model
+    token-to-token maps). The convergence delta is the completeness residual against the
+    model's real output.
+
+    Args:
+        forward_func (nn.Module): a Hugging Face model of a supported family: a
+                    ``*ForCausalLM``, a ``*ForSequenceClassification`` or a base model.
+        model_type (str, optional): the architecture when the config does not say it.
+        rules (dict, optional): role → rule replacing the default rule of that role (see
+                    :class:`~captum_ffb.LayerNormDecomposition`).
+        memory_budget (int): bytes the forward route's row chunks and player groups may take.
+        dtype (torch.dtype): the forward route's precision (float32 by default).
+        show_progress (bool): a progress bar over blocks (forward route).
+
+    Examples::
+
+        >>> from captum_ffb import NormDecomposition
+        >>> nd = NormDecomposition(model)                     # e.g. SmolLM2 (LlamaForCausalLM)
+        >>> ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+        >>> next_id = model(ids).logits[0, -1].argmax()
+        >>> contributions, delta = nd.attribute(ids, target=int(next_id),
+        ...                                     return_convergence_delta=True)
+        >>> contributions.shape                               # (1, n): one per input token
+    """
+
+    def __init__(
+        self,
+        forward_func: nn.Module,
+        model_type: str | None = None,
+        rules: Mapping[str, Callable] | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        dtype: torch.dtype = torch.float32,
+        show_progress: bool = False,
+    ) -> None:
+        model = find_model(forward_func)
+        if model is None:
+            raise TypeError("NormDecomposition needs the model itself (an nn.Module) as forward_func")
+        super().__init__(model)
+        self.model = model
+        self.model_type = model_type or model_type_of(model)
+        self.spec = get_architecture(self.model_type)
+        self.config = config_of(model)
+        self.chain = chain_for(self.spec, self.config)
+        self.blocks = list(find_blocks(model, self.spec))
+        self.head = resolve_head(model, self.spec)
+        self._user_rules = dict(rules or {})
+        self.rules = self._rules(None)
+        if memory_budget <= 0:
+            raise ValueError("memory_budget must be a positive number of bytes")
+        self.memory_budget = int(memory_budget)
+        self.dtype = dtype
+        self.show_progress = show_progress
+
+    def has_convergence_delta(self) -> bool:
+        return True
+
+    @property
+    def task(self) -> str:
+        """``"causal_lm"``, ``"sequence_classification"`` or ``"base"``."""
+        return self.head.task
+
+    # ------------------------------------------------------------------ public API
+    @log_usage()
+    def attribute(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: int | Tensor | Contrast | Direction | None = None,
+        additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
+        feature_mask: Tensor | None = None,
+        target_position: int | Tensor | None = None,
+        return_convergence_delta: bool = False,
+        route: str = "backward",
+        rules: Mapping[str, Callable] | None = None,
+        return_bias: bool = False,
+    ) -> Any:
+        r"""Signed contributions ``(batch, n)`` of the input positions to ``target``.
+
+        Args:
+            inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids).
+            target (int, Tensor, Contrast or Direction, optional): a class index for a
+                        sequence classifier; a token id for a causal LM (its logit at each
+                        row's last real position, or at ``target_position``); one per row as
+                        a ``(batch,)`` tensor; :class:`Contrast` for ``logit(a) − logit(b)``;
+                        :class:`Direction` for a base model. ``None``: whole-model
+                        token-to-token maps (see :meth:`maps`), forward route.
+            additional_forward_args (Any, optional): further positional arguments.
+            forward_kwargs (dict, optional): keyword arguments of the forward, e.g.
+                        ``{"attention_mask": mask}`` (left or right padding).
+            feature_mask (Tensor, optional): ``(batch, n)`` group ids in Captum's convention:
+                        the groups are the players (words from subwords, sentences, prompt
+                        segments); every position gets its group's contribution, and a
+                        group's contribution is the sum of its tokens'.
+            target_position (int or Tensor, optional): the position whose output is read
+                        (causal LMs; a ``(batch,)`` tensor for one per row; negative counts
+                        from the end).
+            return_convergence_delta (bool): also return ``|Σ_j c_j + c_bias − real|``
+                        ``(batch,)``, the completeness residual against the real output.
+            route (str): ``"backward"`` (one backward pass through the frozen model) or
+                        ``"forward"`` (the decompositions carried through every block).
+            rules (dict, optional): role → rule for this call (e.g. an ablation).
+            return_bias (bool): also return the bias player's contribution ``(batch,)``.
+
+        Returns:
+            contributions ``(batch, n)``; with ``return_bias``, ``(contributions, bias)``; with
+            ``return_convergence_delta``, the delta last. Padded positions get exactly 0.
+        """
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        chosen = self._rules(rules)
+        args = forward_arguments(inputs, additional_forward_args)
+        kwargs = dict(forward_kwargs or {})
+        if target is None:
+            raise ValueError(
+                "target is None: for whole-model token-to-token maps call maps(); attribute() "
+                "explains one output (a class, a token id, a Contrast or a Direction)"
+            )
+        ids = args[0]
+        if not isinstance(ids, Tensor) or ids.dim() != 2:
+            raise TypeError("inputs must start with token ids of shape (batch, n)")
+        token_mask = self._token_mask(kwargs, ids)
+        groups, n_groups = self._groups(feature_mask, ids)
+        head_target = self._target(target, target_position, token_mask, ids.shape[0])
+        if route == "backward":
+            contributions, bias, real = self._backward(args, kwargs, head_target, chosen)
+        else:
+            contributions, bias, real = self._forward(args, kwargs, head_target, chosen, groups, n_groups)
+        if route == "backward":  # per position: add up each group's
+            contributions = contributions * token_mask.to(contributions.dtype)
+            per_group = torch.zeros(ids.shape[0], n_groups, dtype=contributions.dtype,
+                                    device=contributions.device)
+            per_group.scatter_add_(1, groups, contributions)
+        else:  # the groups were the players
+            per_group = contributions
+        expanded = per_group.gather(1, groups) * token_mask.to(per_group.dtype)
+        out: list[Any] = [expanded]
+        if return_bias:
+            out.append(bias)
+        if return_convergence_delta:
+            out.append((per_group.sum(1) + bias - real).abs())
+        return out[0] if len(out) == 1 else tuple(out)
+
+    @log_usage()
+    def maps(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
+        rules: Mapping[str, Callable] | None = None,
+        return_convergence_delta: bool = False,
+    ) -> Any:
+        r"""Whole-model token-to-token maps: ``‖F_i(x_j)‖`` after every block, over the
+        original input tokens ``(batch, n_blocks, n, n)`` (what attention rollout approximates).
+
+        Players are propagated in groups that fit ``memory_budget`` (the propagation is
+        linear in them), so memory stays bounded whatever ``n``.
+
+        Args:
+            inputs, additional_forward_args, forward_kwargs, rules: see :meth:`attribute`.
+            return_convergence_delta (bool): also return, per block, the largest completeness
+                        residual against the block's real output ``(batch, n_blocks)``.
+        """
+        chosen = self._rules(rules)
+        blocks, _ = capture_layers(self.model, self.model, self.blocks, self.spec, inputs,
+                                   additional_forward_args, forward_kwargs, dtype=self.dtype,
+                                   with_next_norms=False)
+        x = blocks[0].inputs
+        batch, n, d = x.shape
+        token_mask = blocks[0].token_mask
+        positions = torch.arange(n, device=x.device).expand(batch, n)
+        per_player = batch * n * d * (torch.finfo(self.dtype).bits // 8) * 12
+        size = max(1, min(n, self.memory_budget // max(per_player, 1)))
+        if size < n and not all(is_linear_in_players(r) for r in chosen.values()):
+            raise ValueError("a rule that is not linear in the players needs all players at once: "
+                             "raise memory_budget")
+        maps = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
+        totals = [torch.zeros(batch, n, d, dtype=self.dtype, device=x.device) for _ in blocks]
+        bias_total = [None] * len(blocks)
+        progress = self._progress(len(blocks) * ((n + size - 1) // size))
+        try:
+            for first in range(0, n, size):
+                players = list(range(first, min(n, first + size)))
+                start = player_start(x, positions, players, token_mask)
+                for index, dec in enumerate(propagate(blocks, self.chain, chosen, start,
+                                                      self.memory_budget, progress)):
+                    maps[:, index, :, first : first + len(players)] = dec.maps()
+                    totals[index] += dec.terms.sum(dim=2)
+                    bias_total[index] = dec.bias
+        finally:
+            if progress is not None:
+                progress.close()
+        if not return_convergence_delta:
+            return maps
+        delta = torch.stack([
+            ((total + bias - block.output).abs().amax(-1) * (1 if token_mask is None else token_mask)).amax(-1)
+            for total, bias, block in zip(totals, bias_total, blocks)
+        ], dim=1)
+        return maps, delta
+
+    # ------------------------------------------------------------------ targets
+    def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
+        """The default rules, the constructor's replacements, then this call's."""
+        return resolve_rules(self.chain, self.spec, {**self._user_rules, **(rules or {})},
+                             f"a {self.model_type} model")
+
+    def _token_mask(self, kwargs: dict[str, Any], ids: Tensor) -> Tensor:
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, Tensor) and mask.shape == ids.shape:
+            return (mask != 0).to(ids.device)
+        return torch.ones_like(ids, dtype=torch.bool)
+
+    def _groups(self, feature_mask: Tensor | None, ids: Tensor) -> tuple[Tensor, int]:
+        batch, n = ids.shape
+        if feature_mask is None:
+            return torch.arange(n, device=ids.device).expand(batch, n).contiguous(), n
+        mask = torch.as_tensor(feature_mask, device=ids.device)
+        if mask.dim() == 1:
+            mask = mask.expand(batch, -1)
+        if mask.shape != ids.shape:
+            raise ValueError(f"feature_mask must be (batch, n) = {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        if mask.is_floating_point() or int(mask.min()) < 0:
+            raise ValueError("feature_mask holds non-negative integer group ids")
+        return mask.long().contiguous(), int(mask.max()) + 1
+
+    def _target(self, target: Any, position: Any, token_mask: Tensor, batch: int) -> HeadTarget:
+        device = token_mask.device
+        head = self.head
+        if isinstance(target, Direction):
+            if head.task != "base":
+                raise ValueError(
+                    f"a Direction reads a base model's hidden states; {type(self.model).__name__} "
+                    "has a head: give a class, a token id or a Contrast"
+                )
+            vector = torch.as_tensor(target.vector, device=device).to(self.dtype)
+            vector = vector.expand(batch, -1) if vector.dim() == 1 else vector
+            bias = torch.as_tensor(target.bias, device=device, dtype=self.dtype).expand(batch)
+            ones = torch.ones(batch, 1, device=device)
+            pooling, positions = None, None
+            if target.pooling == "mean":
+                weights = token_mask.to(self.dtype)
+                pooling = weights / weights.sum(dim=1, keepdim=True)
+            elif target.pooling in ("cls", "first"):
+                positions = real_positions(token_mask, "first")
+            elif target.pooling == "last":
+                positions = real_positions(token_mask, "last")
+            elif isinstance(target.pooling, int):
+                positions = self._positions(target.pooling, token_mask, batch)
+            else:
+                raise ValueError(f"pooling must be one of {POOLINGS} or a position, got {target.pooling!r}")
+            return HeadTarget(vector[:, None], bias[:, None], ones, None, positions, pooling)
+        if head.task == "base":
+            raise ValueError(f"{type(self.model).__name__} is a base model: give a Direction target")
+        if isinstance(target, Contrast):
+            indices = torch.stack([_per_row(target.positive, batch, device, "the positive target"),
+                                   _per_row(target.negative, batch, device, "the negative target")], 1)
+            coefficients = torch.tensor([1.0, -1.0], device=device).expand(batch, 2)
+        else:
+            indices = _per_row(target, batch, device, "target")[:, None]
+            coefficients = torch.ones(batch, 1, device=device)
+        units = head.output.weight.shape[0]
+        if int(indices.min()) < 0 or int(indices.max()) >= units:
+            raise ValueError(f"target index out of range: the output has {units} units")
+        weight = head.output.weight.detach().to(self.dtype)[indices]  # (B, K, w)
+        bias = head.output.bias
+        biases = bias.detach().to(self.dtype)[indices] if bias is not None else torch.zeros_like(coefficients)
+        if position is not None and head.task != "causal_lm":
+            raise ValueError("target_position is for causal LMs; a classifier reads its own position")
+        if position is not None:
+            positions = self._positions(position, token_mask, batch)
+        else:
+            positions = real_positions(token_mask, head.spec.position)
+        return HeadTarget(weight, biases.to(self.dtype), coefficients.to(self.dtype), indices, positions)
+
+    def _positions(self, position: int | Tensor, token_mask: Tensor, batch: int) -> Tensor:
+        n = token_mask.shape[1]
+        positions = _per_row(position, batch, token_mask.device, "target_position")
+        positions = torch.where(positions < 0, positions + n, positions)
+        if int(positions.min()) < 0 or int(positions.max()) >= n:
+            raise ValueError(f"target_position is outside the {n} positions")
+        if not bool(token_mask.gather(1, positions[:, None]).all()):
+            raise ValueError("target_position points at a padded position")
+        return positions
+
+    # ------------------------------------------------------------------ routes
+    def _real_value(self, output: Any, target: HeadTarget, hidden: Tensor | None = None) -> Tensor:
+        """The target's value in the model's own output."""
+        if self.head.task == "base":
+            hidden = _hidden(output) if hidden is None else hidden
+            pooled = _pool(hidden.to(self.dtype), target)
+            return (pooled[:, None] * target.weights).sum(-1)[:, 0] + target.biases[:, 0]
+        logits = _logits(output).to(self.dtype)
+        if logits.dim() == 3:
+            logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
+        return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
+
+    def _forward(self, args, kwargs, target: HeadTarget, rules, groups: Tensor, n_groups: int):
+        head = self.head
+        blocks, recorded = capture_layers(
+            self.model, self.model, self.blocks, self.spec, args, None, kwargs, dtype=self.dtype,
+            with_next_norms=False, extra=head.modules(), keep_output=True,
+        )
+        x = blocks[0].inputs
+        start = player_start(x, groups, range(n_groups), blocks[0].token_mask)
+        progress = self._progress(len(blocks))
+        last = None
+        try:
+            with torch.no_grad():
+                for decomposition in propagate(blocks, self.chain, rules, start, self.memory_budget,
+                                               progress):
+                    last = decomposition
+                contributions, bias = head_forward(last, head, target, rules, recorded.tensors,
+                                                   self.spec, self.config, self.dtype)
+        finally:
+            if progress is not None:
+                progress.close()
+        real = self._real_value(recorded.output, target)
+        return contributions, bias, real
+
+    def _backward(self, args, kwargs, target: HeadTarget, rules):
+        head = self.head
+        warn_if_padded_without_mask(args, kwargs, self.config)
+        watch = {} if head.output is None else {"output": head.output}
+        training = self.model.training
+        self.model.eval()
+        try:
+            with linearise(self.model, self.spec, self.blocks, rules, head.final_norm,
+                           head.linearised_steps(), watch) as frozen:
+                output = self.model(*args, **kwargs)
+                if head.task == "base":
+                    value = self._real_value(output, target)
+                else:
+                    value = self._logit_target(frozen.outputs["output"], target, rules)
+                (gradient,) = torch.autograd.grad(value.sum(), frozen.inputs)
+                x = frozen.inputs.detach()
+        finally:
+            self.model.train(training)
+        contributions = (gradient * x).sum(-1).to(self.dtype)
+        value = value.detach().to(self.dtype)
+        real = self._real_value(output, target).detach()
+        return contributions, value - contributions.sum(-1), real
+
+    def _logit_target(self, output_layer: Tensor, target: HeadTarget, rules) -> Tensor:
+        """Σ_k coef_k · logit_k read from the output layer's output (with its graph); a final
+        soft-capping is applied through the activation rule's frozen slope."""
+        logits = output_layer
+        if logits.dim() == 3:
+            logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
+        chosen = logits.gather(1, target.indices)
+        if self.head.softcap is not None:
+            cap = float(self.head.softcap)
+
+            def softcap(t: Tensor) -> Tensor:
+                return cap * torch.tanh(t / cap)
+
+            slope = element_wise_rule(rules).slope(softcap, chosen.detach().float()).to(chosen.dtype)
+            chosen = softcap(chosen.detach()) + (chosen - chosen.detach()) * slope
+        return (chosen * target.coefficients.to(chosen.dtype)).sum(-1)
+
+    def _progress(self, total: int) -> Any:
+        if not self.show_progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc="propagating", unit="block")
+
+
+def _logits(output: Any) -> Tensor:
+    logits = getattr(output, "logits", None)
+    if logits is None:
+        logits = output[0] if isinstance(output, (tuple, list)) else output
+    return logits
+
+
+def _hidden(output: Any) -> Tensor:
+    hidden = getattr(output, "last_hidden_state", None)
+    if hidden is None:
+        hidden = output[0] if isinstance(output, (tuple, list)) else output
+    return hidden
+
+
+def _pool(hidden: Tensor, target: HeadTarget) -> Tensor:
+    if target.positions is not None:
+        return hidden.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, hidden.shape[-1]))[:, 0]
+    return torch.einsum("bi,bid->bd", target.pooling.to(hidden.dtype), hidden)
+

@@ -1,0 +1,373 @@
+r"""The one-backward-pass route: the model run with its coefficients frozen.
+
+With the real attention probabilities, norm scales, activation coefficients and MoE routing
+weights held fixed, a Transformer is an affine map of its first block's input vectors
+(METHOD.md, "Whole model"). This module runs the model's own forward pass with every such
+coefficient detached, so that the gradient of a target with respect to the first block's
+input is the frozen map's; ``⟨∂target/∂x_j, x_j⟩`` is then token ``j``'s contribution.
+
+Every replacement is *value-preserving*: a module's output ``z`` becomes
+``z.detach() + J (u − u.detach())``, where ``u`` is what it read and ``J`` the rule's frozen
+linear map. Its value is the real output exactly, so the pass computes the model's real
+output; only the gradients change. Attention keeps the model's own implementation (sdpa,
+eager, ...) with the queries and keys detached, so no probabilities are stored.
+
+The frozen maps come from the rules: :meth:`~captum_ffb.rules.LayerNorm.frozen_scale`,
+:meth:`~captum_ffb.rules.IGActivation.slope`, :meth:`~captum_ffb.rules.GatedIGActivation.slopes`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from captum_ffb.architectures.spec import ArchitectureSpec, Projection
+from captum_ffb.engine.block import _columns, config_of, has_path, norm_parameters, resolve
+from captum_ffb.engine.capture import _configs_of, patched_attention_methods
+from captum_ffb.engine.whole import element_wise_rule
+from captum_ffb.rules import Attention, Linear, Residual
+
+_FROZEN_PREFIX = "captum_ffb_frozen_"
+_originals: dict[str, Callable] = {}
+
+
+def _frozen_implementation(original: str) -> str:
+    """Register (once) an attention implementation that runs ``original`` with the queries
+    and keys detached, under its own name; return that name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = _FROZEN_PREFIX + original
+    if name in _originals:
+        return name
+
+    def frozen(module, query, key, value, attention_mask, **kwargs):
+        if original == "eager" or original not in ALL_ATTENTION_FUNCTIONS:
+            eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+            if eager is None:
+                from captum_ffb.engine.capture import _generic_eager_attention as eager
+            function = eager
+        else:
+            function = ALL_ATTENTION_FUNCTIONS[original]
+        return function(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+
+    AttentionInterface.register(name, frozen)
+    mask_functions = AttentionMaskInterface._global_mapping
+    AttentionMaskInterface.register(name, mask_functions.get(original, mask_functions["eager"]))
+    _originals[name] = frozen
+    return name
+
+
+@contextlib.contextmanager
+def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequence[nn.Module]]) -> Iterator[None]:
+    """Run the models owning ``modules`` with their attention's queries and keys detached.
+
+    Args:
+        modules (Sequence[nn.Module]): the model (and blocks) whose configs choose the
+                    attention implementation.
+        methods (Mapping): for attention modules that compute their probabilities in a method
+                    of their own (see ``ArchitectureSpec.attention_method``): name → modules.
+    """
+    configs = _configs_of(modules)
+    saved = [config._attn_implementation_internal for config in configs]
+    for config in configs:
+        original = config._attn_implementation or "eager"
+        if original.startswith(_FROZEN_PREFIX):
+            continue
+        config._attn_implementation_internal = _frozen_implementation(original)
+
+    def detach_qk(module: nn.Module, original: Callable) -> Callable:
+        def method(query, key, value, *args, **kwargs):
+            return original(query.detach(), key.detach(), value, *args, **kwargs)
+
+        return method
+
+    try:
+        with contextlib.ExitStack() as stack:
+            for name, owners in methods.items():
+                stack.enter_context(patched_attention_methods(owners, name, detach_qk))
+            yield
+    finally:
+        for config, value in zip(configs, saved):
+            config._attn_implementation_internal = value
+
+
+def _delta(u: Tensor) -> Tensor:
+    """``u − u.detach()``: zero in value, the identity for gradients."""
+    return u - u.detach()
+
+
+@dataclass
+class FrozenRules:
+    """The frozen linear maps the backward route takes from the rules (by role)."""
+
+    norm: Any
+    activation: Any
+    gated_activation: Any
+
+    @classmethod
+    def of(cls, rules: Mapping[str, Callable]) -> FrozenRules:
+        """Check the rules allow the backward route, and keep the three that carry maps."""
+        for role, kind in (("attention", Attention), ("linear", Linear), ("residual", Residual)):
+            rule = rules.get(role)
+            if rule is not None and not isinstance(getattr(rule, "rule", rule), kind):
+                raise ValueError(
+                    f"route='backward' runs the model's own {role}; a replaced {role!r} rule "
+                    "needs route='forward'"
+                )
+        needs = {"norm": "frozen_scale", "activation": "slope", "gated_activation": "slopes"}
+        for role, method in needs.items():
+            rule = rules.get(role)
+            if rule is None:
+                continue
+            if not getattr(rule, "linear_in_players", False):
+                raise ValueError(
+                    f"the {role!r} rule {type(rule).__name__} is not linear in the players; "
+                    "use route='forward'"
+                )
+            if not callable(getattr(rule, method, None)):
+                raise ValueError(
+                    f"route='backward' needs the {role!r} rule's frozen linear map (a "
+                    f"{method!r} method); {type(rule).__name__} has none: use route='forward'"
+                )
+        return cls(rules.get("norm"), element_wise_rule(rules), rules.get("gated_activation"))
+
+
+@dataclass
+class Linearisation:
+    """Hooks that freeze a model's coefficients for one forward pass (value-preserving).
+
+    Build with :func:`linearise`; ``inputs`` then holds the first block's input, a leaf that
+    requires grad, and ``outputs`` the watched modules' outputs with their graphs.
+    """
+
+    inputs: Tensor | None = None
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    _handles: list[Any] = field(default_factory=list)
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _norm_hook(module: nn.Module, spec: ArchitectureSpec, config: Any, rule: Any):
+    weight, _, eps = norm_parameters(module, spec, config)
+
+    def hook(mod, args, kwargs, output):
+        x = args[0] if args else next(iter(kwargs.values()))
+        real = x.detach()
+        scale = rule.frozen_scale(real.to(torch.float32), eps).to(x.dtype)
+        delta = _delta(x)
+        if getattr(rule, "centres", False):
+            delta = delta - delta.mean(dim=-1, keepdim=True)
+        delta = delta * scale[..., None]
+        if weight is not None:
+            delta = delta * weight.detach()
+        return output.detach() + delta.to(output.dtype)
+
+    return hook
+
+
+def _keep_output(store: dict[str, Tensor], key: str):
+    def hook(module, args, output):
+        store[key] = output[0] if isinstance(output, tuple) else output
+
+    return hook
+
+
+def _activation_between(store: dict[str, Tensor], key: str, fn: Callable[[Tensor], Tensor], rule: Any,
+                        columns: Any = slice(None)):
+    """A pre-hook on the module after an element-wise activation: its input ``g(S)`` becomes
+    ``g(S).detach() + (S − S.detach()) ⊙ slope``, with ``S`` the previous module's output."""
+
+    def hook(module, args):
+        z = args[0]
+        s = store[key][..., columns]
+        slope = rule.slope(fn, s.detach().to(torch.float32)).to(z.dtype)
+        return (z.detach() + _delta(s) * slope, *args[1:])
+
+    return hook
+
+
+def _gated_between(store: dict[str, Tensor], gate_key: str, up_key: str, fn: Callable, rule: Any,
+                   gate_columns: Any = slice(None), up_columns: Any = slice(None)):
+    """A pre-hook on the down projection of a gated FF: ``g(A) ⊙ B`` becomes its value plus
+    ``c_A ⊙ ΔA + c_B ⊙ ΔB``."""
+
+    def hook(module, args):
+        z = args[0]
+        a = store[gate_key][..., gate_columns]
+        b = store[up_key][..., up_columns]
+        coeff_a, coeff_b = rule.slopes(fn, a.detach().to(torch.float32), b.detach().to(torch.float32))
+        return (z.detach() + _delta(a) * coeff_a.to(z.dtype) + _delta(b) * coeff_b.to(z.dtype), *args[1:])
+
+    return hook
+
+
+def _detach_output(module, args, output):
+    if isinstance(output, tuple):
+        return tuple(o.detach() if isinstance(o, Tensor) and o.is_floating_point() else o for o in output)
+    return output.detach()
+
+
+def _experts_hook(experts: nn.Module, rule: Any):
+    """Σ_e w_e ⊙ expert_e(x), linearised: each expert's gated activation frozen, the routing
+    weights (detached by the router hook) fixed."""
+    fn = experts.act_fn
+
+    def hook(module, args, kwargs, output):
+        x, top_index, top_weights = (list(args) + [kwargs.get(k) for k in ("top_k_index", "top_k_weights")])[:3]
+        dx = _delta(x)
+        real = x.detach()
+        weights = torch.zeros(x.shape[0], experts.gate_up_proj.shape[0], dtype=x.dtype, device=x.device)
+        weights.scatter_(1, top_index, top_weights.detach().to(x.dtype))
+        extra = torch.zeros_like(real)
+        width = experts.gate_up_proj.shape[1] // 2
+        for expert in torch.nonzero(weights.abs().sum(0)).flatten().tolist():
+            gate_up = experts.gate_up_proj[expert].detach()
+            a, b = (real @ gate_up.t()).split(width, dim=-1)
+            coeff_a, coeff_b = rule.slopes(fn, a.float(), b.float())
+            da, db = (dx @ gate_up.t()).split(width, dim=-1)
+            hidden = da * coeff_a.to(x.dtype) + db * coeff_b.to(x.dtype)
+            extra = extra + (hidden @ experts.down_proj[expert].detach().t()) * weights[:, expert, None]
+        return output.detach() + extra
+
+    return hook
+
+
+def _function(name: str) -> Callable[[Tensor], Tensor]:
+    functions = {"tanh": torch.tanh, "relu": torch.relu,
+                 "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid}
+    if name not in functions:
+        raise ValueError(f"unknown head activation function {name!r}; known: {', '.join(functions)}")
+    return functions[name]
+
+
+def _projection_columns(projection: Projection, module: nn.Module, config: Any) -> Any:
+    width = module.weight.shape[0] if isinstance(module, nn.Linear) else module.weight.shape[1]
+    return _columns(projection, config, width)[0]
+
+
+@contextlib.contextmanager
+def linearise(
+    model: nn.Module,
+    spec: ArchitectureSpec,
+    blocks: Sequence[nn.Module],
+    rules: Mapping[str, Callable],
+    final_norm: nn.Module | None = None,
+    head_steps: Sequence[tuple[str, Any]] = (),
+    watch: Mapping[str, nn.Module] | None = None,
+) -> Iterator[Linearisation]:
+    r"""Freeze the model's coefficients for the forward passes run inside the context.
+
+    Args:
+        model (nn.Module): the model.
+        spec (ArchitectureSpec): its family's spec.
+        blocks (Sequence[nn.Module]): its blocks, in order (the first one's input becomes a
+                    leaf that requires grad).
+        rules (Mapping): role → rule (the frozen maps come from them).
+        final_norm (nn.Module, optional): the norm after the last block.
+        head_steps (Sequence): the head's layers after the final norm, as
+                    ``("linear", module)`` and ``("activation", fn)`` pairs, in order.
+        watch (Mapping, optional): name → module whose output to keep (with its graph).
+
+    Yields:
+        Linearisation
+    """
+    frozen = FrozenRules.of(rules)
+    config = config_of(model)
+    state = Linearisation()
+    store = state.outputs
+    handles = state._handles
+
+    def leaf_input(module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if state.inputs is not None:
+            return None
+        leaf = hidden.detach().requires_grad_(True)
+        state.inputs = leaf
+        if args:
+            return (leaf, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": leaf}
+
+    def norm_at(module: nn.Module) -> None:
+        if module is not None:
+            handles.append(module.register_forward_hook(
+                _norm_hook(module, spec, config, frozen.norm), with_kwargs=True))
+
+    handles.append(blocks[0].register_forward_pre_hook(leaf_input, with_kwargs=True))
+    methods: dict[str, list[nn.Module]] = {}
+    for index, block in enumerate(blocks):
+        for role in spec.norm_roles():
+            if has_path(block, getattr(spec, role)):
+                norm_at(resolve(block, getattr(spec, role)))
+        if spec.attention_method is not None:
+            methods.setdefault(spec.attention_method, []).append(resolve(block, spec.attention))
+        key = f"{index}:"
+        moe = spec.moe
+        if moe is not None and has_path(block, moe.experts):
+            handles.append(resolve(block, moe.router).register_forward_hook(_detach_output))
+            experts = resolve(block, moe.experts)
+            handles.append(experts.register_forward_hook(
+                _experts_hook(experts, frozen.gated_activation), with_kwargs=True))
+            if moe.shared_expert is not None:
+                shared = resolve(block, moe.shared_expert)
+                handles.append(shared.gate_proj.register_forward_hook(_keep_output(store, key + "shared_gate")))
+                handles.append(shared.up_proj.register_forward_hook(_keep_output(store, key + "shared_up")))
+                handles.append(shared.down_proj.register_forward_pre_hook(_gated_between(
+                    store, key + "shared_gate", key + "shared_up", shared.act_fn, frozen.gated_activation)))
+                handles.append(resolve(block, moe.shared_expert_gate).register_forward_hook(_detach_output))
+            continue
+        ff_in = resolve(block, spec.ff_in.path)
+        ff_out = resolve(block, spec.ff_out.path)
+        fn = resolve(block, spec.activation)
+        up_columns = _projection_columns(spec.ff_in, ff_in, config)
+        handles.append(ff_in.register_forward_hook(_keep_output(store, key + "up")))
+        if spec.ff_gate is None:
+            handles.append(ff_out.register_forward_pre_hook(
+                _activation_between(store, key + "up", fn, frozen.activation, up_columns)))
+        else:
+            gate = resolve(block, spec.ff_gate.path)
+            gate_columns = _projection_columns(spec.ff_gate, gate, config)
+            if gate is not ff_in:
+                handles.append(gate.register_forward_hook(_keep_output(store, key + "gate")))
+            gate_key = key + ("gate" if gate is not ff_in else "up")
+            handles.append(ff_out.register_forward_pre_hook(_gated_between(
+                store, gate_key, key + "up", fn, frozen.gated_activation, gate_columns, up_columns)))
+    norm_at(final_norm)
+    previous: nn.Module | None = None
+    for position, (kind, item) in enumerate(head_steps):
+        if kind == "linear":
+            name = f"head:{position}"
+            handles.append(item.register_forward_hook(_keep_output(store, name)))
+            previous = item
+        elif kind == "activation":
+            following = next((m for k, m in head_steps[position + 1:] if k == "linear"), None)
+            if previous is None or following is None:
+                raise ValueError("a head activation must sit between two dense layers")
+            fn = item if callable(item) else _function(item)
+            source = f"head:{position - 1}"
+            handles.append(following.register_forward_pre_hook(
+                _activation_between(store, source, fn, frozen.activation)))
+    for name, module in (watch or {}).items():
+        handles.append(module.register_forward_hook(_keep_output(store, name)))
+
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    for parameter in parameters:
+        parameter.requires_grad_(False)  # only the input's gradient is needed
+    try:
+        with frozen_attention([model, *blocks], methods), torch.enable_grad():
+            yield state
+    finally:
+        state.remove()
+        for parameter in parameters:
+            parameter.requires_grad_(True)
+

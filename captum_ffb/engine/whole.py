@@ -1,0 +1,273 @@
+"""The whole model: players, the forward propagation through every block, and the head.
+
+The players are the first block's input vectors (one per position, or groups of positions)
+plus the bias player. Block after block, each chain starts from the previous block's output
+decomposition (:func:`propagate`); after the last block the head's rules turn the
+decomposition into one scalar per player (:func:`head_forward`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from captum_ffb.architectures.heads import HeadActivation, HeadSpec, get_head, task_of
+from captum_ffb.architectures.spec import ArchitectureSpec, Projection
+from captum_ffb.decomposition import Decomposition, stack_rows
+from captum_ffb.engine.block import (
+    Block,
+    config_of,
+    has_path,
+    norm_parameters,
+    projection_weights,
+    resolve,
+)
+from captum_ffb.engine.chains import Chain
+from captum_ffb.engine.model import base_model_of, final_norm_of
+from captum_ffb.engine.run import iter_scopes, row_chunks
+
+
+def resolve_in(model: nn.Module, path: str) -> Any:
+    """``path`` below the task model, else below its base model; ``None`` when absent."""
+    for root in (model, base_model_of(model)):
+        if has_path(root, path):
+            return resolve(root, path)
+    return None
+
+
+_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "tanh": torch.tanh, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+    "sigmoid": torch.sigmoid,
+}
+
+
+@dataclass
+class ResolvedHead:
+    """A task model's head bound to its modules.
+
+    Attributes:
+        task (str): ``"causal_lm"``, ``"sequence_classification"`` or ``"base"``.
+        spec (HeadSpec): the declarative head.
+        final_norm (nn.Module, optional): the final norm, when applied.
+        steps (list): ``("linear", module, projection)`` and ``("activation", fn, None)``.
+        output (nn.Module, optional): the output layer (``None`` for a base model).
+        softcap (float, optional): the final ``c·tanh(logit / c)``.
+    """
+
+    task: str
+    spec: HeadSpec
+    final_norm: nn.Module | None
+    steps: list[tuple[str, Any, Projection | None]] = field(default_factory=list)
+    output: nn.Module | None = None
+    softcap: float | None = None
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Role → module whose input and output the forward route reads."""
+        out: dict[str, nn.Module] = {}
+        if self.final_norm is not None:
+            out["final_norm"] = self.final_norm
+        for position, (kind, item, _) in enumerate(self.steps):
+            if kind == "linear":
+                out[f"head:{position}"] = item
+        if self.output is not None:
+            out["output"] = self.output
+        return out
+
+    def linearised_steps(self) -> list[tuple[str, Any]]:
+        """The steps with the output layer last, for :func:`~captum_ffb.engine.linearise.linearise`."""
+        steps = [(kind, item) for kind, item, _ in self.steps]
+        if self.output is not None:
+            steps.append(("linear", self.output))
+        return steps
+
+
+def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
+    """The head of ``model`` (a task model or a base model) from the registered heads."""
+    config = config_of(model)
+    task = task_of(type(model).__name__)
+    head = get_head(config.model_type, task)
+    norm = final_norm_of(model, spec) if head.final_norm else None
+    steps: list[tuple[str, Any, Projection | None]] = []
+    for layer in head.layers:
+        if isinstance(layer, Projection):
+            module = resolve_in(model, layer.path)
+            if module is None:
+                continue  # a layer this configuration does not have (OPT's project_out)
+            steps.append(("linear", module, layer))
+        elif isinstance(layer, HeadActivation):
+            fn = resolve_in(model, layer.path) if layer.path else _FUNCTIONS.get(layer.function or "")
+            if fn is None:
+                raise ValueError(f"cannot find the head activation {layer.path or layer.function!r}")
+            steps.append(("activation", fn, None))
+    output = None
+    if task != "base":
+        output = model.get_output_embeddings() if head.output is None else resolve_in(model, head.output)
+        if not isinstance(output, nn.Linear):
+            raise ValueError(f"the output layer of {type(model).__name__} is not a linear layer")
+    softcap = getattr(config, head.softcap, None) if head.softcap else None
+    return ResolvedHead(task, head, norm, steps, output, softcap)
+
+
+def element_wise_rule(rules: Mapping[str, Callable]) -> Callable:
+    """The rule for a head's element-wise activations: the model's ``"activation"`` rule, or
+    the default one for families whose feed-forward is gated."""
+    from captum_ffb.rules import IGActivation
+
+    return rules.get("activation") or IGActivation()
+
+
+# --------------------------------------------------------------------------- players
+def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: Tensor | None) -> Decomposition:
+    r"""The decomposition of the first block's input over the chosen players.
+
+    ``F[b, i, k] = x[b, i]`` if position ``i`` belongs to player ``players[k]``, else 0.
+
+    Args:
+        x (Tensor): the first block's input ``(B, n, d)``.
+        groups (Tensor): the player of each position ``(B, n)`` (long).
+        players (Sequence[int]): the players to keep, as columns.
+        token_mask (Tensor, optional): ``(B, n)``; padded positions belong to no player.
+    """
+    ids = torch.as_tensor(list(players), device=x.device)
+    member = groups[:, :, None] == ids[None, None, :]  # (B, n, P)
+    if token_mask is not None:
+        member = member & token_mask[:, :, None].bool()
+    terms = x[:, :, None, :] * member[..., None].to(x.dtype)
+    player_mask = member.any(dim=1)
+    return Decomposition(terms, torch.zeros_like(x), token_mask, player_mask=player_mask)
+
+
+def propagate(
+    blocks: Sequence[Block],
+    chain: Chain,
+    rules: Mapping[str, Callable],
+    start: Decomposition,
+    budget: int,
+    progress: Any = None,
+) -> Iterator[Decomposition]:
+    """The decomposition of every block's output, block after block, from ``start`` (the
+    first block's input over the players); rows are chunked to ``budget`` bytes."""
+    current = start
+    for block in blocks:
+        chunks = row_chunks(block, None, budget, current.n_in)
+        parts = [dec.dense() for _, _, dec in
+                 iter_scopes(block, chain, rules, [chain.output_scope], chunks, current)]
+        current = stack_rows(parts)
+        if progress is not None:
+            progress.update(1)
+        yield current
+
+
+# --------------------------------------------------------------------------- head
+def _rows_at(tensor: Tensor, positions: Tensor) -> Tensor:
+    """``tensor[b, positions[b]]`` for a ``(B, n, …)`` tensor."""
+    index = positions.reshape(-1, *([1] * (tensor.dim() - 1))).expand(-1, 1, *tensor.shape[2:])
+    return tensor.gather(1, index).squeeze(1)
+
+
+def _at(real: Tensor, positions: Tensor | None, n: int) -> Tensor:
+    """A head module's real tensor at the read position: ``(B, w)``."""
+    if real.dim() == 3 and positions is not None and real.shape[1] == n:
+        return _rows_at(real, positions)
+    return real.reshape(real.shape[0], -1) if real.dim() == 2 else real[:, -1]
+
+
+@dataclass
+class HeadTarget:
+    """What the head explains, per example: ``Σ_k coef_k · out_k`` at a position or pooling.
+
+    Attributes:
+        weights (Tensor): ``(B, K, w)`` output rows (or a direction).
+        biases (Tensor): ``(B, K)``.
+        coefficients (Tensor): ``(B, K)``, e.g. ``(1, −1)`` for a contrast.
+        indices (Tensor, optional): ``(B, K)`` the output units, to read real logits.
+        positions (Tensor, optional): ``(B,)`` the position read (``None``: pooled).
+        pooling (Tensor, optional): ``(B, n)`` weights over positions (mean pooling).
+    """
+
+    weights: Tensor
+    biases: Tensor
+    coefficients: Tensor
+    indices: Tensor | None = None
+    positions: Tensor | None = None
+    pooling: Tensor | None = None
+
+
+def head_forward(
+    last: Decomposition,
+    head: ResolvedHead,
+    target: HeadTarget,
+    rules: Mapping[str, Callable],
+    real: Mapping[tuple[str, str], Tensor],
+    spec: ArchitectureSpec,
+    config: Any,
+    dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    r"""Contributions ``(B, P)`` and bias ``(B,)`` of the target, from the decomposition of
+    the last block's output through the head's rules.
+
+    Args:
+        last (Decomposition): the last block's output over the players.
+        head (ResolvedHead): the head.
+        target (HeadTarget): what to explain.
+        rules (Mapping): role → rule.
+        real (Mapping): the captured ``(role, "input" | "output")`` tensors of the head.
+        spec (ArchitectureSpec): the family's spec (norm kind and parameters).
+        config (Any): the model's config.
+        dtype (torch.dtype): the decomposition's precision.
+    """
+    n = last.n_out
+
+    def cast(t: Tensor) -> Tensor:
+        return t.detach().to(dtype)
+
+    def final_norm(dec: Decomposition, real_input: Tensor) -> Decomposition:
+        if head.final_norm is None:
+            return dec
+        weight, bias, eps = norm_parameters(head.final_norm, spec, config)
+        return rules["norm"](dec, cast(real_input), None if weight is None else cast(weight),
+                             None if bias is None else cast(bias), eps)
+
+    if target.positions is not None:
+        pos = target.positions
+        dec = Decomposition(_rows_at(last.terms, pos)[:, None], _rows_at(last.bias, pos)[:, None],
+                            None, last.player_mask)
+        if head.final_norm is not None:
+            dec = final_norm(dec, _rows_at(real[("final_norm", "input")], pos)[:, None])
+    else:
+        dec = last
+        if head.final_norm is not None:
+            dec = final_norm(dec, real[("final_norm", "input")])
+        weights = target.pooling.to(dtype)
+        dec = Decomposition(torch.einsum("bi,bipd->bpd", weights, dec.terms)[:, None],
+                            torch.einsum("bi,bid->bd", weights, dec.bias)[:, None],
+                            None, last.player_mask)
+    previous: Tensor | None = None
+    for position, (kind, item, projection) in enumerate(head.steps):
+        if kind == "linear":
+            w, c = projection_weights(item, projection, config)
+            dec = rules["linear"](dec, cast(w), None if c is None else cast(c))
+            previous = _at(cast(real[(f"head:{position}", "output")]), target.positions, n)
+        else:
+            dec = element_wise_rule(rules)(dec, item, previous[:, None])
+    terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], target.weights.to(dtype))
+    bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], target.weights.to(dtype)) + target.biases.to(dtype)
+    if head.softcap is not None:
+        cap = float(head.softcap)
+        pre = (terms.sum(-1) + bias)  # the decomposition's own pre-cap logits
+        if target.indices is not None and head.output is not None and ("output", "output") in real:
+            pre = _at(cast(real[("output", "output")]), target.positions, n).gather(1, target.indices)
+        scalar = Decomposition(terms.transpose(1, 2)[:, None], bias[:, None], None)  # (B, 1, P, K)
+
+        def softcap(t: Tensor) -> Tensor:
+            return cap * torch.tanh(t / cap)
+
+        scalar = element_wise_rule(rules)(scalar, softcap, pre[:, None])
+        terms, bias = scalar.terms[:, 0].transpose(1, 2), scalar.bias[:, 0]
+    coefficients = target.coefficients.to(dtype)
+    contributions = torch.einsum("bkp,bk->bp", terms, coefficients)
+    return contributions, (bias * coefficients).sum(-1)
