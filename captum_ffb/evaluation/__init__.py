@@ -1,0 +1,1 @@
+"""Evaluation of attributions: the tasks, their data, and faithfulness measures."""
