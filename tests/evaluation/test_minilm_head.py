@@ -184,3 +184,22 @@ def test_saved_head_reaches_its_recorded_accuracy(minilm):
     recorded = head.info["accuracy"]["heldout"]
     # a slice of the held-out split: within 3.5 binomial standard deviations
     assert abs(accuracy - recorded) < 3.5 * (recorded * (1 - recorded) / n) ** 0.5
+
+
+def test_cli_writes_a_loadable_artefact(tmp_path, monkeypatch, capsys):
+    from captum_ffb.evaluation import minilm_head
+
+    seeds = []
+
+    def fake_train_head(seed: int = 0) -> dict:
+        seeds.append(seed)
+        return {"weight": [0.5, -1.0], "bias": 0.125, "l2": 0.01,
+                "accuracy": {"train": 0.9, "validation": 0.8, "heldout": 0.7}}
+
+    monkeypatch.setattr(minilm_head, "train_head", fake_train_head)
+    out = tmp_path / "sub" / "head.json"
+    assert minilm_head.main(["--out", str(out), "--seed", "3"]) == 0
+    assert seeds == [3]
+    head = load_minilm_sentiment_head(out)
+    assert head.linear.weight[0].tolist() == [0.5, -1.0] and head.info["l2"] == 0.01
+    assert "held-out 0.7000" in capsys.readouterr().out
