@@ -3,7 +3,7 @@ Captum model-level attribution (as ``IntegratedGradients`` is to ``LayerIntegrat
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,9 +235,10 @@ class NormDecomposition(Attribution):
         groups, n_groups = self._groups(feature_mask, ids)
         head_target = self._target(target, target_position, token_mask, ids.shape[0])
         if route == "backward":
-            contributions, bias, real = self._backward(args, kwargs, head_target, chosen)
+            ((contributions, bias, real),) = self._backward(args, kwargs, [head_target], chosen)
         else:
-            contributions, bias, real = self._forward(args, kwargs, head_target, chosen, groups, n_groups)
+            ((contributions, bias, real),) = self._forward(args, kwargs, [head_target], chosen,
+                                                           groups, n_groups)
         if route == "backward":  # per position: add up each group's
             contributions = contributions * token_mask.to(contributions.dtype)
             per_group = torch.zeros(ids.shape[0], n_groups, dtype=contributions.dtype,
@@ -251,6 +252,64 @@ class NormDecomposition(Attribution):
             out.append(bias)
         if return_convergence_delta:
             out.append((per_group.sum(1) + bias - real).abs())
+        return out[0] if len(out) == 1 else tuple(out)
+
+    @log_usage()
+    def attribute_steps(
+        self,
+        input_ids: Tensor,
+        targets: Tensor | Sequence[int],
+        positions: Tensor | Sequence[int],
+        forward_kwargs: dict[str, Any] | None = None,
+        return_convergence_delta: bool = False,
+        route: str = "backward",
+        rules: Mapping[str, Callable] | None = None,
+        return_bias: bool = False,
+    ) -> Any:
+        r"""Contributions to several outputs of one sequence from one forward pass: the
+        logit of ``targets[t]`` at ``positions[t]`` for every ``t`` (teacher forcing: a
+        prompt followed by generated tokens explains every generation step at once).
+
+        Args:
+            input_ids (Tensor): ``(1, n)`` or ``(n,)`` token ids of one sequence.
+            targets (Tensor or list[int]): ``(T,)`` token ids (or classes).
+            positions (Tensor or list[int]): ``(T,)`` the position whose output gives each.
+            forward_kwargs, return_convergence_delta, route, rules, return_bias: see
+                        :meth:`attribute`.
+
+        Returns:
+            contributions ``(T, n)``, then the bias ``(T,)`` and the delta ``(T,)`` if asked.
+        """
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if self.head.task == "base":
+            raise ValueError("attribute_steps reads the logits of a model with a head")
+        ids = torch.as_tensor(input_ids)
+        ids = ids[None] if ids.dim() == 1 else ids
+        if ids.dim() != 2 or ids.shape[0] != 1:
+            raise ValueError("attribute_steps takes one sequence: input_ids of shape (1, n)")
+        tokens = torch.as_tensor(targets, device=ids.device).reshape(-1)
+        where = torch.as_tensor(positions, device=ids.device).reshape(-1)
+        if tokens.numel() != where.numel() or tokens.numel() == 0:
+            raise ValueError("give one position per target (and at least one target)")
+        kwargs = dict(forward_kwargs or {})
+        token_mask = self._token_mask(kwargs, ids)
+        chosen = self._rules(rules)
+        heads = [self._target(int(t), int(p), token_mask, 1) for t, p in zip(tokens, where)]
+        if route == "backward":
+            answers = self._backward((ids,), kwargs, heads, chosen)
+        else:
+            n = ids.shape[1]
+            groups = torch.arange(n, device=ids.device)[None]
+            answers = self._forward((ids,), kwargs, heads, chosen, groups, n)
+        contributions = torch.cat([c for c, _, _ in answers]) * token_mask.to(self.dtype)
+        bias = torch.cat([b for _, b, _ in answers])
+        out: list[Any] = [contributions]
+        if return_bias:
+            out.append(bias)
+        if return_convergence_delta:
+            real = torch.cat([r for _, _, r in answers])
+            out.append((contributions.sum(1) + bias - real).abs())
         return out[0] if len(out) == 1 else tuple(out)
 
     @log_usage()
@@ -406,7 +465,8 @@ class NormDecomposition(Attribution):
             logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
         return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
 
-    def _forward(self, args, kwargs, target: HeadTarget, rules, groups: Tensor, n_groups: int):
+    def _forward(self, args, kwargs, targets: list[HeadTarget], rules, groups: Tensor, n_groups: int):
+        """One capture and one propagation; the head's rules for each target."""
         head = self.head
         blocks, recorded = capture_layers(
             self.model, self.model, self.blocks, self.spec, args, None, kwargs, dtype=self.dtype,
@@ -416,41 +476,48 @@ class NormDecomposition(Attribution):
         start = player_start(x, groups, range(n_groups), blocks[0].token_mask)
         progress = self._progress(len(blocks))
         last = None
+        answers = []
         try:
             with torch.no_grad():
                 for decomposition in propagate(blocks, self.chain, rules, start, self.memory_budget,
                                                progress):
                     last = decomposition
-                contributions, bias = head_forward(last, head, target, rules, recorded.tensors,
-                                                   self.spec, self.config, self.dtype)
+                for target in targets:
+                    contributions, bias = head_forward(last, head, target, rules, recorded.tensors,
+                                                       self.spec, self.config, self.dtype)
+                    answers.append((contributions, bias, self._real_value(recorded.output, target)))
         finally:
             if progress is not None:
                 progress.close()
-        real = self._real_value(recorded.output, target)
-        return contributions, bias, real
+        return answers
 
-    def _backward(self, args, kwargs, target: HeadTarget, rules):
+    def _backward(self, args, kwargs, targets: list[HeadTarget], rules):
+        """One forward pass through the frozen model; one backward pass per target."""
         head = self.head
         warn_if_padded_without_mask(args, kwargs, self.config)
         watch = {} if head.output is None else {"output": head.output}
         training = self.model.training
         self.model.eval()
+        answers = []
         try:
             with linearise(self.model, self.spec, self.blocks, rules, head.final_norm,
                            head.linearised_steps(), watch) as frozen:
                 output = self.model(*args, **kwargs)
-                if head.task == "base":
-                    value = self._real_value(output, target)
-                else:
-                    value = self._logit_target(frozen.outputs["output"], target, rules)
-                (gradient,) = torch.autograd.grad(value.sum(), frozen.inputs)
                 x = frozen.inputs.detach()
+                for k, target in enumerate(targets):
+                    if head.task == "base":
+                        value = self._real_value(output, target)
+                    else:
+                        value = self._logit_target(frozen.outputs["output"], target, rules)
+                    (gradient,) = torch.autograd.grad(value.sum(), frozen.inputs,
+                                                      retain_graph=k + 1 < len(targets))
+                    contributions = (gradient * x).sum(-1).to(self.dtype)
+                    value = value.detach().to(self.dtype)
+                    real = self._real_value(output, target).detach()
+                    answers.append((contributions, value - contributions.sum(-1), real))
         finally:
             self.model.train(training)
-        contributions = (gradient * x).sum(-1).to(self.dtype)
-        value = value.detach().to(self.dtype)
-        real = self._real_value(output, target).detach()
-        return contributions, value - contributions.sum(-1), real
+        return answers
 
     def _logit_target(self, output_layer: Tensor, target: HeadTarget, rules) -> Tensor:
         """Σ_k coef_k · logit_k read from the output layer's output (with its graph); a final

@@ -96,6 +96,13 @@ class MiniLMSentimentHead(nn.Module):
             self.linear.bias.fill_(float(bias))
         self.info = dict(info or {})
 
+    def direction(self) -> Any:
+        """The head as a :class:`~captum_ffb.Direction` target (mean pooling, with its bias)."""
+        from captum_ffb.attr import Direction
+
+        return Direction(self.linear.weight[0].detach(), pooling="mean",
+                         bias=float(self.linear.bias.detach()))
+
     def forward(self, hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
         """The logit ``(batch,)`` from the last hidden state ``(batch, n, d)`` and the mask."""
         pooled = mean_pool(hidden_states, attention_mask).to(self.linear.weight.dtype)

@@ -223,3 +223,18 @@ def test_clear_errors():
         NormDecomposition(TINY_MODELS["gpt2"].build()).attribute(ids, target=1)
     with pytest.raises(TypeError, match="nn.Module"):
         NormDecomposition(lambda x: x)
+
+
+@pytest.mark.parametrize("route", ["backward", "forward"])
+def test_every_generation_step_from_one_pass_equals_a_per_step_loop(route):
+    model = tiny_task_model("llama")
+    nd = NormDecomposition(model)
+    ids = token_ids(batch=1, n=8)
+    positions = [4, 5, 6]
+    tokens = ids[0, [5, 6, 7]]  # teacher forcing: each step explains the next token
+    steps, delta = nd.attribute_steps(ids, tokens, positions, route=route, return_convergence_delta=True)
+    assert steps.shape == (3, 8) and float(delta.max()) < 1e-5
+    for row, (token, position) in enumerate(zip(tokens.tolist(), positions)):
+        alone = nd.attribute(ids, target=token, target_position=position, route=route)
+        torch.testing.assert_close(steps[row], alone[0], atol=1e-6, rtol=1e-5)
+        assert float(steps[row, position + 1:].abs().max()) == 0.0
