@@ -69,7 +69,7 @@ def llama_layer(n_positions: int = 4096):
 
 
 def token_ids(n: int, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, 1000, (batch, n), generator=torch.Generator().manual_seed(n))
+    return torch.randint(1, 1000, (batch, n), generator=torch.Generator().manual_seed(n))  # 0 is the pad token
 
 
 # --------------------------------------------------------------------------- 1. routes
