@@ -32,6 +32,10 @@ class LoadedModel:
     model: nn.Module
     tokenizer: Any
     name: str
+    #: what ``load_model`` was given (``None`` for a model built in memory), so that other
+    #: processes can load the same model
+    source: str | None = None
+    causal_lm: bool = False
 
     @property
     def model_type(self) -> str:
@@ -231,4 +235,5 @@ def load_model(
     model.eval()
     spec = get_architecture(model.config.model_type)  # fail early, with the supported list
     spec.check_config(model.config)
-    return LoadedModel(model, tokenizer, name)
+    origin = DEFAULT_MODEL if name_or_dir is None else str(name_or_dir)
+    return LoadedModel(model, tokenizer, name, source=origin, causal_lm=causal_lm)

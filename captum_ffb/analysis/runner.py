@@ -12,13 +12,10 @@ refused unless ``overwrite=True``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import re
-import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,11 +38,13 @@ from captum_ffb.analysis.stats import (
 from captum_ffb.architectures import get_architecture
 from captum_ffb.attr import LayerNormDecomposition
 from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
+from captum_ffb.engines import ModelSource, run_job
+from captum_ffb.engines.jobs import fingerprint_of
 from captum_ffb.models import LoadedModel
 
 __all__ = ["AnalysisConfig", "Measure", "analyze_corpus", "is_causal", "measures_for"]
 
-SHARD_VERSION = 2
+SHARD_VERSION = 3
 
 
 @dataclass
@@ -280,7 +279,6 @@ class _Run:
             ff_in_abs.append(ff_in.abs().double().sum(0).cpu().numpy())
             del decs, maps
         out.update(
-            version=np.asarray(SHARD_VERSION),
             seq=np.asarray([s.index for s in sequences], dtype=np.int64),
             n_tokens=mask_cpu.sum(1).numpy().astype(np.int64),
             changes=changes,
@@ -346,44 +344,70 @@ def _hidden_size(model: nn.Module) -> int:
     return 1024
 
 
-# --------------------------------------------------------------------------- files
-def _atomic_write(path: Path, write: Callable[[Any], None], binary: bool = True) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
+# --------------------------------------------------------------------------- the job
 def _fingerprint(loaded: LoadedModel, config: AnalysisConfig, causal: bool, mask_rate: float,
                  max_tokens: int, sequences: Sequence[PreparedSequence]) -> str:
-    digest = hashlib.sha256()
     head = {
         "model": loaded.name, "model_type": loaded.model_type, "layers": len(loaded.blocks),
         "causal": causal, "mask_rate": mask_rate, "seed": config.seed,
         "batch_size": config.batch_size, "memory_gb": config.memory_gb, "max_tokens": max_tokens,
         "ablation_fraction": config.ablation_fraction, "shard_version": SHARD_VERSION,
     }
-    digest.update(json.dumps(head, sort_keys=True).encode())
-    for sequence in sequences:
-        digest.update(json.dumps([sequence.index, sequence.ids]).encode())
-    return digest.hexdigest()
+    return fingerprint_of(head, [[s.index, s.ids] for s in sequences])
 
 
-def _load_shard(path: Path) -> dict[str, np.ndarray] | None:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            shard = {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError, KeyError):
-        return None
-    if int(shard.get("version", -1)) != SHARD_VERSION:
-        return None
-    return shard
+@dataclass
+class AnalysisJob:
+    r"""The paper's analyses over prepared sequences, as a job for :func:`captum_ffb.engines.run_job`.
+
+    Attributes:
+        config (AnalysisConfig): the settings.
+        sequences (list[PreparedSequence]): the usable lines, tokenised (and masked).
+        batches (list[list[int]]): the planned batches.
+        settings (dict): what ``run.json`` records (with the fingerprint).
+        model (ModelSource): how a worker loads the model.
+        causal (bool): whether the model is causal.
+    """
+
+    config: AnalysisConfig
+    sequences: list[PreparedSequence]
+    batches: list[list[int]]
+    settings: dict[str, Any]
+    model: ModelSource
+    causal: bool
+    loaded: LoadedModel | None = None  # this process's model; never sent to workers
+
+    shard_version = SHARD_VERSION
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "loaded": None}
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.settings
+
+    def plan(self) -> list[list[int]]:
+        return self.batches
+
+    def setup(self) -> _Run:
+        loaded = self.loaded if self.loaded is not None else self.model.load()
+        return _Run(loaded, self.config, self.causal)
+
+    def run_batch(self, state: _Run, index: int, batch: Sequence[int]) -> dict[str, np.ndarray]:
+        return state.batch([self.sequences[p] for p in batch])
 
 
-def _shard_path(folder: Path, k: int) -> Path:
-    return folder / f"batch-{k:05d}.npz"
+def model_source(loaded: LoadedModel) -> ModelSource:
+    """How another process loads the same model (an error for a model built in memory)."""
+    if loaded.source is None:
+        raise ValueError(
+            "this model was not loaded with captum_ffb.models.load_model, so other processes "
+            "cannot load it: save it to a folder and load it from there"
+        )
+    path = Path(loaded.source).expanduser()
+    name = str(path.resolve()) if path.exists() else loaded.source
+    parameter = next(loaded.model.parameters(), None)
+    device = str(parameter.device) if parameter is not None else "cpu"
+    return ModelSource(name, causal_lm=loaded.causal_lm, device=device)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -396,6 +420,8 @@ def analyze_corpus(
     overwrite: bool = False,
     show_progress: bool = True,
     stop_after: int | None = None,
+    engine: str = "local",
+    engine_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     r"""Run the paper's analyses over a corpus; resumable.
 
@@ -410,6 +436,8 @@ def analyze_corpus(
         show_progress (bool): show a progress bar.
         stop_after (int, optional): stop (raising ``KeyboardInterrupt``) after this many new
                     batches; for testing the resume path.
+        engine (str): ``"local"`` or ``"ray"`` (see :func:`captum_ffb.engines.run_job`).
+        engine_options (dict, optional): the engine's settings.
 
     Returns:
         the summary dict (see :func:`captum_ffb.analysis.report.write_report`).
@@ -419,8 +447,6 @@ def analyze_corpus(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    shards = out / "shards"
     tokenizer = loaded.tokenizer
     causal = is_causal(loaded.model) if config.causal is None else bool(config.causal)
     masked_lm = not causal and getattr(tokenizer, "mask_token_id", None) is not None
@@ -431,60 +457,20 @@ def analyze_corpus(
     )
     if not sequences:
         raise ValueError(f"no usable line in {source} ({len(skipped)} skipped)")
-    fingerprint = _fingerprint(loaded, config, causal, mask_rate, max_tokens, sequences)
-    run_file = out / "run.json"
-    if run_file.exists():
-        try:
-            previous = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
-        except (OSError, ValueError):
-            previous = None
-        if previous != fingerprint:
-            if not overwrite:
-                raise ValueError(
-                    f"{out} holds a run with other settings or data; use another --out or "
-                    "--overwrite"
-                )
-            shutil.rmtree(shards, ignore_errors=True)
-    shards.mkdir(exist_ok=True)
     settings = {
-        "fingerprint": fingerprint, "model": loaded.name, "source": source,
-        "config": asdict(config), "causal": causal, "mask_rate": mask_rate,
-        "max_tokens": max_tokens, "sequences": len(sequences),
+        "fingerprint": _fingerprint(loaded, config, causal, mask_rate, max_tokens, sequences),
+        "model": loaded.name, "source": source, "config": asdict(config), "causal": causal,
+        "mask_rate": mask_rate, "max_tokens": max_tokens, "sequences": len(sequences),
     }
-    _atomic_write(run_file, lambda h: json.dump(settings, h, indent=2), binary=False)
-
-    run = _Run(loaded, config, causal)
-    # dense terms of every scope, the next-norm scope and the ablation temporaries, float32
-    cell = 4 * _hidden_size(loaded.model) * (len(run.scopes) + 3)
+    run = _Run(loaded, config, causal)  # checks the chain before any batch runs
+    # dense terms of every scope computed and the ablation temporaries, float32
+    cell = 4 * _hidden_size(loaded.model) * (len(run.computed) + 3)
     batches = plan_batches(sequences, config.batch_size, cell, int(config.memory_gb * 2**30))
-    done = {k for k in range(len(batches)) if _load_shard(_shard_path(shards, k)) is not None}
-    progress = None
-    if show_progress:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(
-            total=len(sequences), initial=sum(len(batches[k]) for k in done), unit="seq",
-            desc="analysing", dynamic_ncols=True,
-        )
-    new = 0
-    try:
-        for k, batch in enumerate(batches):
-            if k in done:
-                continue
-            if stop_after is not None and new >= stop_after:
-                raise KeyboardInterrupt
-            result = run.batch([sequences[p] for p in batch])
-            _atomic_write(_shard_path(shards, k), lambda h, r=result: np.savez(h, **r))
-            new += 1
-            if progress is not None:
-                progress.update(len(batch))
-    finally:
-        if progress is not None:
-            progress.close()
-    loaded_shards = [_load_shard(_shard_path(shards, k)) for k in range(len(batches))]
-    if any(s is None for s in loaded_shards):
-        raise RuntimeError("a batch shard vanished while the run was being summarised")
-    return summarise(run, sequences, skipped, loaded_shards, source, mask_rate, max_tokens, lines)
+    job = AnalysisJob(config, list(sequences), batches, settings,
+                      model_source(loaded) if engine != "local" else ModelSource(), causal, loaded)
+    shards = run_job(job, out, engine, overwrite, show_progress, stop_after, "analysing",
+                     engine_options)
+    return summarise(run, sequences, skipped, shards, source, mask_rate, max_tokens, lines)
 
 
 # --------------------------------------------------------------------------- aggregation

@@ -1,0 +1,135 @@
+"""The job protocol and :func:`run_job`, with the local engine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from captum_ffb.engines.shards import ShardStore
+
+#: The engines :func:`run_job` knows.
+ENGINES = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """How a worker loads the model: what :func:`captum_ffb.models.load_model` takes.
+
+    Attributes:
+        name (str, optional): a model name or folder (``None``: the bundled default).
+        causal_lm (bool): load with a language-model head.
+        device (str): where the model runs in the worker.
+    """
+
+    name: str | None = None
+    causal_lm: bool = False
+    device: str = "cpu"
+
+    def load(self) -> Any:
+        from captum_ffb.models import load_model
+
+        loaded = load_model(self.name, causal_lm=self.causal_lm, show_progress=False)
+        loaded.model.to(self.device)
+        return loaded
+
+
+class Job(Protocol):
+    """What an engine runs. Jobs are picklable (workers get a copy): keep the model out of
+    their state and load it in :meth:`setup`."""
+
+    #: the shard format; shards of another version are recomputed
+    shard_version: int
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Settings and data identity; a run folder holds one fingerprint."""
+
+    def plan(self) -> list[list[int]]:
+        """The batches, as lists of item positions, in a deterministic order."""
+
+    def setup(self) -> Any:
+        """Per worker, once: load the model; returns the worker's state."""
+
+    def run_batch(self, state: Any, index: int, batch: Sequence[int]) -> dict[str, np.ndarray]:
+        """One batch → one shard."""
+
+
+def fingerprint_of(settings: dict[str, Any], items: Sequence[Any]) -> str:
+    """A stable hash of settings and the exact items of a job."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    for item in items:
+        digest.update(json.dumps(item, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def run_job(
+    job: Job,
+    out: str | os.PathLike,
+    engine: str = "local",
+    overwrite: bool = False,
+    show_progress: bool = True,
+    stop_after: int | None = None,
+    description: str = "running",
+    engine_options: dict[str, Any] | None = None,
+) -> list[dict[str, np.ndarray]]:
+    r"""Run every batch of ``job`` not yet on disk in ``out``, then return all shards in
+    batch order.
+
+    Args:
+        job (Job): what to run.
+        out (str or PathLike): the run's folder (``run.json`` and ``shards/``).
+        engine (str): ``"local"`` (this process) or ``"ray"`` (workers; ``pip install
+                    "captum_ffb[ray]"``).
+        overwrite (bool): discard an earlier run with another fingerprint in ``out``.
+        show_progress (bool): a progress bar over items.
+        stop_after (int, optional): stop (``KeyboardInterrupt``) after this many new batches
+                    (local engine; to test resuming).
+        description (str): the progress bar's label.
+        engine_options (dict, optional): the engine's settings (Ray: ``address``,
+                    ``workers``, ``gpus_per_worker``).
+
+    Returns:
+        the shards, in batch order.
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    store = ShardStore(out, job.shard_version)
+    settings = job.fingerprint()
+    store.open(settings, overwrite)
+    batches = job.plan()
+    done = store.done(len(batches))
+    todo = [k for k in range(len(batches)) if k not in done]
+    progress = None
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=sum(len(b) for b in batches),
+                        initial=sum(len(batches[k]) for k in done), unit="seq",
+                        desc=description, dynamic_ncols=True)
+    try:
+        if todo and engine == "local":
+            _run_local(job, store, batches, todo, progress, stop_after)
+        elif todo:
+            from captum_ffb.engines.ray import run_ray
+
+            run_ray(job, store, batches, todo, progress, **(engine_options or {}))
+    finally:
+        if progress is not None:
+            progress.close()
+    return store.load_all(len(batches))
+
+
+def _run_local(job: Job, store: ShardStore, batches: list[list[int]], todo: list[int],
+               progress: Any, stop_after: int | None) -> None:
+    state = job.setup()
+    for new, index in enumerate(todo):
+        if stop_after is not None and new >= stop_after:
+            raise KeyboardInterrupt
+        store.save(index, job.run_batch(state, index, batches[index]))
+        if progress is not None:
+            progress.update(len(batches[index]))
