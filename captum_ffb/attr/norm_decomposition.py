@@ -3,8 +3,9 @@ Captum model-level attribution (as ``IntegratedGradients`` is to ``LayerIntegrat
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -121,7 +122,10 @@ class NormDecomposition(Attribution):
         model_type (str, optional): the architecture when the config does not say it.
         rules (dict, optional): role → rule replacing the default rule of that role (see
                     :class:`~captum_ffb.LayerNormDecomposition`).
-        memory_budget (int): bytes the forward route's row chunks and player groups may take.
+        memory_budget (int): bytes the forward route's row chunks and player groups may take;
+                    on the backward route, when the blocks' intermediate tensors would exceed
+                    it, each block is run again during the backward pass instead of keeping
+                    them (about one more forward pass, memory of one block).
         dtype (torch.dtype): the forward route's precision (float32 by default).
         show_progress (bool): a progress bar over blocks (forward route).
 
@@ -495,13 +499,16 @@ class NormDecomposition(Attribution):
         """One forward pass through the frozen model; one backward pass per target."""
         head = self.head
         warn_if_padded_without_mask(args, kwargs, self.config)
+        kwargs, targets = self._keep_needed_logits(kwargs, targets)
+        if "use_cache" not in kwargs and "use_cache" in inspect.signature(self.model.forward).parameters:
+            kwargs["use_cache"] = False  # no key/value cache to fill (nor to grow on a recomputation)
         watch = {} if head.output is None else {"output": head.output}
         training = self.model.training
         self.model.eval()
         answers = []
         try:
             with linearise(self.model, self.spec, self.blocks, rules, head.final_norm,
-                           head.linearised_steps(), watch) as frozen:
+                           head.linearised_steps(), watch, self._recompute(args)) as frozen:
                 output = self.model(*args, **kwargs)
                 x = frozen.inputs.detach()
                 for k, target in enumerate(targets):
@@ -518,6 +525,28 @@ class NormDecomposition(Attribution):
         finally:
             self.model.train(training)
         return answers
+
+    def _recompute(self, args: tuple[Any, ...]) -> bool:
+        """Whether the backward route should recompute blocks instead of keeping their
+        intermediate tensors: when those would not fit ``memory_budget``."""
+        ids = args[0]
+        width = getattr(self.config, "hidden_size", 0) or 0
+        ff = getattr(self.config, "intermediate_size", 0) or 4 * width
+        per_block = ids.numel() * (2 * ff + 6 * width) * 4
+        return per_block * len(self.blocks) > self.memory_budget
+
+    def _keep_needed_logits(self, kwargs: dict[str, Any], targets: list[HeadTarget]
+                            ) -> tuple[dict[str, Any], list[HeadTarget]]:
+        """Ask a causal LM for the logits of the target positions only (``logits_to_keep``):
+        the ``n × vocabulary`` logits are most of the memory of a long sequence otherwise."""
+        if self.head.task != "causal_lm" or "logits_to_keep" in kwargs:
+            return kwargs, targets
+        if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+            return kwargs, targets
+        keep = torch.stack([t.positions for t in targets], dim=1)  # (B, T)
+        index = torch.arange(len(targets), device=keep.device)
+        moved = [replace(t, positions=index[k].expand(keep.shape[0])) for k, t in enumerate(targets)]
+        return {**kwargs, "logits_to_keep": keep}, moved
 
     def _logit_target(self, output_layer: Tensor, target: HeadTarget, rules) -> Tensor:
         """Σ_k coef_k · logit_k read from the output layer's output (with its graph); a final

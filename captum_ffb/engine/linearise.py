@@ -190,7 +190,7 @@ def _activation_between(store: dict[str, Tensor], key: str, fn: Callable[[Tensor
 
     def hook(module, args):
         z = args[0]
-        s = store[key][..., columns]
+        s = store.pop(key)[..., columns]
         slope = rule.slope(fn, s.detach().to(torch.float32)).to(z.dtype)
         return (z.detach() + _delta(s) * slope, *args[1:])
 
@@ -206,6 +206,8 @@ def _gated_between(store: dict[str, Tensor], gate_key: str, up_key: str, fn: Cal
         z = args[0]
         a = store[gate_key][..., gate_columns]
         b = store[up_key][..., up_columns]
+        store.pop(gate_key)
+        store.pop(up_key, None)  # kept no longer than needed (the values, not the graph)
         coeff_a, coeff_b = rule.slopes(fn, a.detach().to(torch.float32), b.detach().to(torch.float32))
         return (z.detach() + _delta(a) * coeff_a.to(z.dtype) + _delta(b) * coeff_b.to(z.dtype), *args[1:])
 
@@ -256,6 +258,25 @@ def _projection_columns(projection: Projection, module: nn.Module, config: Any) 
     return _columns(projection, config, width)[0]
 
 
+def _warm_up(blocks: Sequence[nn.Module], spec: ArchitectureSpec, frozen: FrozenRules) -> None:
+    """Compute each activation's coefficients once on a tiny input, so that values the rules
+    cache (``g(0)``, ``g'(0)``) exist before a recomputed pass: a recomputed block must save
+    the same tensors as the first run of it."""
+    probe = torch.zeros(1, 1, 2)
+    for block in blocks:
+        moe = spec.moe
+        if moe is not None and has_path(block, moe.experts):
+            functions = [resolve(block, moe.experts).act_fn]
+            if moe.shared_expert is not None:
+                functions.append(resolve(block, moe.shared_expert).act_fn)
+            for fn in functions:
+                frozen.gated_activation.slopes(fn, probe, probe)
+        elif spec.ff_gate is not None:
+            frozen.gated_activation.slopes(resolve(block, spec.activation), probe, probe)
+        else:
+            frozen.activation.slope(resolve(block, spec.activation), probe)
+
+
 @contextlib.contextmanager
 def linearise(
     model: nn.Module,
@@ -265,6 +286,7 @@ def linearise(
     final_norm: nn.Module | None = None,
     head_steps: Sequence[tuple[str, Any]] = (),
     watch: Mapping[str, nn.Module] | None = None,
+    recompute: bool = False,
 ) -> Iterator[Linearisation]:
     r"""Freeze the model's coefficients for the forward passes run inside the context.
 
@@ -278,6 +300,9 @@ def linearise(
         head_steps (Sequence): the head's layers after the final norm, as
                     ``("linear", module)`` and ``("activation", fn)`` pairs, in order.
         watch (Mapping, optional): name → module whose output to keep (with its graph).
+        recompute (bool): keep no block's intermediate tensors for the backward pass and run
+                    each block again during it instead (``torch.utils.checkpoint``): memory of
+                    one block instead of all, for about one more forward pass.
 
     Yields:
         Linearisation
@@ -363,10 +388,23 @@ def linearise(
     parameters = [p for p in model.parameters() if p.requires_grad]
     for parameter in parameters:
         parameter.requires_grad_(False)  # only the input's gradient is needed
+    patched = []
+    if recompute:
+        from torch.utils.checkpoint import checkpoint
+
+        _warm_up(blocks, spec, frozen)  # cached coefficients: the same work in both passes
+        for block in blocks:
+            def forward(*args: Any, __original=block.forward, **kwargs: Any) -> Any:
+                return checkpoint(__original, *args, use_reentrant=False, **kwargs)
+
+            block.forward = forward  # an instance attribute shadows the class's method
+            patched.append(block)
     try:
         with frozen_attention([model, *blocks], methods), torch.enable_grad():
             yield state
     finally:
+        for block in patched:
+            del block.forward
         state.remove()
         for parameter in parameters:
             parameter.requires_grad_(True)

@@ -238,3 +238,16 @@ def test_every_generation_step_from_one_pass_equals_a_per_step_loop(route):
         alone = nd.attribute(ids, target=token, target_position=position, route=route)
         torch.testing.assert_close(steps[row], alone[0], atol=1e-6, rtol=1e-5)
         assert float(steps[row, position + 1:].abs().max()) == 0.0
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gpt2", "mixtral", "phi3", "gptj"])
+def test_recomputing_blocks_changes_nothing(name):
+    """Under a tiny memory budget the backward route runs each block again during the
+    backward pass instead of keeping its tensors: same answer."""
+    model = tiny_task_model(name)
+    ids = token_ids()
+    kept = NormDecomposition(model)
+    recomputed = NormDecomposition(model, memory_budget=1)
+    assert not kept._recompute((ids,)) and recomputed._recompute((ids,))
+    torch.testing.assert_close(recomputed.attribute(ids, target=3), kept.attribute(ids, target=3))
+    assert all("forward" not in vars(block) for block in kept.blocks)  # the patch is undone
