@@ -131,6 +131,13 @@ class Decomposition:
         player_mask (Tensor, optional): ``(B, n_in)``, 1 for the players that take part.
                     Needed only when the players are not the tokens (groups of tokens);
                     by default the token mask stands for it when the sizes match.
+
+    Examples::
+
+        >>> dec = LayerNormDecomposition(model, layer).decompose(ids)
+        >>> dec.terms.shape                          # (B, n, n, d): F_i(x_j)
+        >>> dec.maps()                               # (B, n, n): ‖F_i(x_j)‖
+        >>> dec.completeness_residual(real_output)   # (B,): max |Σ_j F_i(x_j) + b_i − y_i|
     """
 
     def __init__(

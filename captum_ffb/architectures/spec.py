@@ -107,6 +107,17 @@ class ArchitectureSpec:
                     of this family cannot be decomposed (a setting the rules do not cover),
                     or ``None``.
         description (str): one line for the supported-architectures table.
+
+    Examples::
+
+        >>> from captum_ffb import ArchitectureSpec, Projection, register_architecture
+        >>> register_architecture("my_llama", ArchitectureSpec(
+        ...     chain="pre_ln", blocks="layers", final_norm="norm", causal=True,
+        ...     attention="self_attn", value=Projection("self_attn.v_proj"),
+        ...     attention_output=Projection("self_attn.o_proj"),
+        ...     norm1="input_layernorm", norm2="post_attention_layernorm",
+        ...     ff_in=Projection("mlp.up_proj"), ff_gate=Projection("mlp.gate_proj"),
+        ...     activation="mlp.act_fn", ff_out=Projection("mlp.down_proj"), norm="rms_norm"))
     """
 
     chain: str | Callable[[Any], str]

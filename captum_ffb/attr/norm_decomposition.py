@@ -70,6 +70,12 @@ class Direction:
         pooling (str or int): ``"mean"`` over real tokens, ``"cls"``/``"first"`` (the first
                     real token), ``"last"`` (the last real token), or a position.
         bias (float or Tensor): added to the read-out (the bias player gets it).
+
+    Examples::
+
+        >>> probe = Direction(weight, pooling="mean", bias=0.1)     # e.g. a sentiment head
+        >>> NormDecomposition(base_model).attribute(ids, target=probe,
+        ...                                         forward_kwargs={"attention_mask": mask})
     """
 
     vector: Tensor

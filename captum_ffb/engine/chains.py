@@ -53,6 +53,21 @@ class Chain:
         extra_scopes (tuple[str, ...]): scopes computed only when asked for, after the
                     others (:data:`NEXT_NORM_SCOPE`).
         description (str): one line for the docs.
+
+    Examples::
+
+        >>> from captum_ffb import register_chain
+        >>> from captum_ffb.engine import Chain, chains
+        >>> def mix(block, rules, start):                 # x + ATTN(x), then LN1
+        ...     x = chains.start_of(block, start)
+        ...     out = rules["residual"](chains.attention(block, rules, x), x)
+        ...     return {"Atb": chains.norm(block, "norm1", rules, out)}
+        >>> def local(block, state, rows, rules):
+        ...     yield "Atb", state["Atb"].rows(rows).dense()
+        >>> register_chain("atb_only", Chain(
+        ...     name="atb_only", scopes=("Atb",), references={"Atb": (("norm1", "output"),)},
+        ...     mix=mix, local=local, ff_pair=("Atb", "Atb"),
+        ...     roles=lambda spec: frozenset({"attention", "residual", "norm"})))
     """
 
     name: str

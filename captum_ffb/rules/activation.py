@@ -191,6 +191,11 @@ class GatedIGActivation(Rule):
         mean_value (Callable, optional): a closed form of ``A ↦ ∫₀¹ g(tA) dt``, used instead
                     of quadrature (by default one is looked up for ``g``, see
                     :func:`mean_value_closed_form`).
+
+    Examples::
+
+        >>> lnd = LayerNormDecomposition(llama, llama.model.layers[0], rules={
+        ...     "gated_activation": GatedIGActivation(route="captum", n_steps=64)})
     """
 
     route: str = "closed_form"

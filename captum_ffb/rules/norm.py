@@ -24,6 +24,11 @@ class LayerNorm(Rule):
     Call: ``LayerNorm()(decomposition, real_input, weight, bias, eps)`` with ``real_input``
     the input the model really fed the norm ``(B, n_out, d)``, ``weight`` γ and ``bias`` β
     ``(d,)`` (either may be ``None``) and the norm's ``eps``.
+
+    Examples::
+
+        >>> out = LayerNorm()(dec, real_input, ln.weight, ln.bias, ln.eps)
+        >>> torch.allclose(out.total(), ln(real_input), atol=1e-5)   # when real_input = dec.total()
     """
 
     role = "norm"
