@@ -8,7 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.cli._common import (
+    UsageError,
+    add_engine_options,
+    check_model_options,
+    engine_options,
+)
 
 EXAMPLES = """\
 examples:
@@ -87,6 +92,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quiet", action="store_true",
                         help="print nothing but errors: no progress bars or summary")
     parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    add_engine_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -106,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a folder")
     device = _device(args.device)  # fail before loading anything
+    engine, options = engine_options(args)
     model_settings = model_config(args.model)  # an unusable model fails before the corpus
     check_model_options(model_settings)
     corpus = load_corpus(args.data, split=args.split, text_column=args.text_column)
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         summary = analyze_corpus(loaded, corpus.lines, out, config, source=corpus.name,
-                                 overwrite=args.overwrite, show_progress=not args.quiet)
+                                 overwrite=args.overwrite, show_progress=not args.quiet,
+                                 engine=engine, engine_options=options)
     except KeyboardInterrupt:
         print(f"captum-ffb: interrupted; run the same command again to resume ({out}/shards "
               "keeps the finished batches)", file=sys.stderr)

@@ -1,0 +1,139 @@
+"""The Ray engine on a local Ray with 2 CPUs: same shards as the local engine, a killed
+worker's batch retried, an interrupted run resumed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from captum_ffb.engines import run_job
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    from captum_ffb.engines.ray import start
+
+    started = start(ray, None, 2)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@dataclass
+class CubesJob:
+    """Cubes of the items in batches of two; one batch may kill its worker or fail once."""
+
+    items: list[int]
+    marker: str = ""
+    action: str = ""  # "exit": the worker process dies; "raise": the job raises
+    victim: int = 1
+    shard_version = 1
+
+    def fingerprint(self) -> dict:
+        return {"fingerprint": f"cubes-{self.items}"}
+
+    def plan(self) -> list[list[int]]:
+        return [list(range(k, min(k + 2, len(self.items)))) for k in range(0, len(self.items), 2)]
+
+    def setup(self) -> int:
+        return os.getpid()
+
+    def run_batch(self, state, index, batch):
+        if index == self.victim and self.marker and not Path(self.marker).exists():
+            Path(self.marker).write_text("done")
+            if self.action == "exit":
+                os._exit(1)
+            raise RuntimeError("a job error")
+        values = np.asarray([self.items[p] for p in batch], dtype=np.float64)
+        return {"positions": np.asarray(batch), "cubes": values**3, "pid": np.asarray(state)}
+
+
+def _cubes(shards):
+    return np.concatenate([s["cubes"] for s in shards])
+
+
+def test_same_shards_as_the_local_engine_on_two_workers(tmp_path, local_ray):
+    job = CubesJob(list(range(9)))
+    local = run_job(job, tmp_path / "local", show_progress=False)
+    remote = run_job(job, tmp_path / "ray", engine="ray", show_progress=False,
+                     engine_options={"workers": 2})
+    np.testing.assert_array_equal(_cubes(local), _cubes(remote))
+    assert len({int(s["pid"]) for s in remote}) == 2  # two workers shared the batches
+    assert os.getpid() not in {int(s["pid"]) for s in remote}
+
+
+def test_a_killed_worker_has_its_batch_retried(tmp_path, local_ray):
+    job = CubesJob(list(range(8)), marker=str(tmp_path / "killed"), action="exit")
+    shards = run_job(job, tmp_path / "out", engine="ray", show_progress=False,
+                     engine_options={"workers": 2})
+    assert (tmp_path / "killed").exists()  # a worker did die
+    np.testing.assert_array_equal(_cubes(shards), np.arange(8.0) ** 3)
+    positions = np.concatenate([s["positions"] for s in shards])
+    assert sorted(positions.tolist()) == list(range(8))  # nothing lost, nothing twice
+
+
+def test_an_interrupted_run_resumes_from_its_shards(tmp_path, local_ray):
+    job = CubesJob(list(range(8)), marker=str(tmp_path / "failed"), action="raise", victim=3)
+    with pytest.raises(RuntimeError, match="batch 3 failed"):
+        run_job(job, tmp_path / "out", engine="ray", show_progress=False,
+                engine_options={"workers": 1})
+    written = sorted(p.name for p in (tmp_path / "out" / "shards").glob("*.npz"))
+    assert "batch-00003.npz" not in written and written  # the earlier batches were kept
+    shards = run_job(job, tmp_path / "out", engine="ray", show_progress=False,
+                     engine_options={"workers": 2})
+    np.testing.assert_array_equal(_cubes(shards), np.arange(8.0) ** 3)
+
+
+def test_without_ray_installed_the_engine_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ValueError, match=r'pip install "captum_ffb\[ray\]"'):
+        run_job(CubesJob([1, 2]), tmp_path, engine="ray", show_progress=False)
+
+
+def test_analyze_on_ray_equals_the_local_engine(tmp_path, local_ray):
+    """The corpus analysis through the CLI, local and on two Ray workers: same numbers."""
+    import json
+
+    from captum_ffb.cli import main
+    from tests.analysis.conftest import LINES, tokenizer_for
+    from tests.models import TINY_MODELS
+
+    folder = tmp_path / "model"
+    TINY_MODELS["gpt2"].build().save_pretrained(folder)
+    tokenizer_for(folder)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    common = ["analyze", "--model", str(folder), "--data", str(corpus), "--batch-size", "2",
+              "--no-figures", "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "local")]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2"]) == 0
+    local = json.loads((tmp_path / "local" / "results.json").read_text())
+    remote = json.loads((tmp_path / "ray" / "results.json").read_text())
+
+    def numbers(value):
+        if isinstance(value, dict):
+            return [x for k in sorted(value) for x in numbers(value[k])]
+        if isinstance(value, list):
+            return [x for item in value for x in numbers(item)]
+        return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+    a, b = np.asarray(numbers(local["layers"]), float), np.asarray(numbers(remote["layers"]), float)
+    assert a.size == b.size > 100
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_engine_flags_are_checked(tmp_path, capsys):
+    from captum_ffb.cli import main
+
+    assert main(["analyze", "--out", str(tmp_path), "--workers", "2"]) == 2
+    assert "--workers needs --engine ray" in capsys.readouterr().err
+    assert main(["analyze", "--out", str(tmp_path), "--engine", "ray", "--workers", "0"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
