@@ -26,7 +26,7 @@ from captum_ffb.engine import (
 )
 from captum_ffb.engine.block import config_of
 from captum_ffb.engine.linearise import linearise
-from captum_ffb.engine.run import warn_if_padded_without_mask
+from captum_ffb.engine.run import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.whole import (
     HeadTarget,
     element_wise_rule,
@@ -196,6 +196,7 @@ class NormDecomposition(Attribution):
         route: str = "backward",
         rules: Mapping[str, Callable] | None = None,
         return_bias: bool = False,
+        players: Sequence[int] | None = None,
     ) -> Any:
         r"""Signed contributions ``(batch, n)`` of the input positions to ``target``.
 
@@ -223,6 +224,11 @@ class NormDecomposition(Attribution):
                         ``"forward"`` (the decompositions carried through every block).
             rules (dict, optional): role → rule for this call (e.g. an ablation).
             return_bias (bool): also return the bias player's contribution ``(batch,)``.
+            players (list[int], optional): forward route only: propagate just these players
+                        (positions, or group ids with a ``feature_mask``); the others get 0.
+                        The propagation is linear in the players, so parts computed apart
+                        (on other workers) add up to the whole; every part carries the whole
+                        bias player.
 
         Returns:
             contributions ``(batch, n)``; with ``return_bias``, ``(contributions, bias)``; with
@@ -244,11 +250,13 @@ class NormDecomposition(Attribution):
         token_mask = self._token_mask(kwargs, ids)
         groups, n_groups = self._groups(feature_mask, ids)
         head_target = self._target(target, target_position, token_mask, ids.shape[0])
+        if players is not None and route != "forward":
+            raise ValueError("players= splits the forward route; use route='forward'")
         if route == "backward":
             ((contributions, bias, real),) = self._backward(args, kwargs, [head_target], chosen)
         else:
             ((contributions, bias, real),) = self._forward(args, kwargs, [head_target], chosen,
-                                                           groups, n_groups)
+                                                           groups, n_groups, players)
         if route == "backward":  # per position: add up each group's
             contributions = contributions * token_mask.to(contributions.dtype)
             per_group = torch.zeros(ids.shape[0], n_groups, dtype=contributions.dtype,
@@ -343,9 +351,12 @@ class NormDecomposition(Attribution):
                         residual against the block's real output ``(batch, n_blocks)``.
         """
         chosen = self._rules(rules)
+        args = forward_arguments(inputs, additional_forward_args)
+        light = self._light(args[0])
         blocks, _ = capture_layers(self.model, self.model, self.blocks, self.spec, inputs,
                                    additional_forward_args, forward_kwargs, dtype=self.dtype,
-                                   with_next_norms=False)
+                                   with_next_norms=False, light=light)
+        prepare = self._replay if light else None
         x = blocks[0].inputs
         batch, n, d = x.shape
         token_mask = blocks[0].token_mask
@@ -364,7 +375,7 @@ class NormDecomposition(Attribution):
                 players = list(range(first, min(n, first + size)))
                 start = player_start(x, positions, players, token_mask)
                 for index, dec in enumerate(propagate(blocks, self.chain, chosen, start,
-                                                      self.memory_budget, progress)):
+                                                      self.memory_budget, progress, prepare)):
                     maps[:, index, :, first : first + len(players)] = dec.maps()
                     totals[index] += dec.terms.sum(dim=2)
                     bias_total[index] = dec.bias
@@ -475,26 +486,34 @@ class NormDecomposition(Attribution):
             logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
         return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
 
-    def _forward(self, args, kwargs, targets: list[HeadTarget], rules, groups: Tensor, n_groups: int):
+    def _forward(self, args, kwargs, targets: list[HeadTarget], rules, groups: Tensor, n_groups: int,
+                 players: Sequence[int] | None = None):
         """One capture and one propagation; the head's rules for each target."""
         head = self.head
+        light = self._light(args[0])
         blocks, recorded = capture_layers(
             self.model, self.model, self.blocks, self.spec, args, None, kwargs, dtype=self.dtype,
-            with_next_norms=False, extra=head.modules(), keep_output=True,
+            with_next_norms=False, extra=head.modules(), keep_output=True, light=light,
         )
         x = blocks[0].inputs
-        start = player_start(x, groups, range(n_groups), blocks[0].token_mask)
+        chosen_players = list(range(n_groups)) if players is None else [int(p) for p in players]
+        if any(not 0 <= p < n_groups for p in chosen_players) or not chosen_players:
+            raise ValueError(f"players must be among the {n_groups} players (0 … {n_groups - 1})")
+        start = player_start(x, groups, chosen_players, blocks[0].token_mask)
         progress = self._progress(len(blocks))
         last = None
         answers = []
         try:
             with torch.no_grad():
                 for decomposition in propagate(blocks, self.chain, rules, start, self.memory_budget,
-                                               progress):
+                                               progress, self._replay if light else None):
                     last = decomposition
+                index = torch.as_tensor(chosen_players, device=x.device)
                 for target in targets:
-                    contributions, bias = head_forward(last, head, target, rules, recorded.tensors,
-                                                       self.spec, self.config, self.dtype)
+                    part, bias = head_forward(last, head, target, rules, recorded.tensors,
+                                              self.spec, self.config, self.dtype)
+                    contributions = part.new_zeros(part.shape[0], n_groups)
+                    contributions[:, index] = part
                     answers.append((contributions, bias, self._real_value(recorded.output, target)))
         finally:
             if progress is not None:
@@ -531,6 +550,17 @@ class NormDecomposition(Attribution):
         finally:
             self.model.train(training)
         return answers
+
+    def _light(self, ids: Tensor) -> bool:
+        """Whether the forward route should record one block at a time (replaying each from
+        its recorded input) rather than every block's attention probabilities at once: when
+        those would not fit ``memory_budget``."""
+        heads = getattr(self.config, "num_attention_heads", 1) or 1
+        n = ids.shape[-1]
+        return ids.shape[0] * heads * n * n * 4 * len(self.blocks) > self.memory_budget
+
+    def _replay(self, block: Any) -> Any:
+        return replay_block(block, [self.model])
 
     def _recompute(self, args: tuple[Any, ...]) -> bool:
         """Whether the backward route should recompute blocks instead of keeping their

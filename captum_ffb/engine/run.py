@@ -20,7 +20,13 @@ from captum_ffb.architectures.registry import get_chain
 from captum_ffb.architectures.spec import ArchitectureSpec
 from captum_ffb.decomposition import Decomposition, ScratchArena, stack_rows, using_arena
 from captum_ffb.engine.block import Block, block_watch, config_of
-from captum_ffb.engine.capture import ModelCapture, capture, forward_arguments, token_mask_of
+from captum_ffb.engine.capture import (
+    BlockWatch,
+    ModelCapture,
+    capture,
+    forward_arguments,
+    token_mask_of,
+)
 from captum_ffb.engine.chains import Chain, Rules
 from captum_ffb.engine.model import next_norms
 from captum_ffb.rules import check_rules, default_rules
@@ -91,6 +97,7 @@ def capture_layers(
     keep_calls: bool = False,
     extra: dict[str, nn.Module] | None = None,
     keep_output: bool = False,
+    light: bool = False,
 ) -> tuple[list[Block], ModelCapture]:
     r"""One forward pass of ``forward_func`` on the inputs, recording ``layers``.
 
@@ -106,6 +113,9 @@ def capture_layers(
         keep_calls (bool): keep each block's call arguments.
         extra (dict, optional): role → module outside the blocks to record.
         keep_output (bool): keep what the forward call returns.
+        light (bool): record only each block's input, output and call arguments, not its
+                    attention probabilities and inner tensors: :func:`replay_block` records
+                    those later, one block at a time (memory of one block's probabilities).
 
     Returns:
         ``(blocks, capture)``.
@@ -116,6 +126,9 @@ def capture_layers(
     warn_if_padded_without_mask(args, kwargs, config)
     following = next_norms(model, spec, layers) if with_next_norms else [None] * len(layers)
     watches = [block_watch(layer, spec, norm) for layer, norm in zip(layers, following)]
+    if light:
+        watches = [BlockWatch(watch.module) for watch in watches]
+        keep_calls = True
     training = [layer.training for layer in layers]
     for layer in layers:
         layer.eval()  # dropout would make the captured tensors random
@@ -134,6 +147,40 @@ def capture_layers(
         for layer, record, norm in zip(layers, recorded.blocks, following)
     ]
     return blocks, recorded
+
+
+def _no_cache(value: Any) -> Any:
+    return None if type(value).__name__.endswith("Cache") else value
+
+
+def replay_block(block: Block, owners: Sequence[nn.Module] = ()) -> Block:
+    """A block recorded by a light capture, run again on its recorded input and arguments
+    with everything the chains need recorded (probabilities, inner tensors).
+
+    The replay computes what the model computed (same input, same arguments, no cache), so
+    the block it returns is what a full capture would have given.
+    """
+    record = block.capture
+    if record.call_args is None:
+        raise ValueError("replay_block needs a block captured with its call arguments")
+    args = tuple(_no_cache(a) for a in record.call_args)
+    kwargs = {k: _no_cache(v) for k, v in record.call_kwargs.items()}
+    hidden = record.inputs
+
+    def forward() -> Any:
+        if record.hidden_keyword:
+            return block.module(*args, hidden_states=hidden, **kwargs)
+        return block.module(hidden, *args, **kwargs)
+
+    watch = block_watch(block.module, block.spec, block.next_norm)
+    training = block.module.training
+    block.module.eval()
+    try:
+        (full,) = capture(forward, [watch], owners=owners).blocks
+    finally:
+        block.module.train(training)
+    return Block(block.module, block.spec, full, block.dtype, block.token_mask, block.config,
+                 block.next_norm)
 
 
 def reference(block: Block, chain: Chain, scope: str) -> Tensor:

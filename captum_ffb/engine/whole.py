@@ -148,11 +148,16 @@ def propagate(
     start: Decomposition,
     budget: int,
     progress: Any = None,
+    prepare: Callable[[Block], Block] | None = None,
 ) -> Iterator[Decomposition]:
     """The decomposition of every block's output, block after block, from ``start`` (the
-    first block's input over the players); rows are chunked to ``budget`` bytes."""
+    first block's input over the players); rows are chunked to ``budget`` bytes.
+    ``prepare`` turns each block into one the chains can run (e.g.
+    :func:`~captum_ffb.engine.run.replay_block` after a light capture), one at a time."""
     current = start
     for block in blocks:
+        if prepare is not None:
+            block = prepare(block)
         chunks = row_chunks(block, None, budget, current.n_in)
         parts = [dec.dense() for _, _, dec in
                  iter_scopes(block, chain, rules, [chain.output_scope], chunks, current)]

@@ -10,6 +10,8 @@ aggregate does not depend on where the batches ran.
 """
 
 from captum_ffb.engines.jobs import ENGINES, Job, ModelSource, run_job
+from captum_ffb.engines.players import PlayerSplitJob, attribute_split
 from captum_ffb.engines.shards import ShardStore
 
-__all__ = ["ENGINES", "Job", "ModelSource", "ShardStore", "run_job"]
+__all__ = ["ENGINES", "Job", "ModelSource", "PlayerSplitJob", "ShardStore", "attribute_split",
+           "run_job"]

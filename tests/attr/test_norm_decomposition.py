@@ -251,3 +251,27 @@ def test_recomputing_blocks_changes_nothing(name):
     assert not kept._recompute((ids,)) and recomputed._recompute((ids,))
     torch.testing.assert_close(recomputed.attribute(ids, target=3), kept.attribute(ids, target=3))
     assert all("forward" not in vars(block) for block in kept.blocks)  # the patch is undone
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
+def test_one_block_at_a_time_and_player_parts_add_up(name):
+    """With a budget too small for every block's probabilities, the forward route replays
+    one block at a time: same answer; and parts over player subsets add up to the whole."""
+    task = "sequence_classification" if name == "bert" else "causal_lm"
+    model = tiny_task_model(name, task)
+    ids = token_ids()
+    whole, bias = NormDecomposition(model).attribute(ids, target=1, route="forward", return_bias=True)
+    light = NormDecomposition(model, memory_budget=4_000)
+    assert light._light(ids)
+    streamed, streamed_bias = light.attribute(ids, target=1, route="forward", return_bias=True)
+    torch.testing.assert_close(streamed, whole, atol=1e-6, rtol=1e-5)
+    first, first_bias = light.attribute(ids, target=1, route="forward", players=[0, 2, 4, 6, 8],
+                                        return_bias=True)
+    second = light.attribute(ids, target=1, route="forward", players=[1, 3, 5, 7])
+    torch.testing.assert_close(first + second, whole, atol=1e-6, rtol=1e-5)
+    assert float(first[:, 1::2].abs().max()) == 0.0
+    torch.testing.assert_close(first_bias, bias, atol=1e-6, rtol=1e-5)
+    maps = NormDecomposition(model).maps(ids)
+    torch.testing.assert_close(light.maps(ids), maps, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="use route='forward'"):
+        light.attribute(ids, target=1, players=[0])

@@ -137,3 +137,32 @@ def test_engine_flags_are_checked(tmp_path, capsys):
     assert "--workers needs --engine ray" in capsys.readouterr().err
     assert main(["analyze", "--out", str(tmp_path), "--engine", "ray", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
+
+
+def test_one_sequence_split_across_two_workers_adds_up(tmp_path, local_ray):
+    """The players of one sequence in three parts on two Ray workers: the sum equals one
+    process's forward route and its backward route."""
+    import torch
+
+    from captum_ffb import NormDecomposition
+    from captum_ffb.engines import ModelSource, attribute_split
+    from tests.models import token_ids
+    from tests.viz.tiny import save_tiny
+
+    folder = save_tiny("llama", tmp_path / "model")
+    source = ModelSource(str(folder), causal_lm=False)
+    ids = token_ids(batch=1, n=9)
+    direction = torch.linspace(-1, 1, 32)
+    from captum_ffb import Direction
+
+    target = Direction(direction, pooling="last")
+    split, bias = attribute_split(source, ids, target, parts=3, out=tmp_path / "parts",
+                                  engine="ray", engine_options={"workers": 2}, show_progress=False)
+    model = source.load().model
+    whole, whole_bias = NormDecomposition(model).attribute(ids, target=target, route="forward",
+                                                           return_bias=True)
+    torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(bias, whole_bias, atol=1e-6, rtol=1e-6)
+    backward = NormDecomposition(model).attribute(ids, target=target)
+    torch.testing.assert_close(split, backward, atol=1e-5, rtol=1e-5)
+    assert len(list((tmp_path / "parts" / "shards").glob("*.npz"))) == 3
