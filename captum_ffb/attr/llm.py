@@ -198,24 +198,9 @@ class LLMNormAttribution(BaseLLMAttribution):
         ids = torch.cat([prompt, targets[None, :-1]], dim=1)
         positions = torch.arange(n_prompt - 1, n_prompt - 1 + steps, device=self.device)
 
-        seen: list[Tensor] = []
-        handle = self.model.register_forward_hook(
-            lambda _module, _args, output: seen.append(_logits(output).detach())
+        contributions, bias, delta, chosen, probs = explain_steps(
+            self.attr_method, ids, targets, positions, route=route, rules=rules
         )
-        try:
-            contributions, bias, delta = self.attr_method.attribute_steps(
-                ids, targets, positions, forward_kwargs={"attention_mask": torch.ones_like(ids)},
-                return_convergence_delta=True, route=route, rules=rules, return_bias=True,
-            )
-        finally:
-            handle.remove()
-        if len(seen) != 1:
-            raise RuntimeError(f"expected one forward pass of the model, saw {len(seen)}")
-        step_logits = seen[0][0, positions].float()  # (T, vocab)
-        chosen = step_logits.gather(1, targets[:, None])[:, 0]
-        probs = (chosen - torch.logsumexp(step_logits, dim=1)).exp()
-
-        contributions = contributions.detach().float().cpu()
         prompt_attr = contributions[:, :n_prompt]
         output_attr = torch.zeros(steps, steps)
         output_attr[:, : steps - 1] = contributions[:, n_prompt:]
@@ -225,15 +210,15 @@ class LLMNormAttribution(BaseLLMAttribution):
             output_tokens=_convert_ids_to_pretty_tokens(targets.cpu(), self.tokenizer),
             seq_attr=token_attr.sum(0),
             token_attr=token_attr,
-            output_probs=probs.cpu(),
+            output_probs=probs,
             inp=inp,
             prompt_tokens=self.tokenizer.convert_ids_to_tokens(prompt[0].tolist()),
             prompt_attr=prompt_attr,
             prompt_features=features.cpu(),
             output_attr=output_attr,
-            bias=bias.detach().float().cpu(),
-            logits=chosen.cpu(),
-            convergence_delta=delta.detach().float().cpu(),
+            bias=bias,
+            logits=chosen,
+            convergence_delta=delta,
             target_ids=targets.cpu(),
             route=route,
         )
@@ -309,6 +294,37 @@ class LLMNormAttribution(BaseLLMAttribution):
         per_feature = torch.zeros(prompt_attr.shape[0], n_itp, dtype=prompt_attr.dtype)
         per_feature.index_add_(1, features[kept], prompt_attr[:, kept])
         return inp.format_attr(per_feature)
+
+
+def explain_steps(
+    nd: NormDecomposition,
+    ids: Tensor,
+    targets: Tensor,
+    positions: Tensor,
+    route: str = "backward",
+    rules: Mapping[str, Callable] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    r"""Teacher-forced steps of one sequence ``ids`` ``(1, n)``: the contributions ``(T, n)``,
+    bias, convergence delta, logit and probability ``(T,)`` of ``targets[t]`` read at
+    ``positions[t]``, all from the one forward pass of :meth:`NormDecomposition.attribute_steps`
+    (the logits are read by a hook on the model). Float32 tensors on the CPU."""
+    seen: list[Tensor] = []
+    handle = nd.model.register_forward_hook(
+        lambda _module, _args, output: seen.append(_logits(output).detach())
+    )
+    try:
+        contributions, bias, delta = nd.attribute_steps(
+            ids, targets, positions, forward_kwargs={"attention_mask": torch.ones_like(ids)},
+            return_convergence_delta=True, route=route, rules=rules, return_bias=True,
+        )
+    finally:
+        handle.remove()
+    if len(seen) != 1:
+        raise RuntimeError(f"expected one forward pass of the model, saw {len(seen)}")
+    step_logits = seen[0][0, positions.to(seen[0].device)].float()  # (T, vocab)
+    chosen = step_logits.gather(1, targets.to(step_logits.device)[:, None])[:, 0]
+    probs = (chosen - torch.logsumexp(step_logits, dim=1)).exp()
+    return tuple(t.detach().float().cpu() for t in (contributions, bias, delta, chosen, probs))
 
 
 def _segment_spans(inp: TextTemplateInput) -> tuple[str, list[tuple[int, int, int]]]:
