@@ -10,6 +10,7 @@ their base, ``captum.attr._core.llm_attr.BaseLLMAttribution`` (not exported by
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -207,7 +208,7 @@ class LLMNormAttribution(BaseLLMAttribution):
         token_attr = self._feature_attr(inp, prompt_attr, features)
         return NormLLMAttributionResult(
             input_tokens=list(inp.values),
-            output_tokens=_convert_ids_to_pretty_tokens(targets.cpu(), self.tokenizer),
+            output_tokens=self._pretty(targets.cpu()),
             seq_attr=token_attr.sum(0),
             token_attr=token_attr,
             output_probs=probs,
@@ -228,6 +229,13 @@ class LLMNormAttribution(BaseLLMAttribution):
         raise NotImplementedError("attribute_future is not implemented for LLMNormAttribution")
 
     # ------------------------------------------------------------------ helpers
+    def _pretty(self, ids: Tensor) -> list[str]:
+        """Captum's readable tokens; its fallback for tokens that do not re-encode alone
+        (e.g. "\\n\\n") is fine, so its warnings about taking it are not passed on."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"(\(i=\d+, idx=\d+\))|(Pretty tokens length)")
+            return _convert_ids_to_pretty_tokens(ids, self.tokenizer)
+
     def _prompt(self, inp: TextTokenInput | TextTemplateInput) -> tuple[Tensor, Tensor]:
         """The prompt ids ``(1, n)`` and each token's interpretable feature (-1: none)."""
         if isinstance(inp, TextTokenInput):

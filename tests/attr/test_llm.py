@@ -8,6 +8,7 @@ from captum.attr import LLMAttributionResult, TextTemplateInput, TextTokenInput
 
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import LLMNormAttribution, NormLLMAttributionResult
+from captum_ffb.attr.llm import DEFAULT_GEN_ARGS, explain_steps
 from tests.models import tiny_task_model
 from tests.tiny_lm import BOS, causal_tokenizer, tiny_lm
 
@@ -99,6 +100,32 @@ def test_generation_explains_what_generate_returns(model, tokenizer, llm_attr):
         full = torch.cat([prompt, generated[None]], dim=1)
         argmax = model(full).logits[0, prompt.shape[1] - 1 : -1].argmax(-1)
     assert torch.equal(argmax, generated)
+    # without gen_args: DEFAULT_GEN_ARGS (greedy, up to 25 new tokens, stopping at </s>)
+    default = llm_attr.attribute(TextTokenInput(PROMPT, tokenizer))
+    with torch.no_grad():
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                  **DEFAULT_GEN_ARGS)[0, prompt.shape[1]:]
+    assert torch.equal(default.target_ids, expected) and 3 < len(expected) <= 25
+
+
+def test_explain_steps_reads_one_forward_pass(model):
+    nd = NormDecomposition(model)
+    ids = torch.tensor([[5, 9, 30, 12, 44, 7]])
+    targets, positions = torch.tensor([12, 44, 7]), torch.tensor([2, 3, 4])
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        contributions, bias, delta, logits, probs = explain_steps(nd, ids, targets, positions)
+    finally:
+        handle.remove()
+    assert len(calls) == 1
+    torch.testing.assert_close(contributions, nd.attribute_steps(ids, targets, positions))
+    with torch.no_grad():
+        real = model(ids).logits[0, positions]
+    torch.testing.assert_close(logits, real.gather(1, targets[:, None])[:, 0])
+    torch.testing.assert_close(probs, real.softmax(-1).gather(1, targets[:, None])[:, 0])
+    torch.testing.assert_close(contributions.sum(1) + bias, logits, atol=1e-5, rtol=1e-5)
+    assert float(delta.max()) < 1e-5
 
 
 def test_skip_tokens_leave_the_columns_but_stay_in_the_result(llm_attr):
