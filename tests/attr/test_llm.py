@@ -6,6 +6,7 @@ import pytest
 import torch
 from captum.attr import LLMAttributionResult, TextTemplateInput, TextTokenInput
 
+import captum_ffb
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import LLMNormAttribution, NormLLMAttributionResult
 from captum_ffb.attr.llm import DEFAULT_GEN_ARGS, explain_steps
@@ -56,6 +57,7 @@ def test_every_step_equals_its_own_attribution(model, tokenizer, llm_attr, route
     targets = torch.tensor([10, 41, 7, 23])
     result = llm_attr.attribute(TextTokenInput(PROMPT, tokenizer), target=targets, route=route)
     assert isinstance(result, NormLLMAttributionResult) and isinstance(result, LLMAttributionResult)
+    assert captum_ffb.LLMNormAttribution is LLMNormAttribution
     n = prompt.shape[1]
     assert result.token_attr.shape == (4, n) and result.output_attr.shape == (4, 4)
     rows, logits, probs = per_step(model, prompt, targets)
