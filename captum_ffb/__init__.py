@@ -19,7 +19,13 @@ from captum_ffb.architectures import (
     register_chain,
     supported_architectures,
 )
-from captum_ffb.attr import Contrast, Direction, LayerNormDecomposition, NormDecomposition
+from captum_ffb.attr import (
+    Contrast,
+    Direction,
+    LayerNormDecomposition,
+    LLMNormAttribution,
+    NormDecomposition,
+)
 from captum_ffb.decomposition import (
     Decomposition,
     FactoredDecomposition,
@@ -36,6 +42,7 @@ __all__ = [
     "Decomposition",
     "Direction",
     "FactoredDecomposition",
+    "LLMNormAttribution",
     "LayerNormDecomposition",
     "MixtureOfExperts",
     "NormDecomposition",

@@ -4,6 +4,15 @@ from captum_ffb.attr.layer_norm_decomposition import (
     DEFAULT_MEMORY_BUDGET,
     LayerNormDecomposition,
 )
+from captum_ffb.attr.llm import LLMNormAttribution, NormLLMAttributionResult
 from captum_ffb.attr.norm_decomposition import Contrast, Direction, NormDecomposition
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "Contrast", "Direction", "LayerNormDecomposition", "NormDecomposition"]
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "Contrast",
+    "Direction",
+    "LLMNormAttribution",
+    "LayerNormDecomposition",
+    "NormDecomposition",
+    "NormLLMAttributionResult",
+]

@@ -4,11 +4,13 @@
 - :func:`html_view`, :func:`save_html`, :func:`show_html`: a self-contained HTML page.
 - :func:`to_bertviz`, :func:`bertviz_view`, :func:`to_inseq`, :func:`to_captum`: the maps in
   other XAI tools.
+- :func:`to_visualization_records`: contributions as Captum ``visualize_text`` records.
 """
 
 from captum_ffb.viz.export import bertviz_view, to_bertviz, to_captum, to_inseq
 from captum_ffb.viz.figures import plot_maps
 from captum_ffb.viz.html import html_view, save_html, show_html
+from captum_ffb.viz.records import to_visualization_records
 
 __all__ = [
     "bertviz_view",
@@ -19,4 +21,5 @@ __all__ = [
     "to_bertviz",
     "to_captum",
     "to_inseq",
+    "to_visualization_records",
 ]

@@ -1,0 +1,363 @@
+"""``LLMNormAttribution``: :class:`~captum_ffb.NormDecomposition` behind Captum's LLM
+attribution API (``TextTokenInput`` / ``TextTemplateInput`` in, ``LLMAttributionResult`` out).
+
+Captum's ``LLMAttribution`` accepts only its own perturbation methods and
+``LLMGradientAttribution`` only its layer-gradient methods, so this is a third subclass of
+their base, ``captum.attr._core.llm_attr.BaseLLMAttribution`` (not exported by
+``captum.attr``).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from captum.attr._core.llm_attr import (
+    BaseLLMAttribution,
+    LLMAttributionResult,
+    _convert_ids_to_pretty_tokens,
+)
+from captum.attr._utils.interpretable_input import (
+    InterpretableInput,
+    TextTemplateInput,
+    TextTokenInput,
+)
+from captum.log import log_usage
+from torch import Tensor
+
+from captum_ffb.attr.norm_decomposition import NormDecomposition, _logits
+
+#: Greedy decoding, as Captum's ``DEFAULT_GEN_ARGS``; ``gen_args`` entries replace these.
+DEFAULT_GEN_ARGS: dict[str, Any] = {
+    "max_new_tokens": 25,
+    "do_sample": False,
+    "temperature": None,
+    "top_p": None,
+}
+
+_MARK = re.compile("\x00(\\d+)\x01")
+
+
+class NormLLMAttributionResult(LLMAttributionResult):
+    r"""Captum's ``LLMAttributionResult`` plus what keeps the decomposition exact.
+
+    For output step ``t`` (the logit of ``output_tokens[t]``, read where the model predicts it
+    from the prompt and the output tokens before it):
+
+    ``prompt_attr[t].sum() + output_attr[t].sum() + bias[t] = logits[t]``
+
+    up to ``convergence_delta[t]`` (float rounding). ``token_attr`` holds the prompt's share
+    per interpretable feature (see :class:`LLMNormAttribution`); prompt tokens outside every
+    feature (template text, ``skip_tokens``) appear only in ``prompt_attr``.
+
+    Attributes (besides Captum's):
+        prompt_tokens (list[str]): every prompt token.
+        prompt_attr (Tensor): ``(T, n_prompt)`` each prompt token's contribution.
+        prompt_features (Tensor): ``(n_prompt,)`` the interpretable feature (column of
+                    ``token_attr`` before Captum's mask formatting) of each prompt token, or
+                    -1 for a token in no feature.
+        output_attr (Tensor): ``(T, T)`` contribution of output token ``s`` to step ``t``
+                    (teacher forcing; zero unless ``s < t``).
+        bias (Tensor): ``(T,)`` the part owed to no token (biases, norm shifts).
+        logits (Tensor): ``(T,)`` the explained logits, from the model's own forward pass.
+        convergence_delta (Tensor): ``(T,)`` ``|Σ contributions + bias − logit|``.
+        target_ids (Tensor): ``(T,)`` the output token ids.
+        route (str): ``"backward"`` or ``"forward"``.
+    """
+
+    def __init__(
+        self,
+        *,
+        input_tokens: list[str],
+        output_tokens: list[str],
+        seq_attr: Tensor,
+        token_attr: Tensor,
+        output_probs: Tensor,
+        inp: InterpretableInput,
+        prompt_tokens: list[str],
+        prompt_attr: Tensor,
+        prompt_features: Tensor,
+        output_attr: Tensor,
+        bias: Tensor,
+        logits: Tensor,
+        convergence_delta: Tensor,
+        target_ids: Tensor,
+        route: str,
+    ) -> None:
+        super().__init__(input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr,
+                         token_attr=token_attr, output_probs=output_probs, inp=inp)
+        self.prompt_tokens = prompt_tokens
+        self.prompt_attr = prompt_attr
+        self.prompt_features = prompt_features
+        self.output_attr = output_attr
+        self.bias = bias
+        self.logits = logits
+        self.convergence_delta = convergence_delta
+        self.target_ids = target_ids
+        self.route = route
+
+    def __repr__(self) -> str:
+        return (f"NormLLMAttributionResult({len(self.output_tokens)} output tokens × "
+                f"{len(self.input_tokens)} input features, route={self.route!r}, "
+                f"max convergence delta {float(self.convergence_delta.max()):.2e})")
+
+
+class LLMNormAttribution(BaseLLMAttribution):
+    r"""Exact attribution of a causal LM's generated (or given) tokens to its prompt, in
+    Captum's LLM attribution API.
+
+    Each output token ``y_t`` is explained by its **logit** (not its log-probability, which is
+    not linear in the tokens): with the prompt and ``y_<t`` fed in (teacher forcing), that
+    logit is ``Σ_j c_j + c_bias`` exactly, one ``c_j`` per position. One forward pass over
+    prompt + output serves every step (:meth:`NormDecomposition.attribute_steps`).
+
+    Columns of ``token_attr`` (Captum's convention for ``LLMGradientAttribution``): the
+    prompt's interpretable features only. With :class:`TextTokenInput` they are the prompt
+    tokens left after ``skip_tokens``; with :class:`TextTemplateInput` they are the template's
+    values (segments): a segment's attribution is the sum of its tokens', a token counting
+    for the segment holding most of its characters (a fast tokenizer gives the offsets), and
+    segments sharing a ``mask`` id share their total, as in Captum's ``format_attr``. What the
+    columns leave out (earlier output tokens, template text, skipped tokens, the bias) is on
+    the result (:class:`NormLLMAttributionResult`), so every step stays exact.
+    ``seq_attr = token_attr.sum(0)``, as for Captum's gradient methods; ``output_probs`` are
+    the model's probabilities of the output tokens.
+
+    Args:
+        attr_method (NormDecomposition): built on a ``*ForCausalLM``.
+        tokenizer: the model's Hugging Face tokenizer.
+
+    Examples::
+
+        >>> from captum.attr import TextTemplateInput, TextTokenInput
+        >>> from captum_ffb import NormDecomposition
+        >>> from captum_ffb.attr import LLMNormAttribution
+        >>> llm_attr = LLMNormAttribution(NormDecomposition(model), tokenizer)
+        >>> result = llm_attr.attribute(TextTokenInput("The capital of France is", tokenizer),
+        ...                             gen_args={"max_new_tokens": 5})
+        >>> result.token_attr.shape           # (5 output tokens, prompt tokens)
+        >>> result.plot_token_attr(show=True)
+        >>> template = TextTemplateInput("{} lives in {}.", values=["Marie", "Paris"])
+        >>> llm_attr.attribute(template, target=" She speaks French").seq_attr  # per segment
+    """
+
+    SUPPORTED_METHODS = (NormDecomposition,)
+    SUPPORTED_INPUTS = (TextTokenInput, TextTemplateInput)
+
+    def __init__(self, attr_method: NormDecomposition, tokenizer: Any) -> None:
+        if not isinstance(attr_method, NormDecomposition):
+            raise TypeError(
+                f"LLMNormAttribution wraps a NormDecomposition, got {type(attr_method).__name__}"
+            )
+        if attr_method.task != "causal_lm":
+            raise ValueError(
+                f"LLMNormAttribution needs a causal LM (a *ForCausalLM); "
+                f"{type(attr_method.model).__name__} is a {attr_method.task} model"
+            )
+        super().__init__(attr_method, tokenizer)
+        self.attr_method = attr_method
+
+    def has_convergence_delta(self) -> bool:
+        return True
+
+    @log_usage()
+    def attribute(
+        self,
+        inp: TextTokenInput | TextTemplateInput,
+        target: str | Tensor | None = None,
+        gen_args: dict[str, Any] | None = None,
+        route: str = "backward",
+        rules: Mapping[str, Callable] | None = None,
+    ) -> NormLLMAttributionResult:
+        r"""Contributions of the prompt's features to every output token's logit.
+
+        Args:
+            inp (TextTokenInput or TextTemplateInput): the prompt and its features.
+            target (str or Tensor, optional): the output to explain: a string (tokenized
+                        without special tokens, as Captum does) or token ids ``(T,)``.
+                        ``None``: generate it with ``model.generate``.
+            gen_args (dict, optional): generation arguments (only with ``target=None``),
+                        over :data:`DEFAULT_GEN_ARGS` (greedy, 25 new tokens).
+            route (str): ``"backward"`` or ``"forward"`` (see :class:`NormDecomposition`).
+            rules (dict, optional): role → rule for this call.
+
+        Returns:
+            NormLLMAttributionResult: ``token_attr`` ``(T, n_features)``, ``seq_attr``
+            ``(n_features,)``, ``output_probs`` ``(T,)`` and the exactness terms.
+        """
+        if not isinstance(inp, self.SUPPORTED_INPUTS):
+            raise TypeError(
+                f"inp must be a TextTokenInput or a TextTemplateInput, got {type(inp).__name__}"
+            )
+        prompt, features = self._prompt(inp)
+        if prompt.shape[1] == 0:
+            raise ValueError("the prompt has no tokens")
+        targets = self._targets(prompt, target, gen_args)
+        n_prompt, steps = prompt.shape[1], targets.shape[0]
+        ids = torch.cat([prompt, targets[None, :-1]], dim=1)
+        positions = torch.arange(n_prompt - 1, n_prompt - 1 + steps, device=self.device)
+
+        contributions, bias, delta, chosen, probs = explain_steps(
+            self.attr_method, ids, targets, positions, route=route, rules=rules
+        )
+        prompt_attr = contributions[:, :n_prompt]
+        output_attr = torch.zeros(steps, steps)
+        output_attr[:, : steps - 1] = contributions[:, n_prompt:]
+        token_attr = self._feature_attr(inp, prompt_attr, features)
+        return NormLLMAttributionResult(
+            input_tokens=list(inp.values),
+            output_tokens=self._pretty(targets.cpu()),
+            seq_attr=token_attr.sum(0),
+            token_attr=token_attr,
+            output_probs=probs,
+            inp=inp,
+            prompt_tokens=self.tokenizer.convert_ids_to_tokens(prompt[0].tolist()),
+            prompt_attr=prompt_attr,
+            prompt_features=features.cpu(),
+            output_attr=output_attr,
+            bias=bias,
+            logits=chosen,
+            convergence_delta=delta,
+            target_ids=targets.cpu(),
+            route=route,
+        )
+
+    def attribute_future(self) -> Callable:
+        r"""Not implemented for LLMNormAttribution."""
+        raise NotImplementedError("attribute_future is not implemented for LLMNormAttribution")
+
+    # ------------------------------------------------------------------ helpers
+    def _pretty(self, ids: Tensor) -> list[str]:
+        """Captum's readable tokens; its fallback for tokens that do not re-encode alone
+        (e.g. "\\n\\n") is fine, so its warnings about taking it are not passed on."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"(\(i=\d+, idx=\d+\))|(Pretty tokens length)")
+            return _convert_ids_to_pretty_tokens(ids, self.tokenizer)
+
+    def _prompt(self, inp: TextTokenInput | TextTemplateInput) -> tuple[Tensor, Tensor]:
+        """The prompt ids ``(1, n)`` and each token's interpretable feature (-1: none)."""
+        if isinstance(inp, TextTokenInput):
+            ids = torch.as_tensor(inp.to_model_input()).reshape(1, -1).to(self.device)
+            n = ids.shape[1]
+            if inp.itp_mask is None:
+                return ids, torch.arange(n)
+            kept = inp.itp_mask.reshape(-1).bool()
+            features = torch.full((n,), -1, dtype=torch.long)
+            features[kept] = torch.arange(int(kept.sum()))
+            return ids, features
+        text, spans = _segment_spans(inp)
+        try:
+            encoded = self.tokenizer(text, return_offsets_mapping=True)
+        except (NotImplementedError, TypeError, ValueError) as error:
+            raise ValueError(
+                "TextTemplateInput needs a fast tokenizer (one that returns offsets) to map "
+                "tokens to segments"
+            ) from error
+        ids = torch.tensor([encoded["input_ids"]], device=self.device)
+        groups = list(inp.formatted_mask) if inp.mask is not None else list(range(len(inp.values)))
+        features = []
+        for start, end in encoded["offset_mapping"]:
+            overlap = [(min(end, b) - max(start, a), value) for a, b, value in spans]
+            best, value = max(overlap, default=(0, -1), key=lambda pair: pair[0])
+            features.append(groups[value] if best > 0 else -1)
+        return ids, torch.tensor(features, dtype=torch.long)
+
+    def _targets(self, prompt: Tensor, target: str | Tensor | None,
+                 gen_args: dict[str, Any] | None) -> Tensor:
+        if target is not None and gen_args is not None:
+            raise ValueError("gen_args is for generating the target: give one or the other")
+        if target is None:
+            generate = getattr(self.model, "generate", None)
+            if not callable(generate):
+                raise ValueError(f"{type(self.model).__name__} cannot generate: give the target")
+            arguments = {**DEFAULT_GEN_ARGS, **(gen_args or {})}
+            with torch.no_grad():
+                output = generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **arguments)
+            output = output if isinstance(output, Tensor) else output.sequences
+            tokens = output[0, prompt.shape[1]:]
+        elif isinstance(target, str):
+            tokens = torch.tensor(self.tokenizer.encode(target, add_special_tokens=False))
+        elif isinstance(target, Tensor):
+            if target.is_floating_point():
+                raise TypeError("target token ids must be integers")
+            if target.dim() == 2 and target.shape[0] == 1:
+                target = target[0]
+            if target.dim() != 1:
+                raise ValueError(f"target ids must be (T,), got shape {tuple(target.shape)}")
+            tokens = target
+        else:
+            raise TypeError(f"target must be a str, a Tensor of token ids or None, got {type(target).__name__}")
+        if tokens.numel() == 0:
+            raise ValueError("the target has no tokens (an empty string, or nothing was generated)")
+        return tokens.long().to(self.device)
+
+    @staticmethod
+    def _feature_attr(inp: TextTokenInput | TextTemplateInput, prompt_attr: Tensor,
+                      features: Tensor) -> Tensor:
+        """``(T, n_itp)`` per interpretable feature, then Captum's ``format_attr``."""
+        n_itp = inp.n_itp_features
+        kept = features >= 0
+        per_feature = torch.zeros(prompt_attr.shape[0], n_itp, dtype=prompt_attr.dtype)
+        per_feature.index_add_(1, features[kept], prompt_attr[:, kept])
+        return inp.format_attr(per_feature)
+
+
+def explain_steps(
+    nd: NormDecomposition,
+    ids: Tensor,
+    targets: Tensor,
+    positions: Tensor,
+    route: str = "backward",
+    rules: Mapping[str, Callable] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    r"""Teacher-forced steps of one sequence ``ids`` ``(1, n)``: the contributions ``(T, n)``,
+    bias, convergence delta, logit and probability ``(T,)`` of ``targets[t]`` read at
+    ``positions[t]``, all from the one forward pass of :meth:`NormDecomposition.attribute_steps`
+    (the logits are read by a hook on the model). Float32 tensors on the CPU."""
+    seen: list[Tensor] = []
+    handle = nd.model.register_forward_hook(
+        lambda _module, _args, output: seen.append(_logits(output).detach())
+    )
+    try:
+        contributions, bias, delta = nd.attribute_steps(
+            ids, targets, positions, forward_kwargs={"attention_mask": torch.ones_like(ids)},
+            return_convergence_delta=True, route=route, rules=rules, return_bias=True,
+        )
+    finally:
+        handle.remove()
+    if len(seen) != 1:
+        raise RuntimeError(f"expected one forward pass of the model, saw {len(seen)}")
+    step_logits = seen[0][0, positions.to(seen[0].device)].float()  # (T, vocab)
+    chosen = step_logits.gather(1, targets.to(step_logits.device)[:, None])[:, 0]
+    probs = (chosen - torch.logsumexp(step_logits, dim=1)).exp()
+    return tuple(t.detach().float().cpu() for t in (contributions, bias, delta, chosen, probs))
+
+
+def _segment_spans(inp: TextTemplateInput) -> tuple[str, list[tuple[int, int, int]]]:
+    """The template's text and the character span ``(start, end, value)`` of each value's
+    occurrence, found by formatting the template with markers."""
+    markers = [f"\x00{k}\x01" for k in range(len(inp.values))]
+    if inp.dict_keys:
+        marked = inp.format_fn(**dict(zip(inp.dict_keys, markers)))
+    else:
+        marked = inp.format_fn(*markers)
+    pieces: list[str] = []
+    spans: list[tuple[int, int, int]] = []
+    cursor, length = 0, 0
+    for match in _MARK.finditer(marked):
+        literal = marked[cursor:match.start()]
+        pieces.append(literal)
+        length += len(literal)
+        value = int(match.group(1))
+        pieces.append(inp.values[value])
+        spans.append((length, length + len(inp.values[value]), value))
+        length += len(inp.values[value])
+        cursor = match.end()
+    pieces.append(marked[cursor:])
+    text = "".join(pieces)
+    if text != inp.to_model_input():
+        raise ValueError("cannot locate the segments in this TextTemplateInput's text (does the "
+                         "template transform its values?)")
+    return text, spans

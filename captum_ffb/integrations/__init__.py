@@ -1,0 +1,5 @@
+"""Integrations with other tools, loaded only on request (their dependencies are optional).
+
+- :mod:`captum_ffb.integrations.inseq`: ``register()`` adds ``"norm_decomposition"`` and
+  ``"norm_decomposition_forward"`` to inseq's attribution methods.
+"""
