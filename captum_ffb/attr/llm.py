@@ -9,6 +9,7 @@ their base, ``captum.attr._core.llm_attr.BaseLLMAttribution`` (not exported by
 
 from __future__ import annotations
 
+import inspect
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -321,8 +322,12 @@ def explain_steps(
         lambda _module, _args, output: seen.append(_logits(output).detach())
     )
     try:
+        # every position's logits (logits_to_keep=0): the hook reads each step's distribution
+        kwargs = {"attention_mask": torch.ones_like(ids), "logits_to_keep": 0}
+        if "logits_to_keep" not in inspect.signature(nd.model.forward).parameters:
+            kwargs.pop("logits_to_keep")
         contributions, bias, delta = nd.attribute_steps(
-            ids, targets, positions, forward_kwargs={"attention_mask": torch.ones_like(ids)},
+            ids, targets, positions, forward_kwargs=kwargs,
             return_convergence_delta=True, route=route, rules=rules, return_bias=True,
         )
     finally:

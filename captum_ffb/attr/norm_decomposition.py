@@ -575,7 +575,12 @@ class NormDecomposition(Attribution):
                             ) -> tuple[dict[str, Any], list[HeadTarget]]:
         """Ask a causal LM for the logits of the target positions only (``logits_to_keep``):
         the ``n × vocabulary`` logits are most of the memory of a long sequence otherwise."""
-        if self.head.task != "causal_lm" or "logits_to_keep" in kwargs:
+        if "logits_to_keep" in kwargs:
+            if not (isinstance(kwargs["logits_to_keep"], int) and kwargs["logits_to_keep"] == 0):
+                raise ValueError("leave logits_to_keep out (or 0): the target positions say which "
+                                 "logits are read")
+            return kwargs, targets
+        if self.head.task != "causal_lm":
             return kwargs, targets
         if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
             return kwargs, targets
