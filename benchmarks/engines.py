@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from captum_ffb.models import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=int, default=128)
+    parser.add_argument("--sequences", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "ENGINES.md"))
     args = parser.parse_args(argv)
