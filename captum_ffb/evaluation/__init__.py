@@ -1,0 +1,1 @@
+"""Evaluation of attributions: faithfulness measures and side-by-side runs of peer methods."""
