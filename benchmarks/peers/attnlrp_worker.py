@@ -17,13 +17,14 @@ Output ``.npz``: ``relevance`` (float32, the examples' relevances concatenated; 
 ``target_position`` (resolved, non-negative), ``seconds`` (per example: forward + backward;
 model loading and a short warm-up pass excluded), ``peak_rss_bytes`` (the process's peak
 resident memory after each example, so non-decreasing), ``load_seconds`` (loading and warm-up)
-and ``meta`` (a JSON string: versions, threads, model file).
+and ``meta`` (a JSON string: versions, threads, model file); with ``--save-logits`` also
+``logits`` (examples × vocabulary: the logits at each target position).
 
 The relevance of input position ``i`` is ``(inputs_embeds * grad)[i].sum()`` after
 backpropagating the target through the model patched by ``lxt.efficient.monkey_patch``
 (AttnLRP rules; eager attention; float32).
 
-    python attnlrp_worker.py MODEL_DIR INPUT OUTPUT [--gguf-file F] [--threads 2]
+    python attnlrp_worker.py MODEL_DIR INPUT OUTPUT [--gguf-file F] [--threads 2] [--save-logits]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 
 def read_examples(path: Path) -> list[dict]:
     """The examples of a ``.json`` or ``.npz`` input file, as dicts (see the module docstring)."""
+    path = Path(path)
     if path.suffix == ".npz":
         data = np.load(path)
         ends = np.cumsum(data["lengths"])
@@ -145,8 +147,9 @@ def load_patched_llama(model_dir: Path, gguf_file: str | None):
     return model, gguf_file
 
 
-def attnlrp_one(model, example: dict) -> tuple[np.ndarray, float, int]:
-    """Relevance per position, the target value, and the resolved target position."""
+def attnlrp_one(model, example: dict) -> tuple[np.ndarray, float, int, np.ndarray]:
+    """Relevance per position, the target value, the resolved target position, and the logits
+    at that position."""
     import torch
 
     ids = torch.tensor([example["input_ids"]], dtype=torch.long)
@@ -162,11 +165,34 @@ def attnlrp_one(model, example: dict) -> tuple[np.ndarray, float, int]:
     target = logits[a] if b is None else logits[a] - logits[b]
     target.backward()
     relevance = (embeds * embeds.grad).sum(-1)[0]
-    return relevance.detach().numpy().astype(np.float32), float(target.detach()), position
+    return (relevance.detach().numpy().astype(np.float32), float(target.detach()), position,
+            logits.detach().numpy().astype(np.float32))
 
 
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kibibytes
+
+
+def write_output(path: Path, records: list[dict], load_seconds: float, meta: dict) -> None:
+    """Write the per-example ``records`` (keys as in the module docstring) as the output npz."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    relevances = [np.asarray(r["relevance"], dtype=np.float32) for r in records]
+    extra = {}
+    if records and all(r.get("logits") is not None for r in records):
+        extra["logits"] = np.stack([np.asarray(r["logits"], np.float32) for r in records])
+    np.savez(
+        path,
+        relevance=np.concatenate(relevances) if relevances else np.zeros(0, np.float32),
+        lengths=np.array([len(r) for r in relevances], dtype=np.int64),
+        target_value=np.array([r["target_value"] for r in records], dtype=np.float64),
+        target_position=np.array([r["target_position"] for r in records], dtype=np.int64),
+        seconds=np.array([r["seconds"] for r in records], dtype=np.float64),
+        peak_rss_bytes=np.array([r["peak_rss_bytes"] for r in records], dtype=np.int64),
+        load_seconds=np.float64(load_seconds),
+        meta=np.array(json.dumps(meta)),
+        **extra,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output", type=Path)
     parser.add_argument("--gguf-file", default=None, help="a .gguf file name in MODEL_DIR")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--save-logits", action="store_true",
+                        help="also write each example's logits at its target position")
     args = parser.parse_args(argv)
 
     import torch
@@ -191,15 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                             "target_id": target_tokens(examples[0])[0]})
     load_seconds = time.perf_counter() - start
 
-    relevances, values, positions, seconds, rss = [], [], [], [], []
+    records = []
     for example in examples:
         start = time.perf_counter()
-        relevance, value, position = attnlrp_one(model, example)
-        seconds.append(time.perf_counter() - start)
-        relevances.append(relevance)
-        values.append(value)
-        positions.append(position)
-        rss.append(peak_rss_bytes())
+        relevance, value, position, row = attnlrp_one(model, example)
+        records.append({"relevance": relevance, "target_value": value,
+                        "target_position": position, "seconds": time.perf_counter() - start,
+                        "peak_rss_bytes": peak_rss_bytes(),
+                        "logits": row if args.save_logits else None})
 
     from importlib.metadata import version
 
@@ -210,20 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         "attn_implementation": model.config._attn_implementation, "dtype": "float32",
         "python": sys.version.split()[0], "pid": os.getpid(),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(
-        args.output,
-        relevance=(np.concatenate(relevances) if relevances else np.zeros(0, np.float32)),
-        lengths=np.array([len(r) for r in relevances], dtype=np.int64),
-        target_value=np.array(values, dtype=np.float64),
-        target_position=np.array(positions, dtype=np.int64),
-        seconds=np.array(seconds, dtype=np.float64),
-        peak_rss_bytes=np.array(rss, dtype=np.int64),
-        load_seconds=np.float64(load_seconds),
-        meta=np.array(json.dumps(meta)),
-    )
+    write_output(args.output, records, load_seconds, meta)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

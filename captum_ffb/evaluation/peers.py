@@ -121,6 +121,8 @@ def read_worker_output(path: str | os.PathLike) -> tuple[list[np.ndarray], dict[
         }
         info["load_seconds"] = float(data["load_seconds"])
         info["meta"] = json.loads(str(data["meta"]))
+        if "logits" in data.files:
+            info["logits"] = data["logits"]
     return list(np.split(relevance, np.cumsum(lengths)[:-1])), info
 
 
@@ -136,6 +138,7 @@ def attnlrp_relevance(
     threads: int = 2,
     timeout: float | None = 3600.0,
     gguf_file: str | None = None,
+    return_logits: bool = False,
 ) -> tuple[list[np.ndarray], dict[str, Any]]:
     r"""AttnLRP relevance of every input position, from the real ``lxt`` in its own environment.
 
@@ -154,6 +157,8 @@ def attnlrp_relevance(
         threads (int): torch threads in the worker.
         timeout (float, optional): seconds before the worker is stopped.
         gguf_file (str, optional): which ``.gguf`` file of ``model_dir`` (default: the first).
+        return_logits (bool): also return ``logits`` (examples × vocabulary, float32): the
+                    patched model's logits at each target position.
 
     Returns:
         (list of numpy arrays, dict): one float32 array of length ``len(input_ids)`` per example,
@@ -197,6 +202,8 @@ def attnlrp_relevance(
                    "--threads", str(threads)]
         if gguf_file is not None:
             command += ["--gguf-file", gguf_file]
+        if return_logits:
+            command.append("--save-logits")
         start = time.perf_counter()
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True,
