@@ -95,9 +95,9 @@ def next_token(n: int, ig: bool, repeat: int) -> dict:
     def ours():
         return nd.attribute(ids, target=token, return_bias=True, return_convergence_delta=True)
 
-    def plain():
+    def plain():  # the same target read the same way (only the last position's logits)
         model.zero_grad(set_to_none=True)
-        logit = model(ids).logits[0, -1, token]
+        logit = model(ids, logits_to_keep=1).logits[0, -1, token]
         logit.backward()
 
     contributions, bias, delta = ours()
@@ -110,13 +110,15 @@ def next_token(n: int, ig: bool, repeat: int) -> dict:
            "delta": float(delta[0]), "first_token_share": float(contributions[0, 0].abs()
                                                                  / contributions.abs().sum())}
     if ig:
-        lig = LayerIntegratedGradients(lambda x: model(x).logits[:, -1, token],
+        lig = LayerIntegratedGradients(lambda x: model(x, logits_to_keep=1).logits[:, -1, token],
                                        model.get_input_embeddings())
         pad = loaded.tokenizer.pad_token_id or 0
         baseline = torch.full_like(ids, pad)
 
         def integrated():
-            return lig.attribute(ids, baselines=baseline, n_steps=50, internal_batch_size=10)
+            # as many interpolation steps per pass as keep one pass near n = 1280 tokens
+            return lig.attribute(ids, baselines=baseline, n_steps=50,
+                                 internal_batch_size=max(1, 1280 // n))
 
         row["ig_s"] = best_time(integrated, repeat=1, warm=False)
         row["ig_over_ours"] = row["ig_s"] / ours_s
@@ -161,7 +163,9 @@ def attnlrp(sizes: list[int]) -> dict:
         examples = [{"input_ids": ids[0].tolist(), "target_position": n - 1, "target_id": token}]
         _, info = attnlrp_relevance(examples, smollm2_dir(), threads=torch.get_num_threads(),
                                     timeout=3600)
-        rows.append({"n": n, **{k: v for k, v in info.items() if isinstance(v, (int, float, str))}})
+        rows.append({"n": n, "seconds": float(info["seconds"][0]),
+                     "peak_rss_gb": float(info["peak_rss_bytes"][0]) / 2**30,
+                     "load_seconds": info["load_seconds"]})
     return {"rows": rows}
 
 
@@ -233,11 +237,15 @@ def write(results: dict, out: Path) -> None:
         lines.append(f"| {row['n']} | {row['peak_rss_gb']:.2f} | {row['model_loaded_gb']:.2f} | "
                      f"{row['seconds']:.1f} |")
     peer = results["attnlrp"]
-    lines += ["", "AttnLRP (`lxt` 2.1, its own environment, same inputs):", ""]
+    lines += ["", "AttnLRP (`lxt` 2.1 in its own environment, transformers 4.53, eager attention; "
+              "same inputs and target; seconds per example without loading; its process's peak "
+              "memory, model included):", ""]
     if "rows" in peer:
-        keys = sorted({k for row in peer["rows"] for k in row})
-        lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        lines += ["| " + " | ".join(_fmt(row.get(k, "")) for k in keys) + " |" for row in peer["rows"]]
+        ours = {row["n"]: row["ours_s"] for row in results["next_token"]}
+        lines += ["| n | AttnLRP (s) | AttnLRP / ours | AttnLRP peak RSS (GB) |", "|---|---|---|---|"]
+        for row in peer["rows"]:
+            lines.append(f"| {row['n']} | {_fmt(row['seconds'])} | "
+                         f"{_fmt(row['seconds'] / ours[row['n']])} | {row['peak_rss_gb']:.2f} |")
     else:
         lines.append(peer["note"])
     gen = results["generation"]
@@ -260,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--only-attnlrp", action="store_true",
+                        help="rerun the AttnLRP part into an existing results file")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "ATTRIBUTION.md"))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -267,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(memory_child(args.memory_child)))
         return 0
     sizes = [32, 64] if args.quick else [128, 512, 2048]
+    if args.only_attnlrp:
+        out = Path(args.out)
+        results = json.loads(out.with_suffix(".json").read_text(encoding="utf-8"))
+        results["attnlrp"] = attnlrp(sizes)
+        out.with_suffix(".json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+        write(results, out)
+        return 0
     results: dict = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.cpu_count()} cores ({platform.machine()}, {torch.get_num_threads()} torch "
@@ -274,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                    + ("GPU" if torch.cuda.is_available() else "no GPU"),
     }
     started = time.perf_counter()
-    results["next_token"] = [next_token(n, ig=True, repeat=2 if n >= 2048 else 3) for n in sizes]
-    print("next token", results["next_token"], flush=True)
+    results["next_token"] = []
+    for n in sizes:
+        results["next_token"].append(next_token(n, ig=True, repeat=2 if n >= 2048 else 3))
+        print("next token", results["next_token"][-1], flush=True)
     results["memory"] = []
     for n in sizes:
         child = subprocess.run([sys.executable, __file__, "--memory-child", str(n)],
