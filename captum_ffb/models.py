@@ -36,6 +36,7 @@ class LoadedModel:
     #: processes can load the same model
     source: str | None = None
     causal_lm: bool = False
+    task: str = "base"
 
     @property
     def model_type(self) -> str:
@@ -200,11 +201,31 @@ def model_config(name_or_dir: str | os.PathLike | None = None) -> Any:
     return _read_config(*_locate(name_or_dir))
 
 
+#: What :func:`load_model` can put on top of the blocks.
+TASKS = ("base", "causal_lm", "sequence_classification")
+
+
+def task_from_config(config: Any) -> str:
+    """The head a saved model was made with, from its config's ``architectures`` (a GGUF file
+    has none: a causal family is then read as a causal LM)."""
+    from captum_ffb.architectures.heads import task_of
+
+    for name in getattr(config, "architectures", None) or []:
+        task = task_of(name)
+        if task != "base":
+            return task
+    if not getattr(config, "architectures", None):
+        spec = get_architecture(getattr(config, "model_type", None))
+        return "causal_lm" if spec.is_causal(config) else "base"
+    return "base"
+
+
 def load_model(
     name_or_dir: str | os.PathLike | None = None,
     causal_lm: bool = False,
     show_progress: bool = True,
     config: Any = None,
+    task: str | None = None,
 ) -> LoadedModel:
     r"""Load a model and tokenizer in eval mode, offline where possible.
 
@@ -216,16 +237,30 @@ def load_model(
         show_progress (bool): show transformers' weight-loading progress bar.
         config (PretrainedConfig, optional): the model's configuration from
                     :func:`model_config`, so that it is not read twice.
+        task (str, optional): the head to load, one of :data:`TASKS` (``causal_lm=True`` is
+                    the same as ``task="causal_lm"``); ``"auto"`` reads it from the config
+                    (:func:`task_from_config`).
 
     Returns:
         LoadedModel
     """
-    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+    )
 
-    auto = AutoModelForCausalLM if causal_lm else AutoModel
+    task = task or ("causal_lm" if causal_lm else "base")
+    if task not in (*TASKS, "auto"):
+        raise ValueError(f"task must be one of {TASKS} or 'auto', got {task!r}")
     source, name, kwargs = _locate(name_or_dir)
     if config is None:
         config = _read_config(source, name, kwargs)
+    if task == "auto":
+        task = task_from_config(config)
+    auto = {"base": AutoModel, "causal_lm": AutoModelForCausalLM,
+            "sequence_classification": AutoModelForSequenceClassification}[task]
     try:
         with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
             tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)
@@ -236,4 +271,5 @@ def load_model(
     spec = get_architecture(model.config.model_type)  # fail early, with the supported list
     spec.check_config(model.config)
     origin = DEFAULT_MODEL if name_or_dir is None else str(name_or_dir)
-    return LoadedModel(model, tokenizer, name, source=origin, causal_lm=causal_lm)
+    return LoadedModel(model, tokenizer, name, source=origin, causal_lm=task == "causal_lm",
+                       task=task)

@@ -407,7 +407,7 @@ def model_source(loaded: LoadedModel) -> ModelSource:
     name = str(path.resolve()) if path.exists() else loaded.source
     parameter = next(loaded.model.parameters(), None)
     device = str(parameter.device) if parameter is not None else "cpu"
-    return ModelSource(name, causal_lm=loaded.causal_lm, device=device)
+    return ModelSource(name, causal_lm=loaded.causal_lm, device=device, task=loaded.task)
 
 
 # --------------------------------------------------------------------------- entry point

@@ -377,8 +377,9 @@ class NormDecomposition(Attribution):
                 for index, dec in enumerate(propagate(blocks, self.chain, chosen, start,
                                                       self.memory_budget, progress, prepare)):
                     maps[:, index, :, first : first + len(players)] = dec.maps()
-                    totals[index] += dec.terms.sum(dim=2)
-                    bias_total[index] = dec.bias
+                    if return_convergence_delta:
+                        totals[index] += dec.terms.sum(dim=2)
+                        bias_total[index] = dec.bias
         finally:
             if progress is not None:
                 progress.close()

@@ -133,6 +133,11 @@ def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: 
         token_mask (Tensor, optional): ``(B, n)``; padded positions belong to no player.
     """
     ids = torch.as_tensor(list(players), device=x.device)
+    n = x.shape[1]
+    if len(ids) == n and torch.equal(groups, torch.arange(n, device=x.device).expand_as(groups)) \
+            and torch.equal(ids, torch.arange(n, device=x.device)):
+        # every position its own player: the identity, in its compact form (the fast paths)
+        return Decomposition.identity(x, token_mask)
     member = groups[:, :, None] == ids[None, None, :]  # (B, n, P)
     if token_mask is not None:
         member = member & token_mask[:, :, None].bool()

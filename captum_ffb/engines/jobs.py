@@ -25,16 +25,19 @@ class ModelSource:
         name (str, optional): a model name or folder (``None``: the bundled default).
         causal_lm (bool): load with a language-model head.
         device (str): where the model runs in the worker.
+        task (str, optional): the head to load (see :func:`captum_ffb.models.load_model`).
     """
 
     name: str | None = None
     causal_lm: bool = False
     device: str = "cpu"
+    task: str | None = None
 
     def load(self) -> Any:
         from captum_ffb.models import load_model
 
-        loaded = load_model(self.name, causal_lm=self.causal_lm, show_progress=False)
+        loaded = load_model(self.name, causal_lm=self.causal_lm, show_progress=False,
+                            task=self.task)
         loaded.model.to(self.device)
         return loaded
 

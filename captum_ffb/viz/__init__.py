@@ -5,8 +5,11 @@
 - :func:`to_bertviz`, :func:`bertviz_view`, :func:`to_inseq`, :func:`to_captum`: the maps in
   other XAI tools.
 - :func:`to_visualization_records`: contributions as Captum ``visualize_text`` records.
+- :func:`plot_contributions`, :func:`explanation_html`, :func:`save_explanation_html`: the views
+  of an explanation (``captum-ffb explain``).
 """
 
+from captum_ffb.viz.explanation import explanation_html, plot_contributions, save_explanation_html
 from captum_ffb.viz.export import bertviz_view, to_bertviz, to_captum, to_inseq
 from captum_ffb.viz.figures import plot_maps
 from captum_ffb.viz.html import html_view, save_html, show_html
@@ -14,8 +17,11 @@ from captum_ffb.viz.records import to_visualization_records
 
 __all__ = [
     "bertviz_view",
+    "explanation_html",
     "html_view",
+    "plot_contributions",
     "plot_maps",
+    "save_explanation_html",
     "save_html",
     "show_html",
     "to_bertviz",

@@ -144,3 +144,57 @@ def test_dom_tokens_controls_hover_and_redraws(page, tmp_path):
     )
     torch.testing.assert_close(torch.tensor(r["values"]["FF-amp"]).reshape(n, n), expected,
                                atol=1e-6, rtol=1e-5)
+
+
+# Drives the explanation page: read the first token's colour, tick the first-token toggle,
+# move the block slider of the whole-model tab.
+EXPLAIN_DRIVER = """
+<pre id="ffb-result"></pre>
+<script>
+window.addEventListener("load", function () {
+  var r = {};
+  function tokens() { return Array.from(document.querySelectorAll("#rows .tok")); }
+  r.labels = tokens().map(function (s) { return s.textContent; });
+  r.before = tokens().map(function (s) { return s.style.background; });
+  var box = document.getElementById("nofirst"); box.checked = true; box.dispatchEvent(new Event("change"));
+  r.after = tokens().map(function (s) { return s.style.background; });
+  document.getElementById("tab-m").click();
+  var c = document.getElementById("map");
+  r.block0 = [c.dataset.block, c.toDataURL()];
+  var slider = document.getElementById("block"); slider.value = 1; slider.dispatchEvent(new Event("input"));
+  r.block1 = [c.dataset.block, c.toDataURL()];
+  r.blockname = document.getElementById("blockname").textContent;
+  document.getElementById("ffb-result").textContent = JSON.stringify(r);
+});
+</script>
+"""
+
+
+def test_explanation_page_toggle_and_block_slider(tmp_path):
+    if CHROMIUM is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI must run the browser test: Chromium is not installed")
+        pytest.skip("Chromium is not installed")
+    from tests.tiny_lm import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "model")
+    out = tmp_path / "out"
+    assert main(["explain", "the cat sat on the mat because", "--model", str(model), "--out", str(out),
+                 "--format", "html,json", "--quiet"]) == 0
+    driven = tmp_path / "driven.html"
+    driven.write_text((out / "explanation.html").read_text(encoding="utf-8").replace(
+        "</body>", EXPLAIN_DRIVER + "</body>"), encoding="utf-8")
+    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", driven.as_uri(), tmp_path=tmp_path).stdout
+    found = re.search(r'<pre id="ffb-result">(.*?)</pre>', dom, re.S)
+    assert found and found.group(1), "the page's script did not run"
+    r = json.loads(html.unescape(found.group(1)))
+    saved = json.loads((out / "explanation.json").read_text())
+    assert r["labels"] == saved["tokens"]
+    # the toggle greys the first token and rescales the others on the tokens after it
+    assert r["after"][0] != r["before"][0] and "221" in r["after"][0]
+    c = saved["outputs"][0]["contributions"]
+    if max(abs(v) for v in c[1:]) < abs(c[0]):
+        assert r["after"][1:] != r["before"][1:]
+    # the slider draws another block's map
+    assert r["block0"][0] == "0" and r["block1"][0] == "1" and r["block0"][1] != r["block1"][1]
+    assert r["blockname"] == "after block 2 of 2"

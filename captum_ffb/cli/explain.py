@@ -1,0 +1,146 @@
+"""``captum-ffb explain``: which input tokens drove a model's output, exactly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from captum_ffb.cli._common import UsageError, check_model_options
+
+FORMATS = ("png", "html", "json")
+DEFAULT_OUT = "captum_ffb_explain"
+
+EXAMPLES = f"""\
+examples:
+  captum-ffb explain "a charming and often affecting journey."
+      the bundled all-MiniLM-L6-v2, offline: the whole-model maps and the contributions of
+      every token to the bundled sentiment head's logit, into ./{DEFAULT_OUT}/
+  captum-ffb explain "The capital of France is" --model ./SmolLM2 --target " Paris"
+  captum-ffb explain "Once upon a time" --model ./SmolLM2 --generate 8
+  captum-ffb explain "a dull movie" --model ./my-classifier --class 1
+
+files written to --out:
+  explanation.png   tokens coloured by their signed contribution, on the scale of every token
+                    and on the scale of the tokens after the first (generation: a heat map of
+                    generated tokens x input tokens)
+  explanation.html  an offline page: the contributions (with a first-token toggle) and a
+                    whole-model tab with the token-to-token maps after every block
+  explanation.json  tokens, contributions, bias, value, convergence delta, first-token share
+                    and the maps
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="which input tokens drove a model's output: exact contributions, views and JSON",
+        description=(
+            "Explain TEXT exactly: the contributions of every input token to a causal LM's next "
+            "token (or to every generated token), to a classifier's class, or, for a base model, "
+            "its whole-model token-to-token maps."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", help="the input text (quote it)")
+    parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
+                        help="a model folder (config.json or a .gguf file) or a Hugging Face id; "
+                        "the bundled all-MiniLM-L6-v2 by default")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--target", default=None, metavar="TOKEN",
+                       help="causal LMs: the next token to explain, as text (one token); the "
+                       "predicted one by default")
+    which.add_argument("--class", dest="class_index", type=int, default=None, metavar="N",
+                       help="sequence classifiers: the class to explain (default: the predicted one)")
+    parser.add_argument("--generate", type=int, default=None, metavar="N",
+                        help="causal LMs: generate N tokens greedily and explain every one")
+    parser.add_argument("--route", choices=("backward", "forward"), default="backward",
+                        help="backward (one backward pass, default) or forward (the "
+                        "decompositions through every block)")
+    parser.add_argument("--no-maps", action="store_true",
+                        help="skip the whole-model maps (computed for base models and inputs of "
+                        "up to 256 tokens)")
+    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                        help=f"output folder (default ./{DEFAULT_OUT})")
+    parser.add_argument("--format", default=",".join(FORMATS), metavar="LIST",
+                        help="comma list of png, html, json (default: all three)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.set_defaults(run=run)
+
+
+def _formats(value: str) -> list[str]:
+    formats = [f.strip().lower().lstrip(".") for f in value.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise UsageError(f"unknown format {unknown[0] if unknown else value!r}; choose from "
+                         f"{', '.join(FORMATS)}")
+    return list(dict.fromkeys(formats))
+
+
+def run(args: argparse.Namespace) -> int:
+    from captum_ffb.explain import explain_text
+    from captum_ffb.models import load_model, model_config, task_from_config
+    from captum_ffb.text import check_text
+
+    check_text(args.text)
+    formats = _formats(args.format)
+    if args.generate is not None and args.generate < 1:
+        raise UsageError(f"--generate must be at least 1, got {args.generate}")
+    generate = args.generate or 0
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a folder")
+    if "png" in formats:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("PNG figures need matplotlib: pip install 'captum_ffb[viz]' "
+                             "(or --format html,json)") from None
+    config = model_config(args.model)
+    check_model_options(config)
+    task = task_from_config(config)
+    if args.target is not None and task != "causal_lm":
+        raise UsageError("--target names a next token: it needs a causal LM")
+    if args.class_index is not None and task != "sequence_classification":
+        raise UsageError("--class needs a sequence classifier")
+    if generate and task != "causal_lm":
+        raise UsageError("--generate needs a causal LM")
+    if not args.quiet:
+        print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
+    explanation = explain_text(args.text, loaded, target=args.target, class_index=args.class_index,
+                               generate=generate, route=args.route,
+                               maps=False if args.no_maps else None)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if "json" in formats:
+        path = out / "explanation.json"
+        path.write_text(json.dumps(explanation.to_dict()), encoding="utf-8")
+        written.append(path)
+    if "html" in formats:
+        from captum_ffb.viz.explanation import save_explanation_html
+
+        written.append(save_explanation_html(explanation, out / "explanation.html"))
+    if "png" in formats and explanation.steps:
+        from captum_ffb.viz.explanation import plot_contributions
+
+        figure = plot_contributions(explanation)
+        path = out / "explanation.png"
+        figure.savefig(path, dpi=150)
+        written.append(path)
+    if not args.quiet:
+        print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
+              f"{explanation.explained}")
+        for t, target in enumerate(explanation.targets):
+            print(f"  {target!r}: value {float(explanation.values[t]):.4f}, bias "
+                  f"{float(explanation.bias[t]):.4f}, delta {float(explanation.delta[t]):.1e}, "
+                  f"first-token share {float(explanation.first_token_share()[t]):.0%}")
+        if explanation.check is not None:
+            print(f"  checked against the forward route: its delta "
+                  f"{explanation.check['forward_route_delta']:.1e}, largest relative difference "
+                  f"{explanation.check['largest_relative_difference_between_routes']:.1e}")
+        for path in written:
+            print(path)
+    return 0

@@ -1,0 +1,270 @@
+"""Explain one text: which input tokens drove the model's output, exactly.
+
+:func:`explain_text` picks what to explain from the model: the next token of a causal LM
+(or every generated token), a class of a sequence classifier, or, for a base model, the
+whole-model token-to-token maps (and, for the bundled all-MiniLM-L6-v2, the logit of the
+bundled sentiment head). It returns an :class:`Explanation` that the CLI, the figures and
+the HTML view consume.
+
+The **first-token share** of a row of contributions ``c`` is ``|c_0| / Σ_j |c_j|`` over the
+real positions: the part of the attribution that lands on the first position (where causal
+models park attention, the "attention sink"); ``first_token`` is the signed ``c_0``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from captum_ffb.attr import Direction, NormDecomposition
+from captum_ffb.models import DEFAULT_MODEL, LoadedModel, load_model
+from captum_ffb.text import check_text, encode_text
+
+#: Longest input (tokens) for which the whole-model maps are computed by default.
+MAPS_UP_TO = 256
+#: Longest input (tokens) for which the backward route is checked against the forward route.
+CHECK_UP_TO = 64
+
+
+@dataclass
+class Explanation:
+    r"""The exact contributions of one text's tokens to one or more outputs.
+
+    Attributes:
+        text (str): the input text.
+        model_name (str): the model's name or folder.
+        model_type (str): its ``model_type``.
+        task (str): ``"causal_lm"``, ``"sequence_classification"`` or ``"base"``.
+        tokens (list[str]): the tokens (prompt and, when generating, the generated ones).
+        prompt_length (int): how many of ``tokens`` are the input (the rest were generated).
+        explained (str): what is explained, in words.
+        targets (list[str]): one label per explained output (a token, a class).
+        contributions (Tensor): ``(steps, len(tokens))``: row ``t`` explains output ``t``;
+                    empty ``(0, n)`` when only maps were asked for.
+        values (Tensor): ``(steps,)`` the real output values (logits).
+        bias (Tensor): ``(steps,)`` the bias player (what is owed to no token).
+        delta (Tensor): ``(steps,)`` the convergence delta ``|Σ c + bias − value|``.
+        maps (Tensor, optional): ``(blocks, n, n)`` whole-model token-to-token maps.
+        route (str): ``"backward"`` or ``"forward"``.
+        check (dict, optional): for the backward route on short inputs, the forward route's
+                    own convergence delta (the bias propagated on its own: a real check) and
+                    the largest difference between the two routes' contributions.
+    """
+
+    text: str
+    model_name: str
+    model_type: str
+    task: str
+    tokens: list[str]
+    prompt_length: int
+    explained: str
+    targets: list[str] = field(default_factory=list)
+    contributions: Tensor = field(default_factory=lambda: torch.zeros(0, 0))
+    values: Tensor = field(default_factory=lambda: torch.zeros(0))
+    bias: Tensor = field(default_factory=lambda: torch.zeros(0))
+    delta: Tensor = field(default_factory=lambda: torch.zeros(0))
+    maps: Tensor | None = None
+    route: str = "backward"
+    check: dict[str, float] | None = None
+
+    @property
+    def steps(self) -> int:
+        """How many outputs are explained."""
+        return int(self.contributions.shape[0])
+
+    def first_token_share(self) -> Tensor:
+        """``|c_0| / Σ_j |c_j|`` per explained output ``(steps,)`` (0 where all are 0)."""
+        magnitude = self.contributions.abs()
+        total = magnitude.sum(dim=1)
+        return torch.where(total > 0, magnitude[:, 0] / total.clamp_min(1e-30), torch.zeros_like(total))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of everything explained."""
+        out: dict[str, Any] = {
+            "text": self.text, "model": self.model_name, "model_type": self.model_type,
+            "task": self.task, "explained": self.explained, "route": self.route,
+            "tokens": self.tokens, "prompt_length": self.prompt_length,
+            "first_token_share_definition": "|c_0| / sum_j |c_j| over the input positions",
+            "outputs": [
+                {
+                    "target": target,
+                    "value": float(self.values[t]),
+                    "bias": float(self.bias[t]),
+                    "convergence_delta": float(self.delta[t]),
+                    "first_token": float(self.contributions[t, 0]),
+                    "first_token_share": float(self.first_token_share()[t]),
+                    "contributions": self.contributions[t].tolist(),
+                }
+                for t, target in enumerate(self.targets)
+            ],
+        }
+        if self.check is not None:
+            out["forward_route_check"] = self.check
+        if self.maps is not None:
+            out["maps"] = self.maps.tolist()
+        return out
+
+
+def _single_token(tokenizer: Any, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        raise ValueError(f"--target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); "
+                         "give one token (mind the leading space, e.g. ' Paris')")
+    return int(ids[0])
+
+
+def explain_text(
+    text: str,
+    model: LoadedModel | None = None,
+    target: str | None = None,
+    class_index: int | None = None,
+    generate: int = 0,
+    route: str = "backward",
+    maps: bool | None = None,
+) -> Explanation:
+    r"""Explain ``text`` on ``model`` (the bundled all-MiniLM-L6-v2 by default).
+
+    Args:
+        text (str): the input.
+        model (LoadedModel, optional): from :func:`captum_ffb.models.load_model`.
+        target (str, optional): a causal LM's next token to explain, as text (one token);
+                    the predicted one by default.
+        class_index (int, optional): a sequence classifier's class; the predicted one by
+                    default.
+        generate (int): a causal LM generates this many tokens greedily, and every one of
+                    them is explained (teacher forced, one forward pass).
+        route (str): ``"backward"`` or ``"forward"`` (see :class:`NormDecomposition`).
+        maps (bool, optional): also compute the whole-model token-to-token maps; by default
+                    for base models, and for inputs up to :data:`MAPS_UP_TO` tokens.
+
+    Returns:
+        Explanation
+    """
+    check_text(text)
+    loaded = model or load_model(show_progress=False)
+    nd = NormDecomposition(loaded.model)
+    task = nd.task
+    if target is not None and task != "causal_lm":
+        raise ValueError("--target names a next token: it needs a causal LM")
+    if class_index is not None and task != "sequence_classification":
+        raise ValueError("--class needs a sequence classifier")
+    if generate and task != "causal_lm":
+        raise ValueError("--generate needs a causal LM")
+    if generate < 0:
+        raise ValueError(f"--generate must be a positive number of tokens, got {generate}")
+    tokenizer = loaded.tokenizer
+    ids = encode_text(text, loaded)["input_ids"]
+    n_prompt = ids.shape[1]
+    device = next(loaded.model.parameters()).device
+    ids = ids.to(device)
+    common = dict(text=text, model_name=loaded.name, model_type=loaded.model_type, task=task,
+                  route=route)
+
+    if task == "causal_lm":
+        if generate:
+            with torch.no_grad():
+                full = loaded.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                             max_new_tokens=generate, do_sample=False,
+                                             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+            targets = full[0, n_prompt:]
+            positions = torch.arange(n_prompt - 1, n_prompt - 1 + targets.numel(), device=device)
+            sequence = full[:, : n_prompt + targets.numel() - 1]
+            what = f"the logit of each of the {targets.numel()} generated tokens, read where it was predicted"
+        else:
+            token = _single_token(tokenizer, target) if target is not None else None
+            with torch.no_grad():
+                logits = loaded.model(ids).logits[0, -1]
+            token = int(logits.argmax()) if token is None else token
+            targets = torch.tensor([token], device=device)
+            positions = torch.tensor([n_prompt - 1], device=device)
+            sequence = ids
+            what = ("the logit of the predicted next token" if target is None
+                    else "the logit of the next token " + repr(target))
+        def attribute(chosen_route: str):
+            return nd.attribute_steps(
+                sequence, targets, positions,
+                forward_kwargs={"attention_mask": torch.ones_like(sequence)}, route=chosen_route,
+                return_bias=True, return_convergence_delta=True)
+
+        contributions, bias, delta = attribute(route)
+        check = _check_routes(attribute, route, contributions, sequence.shape[1])
+        with torch.no_grad():
+            logits = loaded.model(sequence).logits[0]
+        values = logits[positions, targets]
+        labels = tokenizer.convert_ids_to_tokens(targets.tolist())
+        all_ids = torch.cat([sequence[0], targets[-1:]]) if generate else sequence[0]
+        tokens = tokenizer.convert_ids_to_tokens(all_ids.tolist())
+        if generate:  # the last generated token is an output only
+            contributions = torch.cat([contributions, contributions.new_zeros(contributions.shape[0], 1)], 1)
+        explanation = Explanation(**common, tokens=tokens, prompt_length=n_prompt, explained=what,
+                                  targets=labels, contributions=contributions.detach(),
+                                  values=values.detach(), bias=bias.detach(), delta=delta.detach(),
+                                  check=check)
+    elif task == "sequence_classification":
+        with torch.no_grad():
+            logits = loaded.model(ids).logits[0]
+        if class_index is not None and not 0 <= class_index < logits.numel():
+            raise ValueError(f"--class {class_index} does not exist: the model has {logits.numel()} classes")
+        chosen = int(logits.argmax()) if class_index is None else class_index
+        def attribute(chosen_route: str):
+            return nd.attribute(ids, target=chosen, route=chosen_route, return_bias=True,
+                                return_convergence_delta=True)
+
+        contributions, bias, delta = attribute(route)
+        check = _check_routes(attribute, route, contributions, n_prompt)
+        names = getattr(loaded.model.config, "id2label", None) or {}
+        label = str(names.get(chosen, chosen))
+        what = (f"the logit of class {chosen} ({label})" + (", the predicted class" if class_index is None else ""))
+        explanation = Explanation(**common, tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()),
+                                  prompt_length=n_prompt, explained=what, targets=[label],
+                                  contributions=contributions.detach(), values=logits[chosen:chosen + 1],
+                                  bias=bias.detach(), delta=delta.detach(), check=check)
+    else:
+        tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+        explanation = Explanation(**common, tokens=tokens, prompt_length=n_prompt,
+                                  explained="the whole-model token-to-token maps",
+                                  contributions=torch.zeros(0, n_prompt))
+        if loaded.name == DEFAULT_MODEL:
+            _sentiment(explanation, nd, ids, route)
+    if maps if maps is not None else (task == "base" or n_prompt <= MAPS_UP_TO):
+        with torch.no_grad():
+            explanation.maps = nd.maps(ids)[0].detach()
+    return explanation
+
+
+def _check_routes(attribute: Any, route: str, contributions: Tensor, n: int) -> dict[str, float] | None:
+    """The forward route's own delta and its difference from the backward route's answer."""
+    if route != "backward" or n > CHECK_UP_TO:
+        return None
+    forward, _, forward_delta = attribute("forward")
+    scale = float(forward.abs().max()) or 1.0
+    return {"forward_route_delta": float(forward_delta.max()),
+            "largest_relative_difference_between_routes":
+                float((forward - contributions).abs().max()) / scale}
+
+
+def _sentiment(explanation: Explanation, nd: NormDecomposition, ids: Tensor, route: str) -> None:
+    """The bundled MiniLM's sentiment head (logistic regression on mean-pooled embeddings)."""
+    from captum_ffb.evaluation.minilm_head import load_minilm_sentiment_head
+
+    head = load_minilm_sentiment_head()
+    direction: Direction = head.direction()
+    def attribute(chosen_route: str):
+        return nd.attribute(ids, target=direction, route=chosen_route, return_bias=True,
+                            return_convergence_delta=True)
+
+    contributions, bias, delta = attribute(route)
+    explanation.check = _check_routes(attribute, route, contributions, ids.shape[1])
+    with torch.no_grad():
+        real = head(nd.model(ids).last_hidden_state, torch.ones_like(ids))
+    explanation.explained = ("the logit of the bundled sentiment head (positive vs negative, a "
+                             "logistic regression on mean-pooled embeddings) and the whole-model maps")
+    explanation.targets = ["positive sentiment"]
+    explanation.contributions = contributions.detach()
+    explanation.values = real.detach().reshape(1)
+    explanation.bias = bias.detach()
+    explanation.delta = delta.detach()

@@ -1,0 +1,259 @@
+"""Views of an :class:`~captum_ffb.explain.Explanation`: a PNG and an offline HTML page.
+
+The PNG colours each token by its signed contribution (a diverging colormap centred on zero)
+twice: on the scale of all tokens, and on the scale of the tokens after the first one, with
+the first token greyed out, because the first position often takes a large share (the
+attention sink) and would wash out every other colour. When several outputs are explained
+(generation), each panel is a heat map: one row per generated token, one column per input
+token.
+
+The HTML page holds two tabs: *Contributions* (the same two scales, switched by a toggle)
+and *Whole model* (the ``‖F_i(x_j)‖`` maps after every block, chosen with a slider).
+Everything, data and script, is inside the file: it opens offline.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from captum_ffb.explain import Explanation
+from captum_ffb.viz._common import display_tokens
+from captum_ffb.viz.figures import _figure_class, _require_matplotlib
+
+
+def _check(explanation: Any) -> Explanation:
+    if not isinstance(explanation, Explanation):
+        raise TypeError(f"expected an Explanation from captum_ffb.explain, got {type(explanation).__name__}")
+    return explanation
+
+
+def _title(explanation: Explanation, step: int | None = None) -> str:
+    import textwrap
+
+    what = textwrap.fill("Explained: " + explanation.explained, 95)
+    if explanation.steps == 0:
+        return what
+    t = 0 if step is None else step
+    return (f"{what}\n{explanation.targets[t]!r}: value {float(explanation.values[t]):.3f} "
+            f"= Σ contributions + bias {float(explanation.bias[t]):.3f} "
+            f"(delta {float(explanation.delta[t]):.1e}); first-token share "
+            f"{float(explanation.first_token_share()[t]):.0%}")
+
+
+def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
+    r"""A figure of the contributions, with and without the first token's scale.
+
+    Args:
+        explanation (Explanation): from :func:`captum_ffb.explain.explain_text`.
+        cmap (str): a diverging matplotlib colormap, centred on zero.
+
+    Returns:
+        matplotlib Figure (two panels; heat maps when several outputs are explained).
+    """
+    _require_matplotlib()
+    from matplotlib.colors import TwoSlopeNorm
+
+    explanation = _check(explanation)
+    if explanation.steps == 0:
+        raise ValueError("this explanation has no contributions (only maps): plot the maps instead")
+    values = explanation.contributions.detach().float().cpu()
+    labels = display_tokens(explanation.tokens)
+    n = values.shape[1]
+    figure_class = _figure_class()
+    if explanation.steps == 1:
+        figure = figure_class(figsize=(max(8.0, 0.7 * n), 3.8), layout="constrained")
+        axes = figure.subplots(2, 1)
+        for ax, skip_first in zip(axes, (False, True)):
+            row = values[0]
+            scale = float(row[1:].abs().max() if skip_first and n > 1 else row.abs().max()) or 1.0
+            norm = TwoSlopeNorm(0.0, -scale, scale)
+            image = ax.imshow(row[None].numpy(), cmap=cmap, norm=norm, aspect="auto")
+            if skip_first:
+                ax.add_patch(_grey(ax))
+            ax.set_yticks([])
+            ax.set_xticks(range(n), labels, rotation=60, ha="right", fontsize=8)
+            for j in range(n):
+                dark = abs(float(row[j])) > 0.6 * scale and not (skip_first and j == 0)
+                ax.text(j, 0, f"{float(row[j]):.2g}", ha="center", va="center", fontsize=7,
+                        color="white" if dark else "black", zorder=3)
+            ax.set_title("scale of every token" if not skip_first
+                         else "scale of the tokens after the first (the first greyed out)", fontsize=9)
+            figure.colorbar(image, ax=ax, fraction=0.02)
+        figure.suptitle(_title(explanation), fontsize=9)
+        return figure
+    figure = figure_class(figsize=(max(7.0, 0.45 * n), 1.0 + 0.35 * explanation.steps * 2),
+                          layout="constrained")
+    axes = figure.subplots(1, 2)
+    for ax, skip_first in zip(axes, (False, True)):
+        scale = float(values[:, 1:].abs().max() if skip_first and n > 1 else values.abs().max()) or 1.0
+        image = ax.imshow(values.numpy(), cmap=cmap, norm=TwoSlopeNorm(0.0, -scale, scale), aspect="auto")
+        if skip_first:
+            ax.add_patch(_grey(ax, rows=explanation.steps))
+        ax.set_xticks(range(n), labels, rotation=70, ha="right", fontsize=7)
+        ax.set_yticks(range(explanation.steps), display_tokens(explanation.targets), fontsize=7)
+        ax.set_xlabel("input token")
+        ax.set_ylabel("generated token")
+        ax.set_title("scale of every token" if not skip_first else "without the first token's scale",
+                     fontsize=9)
+        figure.colorbar(image, ax=ax, fraction=0.03)
+    shares = explanation.first_token_share()
+    import textwrap
+
+    figure.suptitle(f"{textwrap.fill('Explained: ' + explanation.explained, 95)}\nlargest delta {float(explanation.delta.max()):.1e}; "
+                    f"first-token share {float(shares.mean()):.0%} on average", fontsize=9)
+    return figure
+
+
+def _grey(ax: Any, rows: int = 1) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((-0.5, -0.5), 1.0, rows, facecolor="0.8", edgecolor="0.5", hatch="//", zorder=2)
+
+
+def _payload(explanation: Explanation) -> dict[str, Any]:
+    data = explanation.to_dict()
+    data["labels"] = display_tokens(explanation.tokens)
+    data["target_labels"] = display_tokens(explanation.targets) if explanation.targets else []
+    return data
+
+
+def explanation_html(explanation: Explanation, title: str | None = None) -> str:
+    r"""A self-contained HTML page of an explanation (offline: no CDN, no network).
+
+    Args:
+        explanation (Explanation): from :func:`captum_ffb.explain.explain_text`.
+        title (str, optional): the page title.
+
+    Returns:
+        str: the HTML document.
+    """
+    explanation = _check(explanation)
+    blob = json.dumps(_payload(explanation), ensure_ascii=False).replace("<", "\\u003c")
+    heading = title or "Which tokens drove this output"
+    return _TEMPLATE.replace("__TITLE__", html.escape(heading)).replace("__DATA__", blob)
+
+
+def save_explanation_html(explanation: Explanation, path: str | os.PathLike,
+                          title: str | None = None) -> Path:
+    """Write :func:`explanation_html` to ``path``; returns the path."""
+    out = Path(path)
+    out.write_text(explanation_html(explanation, title), encoding="utf-8")
+    return out
+
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>__TITLE__ — captum_ffb</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
+.tabs button{padding:.35em .9em;margin-right:.3em;border:1px solid #999;background:#f4f4f4;cursor:pointer}
+.tabs button.on{background:#333;color:#fff}
+.tok{display:inline-block;margin:2px;padding:3px 5px;border-radius:3px;border:1px solid #ccc;
+ font-family:ui-monospace,monospace;font-size:13px}
+.tok.first{outline:2px dashed #888}
+.meta{color:#555;font-size:13px;margin:.4em 0}
+table.grid{border-collapse:collapse;font-size:11px}
+table.grid td,table.grid th{border:1px solid #ddd;padding:2px 4px;text-align:center}
+canvas{border:1px solid #ccc;image-rendering:pixelated}
+#tip{position:fixed;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;display:none}
+</style></head><body>
+<h2>__TITLE__</h2>
+<div class="meta" id="meta"></div>
+<div class="tabs"><button id="tab-c" class="on">Contributions</button><button id="tab-m">Whole model</button></div>
+<section id="contrib">
+ <p class="meta" id="explained"></p>
+ <label><input type="checkbox" id="nofirst"> colours on the scale of the tokens after the first one</label>
+ <div id="rows"></div>
+</section>
+<section id="whole" style="display:none">
+ <p class="meta">‖F<sub>i</sub>(x<sub>j</sub>)‖ after a block, over the original input tokens: output token i down, input token j across.</p>
+ <label>block <input type="range" id="block" min="0" value="0"> <span id="blockname"></span></label>
+ <div><canvas id="map"></canvas></div>
+</section>
+<div id="tip"></div>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+(function(){
+const D = JSON.parse(document.getElementById('data').textContent);
+const $ = id => document.getElementById(id);
+$('meta').textContent = D.model + ' · ' + D.model_type + ' · ' + D.task + ' · ' + D.tokens.length + ' tokens · route ' + D.route;
+$('explained').textContent = 'Explained: ' + D.explained + '.';
+function colour(v, scale){
+  const t = Math.max(-1, Math.min(1, scale > 0 ? v / scale : 0));
+  const r = t > 0 ? 255 : Math.round(255 * (1 + t)), b = t < 0 ? 255 : Math.round(255 * (1 - t));
+  const g = Math.round(255 * (1 - Math.abs(t)));
+  return 'rgb(' + r + ',' + g + ',' + b + ')';
+}
+function drawRows(){
+  const skip = $('nofirst').checked, box = $('rows');
+  box.innerHTML = '';
+  if (!D.outputs.length){ box.textContent = 'No output is explained for this model: see the Whole model tab.'; return; }
+  D.outputs.forEach(o => {
+    const c = o.contributions;
+    let scale = 0;
+    c.forEach((v, j) => { if (!(skip && j === 0)) scale = Math.max(scale, Math.abs(v)); });
+    const div = document.createElement('div');
+    const head = document.createElement('p');
+    head.className = 'meta';
+    head.textContent = JSON.stringify(o.target) + ': value ' + o.value.toFixed(4) + ' = Σ contributions + bias ' +
+      o.bias.toFixed(4) + ' (delta ' + o.convergence_delta.toExponential(1) + '); first token ' +
+      o.first_token.toFixed(4) + ', first-token share ' + (100 * o.first_token_share).toFixed(0) + '%';
+    div.appendChild(head);
+    c.forEach((v, j) => {
+      if (j >= D.labels.length) return;
+      const s = document.createElement('span');
+      s.className = 'tok' + (j === 0 ? ' first' : '');
+      s.textContent = D.labels[j];
+      s.dataset.value = v;
+      s.style.background = (skip && j === 0) ? '#ddd' : colour(v, scale);
+      s.title = D.labels[j] + ': ' + v.toFixed(5);
+      div.appendChild(s);
+    });
+    box.appendChild(div);
+  });
+}
+$('nofirst').addEventListener('change', drawRows);
+const maps = D.maps || [];
+const slider = $('block');
+slider.max = Math.max(0, maps.length - 1);
+function drawMap(){
+  const canvas = $('map'), k = +slider.value;
+  $('blockname').textContent = maps.length ? ('after block ' + (k + 1) + ' of ' + maps.length) : 'no maps were computed';
+  if (!maps.length) return;
+  const m = maps[k], n = m.length, cell = Math.max(4, Math.min(24, Math.floor(600 / n)));
+  canvas.width = n * cell; canvas.height = n * cell;
+  canvas.dataset.block = k;
+  const ctx = canvas.getContext('2d');
+  let top = 0; m.forEach(r => r.forEach(v => { top = Math.max(top, v); }));
+  for (let i = 0; i < n; i++) for (let j = 0; j < n; j++){
+    const t = top > 0 ? m[i][j] / top : 0, g = Math.round(255 * (1 - t));
+    ctx.fillStyle = 'rgb(' + g + ',' + g + ',255)';
+    ctx.fillRect(j * cell, i * cell, cell, cell);
+  }
+  canvas.onmousemove = e => {
+    const r = canvas.getBoundingClientRect(), j = Math.floor((e.clientX - r.left) / cell), i = Math.floor((e.clientY - r.top) / cell);
+    if (i < 0 || j < 0 || i >= n || j >= n) return;
+    const tip = $('tip'); tip.style.display = 'block'; tip.style.left = (e.clientX + 12) + 'px'; tip.style.top = (e.clientY + 12) + 'px';
+    tip.textContent = D.labels[i] + ' ← ' + D.labels[j] + ': ' + m[i][j].toFixed(4);
+  };
+  canvas.onmouseleave = () => { $('tip').style.display = 'none'; };
+}
+slider.addEventListener('input', drawMap);
+function show(which){
+  $('contrib').style.display = which === 'c' ? '' : 'none';
+  $('whole').style.display = which === 'm' ? '' : 'none';
+  $('tab-c').className = which === 'c' ? 'on' : ''; $('tab-m').className = which === 'm' ? 'on' : '';
+  if (which === 'm') drawMap();
+}
+$('tab-c').addEventListener('click', () => show('c'));
+$('tab-m').addEventListener('click', () => show('m'));
+drawRows(); drawMap();
+if (location.hash === '#whole') show('m');
+})();
+</script></body></html>
+"""

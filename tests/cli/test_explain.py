@@ -1,0 +1,174 @@
+"""``captum-ffb explain``: contributions to a causal LM's next token and generated tokens, to a
+classifier's class, and whole-model maps of a base model, written as JSON, PNG and HTML."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from captum_ffb import NormDecomposition
+from captum_ffb.cli import main
+from captum_ffb.models import load_model, model_config, task_from_config
+from tests.models import tiny_task_model
+from tests.tiny_lm import save_tiny_lm
+from tests.viz.tiny import save_tiny, tokenizer
+
+TEXT = "the cat sat on the mat because"
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models") / "tiny-bert-classifier"
+    tiny_task_model("bert", "sequence_classification").save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    return save_tiny("bert", tmp_path_factory.mktemp("models") / "tiny-bert")
+
+
+def _load(folder):
+    config = model_config(str(folder))
+    return load_model(str(folder), show_progress=False, config=config, task=task_from_config(config))
+
+
+def _run(argv, out):
+    assert main(["explain", *argv, "--out", str(out), "--quiet"]) == 0
+    return json.loads((out / "explanation.json").read_text(encoding="utf-8"))
+
+
+def _error(capsys, argv):
+    assert main(["explain", *argv]) == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def _own_logits(folder, text):
+    """The test's own forward pass of the saved model (loaded with its head)."""
+    loaded = _load(folder)
+    ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return loaded, ids, loaded.model(ids).logits[0]
+
+
+def test_next_token_contributions_add_up_to_the_real_logit(lm_dir, tmp_path):
+    data = _run([TEXT, "--model", str(lm_dir)], tmp_path / "out")
+    loaded, ids, logits = _own_logits(lm_dir, TEXT)
+    predicted = int(logits[-1].argmax())
+    assert data["task"] == "causal_lm" and data["tokens"] == loaded.tokenizer.convert_ids_to_tokens(ids[0])
+    (out,) = data["outputs"]
+    assert out["target"] == loaded.tokenizer.convert_ids_to_tokens(predicted)
+    value = float(logits[-1, predicted])
+    assert out["value"] == pytest.approx(value, abs=1e-5)
+    assert sum(out["contributions"]) + out["bias"] == pytest.approx(value, abs=1e-4)
+    # the same numbers as the library's own attribution
+    expected = NormDecomposition(loaded.model).attribute(ids, target=predicted)
+    assert torch.allclose(torch.tensor(out["contributions"]), expected[0].float(), atol=1e-5)
+    # the first-token share, by hand, and the forward-route check on a short input
+    c = torch.tensor(out["contributions"]).abs()
+    assert out["first_token_share"] == pytest.approx(float(c[0] / c.sum()), rel=1e-5)
+    assert out["first_token"] == out["contributions"][0]
+    assert data["forward_route_check"]["largest_relative_difference_between_routes"] < 1e-4
+    assert len(data["maps"]) == 2 and len(data["maps"][0]) == len(data["tokens"])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "explanation.html", "explanation.json", "explanation.png"]
+
+
+def test_a_chosen_target_token(lm_dir, tmp_path):
+    data = _run([TEXT, "--model", str(lm_dir), "--target", " dog", "--format", "json"], tmp_path)
+    loaded, ids, logits = _own_logits(lm_dir, TEXT)
+    dog = loaded.tokenizer.convert_tokens_to_ids("dog")
+    (out,) = data["outputs"]
+    assert out["target"] == "dog"
+    assert sum(out["contributions"]) + out["bias"] == pytest.approx(float(logits[-1, dog]), abs=1e-4)
+
+
+def test_generation_explains_every_generated_token(lm_dir, tmp_path):
+    data = _run([TEXT, "--model", str(lm_dir), "--generate", "4", "--no-maps"], tmp_path / "out")
+    loaded, ids, _ = _own_logits(lm_dir, TEXT)
+    with torch.no_grad():
+        full = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                                     do_sample=False, pad_token_id=0)
+    generated = full[0, ids.shape[1]:]
+    assert [o["target"] for o in data["outputs"]] == loaded.tokenizer.convert_ids_to_tokens(generated)
+    assert data["prompt_length"] == ids.shape[1] and len(data["tokens"]) == full.shape[1]
+    assert "maps" not in data
+    with torch.no_grad():
+        logits = loaded.model(full).logits[0]
+    for t, out in enumerate(data["outputs"]):
+        position = ids.shape[1] - 1 + t
+        value = float(logits[position, generated[t]])
+        assert sum(out["contributions"]) + out["bias"] == pytest.approx(value, abs=1e-4)
+        # causal: nothing after the position that predicted it
+        assert all(v == 0 for v in out["contributions"][position + 1:])
+
+
+def test_classifier_explains_the_predicted_class_or_a_chosen_one(classifier_dir, tmp_path):
+    loaded, ids, logits = _own_logits(classifier_dir, TEXT)
+    data = _run([TEXT, "--model", str(classifier_dir), "--format", "json"], tmp_path / "a")
+    (out,) = data["outputs"]
+    assert data["task"] == "sequence_classification"
+    assert out["value"] == pytest.approx(float(logits.max()), abs=1e-5)
+    assert sum(out["contributions"]) + out["bias"] == pytest.approx(float(logits.max()), abs=1e-4)
+    data = _run([TEXT, "--model", str(classifier_dir), "--class", "2", "--format", "json"], tmp_path / "b")
+    assert sum(data["outputs"][0]["contributions"]) + data["outputs"][0]["bias"] == pytest.approx(
+        float(logits[2]), abs=1e-4)
+
+
+def test_base_model_gives_the_whole_model_maps(base_dir, tmp_path):
+    data = _run([TEXT, "--model", str(base_dir), "--format", "json,html"], tmp_path / "out")
+    loaded = _load(base_dir)
+    ids = loaded.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    assert data["task"] == "base" and data["outputs"] == []
+    expected = NormDecomposition(loaded.model).maps(ids)[0]
+    assert torch.allclose(torch.tensor(data["maps"]), expected.float(), atol=1e-5)
+    page = (tmp_path / "out" / "explanation.html").read_text(encoding="utf-8")
+    assert "Whole model" in page and "http" not in page.split("<script id=\"data\"")[0]
+
+
+def test_one_line_errors(lm_dir, classifier_dir, base_dir, tmp_path, capsys):
+    assert "needs a causal LM" in _error(capsys, [TEXT, "--model", str(base_dir), "--target", " dog"])
+    assert "needs a sequence classifier" in _error(capsys, [TEXT, "--model", str(lm_dir), "--class", "1"])
+    assert "needs a causal LM" in _error(capsys, [TEXT, "--model", str(classifier_dir), "--generate", "2"])
+    assert "--generate must be at least 1" in _error(capsys, [TEXT, "--model", str(lm_dir), "--generate", "0"])
+    assert "unknown format" in _error(capsys, [TEXT, "--model", str(lm_dir), "--format", "gif"])
+    assert "is 2 tokens" in _error(capsys, [TEXT, "--model", str(lm_dir), "--target", " dog cat",
+                                            "--out", str(tmp_path)])
+    assert "does not exist" in _error(capsys, [TEXT, "--model", str(classifier_dir), "--class", "7",
+                                               "--out", str(tmp_path)])
+
+
+def test_png_has_two_scales(lm_dir, tmp_path):
+    from captum_ffb.explain import explain_text
+    from captum_ffb.viz import plot_contributions
+
+    explanation = explain_text(TEXT, _load(lm_dir), maps=False)
+    figure = plot_contributions(explanation)
+    assert len(figure.axes) >= 2
+    figure.savefig(tmp_path / "e.png", dpi=40)
+    assert (tmp_path / "e.png").stat().st_size > 1000
+
+
+@pytest.mark.real_weights
+def test_bundled_minilm_sentiment_head(tmp_path):
+    from captum_ffb.evaluation.minilm_head import load_minilm_sentiment_head
+
+    text = "a charming and often affecting journey."
+    data = _run([text, "--format", "json"], tmp_path / "out")
+    loaded = load_model(show_progress=False)
+    batch = loaded.tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        hidden = loaded.model(**batch).last_hidden_state
+        value = float(load_minilm_sentiment_head()(hidden, batch["attention_mask"]))
+    (out,) = data["outputs"]
+    assert out["target"] == "positive sentiment" and value > 0
+    assert sum(out["contributions"]) + out["bias"] == pytest.approx(value, abs=1e-4)
+    assert len(data["maps"]) == 6
