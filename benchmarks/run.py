@@ -315,7 +315,18 @@ def markdown(results: dict) -> str:
         f"{t['batch']}: **{t['sentences_per_s']:.1f} sentences/s** ({t['seconds']:.1f} s).",
         "",
     ]
+    for name, script in COMPANIONS:
+        path = ROOT / "benchmarks" / name
+        if path.is_file():  # measured by its own script; included here so one page holds all
+            out += ["", f"<!-- from {name}, written by python benchmarks/{script} -->", ""]
+            out += [("#" + line) if line.startswith("#") else line
+                    for line in path.read_text(encoding="utf-8").splitlines()]
     return "\n".join(out)
+
+
+#: Result pages of the other benchmark scripts, appended to RESULTS.md.
+COMPANIONS = (("ENGINES.md", "engines.py"), ("ATTRIBUTION.md", "attribution.py"),
+              ("SPLIT_PLAYERS.md", "split_players.py"))
 
 
 def main(argv: list[str] | None = None) -> int:

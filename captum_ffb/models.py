@@ -220,6 +220,18 @@ def task_from_config(config: Any) -> str:
     return "base"
 
 
+def load_tokenizer(name_or_dir: str | os.PathLike | None = None) -> Any:
+    """Only the tokenizer of :func:`load_model`'s model (no weights load)."""
+    from transformers import AutoTokenizer
+
+    source, name, kwargs = _locate(name_or_dir)
+    try:
+        with _progress_bars(False, gguf="gguf_file" in kwargs):
+            return AutoTokenizer.from_pretrained(source, **kwargs)
+    except _config_errors() as error:
+        raise ModelNotFoundError(f"cannot load the tokenizer of {name!r}: {error}".splitlines()[0]) from error
+
+
 def load_model(
     name_or_dir: str | os.PathLike | None = None,
     causal_lm: bool = False,

@@ -7,7 +7,12 @@ import json
 import sys
 from pathlib import Path
 
-from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.cli._common import (
+    UsageError,
+    add_engine_options,
+    check_model_options,
+    engine_options,
+)
 
 FORMATS = ("png", "html", "json")
 DEFAULT_OUT = "captum_ffb_explain"
@@ -20,6 +25,9 @@ examples:
   captum-ffb explain "The capital of France is" --model ./SmolLM2 --target " Paris"
   captum-ffb explain "Once upon a time" --model ./SmolLM2 --generate 8
   captum-ffb explain "a dull movie" --model ./my-classifier --class 1
+  captum-ffb explain --data reviews.txt --model ./SmolLM2 --engine ray --workers 2
+      corpus mode: one explanation per line of reviews.txt (the predicted output), written
+      to ./{DEFAULT_OUT}/explanations.jsonl; resumable from ./{DEFAULT_OUT}/run/
 
 files written to --out:
   explanation.png   tokens coloured by their signed contribution, on the scale of every token
@@ -44,7 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("text", help="the input text (quote it)")
+    parser.add_argument("text", nargs="?", default=None, help="the input text (quote it)")
+    parser.add_argument("--data", default=None, metavar="FILE",
+                        help="corpus mode: a .txt file (one text per line), .jsonl or .csv "
+                        "(a text column); writes explanations.jsonl")
+    parser.add_argument("--batch-size", type=int, default=16, metavar="N",
+                        help="corpus mode: texts per batch (default 16)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="corpus mode: discard an earlier run with other settings in --out")
     parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
                         help="a model folder (config.json or a .gguf file) or a Hugging Face id; "
                         "the bundled all-MiniLM-L6-v2 by default")
@@ -67,6 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", default=",".join(FORMATS), metavar="LIST",
                         help="comma list of png, html, json (default: all three)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_engine_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -84,6 +100,13 @@ def run(args: argparse.Namespace) -> int:
     from captum_ffb.models import load_model, model_config, task_from_config
     from captum_ffb.text import check_text
 
+    if (args.text is None) == (args.data is None):
+        raise UsageError("give either a TEXT or --data FILE")
+    engine, settings = engine_options(args)
+    if args.data is not None:
+        return _run_corpus(args, engine, settings)
+    if engine != "local":
+        raise UsageError("--engine ray is for the corpus mode (--data FILE)")
     check_text(args.text)
     formats = _formats(args.format)
     if args.generate is not None and args.generate < 1:
@@ -143,4 +166,23 @@ def run(args: argparse.Namespace) -> int:
                   f"{explanation.check['largest_relative_difference_between_routes']:.1e}")
         for path in written:
             print(path)
+    return 0
+
+
+def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
+    from captum_ffb.evaluation.run import read_texts
+    from captum_ffb.explain import explain_corpus
+
+    for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate)):
+        if value is not None:
+            raise UsageError(f"{flag} is for one TEXT; the corpus mode explains each text's prediction")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    texts, _ = read_texts(args.data)
+    path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
+                          engine=engine, engine_options=settings, overwrite=args.overwrite,
+                          show_progress=not args.quiet)
+    if not args.quiet:
+        print(f"{len(texts)} texts explained")
+        print(path)
     return 0

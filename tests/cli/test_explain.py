@@ -172,3 +172,37 @@ def test_bundled_minilm_sentiment_head(tmp_path):
     assert out["target"] == "positive sentiment" and value > 0
     assert sum(out["contributions"]) + out["bias"] == pytest.approx(value, abs=1e-4)
     assert len(data["maps"]) == 6
+
+
+def test_corpus_mode_writes_one_line_per_text_and_resumes(lm_dir, tmp_path):
+    texts = ["the cat sat on the mat", "a dog was tired", "she loves math", "big red cat run"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "out"
+    argv = ["explain", "--data", str(corpus), "--model", str(lm_dir), "--batch-size", "3",
+            "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
+    assert [line["text"] for line in lines] == texts
+    loaded = _load(lm_dir)
+    for line in lines:
+        ids = loaded.tokenizer(line["text"], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = loaded.model(ids).logits[0, -1]
+        assert line["target"] == int(logits.argmax())
+        assert sum(line["contributions"]) + line["bias"] == pytest.approx(float(logits.max()), abs=1e-4)
+        assert line["tokens"] == loaded.tokenizer.convert_ids_to_tokens(ids[0])
+    before = (out / "explanations.jsonl").read_text()
+    assert main(argv) == 0  # the shards are there: nothing is recomputed, same file
+    assert (out / "explanations.jsonl").read_text() == before
+
+
+def test_corpus_mode_errors(lm_dir, base_dir, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat\n")
+    assert "either a TEXT or --data" in _error(capsys, ["--model", str(lm_dir)])
+    assert "--target is for one TEXT" in _error(capsys, ["--data", str(corpus), "--model", str(lm_dir),
+                                                         "--target", " dog"])
+    assert "corpus mode" in _error(capsys, [TEXT, "--model", str(lm_dir), "--engine", "ray"])
+    assert "base model has no output" in _error(capsys, ["--data", str(corpus), "--model", str(base_dir),
+                                                         "--out", str(tmp_path / "o")])

@@ -1,0 +1,287 @@
+r"""Token attribution methods side by side, each ``(task, batch, target) -> (B, n)``.
+
+Every method explains the same scalar: the logit of the class the model predicts (see
+:mod:`~captum_ffb.evaluation.tasks`). Signed methods keep their sign (the protocols rank by
+value, most relevant = largest); attention-style methods are non-negative.
+
+* ``decomposition``: :class:`~captum_ffb.attr.NormDecomposition`, backward route;
+  ``decomposition_no_ff`` with the "FF owed to no token" rules; ``decomposition_linearised``
+  with the linearised activation rules (gradient × input inside the FF, not complete).
+* ``attention_last`` / ``attention_mean``: the head-averaged attention of the read-out row
+  (the last real token for causal LMs, [CLS] for classifiers, the mean over real rows for
+  the mean-pooled MiniLM head) in the last layer / averaged over layers.
+* ``rollout``: attention rollout (Abnar & Zuidema 2020): ``0.5·A + 0.5·I`` per layer,
+  head-averaged, multiplied through the layers. ``norm_rollout``: the same product of the
+  layer maps ``‖F_i(x_j)‖`` of the whole block, each row normalised to sum to one.
+* Captum on the input embeddings (summed over the hidden dimension, except ``saliency``: the
+  gradient's L2 norm): ``saliency``, ``input_x_gradient``, ``integrated_gradients`` (zero
+  baseline), ``feature_ablation``, ``shapley_value_sampling``, ``kernel_shap``, ``lime`` (a
+  token removed = its embedding set to zero).
+* ``attnlrp``: the real ``lxt`` package in its own environment (Llama family), precomputed by
+  the caller and passed in through ``precomputed``.
+* ``random``: uniform noise seeded by the example's index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from captum_ffb.evaluation.tasks import Batch, EvaluationTask
+
+MethodFn = Callable[[EvaluationTask, Batch, Tensor, dict[str, Any]], Tensor]
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """A method: its function, default options and whether it needs the ``lxt`` peer."""
+
+    fn: MethodFn
+    options: dict[str, Any] = field(default_factory=dict)
+    peer: bool = False
+    description: str = ""
+
+
+def _decomposition(rules: Callable[[], dict[str, Any]] | None) -> MethodFn:
+    def run(task: EvaluationTask, batch: Batch, target: Tensor, options: dict[str, Any]) -> Tensor:
+        nd_target, sign = task.decomposition_target(target)
+        chosen = None
+        if rules is not None:  # the activation role this family's feed-forward has
+            roles = task.nd.chain.roles(task.nd.spec)
+            chosen = {role: rule for role, rule in rules().items() if role in roles}
+        with torch.enable_grad():
+            c = task.nd.attribute(batch.input_ids, target=nd_target,
+                                  forward_kwargs={"attention_mask": batch.attention_mask},
+                                  rules=chosen)
+        return c.detach() * sign.unsqueeze(1)
+    return run
+
+
+def _no_ff_rules() -> dict[str, Any]:
+    from captum_ffb.rules import NoTokenActivation, NoTokenGatedActivation
+
+    return {"activation": NoTokenActivation(), "gated_activation": NoTokenGatedActivation()}
+
+
+def _linearised_rules() -> dict[str, Any]:
+    from captum_ffb.rules import LinearisedActivation, LinearisedGatedActivation
+
+    return {"activation": LinearisedActivation(), "gated_activation": LinearisedGatedActivation()}
+
+
+def _readout(maps: Tensor, task: EvaluationTask, mask: Tensor) -> Tensor:
+    """The read-out row of ``(B, n, n)`` maps."""
+    real = mask.to(maps.dtype)
+    if task.readout == "mean":
+        return (maps * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True)
+    n = mask.shape[1]
+    if task.readout == "last":
+        row = n - 1 - mask.long().flip(1).argmax(1)
+    else:
+        row = mask.long().argmax(1)
+    return maps[torch.arange(maps.shape[0]), row]
+
+
+def _attentions(task: EvaluationTask, batch: Batch) -> list[Tensor]:
+    """Head-averaged attention probabilities of every layer, from an eager forward pass."""
+    model = task.model
+    before = getattr(model.config, "_attn_implementation", None)
+    switch = callable(getattr(model, "set_attn_implementation", None)) and before != "eager"
+    if switch:
+        model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask,
+                                      "input_ids": batch.input_ids, "output_attentions": True}
+            if task.causal:
+                kwargs["position_ids"] = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+                kwargs["logits_to_keep"] = 1
+            out = model(**kwargs)
+    finally:
+        if switch:
+            model.set_attn_implementation(before)
+    if not out.attentions or out.attentions[0] is None:
+        raise RuntimeError(f"{type(model).__name__} returned no attention probabilities")
+    real = batch.attention_mask.unsqueeze(1).to(out.attentions[0].dtype)
+    return [a.float().mean(1) * real for a in out.attentions]
+
+
+def _attention_last(task, batch, target, options):
+    return _readout(_attentions(task, batch)[-1], task, batch.attention_mask)
+
+
+def _attention_mean(task, batch, target, options):
+    maps = torch.stack(_attentions(task, batch)).mean(0)
+    return _readout(maps, task, batch.attention_mask)
+
+
+def _roll(maps: list[Tensor], mask: Tensor) -> Tensor:
+    n = mask.shape[1]
+    eye = torch.eye(n) * mask.unsqueeze(-1).float()
+    out = eye.expand(mask.shape[0], n, n)
+    for m in maps:
+        m = m / m.sum(-1, keepdim=True).clamp_min(1e-12)
+        out = m @ out
+    return out
+
+
+def _rollout(task, batch, target, options):
+    mask = batch.attention_mask
+    eye = torch.eye(mask.shape[1]) * mask.unsqueeze(-1).float()
+    maps = [0.5 * a + 0.5 * eye for a in _attentions(task, batch)]
+    return _readout(_roll(maps, mask), task, mask)
+
+
+def _norm_rollout(task, batch, target, options):
+    from captum_ffb.attr import LayerNormDecomposition
+
+    lnd = LayerNormDecomposition(task.model, list(task.loaded.blocks))
+    scope = lnd.chain.scopes[-1]
+    maps = []
+    with torch.no_grad():
+        for _, result in lnd.iter_layers(batch.input_ids, scope=scope, maps=True, decompositions=False,
+                                         forward_kwargs={"attention_mask": batch.attention_mask}):
+            maps.append(result.maps[scope].float())
+    return _readout(_roll(maps, batch.attention_mask), task, batch.attention_mask)
+
+
+def _embeds(task: EvaluationTask, batch: Batch) -> Tensor:
+    with torch.no_grad():
+        return task.model.get_input_embeddings()(batch.input_ids).detach()
+
+
+def _captum_forward(task: EvaluationTask) -> Callable[..., Tensor]:
+    def forward(inputs_embeds: Tensor, attention_mask: Tensor, target: Tensor) -> Tensor:
+        repeat = inputs_embeds.shape[0] // attention_mask.shape[0]
+        if repeat > 1:  # Captum expands the batch (integration steps, perturbations)
+            attention_mask = attention_mask.repeat(repeat, 1)
+            target = target.repeat(repeat)
+        return task.target_score(inputs_embeds, attention_mask, target)
+    return forward
+
+
+def _gradient_method(name: str) -> MethodFn:
+    def run(task, batch, target, options):
+        import captum.attr as ca
+
+        x = _embeds(task, batch)
+        args = (batch.attention_mask, target)
+        forward = _captum_forward(task)
+        with torch.enable_grad():
+            if name == "saliency":
+                grads = ca.Saliency(forward).attribute(x, additional_forward_args=args, abs=False)
+                return grads.detach().norm(dim=-1)
+            if name == "input_x_gradient":
+                attr = ca.InputXGradient(forward).attribute(x, additional_forward_args=args)
+            else:
+                steps = int(options.get("n_steps", 50))
+                attr = ca.IntegratedGradients(forward).attribute(
+                    x, baselines=torch.zeros_like(x), additional_forward_args=args, n_steps=steps,
+                    internal_batch_size=int(options.get("internal_batch_size", 64)))
+        return attr.detach().sum(-1)
+    return run
+
+
+def _perturbation_method(name: str) -> MethodFn:
+    def run(task, batch, target, options):
+        import captum.attr as ca
+
+        x = _embeds(task, batch)
+        forward = _captum_forward(task)
+        b, n, d = x.shape
+        out = torch.zeros(b, n)
+        cls = {"feature_ablation": ca.FeatureAblation, "shapley_value_sampling": ca.ShapleyValueSampling,
+               "kernel_shap": ca.KernelShap, "lime": ca.Lime}[name]
+        with torch.no_grad():
+            for row in range(b):  # KernelShap and Lime take one example at a time
+                real = batch.attention_mask[row].bool()
+                xr = x[row:row + 1, real]
+                groups = torch.arange(xr.shape[1]).view(1, -1, 1).expand_as(xr).contiguous()
+                kwargs: dict[str, Any] = {"baselines": 0.0, "feature_mask": groups,
+                                          "additional_forward_args": (batch.attention_mask[row:row + 1, real],
+                                                                      target[row:row + 1])}
+                if name == "feature_ablation":
+                    kwargs["perturbations_per_eval"] = int(options.get("per_eval", 32))
+                else:
+                    kwargs["n_samples"] = int(options["n_samples"])
+                    kwargs["perturbations_per_eval"] = int(options.get("per_eval", 32))
+                    if name != "shapley_value_sampling":
+                        kwargs["show_progress"] = False
+                state = torch.random.get_rng_state()
+                torch.manual_seed(int(batch.index[row]))  # the same samples in any batching
+                try:
+                    attr = cls(forward).attribute(xr, **kwargs)
+                finally:
+                    torch.random.set_rng_state(state)
+                out[row, real] = attr[0, :, 0].float()
+        return out
+    return run
+
+
+def _attnlrp(task, batch, target, options):
+    relevances = options.get("precomputed")
+    if relevances is None:
+        raise RuntimeError("attnlrp needs its relevances computed first (evaluate does this)")
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    for row, index in enumerate(batch.index.tolist()):
+        values = torch.as_tensor(relevances[index], dtype=torch.float32)
+        real = batch.attention_mask[row].bool()
+        if int(real.sum()) != values.numel():
+            raise RuntimeError(f"attnlrp relevance of example {index} has {values.numel()} positions, "
+                               f"the example {int(real.sum())}")
+        out[row, real] = values
+    return out
+
+
+def _random(task, batch, target, options):
+    out = torch.zeros(batch.input_ids.shape)
+    seed = int(options.get("seed", 0))
+    for row, index in enumerate(batch.index.tolist()):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        out[row] = torch.rand(batch.input_ids.shape[1], generator=g)
+    return out * batch.attention_mask
+
+
+#: Every method, in the order of the tables.
+METHODS: dict[str, MethodInfo] = {
+    "decomposition": MethodInfo(_decomposition(None), description="NormDecomposition (exact)"),
+    "decomposition_no_ff": MethodInfo(_decomposition(_no_ff_rules),
+                                      description="NormDecomposition, FF owed to no token"),
+    "decomposition_linearised": MethodInfo(_decomposition(_linearised_rules),
+                                           description="NormDecomposition, linearised activation"),
+    "attention_last": MethodInfo(_attention_last, description="last layer's attention"),
+    "attention_mean": MethodInfo(_attention_mean, description="attention averaged over layers"),
+    "rollout": MethodInfo(_rollout, description="attention rollout"),
+    "norm_rollout": MethodInfo(_norm_rollout, description="rollout of the layer maps ‖F_i(x_j)‖"),
+    "saliency": MethodInfo(_gradient_method("saliency"), description="Captum Saliency (L2 norm)"),
+    "input_x_gradient": MethodInfo(_gradient_method("input_x_gradient"), description="Captum InputXGradient"),
+    "integrated_gradients": MethodInfo(_gradient_method("integrated_gradients"), {"n_steps": 50},
+                                       description="Captum IntegratedGradients, zero baseline"),
+    "feature_ablation": MethodInfo(_perturbation_method("feature_ablation"),
+                                   description="Captum FeatureAblation (one token at a time)"),
+    "shapley_value_sampling": MethodInfo(_perturbation_method("shapley_value_sampling"), {"n_samples": 10},
+                                         description="Captum ShapleyValueSampling"),
+    "kernel_shap": MethodInfo(_perturbation_method("kernel_shap"), {"n_samples": 200},
+                              description="Captum KernelShap"),
+    "lime": MethodInfo(_perturbation_method("lime"), {"n_samples": 200}, description="Captum Lime"),
+    "attnlrp": MethodInfo(_attnlrp, peer=True, description="AttnLRP (lxt)"),
+    "random": MethodInfo(_random, description="uniform noise"),
+}
+
+
+def resolve_methods(names: str | list[str]) -> list[str]:
+    """Method names from a comma list (``all`` = every method); unknown names are an error
+    that lists the known ones."""
+    items = [m.strip() for m in names.split(",")] if isinstance(names, str) else list(names)
+    items = [m for m in items if m]
+    if items == ["all"]:
+        return list(METHODS)
+    unknown = [m for m in items if m not in METHODS]
+    if unknown or not items:
+        raise ValueError(f"unknown method {unknown[0] if unknown else names!r}; choose from "
+                         f"{', '.join(METHODS)} (or all)")
+    return list(dict.fromkeys(items))

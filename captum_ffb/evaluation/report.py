@@ -1,0 +1,150 @@
+"""Write an evaluation summary as CSV, Markdown, JSON, PNG curves and one offline HTML page."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+#: The table columns: (key, heading, "higher" or "lower" is better, or None).
+COLUMNS = (
+    ("decompx_aopc", "DecompX AOPC", "higher"),
+    ("decompx_accuracy", "accuracy after masking", "lower"),
+    ("comprehensiveness", "comprehensiveness", "higher"),
+    ("sufficiency", "sufficiency", "lower"),
+    ("abpc", "ABPC", "higher"),
+    ("seconds_per_example", "s / example", None),
+    ("cost_vs_ig", "cost / IG", None),
+    ("peak_mb", "peak extra MB", None),
+)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) >= 10 ** -digits or value == 0 else f"{value:.1e}"
+    return str(value)
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """One row per method; the best value of every score column in bold."""
+    columns = [c for c in COLUMNS if any(c[0] in r for r in summary["rows"])]
+    best = {}
+    for key, _, better in columns:
+        values = [r[key] for r in summary["rows"] if r["method"] != "random"
+                  and isinstance(r.get(key), float) and not math.isnan(r[key])]
+        if better and values:
+            best[key] = max(values) if better == "higher" else min(values)
+    lines = ["| method | " + " | ".join(h + (" ↑" if b == "higher" else " ↓" if b == "lower" else "")
+                                         for _, h, b in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
+    for row in summary["rows"]:
+        cells = []
+        for key, _, _ in columns:
+            text = _fmt(row.get(key))
+            if f"{key}_sem" in row and not math.isnan(row[f"{key}_sem"]):
+                text += f" ± {_fmt(row[f'{key}_sem'])}"
+            if key in best and row.get(key) == best[key]:
+                text = f"**{text}**"
+            cells.append(text)
+        lines.append(f"| `{row['method']}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _heading(summary: dict[str, Any]) -> str:
+    accuracy = summary.get("accuracy")
+    parts = [f"model {summary.get('model')} ({summary.get('model_type')})", f"task {summary.get('task')}",
+             f"data {summary.get('data')}", f"{summary['n']} examples",
+             f"{summary['players_mean']:.1f} perturbable tokens on average"]
+    if accuracy is not None:
+        parts.append(f"model accuracy {accuracy:.3f}")
+    return "; ".join(parts)
+
+
+def plot_curves(summary: dict[str, Any]) -> Any:
+    """The mean curves of every protocol, one panel each, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    curves = summary["curves"]
+    if any("decompx" in c for c in curves.values()):
+        panels.append(("DecompX: p(ŷ) drop vs % masked", summary["decompx_ratios"], "decompx"))
+    if any("comprehensiveness" in c for c in curves.values()):
+        panels.append(("ERASER comprehensiveness per bin", summary["eraser_bins"], "comprehensiveness"))
+        panels.append(("ERASER sufficiency per bin", summary["eraser_bins"], "sufficiency"))
+    if any("abpc_morf" in c for c in curves.values()):
+        panels.append(("ABPC: logit, MoRF (solid) / LeRF (dashed)", summary["abpc_fractions"], "abpc"))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
+    colours = plt.get_cmap("tab20")
+    for ax, (title, x, key) in zip(axes[0], panels):
+        for k, (method, c) in enumerate(curves.items()):
+            colour = colours(k % 20)
+            if key == "abpc":
+                ax.plot(x, c["abpc_morf"], color=colour, label=method)
+                ax.plot(x, c["abpc_lerf"], color=colour, linestyle="--")
+            else:
+                ax.plot(x, c[key], color=colour, marker="o", markersize=3, label=method)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("fraction of tokens")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, loc="best")
+    figure.suptitle(_heading(summary), fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
+    """``results.json``, ``results.csv``, ``results.md``, ``curves.png`` (with matplotlib)
+    and ``report.html`` into ``out``; returns the paths."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    path = folder / "results.json"
+    path.write_text(json.dumps(summary, indent=1, default=float), encoding="utf-8")
+    written.append(path)
+    keys = ["method"] + sorted({k for r in summary["rows"] for k in r if k != "method"})
+    path = folder / "results.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(summary["rows"])
+    written.append(path)
+    table = markdown_table(summary)
+    path = folder / "results.md"
+    path.write_text(f"{_heading(summary)}\n\n{table}\n", encoding="utf-8")
+    written.append(path)
+    image = ""
+    try:
+        figure = plot_curves(summary)
+    except ImportError:
+        figure = None
+    if figure is not None:
+        path = folder / "curves.png"
+        figure.savefig(path, dpi=110)
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=80)
+        image = f'<img alt="curves" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+        written.append(path)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|")) + "</tr>"
+        for line in table.splitlines()[2:])
+    header = "".join(f"<th>{html.escape(c.strip())}</th>" for c in table.splitlines()[0].strip("|").split("|"))
+    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Faithfulness — "
+            f"captum_ffb</title><style>body{{font-family:system-ui,sans-serif;margin:1.2em}}"
+            f"table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;"
+            f"text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style></head>"
+            f"<body><h2>Faithfulness</h2><p>{html.escape(_heading(summary))}</p>"
+            f"<table><tr>{header}</tr>{rows.replace('**', '')}</table>{image}</body></html>")
+    path = folder / "report.html"
+    path.write_text(page, encoding="utf-8")
+    written.append(path)
+    return written

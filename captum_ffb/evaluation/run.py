@@ -1,0 +1,419 @@
+r"""Run the faithfulness protocols for several methods on one task, on any engine.
+
+:func:`evaluate` loads the texts, builds an :class:`EvaluationJob` (batches of examples; per
+batch every method's attribution, its cost, and every protocol's per-example scores) and runs
+it with :func:`captum_ffb.engines.run_job`, so a run is resumable from its shards and runs
+locally or on Ray. :func:`summarise` turns the shards into one row per method.
+
+Protocols (definitions in :mod:`captum_ffb.evaluation.metrics`):
+
+* ``decompx``: the top ``K %`` of the players replaced by the mask token (``[MASK]``; a causal
+  LM has none: its ``unk`` token, else padding), ``K = 0 … 90``; AOPC of the predicted class's
+  probability over ``K = 10 … 90``, and the accuracy on the masked inputs (against the gold
+  labels when the data has them, else against the unperturbed prediction).
+* ``eraser``: comprehensiveness and sufficiency of the top 1, 5, 10, 20, 50 % of the players,
+  tokens deleted, on the predicted class's probability, averaged over the bins.
+* ``abpc``: input embeddings of the players zeroed most and least relevant first, on the
+  predicted class's logit, at 0, 20, …, 100 % of the players; the area between the curves.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from captum_ffb.engines.jobs import ModelSource, fingerprint_of, run_job
+from captum_ffb.evaluation.methods import METHODS, resolve_methods
+from captum_ffb.evaluation.metrics import (
+    DECOMPX_RATIOS,
+    ERASER_BINS,
+    abpc,
+    decompx_aopc,
+    eraser_faithfulness,
+)
+from captum_ffb.evaluation.tasks import EvaluationTask, Example
+
+#: The protocols, in the order of the report.
+PROTOCOLS = ("decompx", "eraser", "abpc")
+#: ABPC's grid: fractions of the players zeroed.
+ABPC_FRACTIONS = tuple(k / 5 for k in range(6))
+
+
+def resolve_protocols(names: str | Sequence[str]) -> list[str]:
+    """Protocol names from a comma list (``all`` = every one)."""
+    items = [p.strip() for p in names.split(",")] if isinstance(names, str) else list(names)
+    items = [p for p in items if p]
+    if items == ["all"]:
+        return list(PROTOCOLS)
+    unknown = [p for p in items if p not in PROTOCOLS]
+    if unknown or not items:
+        raise ValueError(f"unknown protocol {unknown[0] if unknown else names!r}; choose from "
+                         f"{', '.join(PROTOCOLS)} (or all)")
+    return list(dict.fromkeys(items))
+
+
+class _PeakRss:
+    """Peak resident memory above the level at entry, sampled every few milliseconds."""
+
+    def __enter__(self) -> _PeakRss:
+        self.start = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+
+    @property
+    def extra_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+@dataclass
+class EvaluationJob:
+    """The :class:`~captum_ffb.engines.jobs.Job` of :func:`evaluate` (picklable)."""
+
+    source: ModelSource
+    task: str
+    examples: list[Example]
+    methods: list[str]
+    protocols: list[str]
+    batch_size: int = 16
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    template: str | None = None
+    labels: tuple[str, str] | None = None
+    precomputed: str | None = None
+    seed: int = 0
+    shard_version: int = 1
+
+    def fingerprint(self) -> dict[str, Any]:
+        settings = {"model": self.source.name, "task": self.task, "methods": self.methods,
+                    "protocols": self.protocols, "batch_size": self.batch_size,
+                    "options": self.options, "template": self.template, "labels": self.labels,
+                    "seed": self.seed}
+        return {**settings, "examples": len(self.examples),
+                "fingerprint": fingerprint_of(settings, [(e.ids, e.players, e.label) for e in self.examples])}
+
+    def plan(self) -> list[list[int]]:
+        order = sorted(range(len(self.examples)), key=lambda k: (len(self.examples[k].ids), k))
+        return [order[k:k + self.batch_size] for k in range(0, len(order), self.batch_size)]
+
+    def setup(self) -> Any:
+        torch.manual_seed(self.seed)
+        loaded = self.source.load()
+        task = EvaluationTask(loaded, self.task, self.template, self.labels)
+        pre = None
+        if self.precomputed:
+            data = np.load(self.precomputed, allow_pickle=False)
+            pre = {"relevance": [data[f"r{k}"] for k in range(len(self.examples))],
+                   "seconds": data["seconds"], "peak_mb": data["peak_mb"]}
+        return task, pre
+
+    def run_batch(self, state: Any, index: int, batch: Sequence[int]) -> dict[str, np.ndarray]:
+        task, pre = state
+        b = task.batch([self.examples[k] for k in batch])
+        target = task.predict(b)
+        known = b.labels >= 0
+        out: dict[str, np.ndarray] = {
+            "index": b.index.numpy(), "label": b.labels.numpy(), "predicted": target.numpy(),
+            "players": (~b.protected).sum(1).numpy(),
+        }
+        accuracy_labels = torch.where(known, b.labels, target)
+        probabilities, logits = task.scorer("probabilities"), task.scorer("logits")
+        common = {"target": target, "batch_size": 64}
+        for name in self.methods:
+            options = {**METHODS[name].options, **self.options.get(name, {}), "seed": self.seed}
+            if name == "attnlrp":
+                options["precomputed"] = None if pre is None else pre["relevance"]
+            with _PeakRss() as memory:
+                start = time.perf_counter()
+                attr = METHODS[name].fn(task, b, target, options).float()
+                seconds = time.perf_counter() - start
+            if name == "attnlrp" and pre is not None:
+                seconds = float(pre["seconds"][b.index.numpy()].sum())
+                out[f"{name}.peak_mb"] = np.array([float(pre["peak_mb"][b.index.numpy()].max())])
+            else:
+                out[f"{name}.peak_mb"] = np.array([memory.extra_mb])
+            out[f"{name}.seconds"] = np.array([seconds])
+            if not torch.isfinite(attr).all():
+                raise RuntimeError(f"{name} gave non-finite attributions")
+            if "decompx" in self.protocols:
+                r = decompx_aopc(probabilities, b.input_ids, b.attention_mask, attr, b.protected,
+                                 mask_token_id=task.replacement_id, labels=accuracy_labels, **common)
+                out[f"{name}.decompx_drop"] = r.curve.drops().numpy()
+                correct = r.curve.class_scores.argmax(-1) == accuracy_labels.unsqueeze(1)
+                out[f"{name}.decompx_correct"] = correct.numpy().astype(np.float64)
+            if "eraser" in self.protocols:
+                r = eraser_faithfulness(probabilities, b.input_ids, b.attention_mask, attr, b.protected,
+                                        pad_token_id=task.pad_id, padding_side=task.padding_side, **common)
+                out[f"{name}.comprehensiveness"] = r.aopc_comprehensiveness.numpy()
+                out[f"{name}.sufficiency"] = r.aopc_sufficiency.numpy()
+                out[f"{name}.comprehensiveness_bins"] = r.comprehensiveness.numpy()
+                out[f"{name}.sufficiency_bins"] = r.sufficiency.numpy()
+            if "abpc" in self.protocols:
+                r = abpc(logits, b.input_ids, b.attention_mask, attr, b.protected,
+                         fractions=ABPC_FRACTIONS, **common)
+                out[f"{name}.abpc"] = r.abpc.numpy()
+                out[f"{name}.morf"] = r.morf.scores.numpy()
+                out[f"{name}.lerf"] = r.lerf.scores.numpy()
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# data
+
+
+def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = None,
+               max_tokens: int | None = None) -> tuple[list[str], list[int | None]]:
+    r"""Texts and labels: ``"rotten_tomatoes"`` (the labelled held-out split, see
+    :mod:`captum_ffb.evaluation.data`), or a file: ``.txt`` (one text per line, no labels),
+    ``.jsonl`` (``{"text": ..., "label": ...}``) or ``.csv`` / ``.tsv`` (columns ``text`` and
+    optionally ``label``).
+
+    Args:
+        data (str or PathLike): the source.
+        n (int, optional): keep the first ``n`` (after the length filter).
+        tokenizer (optional): counts tokens for ``max_tokens``.
+        max_tokens (int, optional): skip texts longer than this (the tokenizer's tokens).
+    """
+    if str(data) == "rotten_tomatoes":
+        from captum_ffb.evaluation.data import rotten_tomatoes_split
+
+        split = rotten_tomatoes_split("heldout")
+        texts, labels = list(split.texts), list(split.labels)
+    else:
+        path = Path(data)
+        if not path.is_file():
+            raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
+        suffix = path.suffix.lower()
+        if suffix == ".txt":
+            texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            labels = [None] * len(texts)
+        elif suffix == ".jsonl":
+            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            if any("text" not in r for r in rows):
+                raise ValueError(f"--data {data}: every line needs a \"text\"")
+            texts, labels = [r["text"] for r in rows], [r.get("label") for r in rows]
+        elif suffix in (".csv", ".tsv"):
+            with path.open(encoding="utf-8", newline="") as f:
+                rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+            if rows and "text" not in rows[0]:
+                raise ValueError(f"--data {data}: no 'text' column")
+            texts = [r["text"] for r in rows]
+            labels = [int(r["label"]) if r.get("label") not in (None, "") else None for r in rows]
+        else:
+            raise ValueError(f"--data {data}: use a .txt, .jsonl, .csv or .tsv file, or rotten_tomatoes")
+        labels = [None if v is None else int(v) for v in labels]
+    if max_tokens is not None:
+        lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+        keep = [k for k, length in enumerate(lengths) if length <= max_tokens]
+        texts, labels = [texts[k] for k in keep], [labels[k] for k in keep]
+    if n is not None:
+        texts, labels = texts[:n], labels[:n]
+    if not texts:
+        raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else ""))
+    return texts, labels
+
+
+# ---------------------------------------------------------------------------------------
+# running and summarising
+
+
+def _attnlrp_relevance(task: EvaluationTask, examples: list[Example], path: Path, model_dir: str,
+                       batch_size: int) -> Path:
+    """AttnLRP's relevance for every example (one ``lxt`` subprocess), saved to ``path``."""
+    from captum_ffb.evaluation.peers import attnlrp_relevance
+
+    if task.loaded.model_type not in ("llama",):
+        raise ValueError(f"attnlrp runs on the Llama family only (lxt), not {task.loaded.model_type}")
+    requests = []
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        predicted = task.predict(task.batch(chunk))
+        for e, p in zip(chunk, predicted.tolist()):
+            request: dict[str, Any] = {"input_ids": list(e.ids), "target_position": -1}
+            if task.mode == "prompt":
+                pos, neg = task.label_ids
+                request["contrast"] = (pos, neg) if p == 1 else (neg, pos)
+            else:
+                request["target_id"] = int(p)
+            requests.append(request)
+    relevances, info = attnlrp_relevance(requests, model_dir=model_dir, timeout=None)
+    peak = np.asarray(info["peak_rss_bytes"], dtype=np.float64) / 2**20
+    np.savez(path, seconds=np.asarray(info["seconds"], dtype=np.float64), peak_mb=peak,
+             **{f"r{k}": r for k, r in enumerate(relevances)})
+    return path
+
+
+def evaluate(
+    model: str | None,
+    task: str,
+    data: str | os.PathLike = "rotten_tomatoes",
+    methods: str | Sequence[str] = "decomposition,integrated_gradients,random",
+    protocols: str | Sequence[str] = "all",
+    out: str | os.PathLike = "captum_ffb_evaluate",
+    n: int | None = 300,
+    max_tokens: int | None = None,
+    batch_size: int = 16,
+    options: dict[str, dict[str, Any]] | None = None,
+    engine: str = "local",
+    engine_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    show_progress: bool = True,
+    seed: int = 0,
+    template: str | None = None,
+    labels: tuple[str, str] | None = None,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    r"""Evaluate ``methods`` on ``task`` under ``protocols``; write the run into ``out``.
+
+    Args:
+        model (str, optional): a model folder or name (the bundled all-MiniLM-L6-v2 by default).
+        task (str): ``"next-token"`` or ``"sentiment"``.
+        data: ``"rotten_tomatoes"`` or a file (see :func:`read_texts`).
+        methods: names of :data:`~captum_ffb.evaluation.methods.METHODS` (comma list).
+        protocols: names of :data:`PROTOCOLS` (comma list, or ``"all"``).
+        out: the run's folder (shards, ``results.csv``/``.md``/``.json``, curves, HTML).
+        n (int, optional): how many texts.
+        max_tokens (int, optional): skip longer texts.
+        batch_size (int): examples per batch (one shard each).
+        options (dict, optional): per-method options, e.g. ``{"integrated_gradients":
+                    {"n_steps": 20}}``.
+        engine, engine_options: see :func:`captum_ffb.engines.run_job`.
+        overwrite (bool): discard an earlier run with other settings in ``out``.
+        show_progress (bool): a progress bar.
+        seed (int): seeds the random baseline and the sampling methods.
+        template, labels: a causal LM's sentiment prompt and label tokens.
+        stop_after (int, optional): stop after this many batches (to test resuming).
+
+    Returns:
+        dict: the summary (see :func:`summarise`), also written to ``out/results.json``.
+    """
+    from captum_ffb.models import model_config, task_from_config
+
+    chosen = resolve_methods(methods)
+    protocol_names = resolve_protocols(protocols)
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    config = model_config(model)
+    head = task_from_config(config)
+    source = ModelSource(name=model, task=head)
+    loaded = source.load()
+    evaluation_task = EvaluationTask(loaded, task, template, labels)
+    texts, gold = read_texts(data, n, loaded.tokenizer, max_tokens)
+    examples = [evaluation_task.example(t, y, k) for k, (t, y) in enumerate(zip(texts, gold))]
+    empty = [e.index for e in examples if not any(e.players)]
+    if empty:
+        raise ValueError(f"text {empty[0]} has no token to perturb")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    precomputed = None
+    if "attnlrp" in chosen:
+        path = folder / "attnlrp.npz"
+        if overwrite or not path.is_file():
+            if show_progress:
+                print(f"AttnLRP (lxt) on {len(examples)} examples ...", flush=True)
+            _attnlrp_relevance(evaluation_task, examples, path, str(model), batch_size)
+        precomputed = str(path)
+    job = EvaluationJob(source, task, examples, chosen, protocol_names, batch_size,
+                        options or {}, template, labels, precomputed, seed)
+    shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
+                     show_progress=show_progress, stop_after=stop_after, description="evaluating",
+                     engine_options=engine_options)
+    summary = summarise(shards, chosen, protocol_names)
+    summary.update(model=loaded.name, model_type=loaded.model_type, task=task,
+                   data=str(data), examples=len(examples), max_tokens=max_tokens,
+                   options={m: {**METHODS[m].options, **(options or {}).get(m, {})} for m in chosen},
+                   labelled=all(y is not None for y in gold), engine=engine)
+    from captum_ffb.evaluation.report import write_report
+
+    write_report(summary, folder)
+    return summary
+
+
+def _concat(shards: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
+    return np.concatenate([s[key] for s in shards], axis=0)
+
+
+def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
+              protocols: Sequence[str]) -> dict[str, Any]:
+    r"""One row per method: cost and every protocol's score (mean over examples, with the
+    standard error), plus the mean curves.
+
+    Returns:
+        dict with ``rows`` (list of dicts), ``curves`` (per method: ``decompx`` drops per
+        ratio, ``abpc_morf`` / ``abpc_lerf`` mean logit per fraction, ERASER per bin),
+        ``accuracy`` (the model's accuracy against the gold labels, when known) and grids.
+    """
+    n = sum(len(s["index"]) for s in shards)
+    label, predicted = _concat(shards, "label"), _concat(shards, "predicted")
+    known = label >= 0
+    summary: dict[str, Any] = {
+        "n": n, "rows": [], "curves": {},
+        "accuracy": float((label[known] == predicted[known]).mean()) if known.any() else None,
+        "decompx_ratios": list(DECOMPX_RATIOS), "eraser_bins": list(ERASER_BINS),
+        "abpc_fractions": list(ABPC_FRACTIONS),
+        "players_mean": float(_concat(shards, "players").mean()),
+    }
+
+    def mean_sem(values: np.ndarray) -> tuple[float, float]:
+        values = values[np.isfinite(values)]
+        if values.size == 0:
+            return float("nan"), float("nan")
+        sem = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0
+        return float(values.mean()), sem
+
+    for m in methods:
+        row: dict[str, Any] = {"method": m,
+                               "seconds_per_example": float(sum(s[f"{m}.seconds"][0] for s in shards)) / n,
+                               "peak_mb": float(max(s[f"{m}.peak_mb"][0] for s in shards))}
+        curves: dict[str, list[float]] = {}
+        if "decompx" in protocols:
+            drops = _concat(shards, f"{m}.decompx_drop")
+            correct = _concat(shards, f"{m}.decompx_correct")
+            per_ratio = drops.mean(0)
+            row["decompx_aopc"], row["decompx_aopc_sem"] = mean_sem(drops[:, 1:].mean(1))
+            row["decompx_accuracy"] = float(correct[:, 1:].mean())
+            curves["decompx"] = per_ratio.tolist()
+            curves["decompx_accuracy"] = correct.mean(0).tolist()
+        if "eraser" in protocols:
+            row["comprehensiveness"], row["comprehensiveness_sem"] = mean_sem(_concat(shards, f"{m}.comprehensiveness"))
+            row["sufficiency"], row["sufficiency_sem"] = mean_sem(_concat(shards, f"{m}.sufficiency"))
+            curves["comprehensiveness"] = np.nanmean(_concat(shards, f"{m}.comprehensiveness_bins"), 0).tolist()
+            curves["sufficiency"] = np.nanmean(_concat(shards, f"{m}.sufficiency_bins"), 0).tolist()
+        if "abpc" in protocols:
+            row["abpc"], row["abpc_sem"] = mean_sem(_concat(shards, f"{m}.abpc"))
+            curves["abpc_morf"] = np.nanmean(_concat(shards, f"{m}.morf"), 0).tolist()
+            curves["abpc_lerf"] = np.nanmean(_concat(shards, f"{m}.lerf"), 0).tolist()
+        summary["rows"].append(row)
+        summary["curves"][m] = curves
+    ig = next((r for r in summary["rows"] if r["method"] == "integrated_gradients"), None)
+    for row in summary["rows"]:
+        row["cost_vs_ig"] = (row["seconds_per_example"] / ig["seconds_per_example"]
+                             if ig and ig["seconds_per_example"] > 0 else float("nan"))
+    return summary

@@ -1,0 +1,74 @@
+"""Rebuild the committed faithfulness results: ``python results/faithfulness/run.py [TASK ...]``.
+
+TASK is ``minilm-sentiment``, ``smollm2-next-token`` or ``smollm2-sentiment`` (default: all
+three, in that order). Each run resumes from its shards in ``<task>/run/``. Every setting is
+here; the same runs through the command line are printed by ``--print-commands``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from captum_ffb.evaluation.peers import smollm2_dir
+from captum_ffb.evaluation.run import evaluate
+
+HERE = Path(__file__).resolve().parent
+N = 300
+MAX_TOKENS = 24  # SmolLM2 tasks: snippets of at most 24 tokens (1,336 of the 2,550 held out)
+
+RUNS = {
+    "minilm-sentiment": dict(
+        model=None, task="sentiment", max_tokens=None,
+        methods="decomposition,decomposition_no_ff,decomposition_linearised,attention_last,"
+                "attention_mean,rollout,norm_rollout,saliency,input_x_gradient,integrated_gradients,"
+                "feature_ablation,shapley_value_sampling,kernel_shap,lime,random",
+        options={"integrated_gradients": {"n_steps": 50}, "shapley_value_sampling": {"n_samples": 5},
+                 "kernel_shap": {"n_samples": 100}, "lime": {"n_samples": 100}},
+    ),
+    "smollm2-next-token": dict(
+        model="smollm2", task="next-token", max_tokens=MAX_TOKENS,
+        methods="decomposition,decomposition_no_ff,decomposition_linearised,attention_last,"
+                "attention_mean,rollout,norm_rollout,saliency,input_x_gradient,integrated_gradients,"
+                "attnlrp,random",
+        options={"integrated_gradients": {"n_steps": 20}},
+    ),
+    "smollm2-sentiment": dict(
+        model="smollm2", task="sentiment", max_tokens=MAX_TOKENS,
+        methods="decomposition,decomposition_no_ff,attention_mean,rollout,input_x_gradient,"
+                "integrated_gradients,attnlrp,random",
+        options={"integrated_gradients": {"n_steps": 20}},
+    ),
+}
+
+
+def command(name: str) -> str:
+    """The ``captum-ffb evaluate`` line of a run."""
+    run = RUNS[name]
+    model = "" if run["model"] is None else " --model $SMOL"
+    parts = [f"captum-ffb evaluate --task {run['task']}{model} --data rotten_tomatoes --n {N}",
+             f"--methods {run['methods']}", "--protocol all", f"--out results/faithfulness/{name}"]
+    if run["max_tokens"]:
+        parts.append(f"--max-tokens {run['max_tokens']}")
+    for method, values in run["options"].items():
+        for key, value in values.items():
+            parts.append(f"--option {method}.{key}={value}")
+    return " ".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    if "--print-commands" in argv:
+        for name in RUNS:
+            print(command(name))
+        return 0
+    for name in argv or list(RUNS):
+        run = dict(RUNS[name])
+        if run["model"] == "smollm2":
+            run["model"] = str(smollm2_dir())
+        print(f"== {name}", flush=True)
+        evaluate(data="rotten_tomatoes", n=N, protocols="all", out=HERE / name, batch_size=16, **run)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""``captum-ffb evaluate`` end to end on tiny models: every protocol, every cheap method,
+resuming, the players of each task, and one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from captum_ffb.cli import main
+from captum_ffb.evaluation.methods import METHODS, resolve_methods
+from captum_ffb.evaluation.run import PROTOCOLS, evaluate, read_texts
+from captum_ffb.evaluation.tasks import EvaluationTask
+from captum_ffb.models import load_model
+from tests.models import tiny_task_model
+from tests.tiny_lm import save_tiny_lm
+from tests.viz.tiny import tokenizer
+
+TEXTS = [
+    ("the cat sat on the mat", 1), ("a dog was tired", 0), ("she loves math", 1),
+    ("tokyo is big and red", 1), ("the small blue cat run slow", 0),
+    ("hello world , the dog sat", 0), ("big green mat", 1),
+]
+CHEAP = [m for m in METHODS if m not in ("attnlrp",)]
+SMALL = ["--option", "integrated_gradients.n_steps=4", "--option", "shapley_value_sampling.n_samples=2",
+         "--option", "kernel_shap.n_samples=8", "--option", "lime.n_samples=8"]
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models") / "bert-classifier"
+    tiny_task_model("bert", "sequence_classification", num_labels=2).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "llama")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "texts.jsonl"
+    path.write_text("\n".join(json.dumps({"text": t, "label": y}) for t, y in TEXTS) + "\n")
+    return path
+
+
+def _load(folder, task):
+    return load_model(str(folder), show_progress=False, task=task)
+
+
+def test_every_protocol_and_method_on_a_classifier(classifier_dir, data, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["evaluate", "--model", str(classifier_dir), "--task", "sentiment", "--data", str(data),
+            "--methods", ",".join(CHEAP), "--batch-size", "3", "--out", str(out), *SMALL]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| `decomposition` |" in printed
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["curves.png", "report.html", "results.csv", "results.json", "results.md", "run"]
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["method"] for r in rows] == CHEAP
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["n"] == len(TEXTS) and summary["labelled"]
+    for row in summary["rows"]:
+        for key in ("decompx_aopc", "decompx_accuracy", "comprehensiveness", "sufficiency", "abpc"):
+            assert np.isfinite(row[key]), (row["method"], key)
+    ig = next(r for r in summary["rows"] if r["method"] == "integrated_gradients")
+    assert ig["cost_vs_ig"] == 1.0
+    # the model's accuracy against the gold labels, by hand
+    loaded = _load(classifier_dir, "sequence_classification")
+    with torch.no_grad():
+        predicted = [int(loaded.model(**loaded.tokenizer(t, return_tensors="pt")).logits.argmax()) for t, _ in TEXTS]
+    assert summary["accuracy"] == pytest.approx(np.mean([p == y for p, (_, y) in zip(predicted, TEXTS)]))
+    # DecompX's AOPC at K = 0 is 0: nothing is masked
+    assert all(abs(c["decompx"][0]) < 1e-6 for c in summary["curves"].values())
+
+
+def test_the_decomposition_explains_the_predicted_logit(classifier_dir, data):
+    from captum_ffb import NormDecomposition
+
+    task = EvaluationTask(_load(classifier_dir, "sequence_classification"), "sentiment")
+    examples = [task.example(t, y, k) for k, (t, y) in enumerate(TEXTS)]
+    batch = task.batch(examples)
+    target = task.predict(batch)
+    attr = METHODS["decomposition"].fn(task, batch, target, {})
+    c, bias = NormDecomposition(task.model).attribute(
+        batch.input_ids, target=target, forward_kwargs={"attention_mask": batch.attention_mask},
+        return_bias=True)
+    with torch.no_grad():
+        logits = task.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    chosen = logits.gather(1, target.view(-1, 1)).squeeze(1)
+    assert torch.allclose(attr.sum(1) + bias, chosen, atol=1e-4)
+    assert (attr[batch.attention_mask == 0] == 0).all()
+    # every method: one finite value per position
+    options = {"n_steps": 4, "n_samples": 4}
+    for name in CHEAP:
+        values = METHODS[name].fn(task, batch, target, {**METHODS[name].options, **options})
+        assert values.shape == batch.input_ids.shape and torch.isfinite(values).all(), name
+
+
+def test_next_token_on_a_causal_lm_resumes(lm_dir, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(t for t, _ in TEXTS) + "\n")
+    methods = "decomposition,rollout,input_x_gradient,random"
+    first = evaluate(str(lm_dir), "next-token", texts, methods, "all", tmp_path / "a",
+                     batch_size=2, show_progress=False)
+    assert not first["labelled"] and first["accuracy"] is None
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(str(lm_dir), "next-token", texts, methods, "all", tmp_path / "b", batch_size=2,
+                 show_progress=False, stop_after=2)
+    assert len(list((tmp_path / "b" / "run" / "shards").iterdir())) == 2
+    resumed = evaluate(str(lm_dir), "next-token", texts, methods, "all", tmp_path / "b",
+                       batch_size=2, show_progress=False)
+    for a, b in zip(first["rows"], resumed["rows"]):
+        for key in ("decompx_aopc", "comprehensiveness", "sufficiency", "abpc"):
+            assert a[key] == pytest.approx(b[key], abs=1e-9)
+
+
+def test_players_of_each_task(lm_dir, classifier_dir):
+    task = EvaluationTask(_load(lm_dir, "causal_lm"), "sentiment", template="the review : {text} . it was",
+                          labels=("big", "small"))
+    e = task.example("cat sat", 1, 0)
+    words = task.tokenizer.convert_ids_to_tokens(list(e.ids))
+    assert [w for w, p in zip(words, e.players) if p] == ["cat", "sat"]
+    assert words[-1] == "was"
+    batch = task.batch([e, task.example("the dog", 0, 1), task.example("a big red cat", 1, 2)])
+    assert (batch.attention_mask[:, -1] == 1).all()  # left padding: the read-out is last
+    assert batch.protected[batch.attention_mask == 0].all()
+    logits = task.class_logits(task.forward(batch.attention_mask, input_ids=batch.input_ids), batch.attention_mask)
+    assert torch.allclose(logits[:, 0], -logits[:, 1])
+    bert = EvaluationTask(_load(classifier_dir, "sequence_classification"), "sentiment")
+    e = bert.example("the cat", None, 0)
+    assert e.players == (False, True, True, False)  # [CLS] and [SEP] are never perturbed
+
+
+def test_one_line_errors(classifier_dir, data, tmp_path, capsys):
+    def error(*argv):
+        assert main(["evaluate", *argv, "--out", str(tmp_path / "e"), "--quiet"]) == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    model = ["--model", str(classifier_dir), "--data", str(data)]
+    assert "unknown method 'shap'" in error(*model, "--task", "sentiment", "--methods", "shap")
+    assert "unknown protocol 'aopc'" in error(*model, "--task", "sentiment", "--protocol", "aopc")
+    assert "needs a causal LM" in error(*model, "--task", "next-token")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    assert "no texts" in error("--model", str(classifier_dir), "--data", str(empty), "--task", "sentiment")
+    assert "no such file" in error("--model", str(classifier_dir), "--data", "nope.txt", "--task", "sentiment")
+    assert "METHOD.KEY=VALUE" in error(*model, "--task", "sentiment", "--option", "integrated_gradients")
+    assert "--workers needs --engine ray" in error(*model, "--task", "sentiment", "--workers", "2")
+    assert "attnlrp runs on the Llama family" in error(*model, "--task", "sentiment", "--methods", "attnlrp")
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--task", "summarise"])
+
+
+def test_names_and_data_files(tmp_path):
+    assert resolve_methods("all") == list(METHODS) and list(PROTOCOLS) == ["decompx", "eraser", "abpc"]
+    path = tmp_path / "t.csv"
+    path.write_text("text,label\nthe cat,1\na dog,0\n")
+    assert read_texts(path) == (["the cat", "a dog"], [1, 0])
+    texts, labels = read_texts("rotten_tomatoes", n=5)
+    assert len(texts) == 5 and set(labels) <= {0, 1}
