@@ -27,14 +27,18 @@ first 300 training snippets, then measured once on ``evaluation_examples(300)``
 (SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to float32; ``python -m
 captum_ffb.evaluation.data --prompts 300`` repeats it):
 
+* ``chat_no_system`` (" positive"/" negative"): 0.757, AUC 0.858, 59 % called positive;
 * ``chat_sentiment`` (" positive"/" negative"): 0.730, AUC 0.853, 43 % called positive;
 * ``plain`` (" positive"/" negative"): 0.673, AUC 0.782, 85 % called positive;
 * ``chat_bare`` ("Positive"/"Negative"): 0.613, AUC 0.796, 98 % called positive;
 
 (60 % of those 300 are positive). ``plain_qa`` and ``chat_is`` were dropped after the first
-32 training snippets (0.47 and 0.72; ``chat_is`` called 97 % positive). The chosen ``chat_sentiment`` reaches **0.783** on the 300
-held-out evaluation examples (AUC 0.905; 42 % called positive; 55 % are). The default system
-prompt is SmolLM2's own (its chat template adds it when none is given).
+32 training snippets (0.47 and 0.72; ``chat_is`` called 97 % positive). The chosen
+``chat_no_system`` (SmolLM2's chat turn without the system message: 30 prompt tokens instead
+of 51, which also makes every perturbed forward pass of the evaluation cheaper) reaches
+**0.813** on the 300 held-out evaluation examples (AUC 0.906; 56 % called positive; 55 %
+are); ``chat_sentiment`` (the same turn after SmolLM2's default system prompt) reached 0.783
+(AUC 0.905) there.
 """
 
 from __future__ import annotations
@@ -97,6 +101,11 @@ SENTIMENT_CANDIDATES: dict[str, tuple[str, tuple[str, str]]] = {
         "negative.\n\nReview: {text}<|im_end|>\n<|im_start|>assistant\nSentiment:",
         _POS_NEG,
     ),
+    "chat_no_system": (
+        "<|im_start|>user\nClassify the sentiment of this movie review as positive or "
+        "negative.\n\nReview: {text}<|im_end|>\n<|im_start|>assistant\nSentiment:",
+        _POS_NEG,
+    ),
     "chat_bare": (
         _SYSTEM + "<|im_start|>user\nIs this movie review positive or negative? Answer with one "
         "word.\n\n{text}<|im_end|>\n<|im_start|>assistant\n",
@@ -104,11 +113,11 @@ SENTIMENT_CANDIDATES: dict[str, tuple[str, tuple[str, str]]] = {
     ),
 }
 
-#: The SmolLM2 sentiment prompt (``chat_sentiment``: train accuracy 0.730 on 300 snippets,
-#: held-out 0.783 on ``evaluation_examples(300)``); ``{text}`` is the snippet.
-SENTIMENT_TEMPLATE: str = SENTIMENT_CANDIDATES["chat_sentiment"][0]
+#: The SmolLM2 sentiment prompt (``chat_no_system``: train accuracy 0.757 on 300 snippets,
+#: held-out 0.813 on ``evaluation_examples(300)``); ``{text}`` is the snippet.
+SENTIMENT_TEMPLATE: str = SENTIMENT_CANDIDATES["chat_no_system"][0]
 #: ``(positive, negative)`` label tokens; each is one SmolLM2 token (ids 2731 and 3524).
-SENTIMENT_LABELS: tuple[str, str] = SENTIMENT_CANDIDATES["chat_sentiment"][1]
+SENTIMENT_LABELS: tuple[str, str] = SENTIMENT_CANDIDATES["chat_no_system"][1]
 
 
 @dataclass(frozen=True)

