@@ -12,8 +12,8 @@ import torch
 from captum_ffb.analysis.corpus import read_rotten_tomatoes
 from captum_ffb.evaluation.data import (
     HELDOUT_FRACTION,
-    SENTIMENT_LABELS,
     SENTIMENT_CANDIDATES,
+    SENTIMENT_LABELS,
     SENTIMENT_TEMPLATE,
     evaluation_examples,
     label_token_ids,
