@@ -138,12 +138,14 @@ class EvaluationJob:
         task, pre = state
         b = task.batch([self.examples[k] for k in batch])
         target = task.predict(b)
-        known = b.labels >= 0
+        # a next token has no gold label (the data's labels are sentiment classes)
+        gold = b.labels if self.task != "next-token" else torch.full_like(b.labels, -1)
+        known = gold >= 0
         out: dict[str, np.ndarray] = {
-            "index": b.index.numpy(), "label": b.labels.numpy(), "predicted": target.numpy(),
+            "index": b.index.numpy(), "label": gold.numpy(), "predicted": target.numpy(),
             "players": (~b.protected).sum(1).numpy(),
         }
-        accuracy_labels = torch.where(known, b.labels, target)
+        accuracy_labels = torch.where(known, gold, target)
         probabilities, logits = task.scorer("probabilities"), task.scorer("logits")
         common = {"target": target, "batch_size": 64}
         for name in self.methods:
@@ -345,11 +347,11 @@ def evaluate(
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, stop_after=stop_after, description="evaluating",
                      engine_options=engine_options)
-    summary = summarise(shards, chosen, protocol_names)
+    summary = summarise(shards, chosen, protocol_names, task)
     summary.update(model=loaded.name, model_type=loaded.model_type, task=task,
                    data=str(data), examples=len(examples), max_tokens=max_tokens,
                    options={m: {**METHODS[m].options, **(options or {}).get(m, {})} for m in chosen},
-                   labelled=all(y is not None for y in gold), engine=engine)
+                   labelled=task != "next-token" and all(y is not None for y in gold), engine=engine)
     from captum_ffb.evaluation.report import write_report
 
     write_report(summary, folder)
@@ -361,7 +363,7 @@ def _concat(shards: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
 
 
 def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
-              protocols: Sequence[str]) -> dict[str, Any]:
+              protocols: Sequence[str], task: str | None = None) -> dict[str, Any]:
     r"""One row per method: cost and every protocol's score (mean over examples, with the
     standard error), plus the mean curves.
 
@@ -375,7 +377,8 @@ def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
     known = label >= 0
     summary: dict[str, Any] = {
         "n": n, "rows": [], "curves": {},
-        "accuracy": float((label[known] == predicted[known]).mean()) if known.any() else None,
+        "accuracy": (float((label[known] == predicted[known]).mean())
+                     if known.any() and task != "next-token" else None),
         "decompx_ratios": list(DECOMPX_RATIOS), "eraser_bins": list(ERASER_BINS),
         "abpc_fractions": list(ABPC_FRACTIONS),
         "players_mean": float(_concat(shards, "players").mean()),
@@ -398,7 +401,8 @@ def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
             correct = _concat(shards, f"{m}.decompx_correct")
             per_ratio = drops.mean(0)
             row["decompx_aopc"], row["decompx_aopc_sem"] = mean_sem(drops[:, 1:].mean(1))
-            row["decompx_accuracy"] = float(correct[:, 1:].mean())
+            if not (task == "next-token" and known.any()):  # shards before labels were ignored
+                row["decompx_accuracy"] = float(correct[:, 1:].mean())
             curves["decompx"] = per_ratio.tolist()
             curves["decompx_accuracy"] = correct.mean(0).tolist()
         if "eraser" in protocols:
