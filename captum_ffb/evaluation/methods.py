@@ -24,7 +24,7 @@ value, most relevant = largest); attention-style methods are non-negative.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,15 +273,20 @@ METHODS: dict[str, MethodInfo] = {
 }
 
 
-def resolve_methods(names: str | list[str]) -> list[str]:
-    """Method names from a comma list (``all`` = every method); unknown names are an error
-    that lists the known ones."""
+def resolve_names(names: str | Sequence[str], known: Sequence[str], what: str) -> list[str]:
+    """Names from a comma list (``all`` = every one of ``known``), once each, in order; an
+    unknown name is an error that lists the known ones."""
     items = [m.strip() for m in names.split(",")] if isinstance(names, str) else list(names)
     items = [m for m in items if m]
     if items == ["all"]:
-        return list(METHODS)
-    unknown = [m for m in items if m not in METHODS]
+        return list(known)
+    unknown = [m for m in items if m not in known]
     if unknown or not items:
-        raise ValueError(f"unknown method {unknown[0] if unknown else names!r}; choose from "
-                         f"{', '.join(METHODS)} (or all)")
+        raise ValueError(f"unknown {what} {unknown[0] if unknown else names!r}; choose from "
+                         f"{', '.join(known)} (or all)")
     return list(dict.fromkeys(items))
+
+
+def resolve_methods(names: str | Sequence[str]) -> list[str]:
+    """Method names from a comma list (``all`` = every method)."""
+    return resolve_names(names, list(METHODS), "method")

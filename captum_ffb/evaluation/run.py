@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from captum_ffb.engines.jobs import ModelSource, fingerprint_of, run_job
-from captum_ffb.evaluation.methods import METHODS, resolve_methods
+from captum_ffb.evaluation.methods import METHODS, resolve_methods, resolve_names
 from captum_ffb.evaluation.metrics import (
     DECOMPX_RATIOS,
     ERASER_BINS,
@@ -51,15 +51,7 @@ ABPC_FRACTIONS = tuple(k / 5 for k in range(6))
 
 def resolve_protocols(names: str | Sequence[str]) -> list[str]:
     """Protocol names from a comma list (``all`` = every one)."""
-    items = [p.strip() for p in names.split(",")] if isinstance(names, str) else list(names)
-    items = [p for p in items if p]
-    if items == ["all"]:
-        return list(PROTOCOLS)
-    unknown = [p for p in items if p not in PROTOCOLS]
-    if unknown or not items:
-        raise ValueError(f"unknown protocol {unknown[0] if unknown else names!r}; choose from "
-                         f"{', '.join(PROTOCOLS)} (or all)")
-    return list(dict.fromkeys(items))
+    return resolve_names(names, PROTOCOLS, "protocol")
 
 
 class _PeakRss:

@@ -198,19 +198,16 @@ class EvaluationTask:
 
     def scorer(self, kind: str):
         """A scorer ``(input_ids, attention_mask, zeroed) -> (B, C)`` for the metrics:
-        ``"probabilities"`` or ``"logits"``; ``zeroed`` positions get a zero input embedding."""
-        embed = self.model.get_input_embeddings()
+        ``"probabilities"`` or ``"logits"``; ``zeroed`` positions get a zero input embedding
+        (:func:`~captum_ffb.evaluation.perturbation.embedding_scorer`)."""
+        from captum_ffb.evaluation.perturbation import embedding_scorer
 
-        def score_fn(input_ids: Tensor, attention_mask: Tensor, zeroed: Tensor | None = None) -> Tensor:
-            with torch.no_grad():
-                embeds = embed(input_ids)
-                if zeroed is not None:
-                    embeds = embeds.masked_fill(zeroed.unsqueeze(-1).bool(), 0.0)
-                logits = self.class_logits(self.forward(attention_mask, inputs_embeds=embeds),
-                                           attention_mask)
-                return self.class_probabilities(logits) if kind == "probabilities" else logits
+        def read(outputs: Any, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+            logits = self.class_logits(outputs, attention_mask)
+            return self.class_probabilities(logits) if kind == "probabilities" else logits
 
-        return score_fn
+        extra = {"logits_to_keep": 1} if self.causal else {}
+        return embedding_scorer(self.model, read, positions_from_mask=self.causal, **extra)
 
     def target_score(self, inputs_embeds: Tensor, attention_mask: Tensor, target: Tensor) -> Tensor:
         """``(B,)`` the logit of class ``target`` per row, from input embeddings (for Captum)."""
