@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
+from captum_ffb.outputs import check_out_dir
 
 DEFAULT_OUT = "captum_ffb_evaluate"
 DEFAULT_METHODS = "decomposition,attention_last,rollout,input_x_gradient,integrated_gradients,random"
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     engine, engine_settings = engine_options(args)
+    check_out_dir(args.out)
     summary = evaluate(args.model, args.task, args.data, methods, protocols, args.out, n=args.n,
                        max_tokens=args.max_tokens, batch_size=args.batch_size, options=options,
                        engine=engine, engine_options=engine_settings, overwrite=args.overwrite,

@@ -42,6 +42,7 @@ from captum_ffb.evaluation.metrics import (
     eraser_faithfulness,
 )
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
+from captum_ffb.outputs import atomic_open, check_out_dir
 
 #: The protocols, in the order of the report.
 PROTOCOLS = ("decompx", "eraser", "abpc")
@@ -259,8 +260,9 @@ def _attnlrp_relevance(task: EvaluationTask, examples: list[Example], path: Path
             requests.append(request)
     relevances, info = attnlrp_relevance(requests, model_dir=model_dir, timeout=None)
     peak = np.asarray(info["peak_rss_bytes"], dtype=np.float64) / 2**20
-    np.savez(path, seconds=np.asarray(info["seconds"], dtype=np.float64), peak_mb=peak,
-             **{f"r{k}": r for k, r in enumerate(relevances)})
+    with atomic_open(path, "wb") as handle:
+        np.savez(handle, seconds=np.asarray(info["seconds"], dtype=np.float64), peak_mb=peak,
+                 **{f"r{k}": r for k, r in enumerate(relevances)})
     return path
 
 
@@ -314,6 +316,7 @@ def evaluate(
     protocol_names = resolve_protocols(protocols)
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    folder = check_out_dir(out)
     config = model_config(model)
     head = task_from_config(config)
     source = ModelSource(name=model, task=head)
@@ -324,7 +327,6 @@ def evaluate(
     empty = [e.index for e in examples if not any(e.players)]
     if empty:
         raise ValueError(f"text {empty[0]} has no token to perturb")
-    folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     precomputed = None
     if "attnlrp" in chosen:
