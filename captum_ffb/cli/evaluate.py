@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
     """``["integrated_gradients.n_steps=20"]`` → ``{"integrated_gradients": {"n_steps": 20}}``."""
-    from captum_ffb.evaluation.methods import METHODS
+    from captum_ffb.evaluation.methods import check_option
 
     options: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -82,8 +82,10 @@ def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
         method, _, key = name.partition(".")
         if not value or not key:
             raise UsageError(f"--option {item!r}: write METHOD.KEY=VALUE, e.g. integrated_gradients.n_steps=20")
-        if method not in METHODS:
-            raise UsageError(f"--option {item!r}: unknown method {method!r}")
+        try:
+            check_option(method, key)
+        except ValueError as error:
+            raise UsageError(f"--option {item!r}: {error}") from None
         try:
             parsed: Any = json.loads(value)
         except ValueError:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from captum_ffb.engines.jobs import ModelSource, fingerprint_of, run_job
-from captum_ffb.evaluation.methods import METHODS, resolve_methods, resolve_names
+from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods, resolve_names
 from captum_ffb.evaluation.metrics import (
     DECOMPX_RATIOS,
     ERASER_BINS,
@@ -316,8 +316,19 @@ def evaluate(
     protocol_names = resolve_protocols(protocols)
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    for method, settings in (options or {}).items():
+        for key in settings:
+            check_option(method, key)
     folder = check_out_dir(out)
     config = model_config(model)
+    if "attnlrp" in chosen:  # before the weights load
+        from captum_ffb.evaluation.peers import attnlrp_setup_problem
+
+        if config.model_type != "llama":
+            raise ValueError(f"attnlrp runs on the Llama family only (lxt), not {config.model_type}")
+        problem = attnlrp_setup_problem()
+        if problem:
+            raise ValueError(problem)
     head = task_from_config(config)
     source = ModelSource(name=model, task=head)
     loaded = source.load()
