@@ -367,11 +367,9 @@ def explain_corpus(
     Returns:
         Path: the ``explanations.jsonl`` file.
     """
-    import json
-    from pathlib import Path
-
     from captum_ffb.engines.jobs import ModelSource, run_job
     from captum_ffb.models import model_config, task_from_config
+    from captum_ffb.outputs import atomic_open, check_out_dir, to_json
 
     if not texts:
         raise ValueError("the corpus has no texts")
@@ -380,13 +378,13 @@ def explain_corpus(
             check_text(text)
         except ValueError as error:
             raise ValueError(f"text {k}: {error}") from None
+    folder = check_out_dir(out)
     config = model_config(model)
     head = task_from_config(config)
     if head == "base" and model not in (None, DEFAULT_MODEL):
         raise ValueError("a base model has no output to explain: the corpus mode needs a causal LM, "
                          "a sequence classifier or the bundled all-MiniLM-L6-v2")
     job = ExplainJob(ModelSource(name=model, task=head), list(texts), batch_size, route)
-    folder = Path(out)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, description="explaining",
                      engine_options=engine_options)
@@ -394,13 +392,13 @@ def explain_corpus(
 
     tokenizer = load_tokenizer(model)
     path = folder / "explanations.jsonl"
-    with path.open("w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         for shard in shards:
             for row, index in enumerate(shard["index"].tolist()):
                 n = int(shard["length"][row])
                 c = shard["contributions"][row, :n]
                 total = float(abs(c).sum())
-                f.write(json.dumps({
+                f.write(to_json({
                     "index": index, "text": texts[index],
                     "tokens": tokenizer.convert_ids_to_tokens(shard["ids"][row, :n].tolist()),
                     "target": int(shard["target"][row]), "value": float(shard["value"][row]),

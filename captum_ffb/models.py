@@ -7,6 +7,7 @@ import functools
 import importlib.util
 import os
 import warnings
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,73 @@ def _config_errors() -> tuple[type[BaseException], ...]:
     return (OSError, ValueError, StrictDataclassError)
 
 
+def _weights_errors() -> tuple[type[BaseException], ...]:
+    """What reading damaged weights raises: safetensors' header errors, torch's unpickling
+    and end-of-file errors (``.bin``), and GGUF's ``struct`` errors."""
+    import pickle
+    import struct
+
+    errors: list[type[BaseException]] = [pickle.UnpicklingError, EOFError, struct.error]
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # transformers needs safetensors: only for safety
+        pass
+    else:
+        errors.append(SafetensorError)
+    return tuple(errors)
+
+
+def _readable(path: Path) -> bool:
+    """Whether a weights file can be opened (a header or pickle read; for error messages)."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt"):
+                return True
+        if path.suffix == ".gguf":
+            from gguf import GGUFReader
+
+            GGUFReader(path)
+            return True
+        import torch
+
+        torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+        return True
+    except ImportError:
+        return True  # cannot tell
+    except Exception:  # any failure to read it: damaged
+        return False
+
+
+def _damaged_weights(source: str | Path, kwargs: dict[str, Any]) -> Path | None:
+    """The first weights file of a local model folder that cannot be read, if any."""
+    if not isinstance(source, Path):
+        return None
+    if "gguf_file" in kwargs:
+        files = [source / kwargs["gguf_file"]]
+    else:
+        files = sorted(p for p in source.iterdir()
+                       if p.suffix == ".safetensors" or (p.suffix == ".bin" and p.name.startswith("pytorch_model")))
+    return next((path for path in files if path.is_file() and not _readable(path)), None)
+
+
+def _load_error(name: str, source: str | Path, kwargs: dict[str, Any], error: BaseException,
+                what: str = "load model") -> ModelNotFoundError:
+    """One line for a model that failed to load: the damaged weights file if one is found."""
+    damaged = _damaged_weights(source, kwargs)
+    reason = str(error).splitlines()[0] if str(error).strip() else ""
+    if not reason or len(reason) > 120:
+        reason = type(error).__name__
+    if damaged is not None:
+        return ModelNotFoundError(f"cannot {what} {name!r}: the weights file {damaged} is damaged or "
+                                  f"incomplete ({reason}); download or save it again")
+    if isinstance(error, _weights_errors()):
+        return ModelNotFoundError(f"cannot {what} {name!r}: its weights are damaged or incomplete "
+                                  f"({reason}); download or save them again")
+    return ModelNotFoundError(f"cannot {what} {name!r}: {error}".splitlines()[0])
+
+
 def _locate(name_or_dir: str | os.PathLike | None) -> tuple[str | Path, str, dict[str, Any]]:
     """Where a model loads from, its name and the ``from_pretrained`` keyword arguments; a
     local folder must hold a configuration (``config.json`` or a ``.gguf`` file) and a
@@ -182,6 +250,8 @@ def _read_config(source: str | Path, name: str, kwargs: dict[str, Any]) -> Any:
         raise ModelNotFoundError(
             f"cannot read the configuration of {name!r}: {error}".splitlines()[0]
         ) from error
+    except _weights_errors() as error:  # a GGUF file's metadata
+        raise _load_error(name, source, kwargs, error, "read the configuration of") from error
     get_architecture(config.model_type)  # unsupported families fail before any weights load
     return config
 
@@ -277,8 +347,8 @@ def load_model(
         with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
             tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)
             model = auto.from_pretrained(source, config=config, **kwargs)
-    except _config_errors() as error:
-        raise ModelNotFoundError(f"cannot load model {name!r}: {error}".splitlines()[0]) from error
+    except (*_config_errors(), *_weights_errors()) as error:  # damaged weights too
+        raise _load_error(name, source, kwargs, error) from error
     model.eval()
     spec = get_architecture(model.config.model_type)  # fail early, with the supported list
     spec.check_config(model.config)

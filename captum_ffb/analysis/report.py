@@ -6,11 +6,12 @@ from __future__ import annotations
 import base64
 import csv
 import html
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from captum_ffb.outputs import atomic_open, save_figure, write_json, write_text
 
 __all__ = ["paper_checks", "write_report"]
 
@@ -35,17 +36,6 @@ FIGURES = {
 }
 
 
-def _clean(value: Any) -> Any:
-    """NaN and infinities become ``None`` (strict JSON)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
 def _cell(value: Any) -> Any:
     """CSV cell: floats with 8 significant digits (results.json keeps full precision)."""
     if isinstance(value, float):
@@ -54,7 +44,7 @@ def _cell(value: Any) -> Any:
 
 
 def _write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as handle:
+    with atomic_open(path, newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         for row in rows:
@@ -194,7 +184,7 @@ def _figures(summary: dict[str, Any], out: Path) -> dict[str, Path]:
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         path = out / FIGURES[key]
-        fig.savefig(path, dpi=dpi, metadata={"Software": None})
+        save_figure(fig, path, dpi=dpi, metadata={"Software": None})
         plt.close(fig)
         paths[key] = path
 
@@ -449,11 +439,10 @@ def write_report(summary: dict[str, Any], out_dir: str | Path, figures: bool = T
     checks = paper_checks(summary)
     full = {k: v for k, v in summary.items() if k != "per_sequence"}
     full["paper_checks"] = checks
-    with open(out / FILES["json"], "w", encoding="utf-8") as handle:
-        json.dump(_clean(full), handle, indent=1, ensure_ascii=False)
+    write_json(out / FILES["json"], full, indent=1, ensure_ascii=False)
     _tables(summary, out)
     drawn = _figures(summary, out) if figures else {}
-    (out / FILES["html"]).write_text(_html(summary, drawn, checks), encoding="utf-8")
+    write_text(out / FILES["html"], _html(summary, drawn, checks))
     written = {key: out / name for key, name in FILES.items() if (out / name).exists()}
     written.update(drawn)
     return written

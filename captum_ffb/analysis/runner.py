@@ -41,6 +41,7 @@ from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
 from captum_ffb.engines import ModelSource, run_job
 from captum_ffb.engines.jobs import fingerprint_of
 from captum_ffb.models import LoadedModel
+from captum_ffb.outputs import check_out_dir
 
 __all__ = ["AnalysisConfig", "Measure", "analyze_corpus", "is_causal", "measures_for"]
 
@@ -444,9 +445,7 @@ def analyze_corpus(
     """
     config = config or AnalysisConfig()
     config.check()
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} exists and is not a folder")
+    out = check_out_dir(out_dir)
     tokenizer = loaded.tokenizer
     causal = is_causal(loaded.model) if config.causal is None else bool(config.causal)
     masked_lm = not causal and getattr(tokenizer, "mask_token_id", None) is not None

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.analysis import stats
+from captum_ffb.outputs import write_text
 
 
 def _as_batch(maps: Tensor, name: str) -> Tensor:
@@ -182,7 +183,7 @@ class ComparisonTable:
             writer.writerow({c: row.get(c, "") for c in self.columns})
         text = buffer.getvalue()
         if path is not None:
-            Path(path).write_text(text)
+            write_text(path, text)
         return text
 
     def to_pandas(self) -> Any:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from torch import Tensor
 
+from captum_ffb.outputs import save_figure
+
 
 def _pyplot():
     try:
@@ -65,8 +67,7 @@ def side_by_side(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=dpi)
+    path = save_figure(fig, path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -87,7 +88,6 @@ def timing_plot(
         ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=dpi)
+    path = save_figure(fig, path, dpi=dpi)
     plt.close(fig)
     return path

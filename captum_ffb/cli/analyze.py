@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from captum_ffb.cli._common import (
@@ -14,6 +13,7 @@ from captum_ffb.cli._common import (
     check_model_options,
     engine_options,
 )
+from captum_ffb.outputs import check_out_dir
 
 EXAMPLES = """\
 examples:
@@ -108,9 +108,7 @@ def run(args: argparse.Namespace) -> int:
         include_special=args.include_special, pmi=args.pmi,
     )
     config.check()
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
+    out = check_out_dir(args.out)
     device = _device(args.device)  # fail before loading anything
     engine, options = engine_options(args)
     model_settings = model_config(args.model)  # an unusable model fails before the corpus

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.outputs import check_out_dir, write_text
 
 DEFAULT_OUT = "captum_ffb_compare"
 DEFAULT_BASELINES = "attention,norm,ig,shap"
@@ -133,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--n-steps must be positive")
     if args.n_samples is not None and args.n_samples < 1:
         raise UsageError("--n-samples must be positive")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
+    out = check_out_dir(args.out)
     if not args.no_figure:
         from captum_ffb.baselines.figure import _pyplot
 
@@ -238,7 +237,7 @@ def _write_table(table: Any, stem: Path) -> list[Path]:
     csv_path = stem.with_suffix(".csv")
     md_path = stem.with_suffix(".md")
     table.to_csv(csv_path)
-    md_path.write_text(table.to_markdown(), encoding="utf-8")
+    write_text(md_path, table.to_markdown())
     return [csv_path, md_path]
 
 

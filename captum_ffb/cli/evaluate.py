@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
+from captum_ffb.outputs import check_out_dir
 
 DEFAULT_OUT = "captum_ffb_evaluate"
 DEFAULT_METHODS = "decomposition,attention_last,rollout,input_x_gradient,integrated_gradients,random"
@@ -73,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
     """``["integrated_gradients.n_steps=20"]`` → ``{"integrated_gradients": {"n_steps": 20}}``."""
-    from captum_ffb.evaluation.methods import METHODS
+    from captum_ffb.evaluation.methods import check_option
 
     options: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -81,8 +82,10 @@ def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
         method, _, key = name.partition(".")
         if not value or not key:
             raise UsageError(f"--option {item!r}: write METHOD.KEY=VALUE, e.g. integrated_gradients.n_steps=20")
-        if method not in METHODS:
-            raise UsageError(f"--option {item!r}: unknown method {method!r}")
+        try:
+            check_option(method, key)
+        except ValueError as error:
+            raise UsageError(f"--option {item!r}: {error}") from None
         try:
             parsed: Any = json.loads(value)
         except ValueError:
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     engine, engine_settings = engine_options(args)
+    check_out_dir(args.out)
     summary = evaluate(args.model, args.task, args.data, methods, protocols, args.out, n=args.n,
                        max_tokens=args.max_tokens, batch_size=args.batch_size, options=options,
                        engine=engine, engine_options=engine_settings, overwrite=args.overwrite,

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from captum_ffb.cli._common import (
     UsageError,
@@ -13,6 +11,7 @@ from captum_ffb.cli._common import (
     check_model_options,
     engine_options,
 )
+from captum_ffb.outputs import check_out_dir, save_figure, write_json
 
 FORMATS = ("png", "html", "json")
 DEFAULT_OUT = "captum_ffb_explain"
@@ -112,9 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.generate is not None and args.generate < 1:
         raise UsageError(f"--generate must be at least 1, got {args.generate}")
     generate = args.generate or 0
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
+    out = check_out_dir(args.out)
     if "png" in formats:
         try:
             import matplotlib  # noqa: F401
@@ -139,9 +136,7 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "json" in formats:
-        path = out / "explanation.json"
-        path.write_text(json.dumps(explanation.to_dict()), encoding="utf-8")
-        written.append(path)
+        written.append(write_json(out / "explanation.json", explanation.to_dict()))
     if "html" in formats:
         from captum_ffb.viz.explanation import save_explanation_html
 
@@ -150,9 +145,7 @@ def run(args: argparse.Namespace) -> int:
         from captum_ffb.viz.explanation import plot_contributions
 
         figure = plot_contributions(explanation)
-        path = out / "explanation.png"
-        figure.savefig(path, dpi=150)
-        written.append(path)
+        written.append(save_figure(figure, out / "explanation.png", dpi=150))
     if not args.quiet:
         print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
               f"{explanation.explained}")
@@ -178,6 +171,7 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
             raise UsageError(f"{flag} is for one TEXT; the corpus mode explains each text's prediction")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    check_out_dir(args.out)
     texts, _ = read_texts(args.data)
     path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
                           engine=engine, engine_options=settings, overwrite=args.overwrite,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.outputs import check_out_dir, save_figure, write_json
 
 FORMATS = ("png", "html", "json")
 DEFAULT_OUT = "captum_ffb_maps"
@@ -134,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--dpi must lie between {DPI_RANGE[0]} and {DPI_RANGE[1]}, got {args.dpi}")
     if "png" in formats:
         _check_matplotlib()
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder")
+    out = check_out_dir(args.out)
     config = model_config(args.model)  # layers and scopes fail before the weights load
     check_model_options(config, layers, scopes)
 
@@ -187,8 +185,7 @@ def _write_json(maps: Any, path: Path) -> Path:
     for layer in maps.layers:
         entry = data["layers"][str(layer)]
         entry["ff_amp"] = maps.ff_amp(layer).tolist() if pair else None
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return path
+    return write_json(path, data)
 
 
 def _write_pngs(maps: Any, out: Path, dpi: int, quiet: bool) -> list[Path]:
@@ -200,6 +197,6 @@ def _write_pngs(maps: Any, out: Path, dpi: int, quiet: bool) -> list[Path]:
     for layer in tqdm(maps.layers, desc="figures", unit="layer", disable=quiet):
         figure = plot_maps(maps, layer=layer)
         path = out / f"maps_layer{layer:02d}.png"
-        figure.savefig(path, dpi=dpi)
+        save_figure(figure, path, dpi=dpi)
         paths.append(path)
     return paths

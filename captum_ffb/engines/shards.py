@@ -16,15 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from captum_ffb.outputs import atomic_open, check_out_dir, to_json
+
 
 def atomic_write(path: Path, write: Callable[[Any], None], binary: bool = True) -> None:
-    """Write ``path`` through a temporary file that is renamed once complete."""
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
+    """Write ``path`` through a temporary file that is flushed to disk and renamed once
+    complete (:func:`captum_ffb.outputs.atomic_open`)."""
+    with atomic_open(path, "wb" if binary else "w", fsync=True) as handle:
         write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 class ShardStore:
@@ -36,9 +35,7 @@ class ShardStore:
     """
 
     def __init__(self, folder: str | os.PathLike, version: int = 1) -> None:
-        self.folder = Path(folder)
-        if self.folder.exists() and not self.folder.is_dir():
-            raise ValueError(f"--out {self.folder} exists and is not a folder")
+        self.folder = check_out_dir(folder, "the run folder")
         self.shards = self.folder / "shards"
         self.version = version
 
@@ -59,7 +56,8 @@ class ShardStore:
                     )
                 shutil.rmtree(self.shards, ignore_errors=True)
         self.shards.mkdir(exist_ok=True)
-        atomic_write(run_file, lambda h: json.dump(settings, h, indent=2, default=str), binary=False)
+        text = to_json(settings, indent=2, default=str)
+        atomic_write(run_file, lambda h: h.write(text), binary=False)
 
     def path(self, index: int) -> Path:
         return self.shards / f"batch-{index:05d}.npz"

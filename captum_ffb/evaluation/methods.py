@@ -38,7 +38,8 @@ MethodFn = Callable[[EvaluationTask, Batch, Tensor, dict[str, Any]], Tensor]
 
 @dataclass(frozen=True)
 class MethodInfo:
-    """A method: its function, default options and whether it needs the ``lxt`` peer."""
+    """A method: its function, every option it takes with its default (the only keys
+    ``--option`` accepts), and whether it needs the ``lxt`` peer."""
 
     fn: MethodFn
     options: dict[str, Any] = field(default_factory=dict)
@@ -178,10 +179,10 @@ def _gradient_method(name: str) -> MethodFn:
             if name == "input_x_gradient":
                 attr = ca.InputXGradient(forward).attribute(x, additional_forward_args=args)
             else:
-                steps = int(options.get("n_steps", 50))
+                steps = int(options["n_steps"])
                 attr = ca.IntegratedGradients(forward).attribute(
                     x, baselines=torch.zeros_like(x), additional_forward_args=args, n_steps=steps,
-                    internal_batch_size=int(options.get("internal_batch_size", 64)))
+                    internal_batch_size=int(options["internal_batch_size"]))
         return attr.detach().sum(-1)
     return run
 
@@ -204,11 +205,9 @@ def _perturbation_method(name: str) -> MethodFn:
                 kwargs: dict[str, Any] = {"baselines": 0.0, "feature_mask": groups,
                                           "additional_forward_args": (batch.attention_mask[row:row + 1, real],
                                                                       target[row:row + 1])}
-                if name == "feature_ablation":
-                    kwargs["perturbations_per_eval"] = int(options.get("per_eval", 32))
-                else:
+                kwargs["perturbations_per_eval"] = int(options["per_eval"])
+                if name != "feature_ablation":
                     kwargs["n_samples"] = int(options["n_samples"])
-                    kwargs["perturbations_per_eval"] = int(options.get("per_eval", 32))
                     if name != "shapley_value_sampling":
                         kwargs["show_progress"] = False
                 state = torch.random.get_rng_state()
@@ -259,15 +258,18 @@ METHODS: dict[str, MethodInfo] = {
     "norm_rollout": MethodInfo(_norm_rollout, description="rollout of the layer maps ‖F_i(x_j)‖"),
     "saliency": MethodInfo(_gradient_method("saliency"), description="Captum Saliency (L2 norm)"),
     "input_x_gradient": MethodInfo(_gradient_method("input_x_gradient"), description="Captum InputXGradient"),
-    "integrated_gradients": MethodInfo(_gradient_method("integrated_gradients"), {"n_steps": 50},
+    "integrated_gradients": MethodInfo(_gradient_method("integrated_gradients"),
+                                       {"n_steps": 50, "internal_batch_size": 64},
                                        description="Captum IntegratedGradients, zero baseline"),
-    "feature_ablation": MethodInfo(_perturbation_method("feature_ablation"),
+    "feature_ablation": MethodInfo(_perturbation_method("feature_ablation"), {"per_eval": 32},
                                    description="Captum FeatureAblation (one token at a time)"),
-    "shapley_value_sampling": MethodInfo(_perturbation_method("shapley_value_sampling"), {"n_samples": 10},
+    "shapley_value_sampling": MethodInfo(_perturbation_method("shapley_value_sampling"),
+                                         {"n_samples": 10, "per_eval": 32},
                                          description="Captum ShapleyValueSampling"),
-    "kernel_shap": MethodInfo(_perturbation_method("kernel_shap"), {"n_samples": 200},
+    "kernel_shap": MethodInfo(_perturbation_method("kernel_shap"), {"n_samples": 200, "per_eval": 32},
                               description="Captum KernelShap"),
-    "lime": MethodInfo(_perturbation_method("lime"), {"n_samples": 200}, description="Captum Lime"),
+    "lime": MethodInfo(_perturbation_method("lime"), {"n_samples": 200, "per_eval": 32},
+                       description="Captum Lime"),
     "attnlrp": MethodInfo(_attnlrp, peer=True, description="AttnLRP (lxt)"),
     "random": MethodInfo(_random, description="uniform noise"),
 }
@@ -290,3 +292,14 @@ def resolve_names(names: str | Sequence[str], known: Sequence[str], what: str) -
 def resolve_methods(names: str | Sequence[str]) -> list[str]:
     """Method names from a comma list (``all`` = every method)."""
     return resolve_names(names, list(METHODS), "method")
+
+
+def check_option(method: str, key: str) -> None:
+    """A one-line error unless ``method`` takes the option ``key`` (a key of its
+    :attr:`MethodInfo.options`)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    accepted = sorted(METHODS[method].options)
+    if key not in accepted:
+        raise ValueError(f"{method} has no option {key!r}; "
+                         + (f"it takes {', '.join(accepted)}" if accepted else "it takes none"))

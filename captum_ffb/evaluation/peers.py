@@ -27,6 +27,7 @@ import numpy as np
 __all__ = [
     "SETUP_COMMAND",
     "attnlrp_available",
+    "attnlrp_setup_problem",
     "attnlrp_relevance",
     "lxt_python",
     "read_worker_output",
@@ -59,6 +60,17 @@ def attnlrp_available(python: str | os.PathLike | None = None) -> bool:
     if python is not None:
         return os.access(python, os.X_OK)
     return os.access(lxt_python(), os.X_OK) and (lxt_venv() / _STAMP).is_file()
+
+
+def attnlrp_setup_problem() -> str | None:
+    """Why the AttnLRP peer cannot run here, as one line with the fix, or ``None``."""
+    if not WORKER.is_file():
+        return (f"attnlrp needs the AttnLRP worker {WORKER}: run from a checkout of captum_ffb "
+                "(pip install -e .)")
+    if not attnlrp_available():
+        return (f"attnlrp runs in an environment of its own (lxt 2.1, transformers 4), not found at "
+                f"{lxt_venv()}: create it with `{SETUP_COMMAND}` (or set {_VENV_VARIABLE} to one)")
+    return None
 
 
 def smollm2_dir() -> Path | None:

@@ -6,10 +6,11 @@ import base64
 import csv
 import html
 import io
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+from captum_ffb.outputs import atomic_open, save_figure, write_json, write_text
 
 #: The table columns: (key, heading, "higher" or "lower" is better, or None).
 COLUMNS = (
@@ -108,28 +109,23 @@ def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    path = folder / "results.json"
-    path.write_text(json.dumps(summary, indent=1, default=float), encoding="utf-8")
-    written.append(path)
+    written.append(write_json(folder / "results.json", summary, indent=1, default=float))
     keys = ["method"] + sorted({k for r in summary["rows"] for k in r if k != "method"})
     path = folder / "results.csv"
-    with path.open("w", newline="", encoding="utf-8") as f:
+    with atomic_open(path, newline="") as f:
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(summary["rows"])
     written.append(path)
     table = markdown_table(summary)
-    path = folder / "results.md"
-    path.write_text(f"{_heading(summary)}\n\n{table}\n", encoding="utf-8")
-    written.append(path)
+    written.append(write_text(folder / "results.md", f"{_heading(summary)}\n\n{table}\n"))
     image = ""
     try:
         figure = plot_curves(summary)
     except ImportError:
         figure = None
     if figure is not None:
-        path = folder / "curves.png"
-        figure.savefig(path, dpi=110)
+        path = save_figure(figure, folder / "curves.png", dpi=110)
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=80)
         image = f'<img alt="curves" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
@@ -144,7 +140,5 @@ def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
             f"text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style></head>"
             f"<body><h2>Faithfulness</h2><p>{html.escape(_heading(summary))}</p>"
             f"<table><tr>{header}</tr>{rows.replace('**', '')}</table>{image}</body></html>")
-    path = folder / "report.html"
-    path.write_text(page, encoding="utf-8")
-    written.append(path)
+    written.append(write_text(folder / "report.html", page))
     return written

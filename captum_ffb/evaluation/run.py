@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from captum_ffb.engines.jobs import ModelSource, fingerprint_of, run_job
-from captum_ffb.evaluation.methods import METHODS, resolve_methods, resolve_names
+from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods, resolve_names
 from captum_ffb.evaluation.metrics import (
     DECOMPX_RATIOS,
     ERASER_BINS,
@@ -42,6 +42,7 @@ from captum_ffb.evaluation.metrics import (
     eraser_faithfulness,
 )
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
+from captum_ffb.outputs import atomic_open, check_out_dir
 
 #: The protocols, in the order of the report.
 PROTOCOLS = ("decompx", "eraser", "abpc")
@@ -259,8 +260,9 @@ def _attnlrp_relevance(task: EvaluationTask, examples: list[Example], path: Path
             requests.append(request)
     relevances, info = attnlrp_relevance(requests, model_dir=model_dir, timeout=None)
     peak = np.asarray(info["peak_rss_bytes"], dtype=np.float64) / 2**20
-    np.savez(path, seconds=np.asarray(info["seconds"], dtype=np.float64), peak_mb=peak,
-             **{f"r{k}": r for k, r in enumerate(relevances)})
+    with atomic_open(path, "wb") as handle:
+        np.savez(handle, seconds=np.asarray(info["seconds"], dtype=np.float64), peak_mb=peak,
+                 **{f"r{k}": r for k, r in enumerate(relevances)})
     return path
 
 
@@ -314,7 +316,19 @@ def evaluate(
     protocol_names = resolve_protocols(protocols)
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    for method, settings in (options or {}).items():
+        for key in settings:
+            check_option(method, key)
+    folder = check_out_dir(out)
     config = model_config(model)
+    if "attnlrp" in chosen:  # before the weights load
+        from captum_ffb.evaluation.peers import attnlrp_setup_problem
+
+        if config.model_type != "llama":
+            raise ValueError(f"attnlrp runs on the Llama family only (lxt), not {config.model_type}")
+        problem = attnlrp_setup_problem()
+        if problem:
+            raise ValueError(problem)
     head = task_from_config(config)
     source = ModelSource(name=model, task=head)
     loaded = source.load()
@@ -324,7 +338,6 @@ def evaluate(
     empty = [e.index for e in examples if not any(e.players)]
     if empty:
         raise ValueError(f"text {empty[0]} has no token to perturb")
-    folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     precomputed = None
     if "attnlrp" in chosen:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.explain import Explanation
+from captum_ffb.outputs import write_text
 from captum_ffb.viz._common import display_tokens
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
@@ -140,9 +141,7 @@ def explanation_html(explanation: Explanation, title: str | None = None) -> str:
 def save_explanation_html(explanation: Explanation, path: str | os.PathLike,
                           title: str | None = None) -> Path:
     """Write :func:`explanation_html` to ``path``; returns the path."""
-    out = Path(path)
-    out.write_text(explanation_html(explanation, title), encoding="utf-8")
-    return out
+    return write_text(path, explanation_html(explanation, title))
 
 
 _TEMPLATE = """<!DOCTYPE html>

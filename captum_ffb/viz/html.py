@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from captum_ffb.outputs import write_text
 from captum_ffb.text import TextMaps
 from captum_ffb.viz._assets import CSS, JS
 from captum_ffb.viz._common import check_text_maps, display_tokens, ff_pair_of
@@ -165,8 +166,7 @@ def save_html(maps: TextMaps, path: str | os.PathLike, **kwargs: Any) -> Path:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(html_view(maps, **kwargs), encoding="utf-8")
-    return target
+    return write_text(target, html_view(maps, **kwargs))
 
 
 def show_html(maps: TextMaps, height: int = 760, **kwargs: Any) -> Any:

@@ -1,0 +1,181 @@
+r"""Output folders and files: one check before any work starts, and atomic writes.
+
+:func:`check_out_dir` tells at once whether an output folder can be used (it is a folder or
+can be created, and files can be written in it), so that a command fails in one line before
+its model loads rather than with an ``OSError`` after the computation.
+
+Every output file is written through :func:`atomic_open` (or :func:`write_text`,
+:func:`write_json`, :func:`save_figure`): the content goes to a temporary file in the same
+folder, which then replaces the destination with :func:`os.replace`. A reader never sees a
+half-written file, and a symbolic link at the destination is replaced, not followed, so the
+file it pointed to stays untouched.
+
+JSON is written with non-finite floats (``NaN``, ``±inf``) as ``null`` and
+``allow_nan=False``, so every file is valid JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import secrets
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "OutputError",
+    "atomic_open",
+    "check_out_dir",
+    "finite",
+    "save_figure",
+    "to_json",
+    "write_json",
+    "write_text",
+]
+
+
+class OutputError(ValueError):
+    """An output folder that cannot be used, shown to CLI users as one line (exit code 2)."""
+
+
+def _reason(error: OSError) -> str:
+    return error.strerror or type(error).__name__
+
+
+def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    r"""Check that ``path`` can take output files, before any work starts; nothing is created.
+
+    The folder must exist and be writable, or be creatable: its nearest existing ancestor is
+    a writable folder (not a file). Writability is tried by creating and removing a temporary
+    entry, which also holds where permission bits say little (root, read-only mounts).
+
+    Args:
+        path (str or PathLike): the output folder.
+        option (str): how the folder is named in messages (``"--out"``).
+
+    Returns:
+        Path: ``path``. Raises :class:`OutputError` (a ``ValueError``) with a one-line message.
+    """
+    folder = Path(path)
+    try:
+        if folder.is_symlink() and not folder.exists():
+            raise OutputError(f"{option} {folder} is a broken symbolic link")
+        if folder.exists():
+            if not folder.is_dir():
+                raise OutputError(f"{option} {folder} exists and is not a folder")
+            try:
+                fd, probe = tempfile.mkstemp(prefix=".captum_ffb-check-", dir=folder)
+                os.close(fd)
+                os.unlink(probe)
+            except OSError as error:
+                raise OutputError(f"{option} {folder} is not writable ({_reason(error)})") from None
+            return folder
+        ancestor = next((p for p in folder.absolute().parents if p.exists()), Path(folder.anchor))
+        if not ancestor.is_dir():
+            raise OutputError(f"{option} {folder} cannot be created: {ancestor} is a file, not a folder")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".captum_ffb-check-", dir=ancestor))
+        except OSError as error:
+            raise OutputError(f"{option} {folder} cannot be created: {ancestor} is not writable "
+                              f"({_reason(error)})") from None
+    except OSError as error:  # a folder on the way cannot be searched, for one
+        raise OutputError(f"{option} {folder} cannot be used ({_reason(error)})") from None
+    return folder
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8",
+                newline: str | None = None, fsync: bool = False) -> Iterator[IO[Any]]:
+    r"""Open a temporary file beside ``path`` for writing; it replaces ``path`` when the block
+    ends without an error, and is removed otherwise.
+
+    Args:
+        path (str or PathLike): the destination (a symbolic link there is replaced, not
+                    followed).
+        mode (str): ``"w"`` (text) or ``"wb"`` (bytes).
+        encoding (str, optional): the text encoding (ignored for ``"wb"``).
+        newline (str, optional): as for :func:`open`.
+        fsync (bool): flush the file to disk before the rename.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes with mode 'w' or 'wb', not {mode!r}")
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    # 0o666 as open() uses, so that the umask sets the permissions
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        binary = mode == "wb"
+        with os.fdopen(fd, mode, encoding=None if binary else encoding,
+                       newline=None if binary else newline) as handle:
+            yield handle
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (see :func:`atomic_open`); returns the path."""
+    with atomic_open(path, "w", encoding=encoding) as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def finite(value: Any) -> Any:
+    r"""``value`` with every non-finite float (``NaN``, ``±inf``) replaced by ``None``, NumPy
+    scalars and arrays as Python numbers and lists, tuples as lists (for JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    tolist = getattr(value, "tolist", None)  # NumPy scalars and arrays
+    if callable(tolist) and type(value).__module__ == "numpy":
+        return finite(tolist())
+    return value
+
+
+def to_json(data: Any, default: Callable[[Any], Any] | None = None, **kwargs: Any) -> str:
+    r"""``json.dumps`` that writes non-finite floats as ``null`` (see :func:`finite`) and
+    never ``NaN`` (``allow_nan=False``).
+
+    Args:
+        data: what to write.
+        default (callable, optional): as for :func:`json.dumps`; its results are cleaned too.
+        **kwargs: passed to :func:`json.dumps` (``indent``, ``ensure_ascii``, ...).
+    """
+    clean_default = None if default is None else (lambda o: finite(default(o)))
+    try:  # most data has nothing to clean: skip the walk through it
+        return json.dumps(data, allow_nan=False, default=clean_default, **kwargs)
+    except ValueError:
+        return json.dumps(finite(data), allow_nan=False, default=clean_default, **kwargs)
+
+
+def write_json(path: str | os.PathLike, data: Any, default: Callable[[Any], Any] | None = None,
+               **kwargs: Any) -> Path:
+    """Write ``data`` as JSON (:func:`to_json`) to ``path`` atomically; returns the path."""
+    return write_text(path, to_json(data, default=default, **kwargs))
+
+
+def save_figure(figure: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
+    r"""``figure.savefig`` to ``path`` atomically, in the format of the file's suffix.
+
+    Args:
+        figure: a Matplotlib figure.
+        path (str or PathLike): the file (``.png``, ``.pdf``, ``.svg``, ...).
+        **kwargs: passed to ``savefig`` (``dpi``, ``metadata``, ...).
+    """
+    target = Path(path)
+    kwargs.setdefault("format", target.suffix.lstrip(".").lower() or "png")
+    with atomic_open(target, "wb") as handle:
+        figure.savefig(handle, **kwargs)
+    return target

@@ -1,0 +1,127 @@
+"""Damaged weights, a missing AttnLRP environment and mistyped ``--option`` keys: one line
+each, and the last two before the weights load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import captum_ffb.models
+from captum_ffb.cli import main
+from captum_ffb.evaluation.methods import METHODS, check_option
+from captum_ffb.evaluation.peers import SETUP_COMMAND
+from captum_ffb.evaluation.run import evaluate
+from tests.tiny_lm import save_tiny_lm
+from tests.viz.tiny import save_tiny
+
+TEXT = "the cat sat on the mat ."
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "llama")
+
+
+@pytest.fixture()
+def no_weights(monkeypatch):
+    """Loading weights is an error that is no user error (it would end in a traceback)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
+
+
+def _one_line(capsys, argv) -> str:
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: "), captured.err
+    return lines[0].removeprefix("captum-ffb: error: ")
+
+
+def _damage(folder, how: str):
+    """Cut ``model.safetensors`` in half, or replace it by a ``pytorch_model.bin`` that is cut
+    in half or not a pickle at all; returns the damaged file."""
+    weights = folder / "model.safetensors"
+    if how == "safetensors-cut":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+        return weights
+    from safetensors.torch import load_file
+
+    state = load_file(weights)
+    weights.unlink()
+    path = folder / "pytorch_model.bin"
+    torch.save(state, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2] if how == "bin-cut" else b"not a pickle" * 8)
+    return path
+
+
+@pytest.mark.parametrize("how", ["safetensors-cut", "bin-cut", "bin-garbage"])
+def test_damaged_weights_are_one_line_naming_the_file(how, tmp_path, capsys):
+    folder = save_tiny("bert", tmp_path / "bert")
+    damaged = _damage(folder, how)
+    capsys.readouterr()  # saving's progress bar
+    message = _one_line(capsys, ["maps", TEXT, "--model", str(folder), "--format", "json",
+                                 "--quiet", "--out", str(tmp_path / "out")])
+    assert message.startswith(f"cannot load model {str(folder)!r}: the weights file {damaged} is "
+                              "damaged or incomplete (")
+    assert message.endswith("); download or save it again")
+    assert not (tmp_path / "out").exists()
+
+
+def test_attnlrp_without_its_environment(lm_dir, tmp_path, capsys, monkeypatch, no_weights):
+    venv = tmp_path / "no-venv"
+    monkeypatch.setenv("CAPTUM_FFB_LXT_VENV", str(venv))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\n")
+    message = _one_line(capsys, ["evaluate", "--model", str(lm_dir), "--task", "next-token",
+                                 "--data", str(texts), "--methods", "attnlrp,random", "--quiet",
+                                 "--out", str(tmp_path / "out")])
+    assert message == (f"attnlrp runs in an environment of its own (lxt 2.1, transformers 4), not "
+                       f"found at {venv}: create it with `{SETUP_COMMAND}` (or set "
+                       "CAPTUM_FFB_LXT_VENV to one)")
+
+
+@pytest.mark.parametrize("option, message", [
+    ("integrated_gradients.n_stepz=3",
+     "integrated_gradients has no option 'n_stepz'; it takes internal_batch_size, n_steps"),
+    ("kernel_shap.steps=3", "kernel_shap has no option 'steps'; it takes n_samples, per_eval"),
+    ("saliency.abs=1", "saliency has no option 'abs'; it takes none"),
+    ("shap.n_samples=3", "unknown method 'shap'; choose from " + ", ".join(METHODS)),
+])
+def test_option_keys_are_checked_before_the_weights_load(lm_dir, tmp_path, capsys, no_weights,
+                                                         option, message):
+    argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--option", option,
+            "--quiet", "--out", str(tmp_path / "out")]
+    assert _one_line(capsys, argv) == f"--option {option!r}: {message}"
+
+
+def test_every_default_option_is_accepted():
+    for method, info in METHODS.items():
+        for key in info.options:
+            check_option(method, key)
+    with pytest.raises(ValueError, match="has no option 'n_stepz'"):
+        evaluate(None, "sentiment", options={"integrated_gradients": {"n_stepz": 3}})
+
+
+def test_an_option_reaches_its_method(lm_dir, tmp_path, monkeypatch):
+    seen = []
+    original = METHODS["integrated_gradients"]
+    monkeypatch.setitem(METHODS, "integrated_gradients", type(original)(
+        lambda task, batch, target, options: seen.append(dict(options)) or torch.rand(batch.input_ids.shape),
+        original.options))
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\n")
+    out = tmp_path / "out"
+    assert main(["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(texts),
+                 "--methods", "integrated_gradients", "--protocol", "decompx", "--option",
+                 "integrated_gradients.n_steps=3", "--quiet", "--out", str(out)]) == 0
+    assert seen and all(o["n_steps"] == 3 and o["internal_batch_size"] == 64 for o in seen)
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["options"]["integrated_gradients"] == {"n_steps": 3, "internal_batch_size": 64}

@@ -1,0 +1,199 @@
+"""Output folders and files of every command: an unusable ``--out`` is one line before the
+model loads, files are replaced atomically (a symbolic link is not followed) and every JSON
+file is strict JSON."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+
+import pytest
+
+import captum_ffb.models
+import captum_ffb.outputs
+from captum_ffb.cli import main
+from captum_ffb.outputs import atomic_open, check_out_dir, to_json, write_json
+from tests.models import tiny_task_model
+from tests.viz.tiny import save_tiny, tokenizer
+
+TEXT = "the cat sat on the mat ."
+TEXTS = ["the cat sat on the mat", "a dog was tired", "she loves math", "big green mat"]
+COMMANDS = ("maps", "explain", "explain-corpus", "analyze", "compare", "evaluate")
+#: The file of each command that the symbolic-link test puts a link at.
+WRITTEN = {"maps": "maps.json", "explain": "explanation.json",
+           "explain-corpus": "explanations.jsonl", "analyze": "results.json",
+           "compare": "compare.csv", "evaluate": "results.json"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    classifier = root / "classifier"
+    tiny_task_model("bert", "sequence_classification", num_labels=2).save_pretrained(classifier)
+    tokenizer().save_pretrained(classifier)
+    data = root / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t, "label": k % 2}) + "\n"
+                            for k, t in enumerate(TEXTS)))
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n".join(TEXTS) + "\n")
+    return {"bert": save_tiny("bert", root / "bert"), "classifier": classifier, "data": data,
+            "corpus": corpus}
+
+
+def _argv(command: str, models: dict, out: os.PathLike) -> list[str]:
+    """The quickest run of ``command`` on the tiny models, into ``out``."""
+    bert, classifier = str(models["bert"]), str(models["classifier"])
+    return {
+        "maps": ["maps", TEXT, "--model", bert, "--layer", "0", "--format", "json"],
+        "explain": ["explain", TEXT, "--model", bert, "--format", "json", "--no-maps"],
+        "explain-corpus": ["explain", "--data", str(models["corpus"]), "--model", classifier],
+        "analyze": ["analyze", "--model", bert, "--data", str(models["corpus"]), "--no-figures"],
+        "compare": ["compare", TEXT, "--model", bert, "--layer", "0", "--baselines", "attention",
+                    "--no-figure"],
+        "evaluate": ["evaluate", "--model", classifier, "--task", "sentiment", "--data",
+                     str(models["data"]), "--methods", "decomposition,random", "--protocol",
+                     "decompx"],
+    }[command] + ["--quiet", "--out", str(out)]
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    """Reading a model's configuration or weights is an error that is no user error (it would
+    end in a traceback): the checks before must have failed already."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was read")
+
+    monkeypatch.setattr(captum_ffb.models, "model_config", refuse)
+    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
+
+
+def _one_line(capsys, argv) -> str:
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: "), captured.err
+    return lines[0].removeprefix("captum-ffb: error: ")
+
+
+def _strict_json(text: str):
+    """``json.loads`` that refuses ``NaN`` and ``Infinity``."""
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_out_is_a_file(command, models, tmp_path, capsys, no_model):
+    out = tmp_path / "taken"
+    out.write_text("mine")
+    assert _one_line(capsys, _argv(command, models, out)) == f"--out {out} exists and is not a folder"
+    assert out.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_out_under_a_file(command, models, tmp_path, capsys, no_model):
+    file = tmp_path / "file"
+    file.write_text("mine")
+    out = file / "sub" / "dir"
+    assert _one_line(capsys, _argv(command, models, out)) == (
+        f"--out {out} cannot be created: {file} is a file, not a folder")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_out_that_cannot_be_written(command, models, tmp_path, capsys, no_model, monkeypatch):
+    """What a read-only folder or file system answers (simulated: root may write anywhere)."""
+
+    def denied(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(captum_ffb.outputs.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(captum_ffb.outputs.tempfile, "mkdtemp", denied)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert _one_line(capsys, _argv(command, models, out)) == (
+        f"--out {out} is not writable ({os.strerror(errno.EACCES)})")
+    new = tmp_path / "new" / "out"
+    assert _one_line(capsys, _argv(command, models, new)) == (
+        f"--out {new} cannot be created: {tmp_path} is not writable ({os.strerror(errno.EACCES)})")
+
+
+def test_read_only_folder(tmp_path):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(stat.S_IRUSR | stat.S_IXUSR)  # 0o500
+    try:
+        if os.access(folder, os.W_OK):  # root ignores the permission bits
+            pytest.skip("this user may write into a read-only folder (root)")
+        with pytest.raises(ValueError, match=r"is not writable \(Permission denied\)$"):
+            check_out_dir(folder)
+        with pytest.raises(ValueError, match=r"cannot be created: .*read-only is not writable"):
+            check_out_dir(folder / "sub")
+    finally:
+        folder.chmod(stat.S_IRWXU)
+
+
+def test_broken_link_and_usable_folders(tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="is a broken symbolic link"):
+        check_out_dir(link)
+    assert check_out_dir(tmp_path) == tmp_path
+    assert check_out_dir(tmp_path / "a" / "b") == tmp_path / "a" / "b"
+    assert sorted(tmp_path.iterdir()) == [link]  # the checks leave nothing behind
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_link_at_an_output_file_is_replaced_not_followed(command, models, tmp_path):
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("not yours")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / WRITTEN[command]).symlink_to(elsewhere)
+    assert main(_argv(command, models, out)) == 0
+    assert elsewhere.read_text() == "not yours"
+    written = out / WRITTEN[command]
+    assert written.is_file() and not written.is_symlink()
+    for path in out.rglob("*"):
+        assert not path.name.endswith(".tmp"), path
+        if path.suffix == ".json":
+            _strict_json(path.read_text())
+        elif path.suffix == ".jsonl":
+            for line in path.read_text().splitlines():
+                _strict_json(line)
+
+
+def test_evaluate_without_ig_writes_strict_json(models, tmp_path):
+    out = tmp_path / "out"
+    assert main(_argv("evaluate", models, out)) == 0
+    summary = _strict_json((out / "results.json").read_text())
+    assert [row["cost_vs_ig"] for row in summary["rows"]] == [None, None]
+    assert all(isinstance(row["decompx_aopc"], float) for row in summary["rows"])
+
+
+def test_to_json_writes_null_for_non_finite_numbers():
+    import numpy as np
+
+    data = {"a": float("nan"), "b": [1.5, float("inf"), (np.float32("nan"), np.int64(3))],
+            "c": np.array([1.0, -np.inf])}
+    assert _strict_json(to_json(data, default=float)) == {
+        "a": None, "b": [1.5, None, [None, 3]], "c": [1.0, None]}
+    assert to_json({"x": object()}, default=lambda o: float("nan")) == '{"x": null}'
+
+
+def test_atomic_writes(tmp_path):
+    path = write_json(tmp_path / "a.json", {"x": 1})
+    mode = stat.S_IMODE(path.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert mode == 0o666 & ~umask  # as open() would make it
+    with pytest.raises(RuntimeError), atomic_open(path) as handle:
+        handle.write("half")
+        raise RuntimeError("interrupted")
+    assert json.loads(path.read_text()) == {"x": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
