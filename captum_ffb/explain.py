@@ -21,7 +21,7 @@ from torch import Tensor
 
 from captum_ffb.attr import Direction, NormDecomposition
 from captum_ffb.models import DEFAULT_MODEL, LoadedModel, load_model
-from captum_ffb.text import check_text, encode_text
+from captum_ffb.text import check_text, display_tokens, encode_text
 
 #: Longest input (tokens) for which the whole-model maps are computed by default.
 MAPS_UP_TO = 256
@@ -52,6 +52,9 @@ class Explanation:
         check (dict, optional): for the backward route on short inputs, the forward route's
                     own convergence delta (the bias propagated on its own: a real check) and
                     the largest difference between the two routes' contributions.
+        labels (list[str]): ``tokens`` as people read them (no ``Ġ``, ``▁`` or ``##``; see
+                    :func:`~captum_ffb.text.display_token`); empty: derived from ``tokens``.
+        target_labels (list[str]): ``targets`` likewise, a token's leading space kept.
     """
 
     text: str
@@ -69,6 +72,14 @@ class Explanation:
     maps: Tensor | None = None
     route: str = "backward"
     check: dict[str, float] | None = None
+    labels: list[str] = field(default_factory=list)
+    target_labels: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.labels:
+            self.labels = display_tokens(self.tokens)
+        if not self.target_labels:
+            self.target_labels = list(self.targets)
 
     @property
     def steps(self) -> int:
@@ -86,11 +97,12 @@ class Explanation:
         out: dict[str, Any] = {
             "text": self.text, "model": self.model_name, "model_type": self.model_type,
             "task": self.task, "explained": self.explained, "route": self.route,
-            "tokens": self.tokens, "prompt_length": self.prompt_length,
+            "tokens": self.tokens, "labels": self.labels, "prompt_length": self.prompt_length,
             "first_token_share_definition": "|c_0| / sum_j |c_j| over the input positions",
             "outputs": [
                 {
                     "target": target,
+                    "target_label": self.target_labels[t] if t < len(self.target_labels) else target,
                     "value": float(self.values[t]),
                     "bias": float(self.bias[t]),
                     "convergence_delta": float(self.delta[t]),
@@ -203,7 +215,8 @@ def explain_text(
         explanation = Explanation(**common, tokens=tokens, prompt_length=n_prompt, explained=what,
                                   targets=labels, contributions=contributions.detach(),
                                   values=values.detach(), bias=bias.detach(), delta=delta.detach(),
-                                  check=check)
+                                  check=check, labels=display_tokens(tokens, tokenizer),
+                                  target_labels=display_tokens(labels, tokenizer, strip=False))
     elif task == "sequence_classification":
         with torch.no_grad():
             logits = loaded.model(ids).logits[0]
@@ -219,14 +232,15 @@ def explain_text(
         names = getattr(loaded.model.config, "id2label", None) or {}
         label = str(names.get(chosen, chosen))
         what = (f"the logit of class {chosen} ({label})" + (", the predicted class" if class_index is None else ""))
-        explanation = Explanation(**common, tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()),
+        tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+        explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, tokenizer),
                                   prompt_length=n_prompt, explained=what, targets=[label],
                                   contributions=contributions.detach(), values=logits[chosen:chosen + 1],
                                   bias=bias.detach(), delta=delta.detach(), check=check)
     else:
         tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
-        explanation = Explanation(**common, tokens=tokens, prompt_length=n_prompt,
-                                  explained="the whole-model token-to-token maps",
+        explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, tokenizer),
+                                  prompt_length=n_prompt, explained="the whole-model token-to-token maps",
                                   contributions=torch.zeros(0, n_prompt))
         if loaded.name == DEFAULT_MODEL:
             _sentiment(explanation, nd, ids, route)
@@ -263,7 +277,7 @@ def _sentiment(explanation: Explanation, nd: NormDecomposition, ids: Tensor, rou
         real = head(nd.model(ids).last_hidden_state, torch.ones_like(ids))
     explanation.explained = ("the logit of the bundled sentiment head (positive vs negative, a "
                              "logistic regression on mean-pooled embeddings) and the whole-model maps")
-    explanation.targets = ["positive sentiment"]
+    explanation.targets = explanation.target_labels = ["positive sentiment"]
     explanation.contributions = contributions.detach()
     explanation.values = real.detach().reshape(1)
     explanation.bias = bias.detach()

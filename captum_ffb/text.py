@@ -86,6 +86,51 @@ def ff_amplification(before: Tensor, after: Tensor) -> Tensor:
     return columns(after) - columns(before)
 
 
+# Byte-level BPE (GPT-2, RoBERTa, Llama 3) and SentencePiece mark spaces and line breaks so.
+_MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}
+# Characters shown as escapes, so that a label stays on one line and is never blank.
+_CONTROLS = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def display_token(token: str, tokenizer: Any = None, strip: bool = True) -> str:
+    r"""A token as people read it, for terminal summaries, figure labels and HTML.
+
+    With a ``tokenizer``, its ``convert_tokens_to_string`` decodes the token (byte-level BPE
+    bytes such as ``"Ã©"`` become ``"é"``); without one, or where that fails, the space
+    markers of byte-level BPE (``Ġ``) and SentencePiece (``▁``) become spaces, ``Ċ`` a line
+    break; WordPiece's ``##`` prefix is dropped. Line breaks and tabs are shown as ``\n``
+    and ``\t``; a token of spaces only as ``␣``.
+
+    Args:
+        token (str): a token as the tokenizer writes it (``convert_ids_to_tokens``).
+        tokenizer (optional): a Hugging Face tokenizer.
+        strip (bool): drop leading and trailing spaces (``False`` keeps ``" Paris"``).
+
+    Returns:
+        str: the readable, non-empty label.
+    """
+    text = None
+    if tokenizer is not None and hasattr(tokenizer, "convert_tokens_to_string"):
+        try:
+            text = tokenizer.convert_tokens_to_string([token])
+        except Exception:  # a tokenizer that cannot decode this token alone: use the markers
+            text = None
+    if not isinstance(text, str):
+        text = "".join(_MARKERS.get(ch, ch) for ch in token)
+    if text.startswith("##") and len(text) > 2:  # WordPiece, where no decoder took it off
+        text = text[2:]
+    text = "".join(_CONTROLS.get(ch, ch) for ch in text)
+    shown = text.strip(" ") if strip else text
+    if shown.strip(" "):
+        return shown
+    return "␣" * len(text) if text else "∅"
+
+
+def display_tokens(tokens: Sequence[str], tokenizer: Any = None, strip: bool = True) -> list[str]:
+    """:func:`display_token` on every token."""
+    return [display_token(str(t), tokenizer, strip) for t in tokens]
+
+
 def check_text(text: str) -> str:
     r"""``text`` if it can be tokenised, else a one-line ValueError: it is empty, or it is not
     valid UTF-8 (bytes that are not UTF-8 on a command line reach Python as lone surrogates,

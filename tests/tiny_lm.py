@@ -36,6 +36,22 @@ def causal_tokenizer(bos: bool = False):
                                    pad_token="<pad>", unk_token="<unk>")
 
 
+def byte_level_tokenizer():
+    """A fast GPT-2-style tokenizer: byte-level pre-tokenisation (a space before a word is
+    written ``Ġ``, a line break ``Ċ``) over whole words, with the byte-level decoder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(dict.fromkeys(WORDS))
+    vocab = SPECIAL + ["Ċ"] + [w for word in words for w in (word, "Ġ" + word)]
+    vocab = vocab[:VOCAB]
+    core = Tokenizer(models.WordLevel(vocab={w: k for k, w in enumerate(vocab)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
 def tiny_lm(name: str = "llama") -> nn.Module:
     """The tiny ``*ForCausalLM`` ``name`` of ``tests.models`` with the tokenizer's special ids."""
     model = tiny_task_model(name, "causal_lm")
@@ -44,8 +60,9 @@ def tiny_lm(name: str = "llama") -> nn.Module:
     return model
 
 
-def save_tiny_lm(folder: Path, name: str = "llama") -> Path:
-    """The tiny LM and its tokenizer saved as a model folder."""
+def save_tiny_lm(folder: Path, name: str = "llama", byte_level: bool = False) -> Path:
+    """The tiny LM and its tokenizer (with ``byte_level``, :func:`byte_level_tokenizer`) saved
+    as a model folder."""
     tiny_lm(name).save_pretrained(folder)
-    causal_tokenizer().save_pretrained(folder)
+    (byte_level_tokenizer() if byte_level else causal_tokenizer()).save_pretrained(folder)
     return folder

@@ -168,12 +168,42 @@ def _bar_layers(ax: Any, layers: Sequence[int], series: dict[str, list[float]], 
     ax.grid(axis="y", alpha=0.3)
 
 
+def _outliers_figure(layers: Sequence[dict[str, Any]]) -> Any:
+    """|FF input|, |FF output| and the norm's γ per dimension, one panel per layer; the legend
+    below the panels, where it hides no data."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cols = min(3, len(layers))
+    rows = math.ceil(len(layers) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.6 * rows + 0.4), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[len(layers):]:
+        ax.axis("off")
+    handles: list[Any] = []
+    for ax, layer in zip(axes.flat, layers):
+        dims = np.arange(len(layer["ff_out_mean_abs"]))
+        ax.plot(dims, layer["ff_in_mean_abs"], color="tab:blue", lw=0.7, label="|FF input|")
+        ax.plot(dims, layer["ff_out_mean_abs"], color="tab:green", lw=0.7, label="|FF output|")
+        ax.set_xlabel("dimension")
+        twin = ax.twinx()
+        twin.plot(dims, layer["outliers"]["gamma"], color="tab:red", lw=0.7, label="γ (right axis)")
+        twin.tick_params(axis="y", colors="tab:red")
+        r = layer["outliers"]["gamma_vs_ff_out"]["pearson"]
+        r_text = "n/a" if r is None or not math.isfinite(r) else f"{r:.2f}"
+        ax.set_title(f"layer {layer['layer']}: γ of {layer['outliers']['norm']}, r = {r_text}", fontsize=8)
+        if not handles:
+            handles = ax.get_lines() + twin.get_lines()
+    fig.legend(handles, [h.get_label() for h in handles], loc="outside lower center", ncol=3,
+               fontsize=8, frameon=False)
+    return fig
+
+
 def _figures(summary: dict[str, Any], out: Path) -> dict[str, Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     layers = summary["layers"]
     numbers = [layer["layer"] for layer in layers]
@@ -182,7 +212,8 @@ def _figures(summary: dict[str, Any], out: Path) -> dict[str, Path]:
 
     def save(fig: Any, key: str, dpi: int = 110) -> None:
         fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:  # a constrained layout places its legends itself
+            fig.tight_layout()
         path = out / FIGURES[key]
         save_figure(fig, path, dpi=dpi, metadata={"Software": None})
         plt.close(fig)
@@ -219,25 +250,7 @@ def _figures(summary: dict[str, Any], out: Path) -> dict[str, Path]:
 
     with_gamma = [layer for layer in layers if "gamma" in layer["outliers"]]
     if with_gamma:
-        cols = min(3, len(with_gamma))
-        rows = math.ceil(len(with_gamma) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.6 * rows), squeeze=False)
-        for ax in axes.flat[len(with_gamma):]:
-            ax.axis("off")
-        for ax, layer in zip(axes.flat, with_gamma):
-            dims = np.arange(len(layer["ff_out_mean_abs"]))
-            ax.plot(dims, layer["ff_in_mean_abs"], color="tab:blue", lw=0.7, label="|FF input|")
-            ax.plot(dims, layer["ff_out_mean_abs"], color="tab:green", lw=0.7, label="|FF output|")
-            ax.set_xlabel("dimension")
-            twin = ax.twinx()
-            twin.plot(dims, layer["outliers"]["gamma"], color="tab:red", lw=0.7, label="γ")
-            twin.tick_params(axis="y", colors="tab:red")
-            r = layer["outliers"]["gamma_vs_ff_out"]["pearson"]
-            r_text = "n/a" if r is None or not math.isfinite(r) else f"{r:.2f}"
-            ax.set_title(f"layer {layer['layer']}: γ of {layer['outliers']['norm']}, r = {r_text}", fontsize=8)
-        handles = axes.flat[0].get_legend_handles_labels()
-        axes.flat[0].legend(*handles, fontsize=7, loc="upper left")
-        save(fig, "outliers", dpi=80)
+        save(_outliers_figure(with_gamma), "outliers", dpi=80)
 
     fig, ax = plt.subplots(figsize=(1.2 + 0.7 * len(layers), 3.2))
     _bar_layers(ax, numbers, {

@@ -156,7 +156,8 @@ class LayerNormDecomposition(LayerAttribution):
         r"""Token-to-token maps ``(batch, n, n)``: ``[b, i, j] = ‖F_i(x_j)‖`` at ``scope``.
 
         Args:
-            inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids).
+            inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids),
+                        or its input embeddings ``(batch, n, d)`` (passed as ``inputs_embeds``).
             additional_forward_args (Any, optional): further positional arguments.
             scope (str or list[str], optional): a scope name (default: the whole layer) or a
                         list of names, which returns a dict ``name → maps`` from one pass.

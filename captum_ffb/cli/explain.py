@@ -149,8 +149,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
               f"{explanation.explained}")
-        for t, target in enumerate(explanation.targets):
-            print(f"  {target!r}: value {float(explanation.values[t]):.4f}, bias "
+        for t, target in enumerate(explanation.target_labels):
+            print(f'  "{target}": value {float(explanation.values[t]):.4f}, bias '
                   f"{float(explanation.bias[t]):.4f}, delta {float(explanation.delta[t]):.1e}, "
                   f"first-token share {float(explanation.first_token_share()[t]):.0%}")
         if explanation.check is not None:

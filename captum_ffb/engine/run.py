@@ -7,6 +7,7 @@ attribution and the corpus runner.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -84,6 +85,24 @@ def warn_if_padded_without_mask(args: tuple[Any, ...], kwargs: dict[str, Any], c
         )
 
 
+def embeds_as_keyword(forward_func: Callable, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Floating ``(batch, n, d)`` inputs of a model that takes ``inputs_embeds`` are passed
+    as ``inputs_embeds`` (``input_ids`` set to ``None``): a Hugging Face model reads its first
+    positional argument as token ids, and fails on embeddings with a torch error."""
+    first = args[0] if args else None
+    if (not isinstance(forward_func, nn.Module) or not isinstance(first, Tensor)
+            or not first.is_floating_point() or first.dim() != 3 or "inputs_embeds" in kwargs):
+        return args, kwargs
+    try:
+        parameters = inspect.signature(forward_func.forward).parameters
+    except (TypeError, ValueError):
+        return args, kwargs
+    if "inputs_embeds" not in parameters:
+        return args, kwargs
+    return (None, *args[1:]), {**kwargs, "inputs_embeds": first}
+
+
 def capture_layers(
     forward_func: Callable,
     model: nn.Module | None,
@@ -107,7 +126,9 @@ def capture_layers(
                     its block list gives each layer's following norm).
         layers (Sequence[nn.Module]): the blocks to record.
         spec (ArchitectureSpec): their family's spec.
-        inputs, additional_forward_args, forward_kwargs: as in Captum's attributions.
+        inputs, additional_forward_args, forward_kwargs: as in Captum's attributions; a
+                    model's embeddings ``(batch, n, d)`` given as ``inputs`` are passed to it
+                    as ``inputs_embeds``.
         dtype (torch.dtype): the precision the blocks hand tensors out in.
         with_next_norms (bool): also record the norm that reads each block's output.
         keep_calls (bool): keep each block's call arguments.
@@ -121,7 +142,7 @@ def capture_layers(
         ``(blocks, capture)``.
     """
     args = forward_arguments(inputs, additional_forward_args)
-    kwargs = dict(forward_kwargs or {})
+    args, kwargs = embeds_as_keyword(forward_func, args, dict(forward_kwargs or {}))
     config = config_of(model, *layers)
     warn_if_padded_without_mask(args, kwargs, config)
     following = next_norms(model, spec, layers) if with_next_norms else [None] * len(layers)

@@ -10,9 +10,10 @@ stay, and running the command again resumes). Ray is optional: ``pip install
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,17 +60,35 @@ def _runtime_env() -> dict[str, Any]:
                          "TRANSFORMERS_OFFLINE": os.environ.get("TRANSFORMERS_OFFLINE", "1")}}
 
 
+#: Ray's logger that announces, on every ``ray.init``, that token authentication is on.
+_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+@contextlib.contextmanager
+def _quiet_token_notice() -> Iterator[None]:
+    """Ray's "Token authentication is enabled for this Ray cluster ..." line is not printed
+    (the authentication itself is left as Ray sets it); its errors still are."""
+    logger = logging.getLogger(_TOKEN_LOGGER)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def start(ray: Any, address: str | None, workers: int | None) -> bool:
     """Start an embedded Ray (``address=None``) or join a cluster; ``True`` if we started it."""
     if ray.is_initialized():
         return False
     options: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
                                    logging_level=logging.ERROR, configure_logging=False)
-    if address is None:
-        ray.init(num_cpus=max(1, workers or os.cpu_count() or 1), runtime_env=_runtime_env(),
-                 **options)
-    else:
-        ray.init(address=address, **options)
+    with _quiet_token_notice():
+        if address is None:
+            ray.init(num_cpus=max(1, workers or os.cpu_count() or 1), runtime_env=_runtime_env(),
+                     **options)
+        else:
+            ray.init(address=address, **options)
     return True
 
 

@@ -170,6 +170,8 @@ def _gradient_method(name: str) -> MethodFn:
         import captum.attr as ca
 
         x = _embeds(task, batch)
+        if name != "integrated_gradients":  # Captum would warn that it had to require them
+            x.requires_grad_()
         args = (batch.attention_mask, target)
         forward = _captum_forward(task)
         with torch.enable_grad():

@@ -33,8 +33,9 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def markdown_table(summary: dict[str, Any]) -> str:
-    """One row per method; the best value of every score column in bold."""
+def _table(summary: dict[str, Any]) -> tuple[list[str], list[tuple[str, list[tuple[str, bool]]]]]:
+    """The table's headings and, per method, its cells as ``(text, best)``: plain text, which
+    :func:`markdown_table` and the HTML page each mark up in their own way."""
     columns = [c for c in COLUMNS if any(c[0] in r for r in summary["rows"])]
     best = {}
     for key, _, better in columns:
@@ -42,20 +43,40 @@ def markdown_table(summary: dict[str, Any]) -> str:
                   and isinstance(r.get(key), float) and not math.isnan(r[key])]
         if better and values:
             best[key] = max(values) if better == "higher" else min(values)
-    lines = ["| method | " + " | ".join(h + (" ↑" if b == "higher" else " ↓" if b == "lower" else "")
-                                         for _, h, b in columns) + " |",
-             "|---|" + "---:|" * len(columns)]
+    headings = ["method"] + [h + (" ↑" if b == "higher" else " ↓" if b == "lower" else "")
+                             for _, h, b in columns]
+    rows = []
     for row in summary["rows"]:
         cells = []
         for key, _, _ in columns:
             text = _fmt(row.get(key))
             if f"{key}_sem" in row and not math.isnan(row[f"{key}_sem"]):
                 text += f" ± {_fmt(row[f'{key}_sem'])}"
-            if key in best and row.get(key) == best[key]:
-                text = f"**{text}**"
-            cells.append(text)
-        lines.append(f"| `{row['method']}` | " + " | ".join(cells) + " |")
+            cells.append((text, key in best and row.get(key) == best[key]))
+        rows.append((str(row["method"]), cells))
+    return headings, rows
+
+
+def markdown_table(summary: dict[str, Any]) -> str:
+    """One row per method; the best value of every score column in bold."""
+    headings, rows = _table(summary)
+    lines = ["| " + " | ".join(headings) + " |", "|---|" + "---:|" * (len(headings) - 1)]
+    for method, cells in rows:
+        lines.append(f"| `{method}` | " + " | ".join(f"**{t}**" if best else t for t, best in cells) + " |")
     return "\n".join(lines)
+
+
+def _html_table(summary: dict[str, Any]) -> tuple[str, str]:
+    """The header row's cells and the body rows of the HTML table (methods in ``<code>``, the
+    best values in ``<b>``: no Markdown marks)."""
+    headings, rows = _table(summary)
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in headings)
+    body = "".join(
+        f"<tr><td><code>{html.escape(method)}</code></td>"
+        + "".join(f"<td><b>{html.escape(t)}</b></td>" if best else f"<td>{html.escape(t)}</td>"
+                  for t, best in cells) + "</tr>"
+        for method, cells in rows)
+    return header, body
 
 
 def _heading(summary: dict[str, Any]) -> str:
@@ -130,15 +151,12 @@ def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
         figure.savefig(buffer, format="png", dpi=80)
         image = f'<img alt="curves" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
         written.append(path)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in line.strip("|").split("|")) + "</tr>"
-        for line in table.splitlines()[2:])
-    header = "".join(f"<th>{html.escape(c.strip())}</th>" for c in table.splitlines()[0].strip("|").split("|"))
+    header, rows = _html_table(summary)
     page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Faithfulness — "
             f"captum_ffb</title><style>body{{font-family:system-ui,sans-serif;margin:1.2em}}"
             f"table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;"
             f"text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style></head>"
             f"<body><h2>Faithfulness</h2><p>{html.escape(_heading(summary))}</p>"
-            f"<table><tr>{header}</tr>{rows.replace('**', '')}</table>{image}</body></html>")
+            f"<table><tr>{header}</tr>{rows}</table>{image}</body></html>")
     written.append(write_text(folder / "report.html", page))
     return written

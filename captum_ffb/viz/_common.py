@@ -6,24 +6,15 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
-from captum_ffb.text import TextMaps, ff_amplification
+from captum_ffb.text import (
+    TextMaps,
+    display_token,  # noqa: F401 (re-exported: the views import it from here)
+    display_tokens,  # noqa: F401
+    ff_amplification,
+)
 
 #: The scopes just before and after the FF block, per chain (as in ``Chain.ff_pair``).
 KNOWN_FF_PAIRS: tuple[tuple[str, str], ...] = (("Atb", "AtbFf"), ("AtbLn", "AtbLnFf"))
-
-# Byte-level BPE (GPT-2, RoBERTa) and SentencePiece mark spaces and newlines with these.
-_MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\\n", "ĉ": "\\t"}
-
-
-def display_token(token: str) -> str:
-    """A token as people read it: space markers of BPE / SentencePiece removed."""
-    text = "".join(_MARKERS.get(ch, ch) for ch in token).strip()
-    return text or repr(token)[1:-1] or "∅"
-
-
-def display_tokens(tokens: Sequence[str]) -> list[str]:
-    """:func:`display_token` on every token."""
-    return [display_token(t) for t in tokens]
 
 
 def check_text_maps(maps: object) -> TextMaps:

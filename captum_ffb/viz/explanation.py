@@ -7,8 +7,10 @@ attention sink) and would wash out every other colour. When several outputs are 
 (generation), each panel is a heat map: one row per generated token, one column per input
 token.
 
-The HTML page holds two tabs: *Contributions* (the same two scales, switched by a toggle)
-and *Whole model* (the ``‖F_i(x_j)‖`` maps after every block, chosen with a slider).
+The HTML page holds two tabs: *Contributions* (the same two scales, switched by a toggle,
+with a colour legend under each output) and *Whole model* (the ``‖F_i(x_j)‖`` maps after
+every block, chosen with a slider, with token labels, a colour scale and a hover readout).
+Tokens are shown as people read them (:func:`~captum_ffb.text.display_token`).
 Everything, data and script, is inside the file: it opens offline.
 """
 
@@ -22,7 +24,6 @@ from typing import Any
 
 from captum_ffb.explain import Explanation
 from captum_ffb.outputs import write_text
-from captum_ffb.viz._common import display_tokens
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 
@@ -39,7 +40,7 @@ def _title(explanation: Explanation, step: int | None = None) -> str:
     if explanation.steps == 0:
         return what
     t = 0 if step is None else step
-    return (f"{what}\n{explanation.targets[t]!r}: value {float(explanation.values[t]):.3f} "
+    return (f"{what}\n\"{explanation.target_labels[t]}\": value {float(explanation.values[t]):.3f} "
             f"= Σ contributions + bias {float(explanation.bias[t]):.3f} "
             f"(delta {float(explanation.delta[t]):.1e}); first-token share "
             f"{float(explanation.first_token_share()[t]):.0%}")
@@ -62,7 +63,7 @@ def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
     if explanation.steps == 0:
         raise ValueError("this explanation has no contributions (only maps): plot the maps instead")
     values = explanation.contributions.detach().float().cpu()
-    labels = display_tokens(explanation.tokens)
+    labels = explanation.labels
     n = values.shape[1]
     figure_class = _figure_class()
     if explanation.steps == 1:
@@ -95,7 +96,8 @@ def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
         if skip_first:
             ax.add_patch(_grey(ax, rows=explanation.steps))
         ax.set_xticks(range(n), labels, rotation=70, ha="right", fontsize=7)
-        ax.set_yticks(range(explanation.steps), display_tokens(explanation.targets), fontsize=7)
+        ax.set_yticks(range(explanation.steps), [t.strip() or t for t in explanation.target_labels],
+                      fontsize=7)
         ax.set_xlabel("input token")
         ax.set_ylabel("generated token")
         ax.set_title("scale of every token" if not skip_first else "without the first token's scale",
@@ -116,9 +118,12 @@ def _grey(ax: Any, rows: int = 1) -> Any:
 
 
 def _payload(explanation: Explanation) -> dict[str, Any]:
+    """The page's data: tokens and targets only as people read them (the JSON keeps both)."""
     data = explanation.to_dict()
-    data["labels"] = display_tokens(explanation.tokens)
-    data["target_labels"] = display_tokens(explanation.targets) if explanation.targets else []
+    del data["tokens"]
+    for output in data["outputs"]:
+        output["target"] = output.pop("target_label")
+    data["target_labels"] = explanation.target_labels
     return data
 
 
@@ -158,8 +163,13 @@ body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
 .meta{color:#555;font-size:13px;margin:.4em 0}
 table.grid{border-collapse:collapse;font-size:11px}
 table.grid td,table.grid th{border:1px solid #ddd;padding:2px 4px;text-align:center}
-canvas{border:1px solid #ccc;image-rendering:pixelated}
-#tip{position:fixed;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;display:none}
+.legend{display:flex;align-items:center;gap:.5em;font-size:12px;color:#555;margin:.2em 0 .5em}
+.legend .bar{display:inline-block;width:180px;height:12px;border:1px solid #aaa}
+.legend .bar.diverging{background:linear-gradient(to right,rgb(0,0,255),rgb(255,255,255),rgb(255,0,0))}
+.legend .bar.sequential{background:linear-gradient(to right,rgb(255,255,255),rgb(0,0,255))}
+.scroll{overflow:auto;max-width:100%;max-height:85vh}
+#map{display:block}
+#tip{position:fixed;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;display:none;pointer-events:none}
 </style></head><body>
 <h2>__TITLE__</h2>
 <div class="meta" id="meta"></div>
@@ -167,12 +177,18 @@ canvas{border:1px solid #ccc;image-rendering:pixelated}
 <section id="contrib">
  <p class="meta" id="explained"></p>
  <label><input type="checkbox" id="nofirst"> colours on the scale of the tokens after the first one</label>
+ <p class="meta" id="legend-note">Colour: a token's signed contribution to the output. Red tokens raise
+ it, blue tokens lower it, white ones leave it unchanged; the colour is full at the largest
+ |contribution| of the row (the scale under each heading). Hover a token for its value.</p>
  <div id="rows"></div>
 </section>
 <section id="whole" style="display:none">
- <p class="meta">‖F<sub>i</sub>(x<sub>j</sub>)‖ after a block, over the original input tokens: output token i down, input token j across.</p>
+ <p class="meta">‖F<sub>i</sub>(x<sub>j</sub>)‖ after a block, over the original input tokens: output token i down, input token j across.
+ Darker cells: more of output token i's vector comes from input token j. Hover a cell for its value.</p>
  <label>block <input type="range" id="block" min="0" value="0"> <span id="blockname"></span></label>
- <div><canvas id="map"></canvas></div>
+ <div class="legend" id="map-legend"><span id="map-lo">0</span><span class="bar sequential"></span><span id="map-hi"></span>
+  <span>‖F<sub>i</sub>(x<sub>j</sub>)‖, this block's scale</span></div>
+ <div class="scroll"><canvas id="map" aria-label="whole-model token-to-token map"></canvas></div>
 </section>
 <div id="tip"></div>
 <script id="data" type="application/json">__DATA__</script>
@@ -180,13 +196,28 @@ canvas{border:1px solid #ccc;image-rendering:pixelated}
 (function(){
 const D = JSON.parse(document.getElementById('data').textContent);
 const $ = id => document.getElementById(id);
-$('meta').textContent = D.model + ' · ' + D.model_type + ' · ' + D.task + ' · ' + D.tokens.length + ' tokens · route ' + D.route;
+$('meta').textContent = D.model + ' · ' + D.model_type + ' · ' + D.task + ' · ' + D.labels.length + ' tokens · route ' + D.route;
 $('explained').textContent = 'Explained: ' + D.explained + '.';
 function colour(v, scale){
   const t = Math.max(-1, Math.min(1, scale > 0 ? v / scale : 0));
   const r = t > 0 ? 255 : Math.round(255 * (1 + t)), b = t < 0 ? 255 : Math.round(255 * (1 - t));
   const g = Math.round(255 * (1 - Math.abs(t)));
   return 'rgb(' + r + ',' + g + ',' + b + ')';
+}
+function fmt(v){
+  if (v === 0) return '0';
+  const a = Math.abs(v);
+  return (a >= 1000 || a < 0.001) ? v.toExponential(2) : v.toPrecision(3);
+}
+function legend(scale, skip){
+  const box = document.createElement('div'), bar = document.createElement('span');
+  box.className = 'legend';
+  bar.className = 'bar diverging';
+  const lo = document.createElement('span'), hi = document.createElement('span'), note = document.createElement('span');
+  lo.textContent = '\u2212' + fmt(scale) + ' (lowers)'; hi.textContent = '+' + fmt(scale) + ' (raises)';
+  note.textContent = skip ? 'scale of the tokens after the first (the first greyed out)' : 'scale of every token';
+  box.append(lo, bar, hi, note);
+  return box;
 }
 function drawRows(){
   const skip = $('nofirst').checked, box = $('rows');
@@ -199,10 +230,11 @@ function drawRows(){
     const div = document.createElement('div');
     const head = document.createElement('p');
     head.className = 'meta';
-    head.textContent = JSON.stringify(o.target) + ': value ' + o.value.toFixed(4) + ' = Σ contributions + bias ' +
+    head.textContent = '\u201c' + o.target + '\u201d: value ' + o.value.toFixed(4) + ' = Σ contributions + bias ' +
       o.bias.toFixed(4) + ' (delta ' + o.convergence_delta.toExponential(1) + '); first token ' +
       o.first_token.toFixed(4) + ', first-token share ' + (100 * o.first_token_share).toFixed(0) + '%';
     div.appendChild(head);
+    div.appendChild(legend(scale, skip));
     c.forEach((v, j) => {
       if (j >= D.labels.length) return;
       const s = document.createElement('span');
@@ -220,28 +252,52 @@ $('nofirst').addEventListener('change', drawRows);
 const maps = D.maps || [];
 const slider = $('block');
 slider.max = Math.max(0, maps.length - 1);
+let geo = null;
 function drawMap(){
   const canvas = $('map'), k = +slider.value;
   $('blockname').textContent = maps.length ? ('after block ' + (k + 1) + ' of ' + maps.length) : 'no maps were computed';
-  if (!maps.length) return;
-  const m = maps[k], n = m.length, cell = Math.max(4, Math.min(24, Math.floor(600 / n)));
-  canvas.width = n * cell; canvas.height = n * cell;
-  canvas.dataset.block = k;
+  if (!maps.length){ $('map-legend').style.display = 'none'; canvas.width = canvas.height = 0; return; }
+  const m = maps[k], n = m.length, labels = D.labels.slice(0, n);
+  const cell = Math.max(14, Math.min(32, Math.floor(640 / n))), font = Math.min(12, cell - 2);
   const ctx = canvas.getContext('2d');
-  let top = 0; m.forEach(r => r.forEach(v => { top = Math.max(top, v); }));
+  ctx.font = font + 'px ui-monospace,monospace';
+  let widest = 0; labels.forEach(t => { widest = Math.max(widest, ctx.measureText(t).width); });
+  const margin = Math.ceil(Math.min(widest, 160)) + 8, left = margin + 16, top = margin + 16;
+  canvas.width = left + n * cell + 2; canvas.height = top + n * cell + 2;
+  canvas.dataset.block = k;
+  let hi = 0; m.forEach(r => r.forEach(v => { hi = Math.max(hi, v); }));
+  $('map-hi').textContent = fmt(hi);
+  ctx.fillStyle = '#fff'; ctx.fillRect(0, 0, canvas.width, canvas.height);
   for (let i = 0; i < n; i++) for (let j = 0; j < n; j++){
-    const t = top > 0 ? m[i][j] / top : 0, g = Math.round(255 * (1 - t));
+    const t = hi > 0 ? m[i][j] / hi : 0, g = Math.round(255 * (1 - t));
     ctx.fillStyle = 'rgb(' + g + ',' + g + ',255)';
-    ctx.fillRect(j * cell, i * cell, cell, cell);
+    ctx.fillRect(left + j * cell, top + i * cell, cell, cell);
   }
+  ctx.strokeStyle = '#bbb'; ctx.strokeRect(left - 0.5, top - 0.5, n * cell + 1, n * cell + 1);
+  ctx.fillStyle = '#222'; ctx.font = font + 'px ui-monospace,monospace'; ctx.textBaseline = 'middle';
+  const drawn = [];
+  function clip(t){ return ctx.measureText(t).width <= 160 ? t : t.slice(0, 18) + '\u2026'; }
+  labels.forEach((t, q) => {
+    const c = cell * (q + 0.5);
+    ctx.textAlign = 'right'; ctx.fillText(clip(t), left - 4, top + c);
+    ctx.save(); ctx.translate(left + c, top - 4); ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = 'left'; ctx.fillText(clip(t), 0, 0); ctx.restore();
+    drawn.push(t);
+  });
+  ctx.fillStyle = '#666'; ctx.font = '11px system-ui,sans-serif'; ctx.textAlign = 'left';
+  ctx.fillText('input token j \u2192', left, 8);
+  ctx.save(); ctx.translate(8, top); ctx.rotate(Math.PI / 2); ctx.fillText('output token i \u2192', 0, 0); ctx.restore();
+  geo = {left: left, top: top, cell: cell, n: n, labels: drawn};
   canvas.onmousemove = e => {
-    const r = canvas.getBoundingClientRect(), j = Math.floor((e.clientX - r.left) / cell), i = Math.floor((e.clientY - r.top) / cell);
-    if (i < 0 || j < 0 || i >= n || j >= n) return;
-    const tip = $('tip'); tip.style.display = 'block'; tip.style.left = (e.clientX + 12) + 'px'; tip.style.top = (e.clientY + 12) + 'px';
-    tip.textContent = D.labels[i] + ' ← ' + D.labels[j] + ': ' + m[i][j].toFixed(4);
+    const r = canvas.getBoundingClientRect(), x = e.clientX - r.left - left, y = e.clientY - r.top - top;
+    const j = Math.floor(x / cell), i = Math.floor(y / cell), tip = $('tip');
+    if (x < 0 || y < 0 || i >= n || j >= n){ tip.style.display = 'none'; return; }
+    tip.style.display = 'block'; tip.style.left = (e.clientX + 12) + 'px'; tip.style.top = (e.clientY + 12) + 'px';
+    tip.textContent = 'output ' + i + ' \u201c' + labels[i] + '\u201d \u2190 input ' + j + ' \u201c' + labels[j] + '\u201d: ' + fmt(m[i][j]);
   };
   canvas.onmouseleave = () => { $('tip').style.display = 'none'; };
 }
+window.ffbExplain = {geometry: () => geo};
 slider.addEventListener('input', drawMap);
 function show(which){
   $('contrib').style.display = which === 'c' ? '' : 'none';

@@ -242,3 +242,24 @@ def test_paper_checks_by_hand():
     # one layer of three, but the layer average 0.15 ≤ 0.8 × 0.2
     assert (ablation["layers_holding"], ablation["holds"]) == (1, True)
     assert not any(c["finding"].startswith("FF-amp is not explained") for c in found.values())
+
+
+@pytest.mark.parametrize("count", [1, 4])
+def test_outlier_figure_legend_hides_no_data(count):
+    pytest.importorskip("matplotlib")
+    from captum_ffb.analysis.report import _outliers_figure
+
+    rng = np.random.default_rng(0)
+    layers = [{"layer": k, "ff_in_mean_abs": rng.random(64).tolist(), "ff_out_mean_abs": rng.random(64).tolist(),
+               "outliers": {"gamma": rng.random(64).tolist(), "norm": "LN2",
+                            "gamma_vs_ff_out": {"pearson": 0.1}}} for k in range(count)]
+    fig = _outliers_figure(layers)
+    fig.suptitle("a title", fontsize=9)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == ["|FF input|", "|FF output|", "γ (right axis)"]
+    box = legend.get_window_extent(renderer)
+    for ax in fig.axes:  # the panels, their γ axes and the empty panels of the grid
+        if ax.axison:
+            assert not box.overlaps(ax.get_tightbbox(renderer)), ax.get_title()

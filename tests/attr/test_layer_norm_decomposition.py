@@ -308,3 +308,22 @@ def test_progress_bar_over_row_chunks(capsys):
     lnd.attribute(token_ids(), internal_batch_size=3)
     err = capsys.readouterr().err
     assert "decomposing" in err and "6/6" in err  # 2 layers x 3 chunks of rows
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_inputs_embeds_give_the_maps_of_the_token_ids(name):
+    spec = TINY_MODELS[name]
+    model = spec.build().eval()
+    ids = token_ids(2, 7)
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0
+    embeds = model.get_input_embeddings()(ids).detach()
+    lnd = LayerNormDecomposition(model, spec.blocks(model)[1])
+    kwargs = {"forward_kwargs": {"attention_mask": mask}}
+    from_ids = lnd.attribute(ids, scope=list(lnd.scopes), **kwargs)
+    from_embeds = lnd.attribute(embeds, scope=list(lnd.scopes), **kwargs)
+    for scope in lnd.scopes:
+        torch.testing.assert_close(from_embeds[scope], from_ids[scope], rtol=0, atol=0)
+    decomposition = lnd.decompose(embeds, **kwargs)
+    torch.testing.assert_close(decomposition.terms, lnd.decompose(ids, **kwargs).terms, rtol=0, atol=0)
+    assert float(lnd.compute_convergence_delta(decomposition, embeds, **kwargs).max()) < 1e-4

@@ -275,3 +275,18 @@ def test_one_block_at_a_time_and_player_parts_add_up(name):
     torch.testing.assert_close(light.maps(ids), maps, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="use route='forward'"):
         light.attribute(ids, target=1, players=[0])
+
+
+def test_reduced_precision_is_said_once(recwarn):
+    model = tiny_task_model("llama", "causal_lm").eval()
+    ids = token_ids(1, 6)
+    nd = NormDecomposition(model)
+    nd.attribute(ids, target=3)
+    assert not [w for w in recwarn if "reduced precision" in str(w.message)]  # float32: silent
+    model.to(torch.bfloat16)
+    low = NormDecomposition(model)
+    with pytest.warns(UserWarning, match=r"reduced precision \(bfloat16\).*own bfloat16 output"):
+        low.attribute(ids, target=3)
+    recwarn.clear()
+    low.attribute(ids, target=3, route="backward")
+    assert not [w for w in recwarn if "reduced precision" in str(w.message)]  # once per instance

@@ -156,11 +156,18 @@ window.addEventListener("load", function () {
   function tokens() { return Array.from(document.querySelectorAll("#rows .tok")); }
   r.labels = tokens().map(function (s) { return s.textContent; });
   r.before = tokens().map(function (s) { return s.style.background; });
+  r.legend = document.querySelector("#rows .legend").textContent;
   var box = document.getElementById("nofirst"); box.checked = true; box.dispatchEvent(new Event("change"));
   r.after = tokens().map(function (s) { return s.style.background; });
   document.getElementById("tab-m").click();
   var c = document.getElementById("map");
   r.block0 = [c.dataset.block, c.toDataURL()];
+  var g = window.ffbExplain.geometry(), box = c.getBoundingClientRect();
+  r.geometry = g; r.canvas = [c.width, c.height]; r.mapHi = document.getElementById("map-hi").textContent;
+  c.dispatchEvent(new MouseEvent("mousemove", {
+    clientX: box.left + g.left + g.cell * 1.5, clientY: box.top + g.top + g.cell * 2.5, bubbles: true
+  }));
+  r.tip = document.getElementById("tip").textContent;
   var slider = document.getElementById("block"); slider.value = 1; slider.dispatchEvent(new Event("input"));
   r.block1 = [c.dataset.block, c.toDataURL()];
   r.blockname = document.getElementById("blockname").textContent;
@@ -189,12 +196,21 @@ def test_explanation_page_toggle_and_block_slider(tmp_path):
     assert found and found.group(1), "the page's script did not run"
     r = json.loads(html.unescape(found.group(1)))
     saved = json.loads((out / "explanation.json").read_text())
-    assert r["labels"] == saved["tokens"]
+    assert r["labels"] == saved["labels"]
+    # the colour legend under the output: its scale is the largest |contribution|
+    c = saved["outputs"][0]["contributions"]
+    assert _js_format(max(abs(v) for v in c)) + " (raises)" in r["legend"] and "(lowers)" in r["legend"]
     # the toggle greys the first token and rescales the others on the tokens after it
     assert r["after"][0] != r["before"][0] and "221" in r["after"][0]
-    c = saved["outputs"][0]["contributions"]
     if max(abs(v) for v in c[1:]) < abs(c[0]):
         assert r["after"][1:] != r["before"][1:]
     # the slider draws another block's map
     assert r["block0"][0] == "0" and r["block1"][0] == "1" and r["block0"][1] != r["block1"][1]
     assert r["blockname"] == "after block 2 of 2"
+    # the whole-model map: every row and column labelled, cells of at least 14 px, room for the
+    # labels, its scale's top value, and a readout of the cell under the mouse
+    g, n, first = r["geometry"], len(saved["labels"]), saved["maps"][0]
+    assert g["labels"] == saved["labels"] and g["n"] == n and g["cell"] >= 14
+    assert r["canvas"][0] >= g["left"] + n * g["cell"] > n * g["cell"] + 20
+    assert r["mapHi"] == _js_format(max(max(row) for row in first))
+    assert f'output 2 \u201c{saved["labels"][2]}\u201d' in r["tip"] and _js_format(first[2][1]) in r["tip"]

@@ -157,6 +157,42 @@ def test_png_has_two_scales(lm_dir, tmp_path):
     assert (tmp_path / "e.png").stat().st_size > 1000
 
 
+@pytest.fixture(scope="module")
+def bpe_lm_dir(tmp_path_factory):
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-bpe", byte_level=True)
+
+
+def test_byte_level_tokens_are_shown_as_text(bpe_lm_dir, tmp_path, capsys):
+    from captum_ffb.explain import explain_text
+    from captum_ffb.viz import plot_contributions
+
+    text = "the cat sat on the mat because\nit was"
+    out = tmp_path / "out"
+    assert main(["explain", text, "--model", str(bpe_lm_dir), "--target", " cat", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((out / "explanation.json").read_text(encoding="utf-8"))
+    # the raw tokens are byte-level BPE; the JSON keeps them and adds the readable labels
+    assert "Ġcat" in data["tokens"] and "Ċ" in data["tokens"]
+    assert data["labels"] == ["the", "cat", "sat", "on", "the", "mat", "because", "\\n", "it", "was"]
+    assert data["outputs"][0]["target"] == "Ġcat" and data["outputs"][0]["target_label"] == " cat"
+    assert '" cat": value' in printed and "Ġ" not in printed and "Ċ" not in printed
+    page = (out / "explanation.html").read_text(encoding="utf-8")
+    assert "Ġ" not in page and "Ċ" not in page
+    figure = plot_contributions(explain_text(text, _load(bpe_lm_dir), target=" cat", maps=False))
+    ticks = [t.get_text() for ax in figure.axes for t in ax.get_xticklabels()]
+    assert "because" in ticks and not any("Ġ" in t or "Ċ" in t for t in ticks)
+    assert "Ġ" not in figure.texts[0].get_text()  # the suptitle names the target
+
+
+def test_page_has_colour_legends(lm_dir, tmp_path):
+    """The legends' drawing and the whole-model map's labels are checked in a browser
+    (tests/cli/test_browser.py); here, that the page carries them."""
+    _run([TEXT, "--model", str(lm_dir), "--format", "html,json"], tmp_path)
+    page = (tmp_path / "explanation.html").read_text(encoding="utf-8")
+    assert 'id="legend-note"' in page and "Red tokens raise" in page and "blue tokens lower" in page
+    assert 'id="map-legend"' in page and 'id="map-hi"' in page and "this block's scale" in page
+
+
 @pytest.mark.real_weights
 def test_bundled_minilm_sentiment_head(tmp_path):
     from captum_ffb.evaluation.minilm_head import load_minilm_sentiment_head

@@ -209,3 +209,20 @@ def test_explain_corpus_on_ray_equals_the_local_engine(tmp_path, local_ray):
     for a, b in zip(local, remote):
         assert a["target"] == b["target"]
         np.testing.assert_allclose(a["contributions"], b["contributions"], rtol=1e-6, atol=1e-6)
+
+
+def test_starting_ray_prints_nothing(tmp_path):
+    """No token-authentication notice, no "Started a local Ray instance" or dashboard line."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    code = ("import ray\nfrom captum_ffb.engines.ray import start\n"
+            "assert start(ray, None, 1)\nray.shutdown()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout + done.stderr
+    for line in ("Token authentication", "Started a local Ray instance", "dashboard"):
+        assert line not in printed, printed

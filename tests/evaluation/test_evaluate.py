@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -58,11 +59,20 @@ def test_every_protocol_and_method_on_a_classifier(classifier_dir, data, tmp_pat
     out = tmp_path / "out"
     argv = ["evaluate", "--model", str(classifier_dir), "--task", "sentiment", "--data", str(data),
             "--methods", ",".join(CHEAP), "--batch-size", "3", "--out", str(out), *SMALL]
-    assert main(argv) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(argv) == 0
+    # Captum is not left to warn that the embeddings did not require gradients
+    assert not [w for w in caught if "did not already require gradients" in str(w.message)]
     printed = capsys.readouterr().out
     assert "| `decomposition` |" in printed
     names = sorted(p.name for p in out.iterdir())
     assert names == ["curves.png", "report.html", "results.csv", "results.json", "results.md", "run"]
+    # Markdown marks stay in the Markdown table: the page has its own markup
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "`" not in page and "**" not in page
+    assert "<td><code>decomposition</code></td>" in page and "<td><b>" in page
+    assert "| `decomposition` |" in (out / "results.md").read_text(encoding="utf-8")
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == CHEAP
