@@ -74,5 +74,20 @@ def engine_options(args: Any) -> tuple[str, dict[str, Any]]:
 
     if importlib.util.find_spec("ray") is None:
         raise UsageError('--engine ray needs Ray: pip install "captum_ffb[ray]"')
+    if args.gpus_per_worker and args.address is None:
+        _check_local_gpus(args.gpus_per_worker, args.workers)
     return "ray", {"address": args.address, "workers": args.workers,
                    "gpus_per_worker": args.gpus_per_worker}
+
+
+def _check_local_gpus(gpus_per_worker: float, workers: int | None) -> None:
+    """The embedded Ray uses this machine's GPUs: enough of them for ``--gpus-per-worker``
+    (and ``--workers``), or a one-line error before anything starts (Ray would wait forever)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    needed = gpus_per_worker * (workers or 1)
+    if needed > count + 1e-6:  # a float sum of fractions
+        asked = f"--gpus-per-worker {gpus_per_worker:g}" + (f" with --workers {workers}" if workers else "")
+        raise UsageError(f"{asked} needs {needed:g} GPUs, and this machine has {count}; use "
+                         "--gpus-per-worker 0 (CPU), or --address to join a Ray cluster with GPUs")
