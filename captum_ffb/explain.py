@@ -319,6 +319,7 @@ class ExplainJob:
                 padded.input_ids, target=nd_target, route=self.route, return_bias=True,
                 return_convergence_delta=True,
                 forward_kwargs={"attention_mask": padded.attention_mask})
+        sign = sign.to(c.device)
         c, bias = c.detach() * sign.unsqueeze(1), bias.detach() * sign
         with torch.no_grad():
             logits = task.class_logits(task.forward(padded.attention_mask, input_ids=padded.input_ids),
@@ -328,12 +329,12 @@ class ExplainJob:
         ids = np.full((len(batch), width), -1)
         for row, e in enumerate(examples):
             real = padded.attention_mask[row].bool()
-            out[row, : len(e.ids)] = c[row, real].numpy()
-            ids[row, : len(e.ids)] = padded.input_ids[row, real].numpy()
+            out[row, : len(e.ids)] = c[row, real].cpu().numpy()
+            ids[row, : len(e.ids)] = padded.input_ids[row, real].cpu().numpy()
         return {"index": np.asarray(batch), "contributions": out, "ids": ids,
-                "length": np.asarray([len(e.ids) for e in examples]), "target": target.numpy(),
-                "bias": bias.numpy(), "delta": delta.detach().numpy(),
-                "value": logits.gather(1, target.view(-1, 1)).squeeze(1).detach().numpy()}
+                "length": np.asarray([len(e.ids) for e in examples]), "target": target.cpu().numpy(),
+                "bias": bias.cpu().numpy(), "delta": delta.detach().cpu().numpy(),
+                "value": logits.gather(1, target.view(-1, 1)).squeeze(1).detach().cpu().numpy()}
 
 
 def explain_corpus(
@@ -346,6 +347,7 @@ def explain_corpus(
     engine_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
+    device: str = "cpu",
 ) -> Any:
     r"""Explain every text of a corpus; resumable, on the local engine or Ray.
 
@@ -363,6 +365,7 @@ def explain_corpus(
         engine, engine_options: see :func:`captum_ffb.engines.run_job`.
         overwrite (bool): discard an earlier run with other settings in ``out``.
         show_progress (bool): a progress bar.
+        device (str): where the model runs (in every worker).
 
     Returns:
         Path: the ``explanations.jsonl`` file.
@@ -385,7 +388,7 @@ def explain_corpus(
     if head == "base" and model not in (None, DEFAULT_MODEL):
         raise ValueError("a base model has no output to explain: the corpus mode needs a causal LM, "
                          "a sequence classifier or the bundled all-MiniLM-L6-v2")
-    job = ExplainJob(ModelSource(name=model, task=head), list(texts), batch_size, route)
+    job = ExplainJob(ModelSource(name=model, task=head, device=device), list(texts), batch_size, route)
     folder = Path(out)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, description="explaining",

@@ -41,6 +41,33 @@ def check_model_options(
             )
 
 
+def add_device_option(parser: Any) -> None:
+    """``--device`` (where the model runs) for a command."""
+    parser.add_argument("--device", default="cpu",
+                        help="where the model runs: cpu (default), cuda, cuda:1, mps, ...")
+
+
+def resolve_device(name: str) -> Any:
+    """``name`` as a torch device that exists here, or a one-line error (before any model
+    loads)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise UsageError(f"cannot use device {name!r}: not a torch device name") from error
+    available = {
+        "cuda": torch.cuda.is_available,
+        "mps": lambda: torch.backends.mps.is_available(),
+    }.get(device.type, lambda: True)
+    if not available():
+        raise UsageError(f"cannot use device {name!r}: no {device.type} device is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"cannot use device {name!r}: this machine has "
+                         f"{torch.cuda.device_count()} cuda devices")
+    return device
+
+
 def add_engine_options(parser: Any) -> None:
     """``--engine``, ``--address``, ``--workers``, ``--gpus-per-worker`` for a corpus command."""
     group = parser.add_argument_group("where batches run")

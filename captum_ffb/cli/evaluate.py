@@ -7,7 +7,13 @@ import json
 import sys
 from typing import Any
 
-from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
+from captum_ffb.cli._common import (
+    UsageError,
+    add_device_option,
+    add_engine_options,
+    engine_options,
+    resolve_device,
+)
 
 DEFAULT_OUT = "captum_ffb_evaluate"
 DEFAULT_METHODS = "decomposition,attention_last,rollout,input_x_gradient,integrated_gradients,random"
@@ -67,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_device_option(parser)
     add_engine_options(parser)
     parser.set_defaults(run=run)
 
@@ -104,11 +111,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    device = resolve_device(args.device)  # before the model loads
     engine, engine_settings = engine_options(args)
     summary = evaluate(args.model, args.task, args.data, methods, protocols, args.out, n=args.n,
                        max_tokens=args.max_tokens, batch_size=args.batch_size, options=options,
                        engine=engine, engine_options=engine_settings, overwrite=args.overwrite,
-                       show_progress=not args.quiet, seed=args.seed)
+                       show_progress=not args.quiet, seed=args.seed, device=str(device))
     if not args.quiet:
         from captum_ffb.evaluation.report import markdown_table
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 from captum_ffb.cli._common import (
     UsageError,
+    add_device_option,
     add_engine_options,
     check_model_options,
     engine_options,
+    resolve_device,
 )
 
 FORMATS = ("png", "html", "json")
@@ -82,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", default=",".join(FORMATS), metavar="LIST",
                         help="comma list of png, html, json (default: all three)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_device_option(parser)
     add_engine_options(parser)
     parser.set_defaults(run=run)
 
@@ -107,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_corpus(args, engine, settings)
     if engine != "local":
         raise UsageError("--engine ray is for the corpus mode (--data FILE)")
+    if args.device != "cpu":
+        raise UsageError("--device is for the corpus mode (--data FILE); one TEXT runs on the cpu")
     check_text(args.text)
     formats = _formats(args.format)
     if args.generate is not None and args.generate < 1:
@@ -178,10 +183,11 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
             raise UsageError(f"{flag} is for one TEXT; the corpus mode explains each text's prediction")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    device = resolve_device(args.device)  # before the model loads
     texts, _ = read_texts(args.data)
     path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
                           engine=engine, engine_options=settings, overwrite=args.overwrite,
-                          show_progress=not args.quiet)
+                          show_progress=not args.quiet, device=str(device))
     if not args.quiet:
         print(f"{len(texts)} texts explained")
         print(path)

@@ -57,7 +57,7 @@ def _decomposition(rules: Callable[[], dict[str, Any]] | None) -> MethodFn:
             c = task.nd.attribute(batch.input_ids, target=nd_target,
                                   forward_kwargs={"attention_mask": batch.attention_mask},
                                   rules=chosen)
-        return c.detach() * sign.unsqueeze(1)
+        return c.detach() * sign.to(c.device).unsqueeze(1)
     return run
 
 
@@ -83,7 +83,7 @@ def _readout(maps: Tensor, task: EvaluationTask, mask: Tensor) -> Tensor:
         row = n - 1 - mask.long().flip(1).argmax(1)
     else:
         row = mask.long().argmax(1)
-    return maps[torch.arange(maps.shape[0]), row]
+    return maps[torch.arange(maps.shape[0], device=row.device), row]
 
 
 def _attentions(task: EvaluationTask, batch: Batch) -> list[Tensor]:
@@ -121,7 +121,7 @@ def _attention_mean(task, batch, target, options):
 
 def _roll(maps: list[Tensor], mask: Tensor) -> Tensor:
     n = mask.shape[1]
-    eye = torch.eye(n) * mask.unsqueeze(-1).float()
+    eye = torch.eye(n, device=mask.device) * mask.unsqueeze(-1).float()
     out = eye.expand(mask.shape[0], n, n)
     for m in maps:
         m = m / m.sum(-1, keepdim=True).clamp_min(1e-12)
@@ -131,7 +131,7 @@ def _roll(maps: list[Tensor], mask: Tensor) -> Tensor:
 
 def _rollout(task, batch, target, options):
     mask = batch.attention_mask
-    eye = torch.eye(mask.shape[1]) * mask.unsqueeze(-1).float()
+    eye = torch.eye(mask.shape[1], device=mask.device) * mask.unsqueeze(-1).float()
     maps = [0.5 * a + 0.5 * eye for a in _attentions(task, batch)]
     return _readout(_roll(maps, mask), task, mask)
 
@@ -193,7 +193,7 @@ def _perturbation_method(name: str) -> MethodFn:
         x = _embeds(task, batch)
         forward = _captum_forward(task)
         b, n, d = x.shape
-        out = torch.zeros(b, n)
+        out = torch.zeros(b, n, device=x.device)
         cls = {"feature_ablation": ca.FeatureAblation, "shapley_value_sampling": ca.ShapleyValueSampling,
                "kernel_shap": ca.KernelShap, "lime": ca.Lime}[name]
         with torch.no_grad():
@@ -226,9 +226,9 @@ def _attnlrp(task, batch, target, options):
     relevances = options.get("precomputed")
     if relevances is None:
         raise RuntimeError("attnlrp needs its relevances computed first (evaluate does this)")
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for row, index in enumerate(batch.index.tolist()):
-        values = torch.as_tensor(relevances[index], dtype=torch.float32)
+        values = torch.as_tensor(relevances[index], dtype=torch.float32, device=out.device)
         real = batch.attention_mask[row].bool()
         if int(real.sum()) != values.numel():
             raise RuntimeError(f"attnlrp relevance of example {index} has {values.numel()} positions, "
@@ -243,7 +243,7 @@ def _random(task, batch, target, options):
     for row, index in enumerate(batch.index.tolist()):
         g = torch.Generator().manual_seed(seed * 1_000_003 + index)
         out[row] = torch.rand(batch.input_ids.shape[1], generator=g)
-    return out * batch.attention_mask
+    return out.to(batch.attention_mask.device) * batch.attention_mask
 
 
 #: Every method, in the order of the tables.

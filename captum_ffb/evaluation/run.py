@@ -134,8 +134,8 @@ class EvaluationJob:
         gold = b.labels if self.task != "next-token" else torch.full_like(b.labels, -1)
         known = gold >= 0
         out: dict[str, np.ndarray] = {
-            "index": b.index.numpy(), "label": gold.numpy(), "predicted": target.numpy(),
-            "players": (~b.protected).sum(1).numpy(),
+            "index": b.index.cpu().numpy(), "label": gold.cpu().numpy(), "predicted": target.cpu().numpy(),
+            "players": (~b.protected).sum(1).cpu().numpy(),
         }
         accuracy_labels = torch.where(known, gold, target)
         probabilities, logits = task.scorer("probabilities"), task.scorer("logits")
@@ -149,8 +149,8 @@ class EvaluationJob:
                 attr = METHODS[name].fn(task, b, target, options).float()
                 seconds = time.perf_counter() - start
             if name == "attnlrp" and pre is not None:
-                seconds = float(pre["seconds"][b.index.numpy()].sum())
-                out[f"{name}.peak_mb"] = np.array([float(pre["peak_mb"][b.index.numpy()].max())])
+                seconds = float(pre["seconds"][b.index.cpu().numpy()].sum())
+                out[f"{name}.peak_mb"] = np.array([float(pre["peak_mb"][b.index.cpu().numpy()].max())])
             else:
                 out[f"{name}.peak_mb"] = np.array([memory.extra_mb])
             out[f"{name}.seconds"] = np.array([seconds])
@@ -159,22 +159,22 @@ class EvaluationJob:
             if "decompx" in self.protocols:
                 r = decompx_aopc(probabilities, b.input_ids, b.attention_mask, attr, b.protected,
                                  mask_token_id=task.replacement_id, labels=accuracy_labels, **common)
-                out[f"{name}.decompx_drop"] = r.curve.drops().numpy()
+                out[f"{name}.decompx_drop"] = r.curve.drops().cpu().numpy()
                 correct = r.curve.class_scores.argmax(-1) == accuracy_labels.unsqueeze(1)
-                out[f"{name}.decompx_correct"] = correct.numpy().astype(np.float64)
+                out[f"{name}.decompx_correct"] = correct.cpu().numpy().astype(np.float64)
             if "eraser" in self.protocols:
                 r = eraser_faithfulness(probabilities, b.input_ids, b.attention_mask, attr, b.protected,
                                         pad_token_id=task.pad_id, padding_side=task.padding_side, **common)
-                out[f"{name}.comprehensiveness"] = r.aopc_comprehensiveness.numpy()
-                out[f"{name}.sufficiency"] = r.aopc_sufficiency.numpy()
-                out[f"{name}.comprehensiveness_bins"] = r.comprehensiveness.numpy()
-                out[f"{name}.sufficiency_bins"] = r.sufficiency.numpy()
+                out[f"{name}.comprehensiveness"] = r.aopc_comprehensiveness.cpu().numpy()
+                out[f"{name}.sufficiency"] = r.aopc_sufficiency.cpu().numpy()
+                out[f"{name}.comprehensiveness_bins"] = r.comprehensiveness.cpu().numpy()
+                out[f"{name}.sufficiency_bins"] = r.sufficiency.cpu().numpy()
             if "abpc" in self.protocols:
                 r = abpc(logits, b.input_ids, b.attention_mask, attr, b.protected,
                          fractions=ABPC_FRACTIONS, **common)
-                out[f"{name}.abpc"] = r.abpc.numpy()
-                out[f"{name}.morf"] = r.morf.scores.numpy()
-                out[f"{name}.lerf"] = r.lerf.scores.numpy()
+                out[f"{name}.abpc"] = r.abpc.cpu().numpy()
+                out[f"{name}.morf"] = r.morf.scores.cpu().numpy()
+                out[f"{name}.lerf"] = r.lerf.scores.cpu().numpy()
         return out
 
 
@@ -283,6 +283,7 @@ def evaluate(
     template: str | None = None,
     labels: tuple[str, str] | None = None,
     stop_after: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     r"""Evaluate ``methods`` on ``task`` under ``protocols``; write the run into ``out``.
 
@@ -304,6 +305,7 @@ def evaluate(
         seed (int): seeds the random baseline and the sampling methods.
         template, labels: a causal LM's sentiment prompt and label tokens.
         stop_after (int, optional): stop after this many batches (to test resuming).
+        device (str): where the model runs (here and in every worker).
 
     Returns:
         dict: the summary (see :func:`summarise`), also written to ``out/results.json``.
@@ -316,7 +318,7 @@ def evaluate(
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
     config = model_config(model)
     head = task_from_config(config)
-    source = ModelSource(name=model, task=head)
+    source = ModelSource(name=model, task=head, device=device)
     loaded = source.load()
     evaluation_task = EvaluationTask(loaded, task, template, labels)
     texts, gold = read_texts(data, n, loaded.tokenizer, max_tokens)

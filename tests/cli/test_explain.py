@@ -206,3 +206,23 @@ def test_corpus_mode_errors(lm_dir, base_dir, tmp_path, capsys):
     assert "corpus mode" in _error(capsys, [TEXT, "--model", str(lm_dir), "--engine", "ray"])
     assert "base model has no output" in _error(capsys, ["--data", str(corpus), "--model", str(base_dir),
                                                          "--out", str(tmp_path / "o")])
+
+
+def test_corpus_mode_device_is_checked_before_the_model_loads(lm_dir, tmp_path, capsys, monkeypatch):
+    import captum_ffb.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before the device was checked")
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat\na dog\n")
+    argv = ["--data", str(corpus), "--model", str(lm_dir), "--out", str(tmp_path / "o"), "--quiet"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    assert _error(capsys, [*argv, "--device", "cuda"]) == (
+        "captum-ffb: error: cannot use device 'cuda': no cuda device is available")
+    assert _error(capsys, [TEXT, "--model", str(lm_dir), "--device", "cuda:0"]) == (
+        "captum-ffb: error: --device is for the corpus mode (--data FILE); one TEXT runs on the cpu")
+    monkeypatch.undo()
+    assert main(["explain", *argv, "--device", "cpu"]) == 0
+    assert len((tmp_path / "o" / "explanations.jsonl").read_text().splitlines()) == 2

@@ -159,6 +159,27 @@ def test_one_line_errors(classifier_dir, data, tmp_path, capsys):
         main(["evaluate", "--task", "summarise"])
 
 
+def test_device_is_checked_before_the_model_loads(classifier_dir, data, tmp_path, capsys, monkeypatch):
+    import captum_ffb.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before the device was checked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    argv = ["evaluate", "--model", str(classifier_dir), "--data", str(data), "--task", "sentiment",
+            "--out", str(tmp_path / "e"), "--quiet"]
+    assert main([*argv, "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "captum-ffb: error: cannot use device 'cuda': no cuda device is available"]
+    assert main([*argv, "--device", "gpu0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "captum-ffb: error: cannot use device 'gpu0': not a torch device name"]
+    monkeypatch.undo()
+    assert main([*argv, "--device", "cpu", "--methods", "random", "--protocol", "abpc"]) == 0
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == len(TEXTS)
+
+
 def test_names_and_data_files(tmp_path):
     assert resolve_methods("all") == list(METHODS) and list(PROTOCOLS) == ["decompx", "eraser", "abpc"]
     path = tmp_path / "t.csv"
