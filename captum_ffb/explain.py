@@ -351,9 +351,11 @@ def explain_corpus(
 ) -> Any:
     r"""Explain every text of a corpus; resumable, on the local engine or Ray.
 
-    Writes ``explanations.jsonl`` into ``out`` (one line per text, in order: ``tokens``,
-    ``target``, ``value``, ``bias``, ``convergence_delta``, ``first_token_share`` and
-    ``contributions``) and keeps the shards in ``out/run/``.
+    Writes ``explanations.jsonl`` into ``out`` (one line per text, in order: ``index``, the
+    text's position in ``texts``; ``tokens``, ``target``, ``value``, ``bias``,
+    ``convergence_delta``, ``first_token_share`` and ``contributions``) and keeps the shards
+    in ``out/run/``. Blank texts and texts longer than the model takes are skipped, listed in
+    ``out/skipped.csv`` (``line`` = ``index + 1``, reason, detail).
 
     Args:
         texts (list[str]): the corpus.
@@ -373,14 +375,16 @@ def explain_corpus(
     import json
     from pathlib import Path
 
+    from captum_ffb.analysis.corpus import skip_reason, write_skipped
     from captum_ffb.engines.jobs import ModelSource, run_job
-    from captum_ffb.models import model_config, task_from_config
+    from captum_ffb.models import load_tokenizer, max_length_of, model_config, task_from_config
 
     if not texts:
         raise ValueError("the corpus has no texts")
     for k, text in enumerate(texts):
         try:
-            check_text(text)
+            if text.strip():  # blank texts are skipped below
+                check_text(text)
         except ValueError as error:
             raise ValueError(f"text {k}: {error}") from None
     config = model_config(model)
@@ -388,18 +392,32 @@ def explain_corpus(
     if head == "base" and model not in (None, DEFAULT_MODEL):
         raise ValueError("a base model has no output to explain: the corpus mode needs a causal LM, "
                          "a sequence classifier or the bundled all-MiniLM-L6-v2")
-    job = ExplainJob(ModelSource(name=model, task=head, device=device), list(texts), batch_size, route)
+    tokenizer = load_tokenizer(model)
+    lengths = [len(ids) for ids in tokenizer([t if t.strip() else "." for t in texts])["input_ids"]]
+    kept: list[int] = []
+    skipped = []
+    for k, (text, length) in enumerate(zip(texts, lengths)):
+        reason = skip_reason(k, text, length, max_length_of(config), "the model's maximum")
+        if reason is None:
+            kept.append(k)
+        else:
+            skipped.append(reason)
     folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_skipped(folder / "skipped.csv", skipped)
+    if not kept:
+        raise ValueError(f"no text to explain: all {len(texts)} are empty or too long (listed in "
+                         f"{folder / 'skipped.csv'})")
+    job = ExplainJob(ModelSource(name=model, task=head, device=device), [texts[k] for k in kept],
+                     batch_size, route)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, description="explaining",
                      engine_options=engine_options)
-    from captum_ffb.models import load_tokenizer
-
-    tokenizer = load_tokenizer(model)
     path = folder / "explanations.jsonl"
     with path.open("w", encoding="utf-8") as f:
         for shard in shards:
-            for row, index in enumerate(shard["index"].tolist()):
+            for row, position in enumerate(shard["index"].tolist()):
+                index = kept[position]  # the text's position in ``texts``
                 n = int(shard["length"][row])
                 c = shard["contributions"][row, :n]
                 total = float(abs(c).sum())

@@ -35,7 +35,8 @@ protocols: decompx (top K % replaced by [MASK], AOPC and accuracy), eraser (comp
   and sufficiency, 1/5/10/20/50 % deleted), abpc (embeddings zeroed, area between the
   least- and most-relevant-first curves); or all
 
-files written to --out: results.csv, results.md, results.json, curves.png, report.html and
+files written to --out: results.csv, results.md, results.json, curves.png, report.html,
+skipped.csv (texts left out: blank, longer than --max-tokens or than the model takes) and
 run/ (the shards: run the same command again to resume)
 """
 
@@ -123,5 +124,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{summary['n']} examples of {args.task} on {summary['model']}"
               + (f"; model accuracy {summary['accuracy']:.3f}" if summary["accuracy"] is not None else ""))
         print(markdown_table(summary))
+        if summary["skipped"]:
+            print(f"{len(summary['skipped'])} texts skipped, listed in {args.out}/skipped.csv")
         print(f"written to {args.out}", file=sys.stderr)
     return 0

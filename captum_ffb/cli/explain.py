@@ -29,7 +29,9 @@ examples:
   captum-ffb explain "a dull movie" --model ./my-classifier --class 1
   captum-ffb explain --data reviews.txt --model ./SmolLM2 --engine ray --workers 2
       corpus mode: one explanation per line of reviews.txt (the predicted output), written
-      to ./{DEFAULT_OUT}/explanations.jsonl; resumable from ./{DEFAULT_OUT}/run/
+      to ./{DEFAULT_OUT}/explanations.jsonl (each with its line's index, from 0); blank lines
+      and lines longer than the model takes are listed in ./{DEFAULT_OUT}/skipped.csv;
+      resumable from ./{DEFAULT_OUT}/run/
 
 files written to --out:
   explanation.png   tokens coloured by their signed contribution, on the scale of every token
@@ -175,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
-    from captum_ffb.evaluation.run import read_texts
+    from captum_ffb.evaluation.run import read_rows
     from captum_ffb.explain import explain_corpus
 
     for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate)):
@@ -184,11 +186,14 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     device = resolve_device(args.device)  # before the model loads
-    texts, _ = read_texts(args.data)
+    texts, _ = read_rows(args.data)  # blank lines are skipped, listed in skipped.csv
     path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
                           engine=engine, engine_options=settings, overwrite=args.overwrite,
                           show_progress=not args.quiet, device=str(device))
     if not args.quiet:
-        print(f"{len(texts)} texts explained")
+        explained = len(path.read_text(encoding="utf-8").splitlines())
+        skipped = len(texts) - explained
+        print(f"{explained} texts explained" + (f"; {skipped} skipped, listed in "
+                                                f"{path.with_name('skipped.csv')}" if skipped else ""))
         print(path)
     return 0

@@ -61,7 +61,8 @@ def test_every_protocol_and_method_on_a_classifier(classifier_dir, data, tmp_pat
     printed = capsys.readouterr().out
     assert "| `decomposition` |" in printed
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["curves.png", "report.html", "results.csv", "results.json", "results.md", "run"]
+    assert names == ["curves.png", "report.html", "results.csv", "results.json", "results.md", "run",
+                     "skipped.csv"]
     with (out / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == CHEAP
@@ -178,6 +179,35 @@ def test_device_is_checked_before_the_model_loads(classifier_dir, data, tmp_path
     monkeypatch.undo()
     assert main([*argv, "--device", "cpu", "--methods", "random", "--protocol", "abpc"]) == 0
     assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == len(TEXTS)
+
+
+def test_blank_and_too_long_texts_are_skipped_and_listed(classifier_dir, tmp_path, capsys):
+    """A text longer than the model's 64 positions crashed the run; now it is listed in
+    skipped.csv with the blank lines, and the run goes on."""
+    long = " ".join(["the cat sat on the mat"] * 12)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(["the cat sat on the mat", "", long, "a dog was tired"]) + "\n")
+    out = tmp_path / "out"
+    assert main(["evaluate", "--model", str(classifier_dir), "--task", "sentiment", "--data", str(texts),
+                 "--methods", "decomposition,random", "--protocol", "abpc", "--out", str(out)]) == 0
+    assert f"2 texts skipped, listed in {out}/skipped.csv" in capsys.readouterr().out
+    loaded = _load(classifier_dir, "sequence_classification")
+    n_long = len(loaded.tokenizer(long)["input_ids"])
+    with (out / "skipped.csv").open(newline="") as f:
+        assert list(csv.reader(f)) == [["line", "reason", "detail"], ["2", "empty", ""],
+                                       ["3", "too long", f"{n_long} tokens > 64 (the model's maximum)"]]
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["n"] == 2 and [s["line"] for s in summary["skipped"]] == [2, 3]
+    # --max-tokens skips are listed the same way, and only before the first n usable texts
+    from captum_ffb.evaluation.run import select_examples
+
+    task = EvaluationTask(loaded, "sentiment")
+    rows = ["the cat sat on the mat", "", long, "a dog was tired", "she loves math"]
+    examples, skipped = select_examples(task, rows, [None] * 5, n=1, max_tokens=7)
+    assert [e.ids for e in examples] == [tuple(loaded.tokenizer(rows[3])["input_ids"])]
+    assert [(s.line, s.reason, s.detail) for s in skipped] == [
+        (1, "too long", "8 tokens > 7 (--max-tokens)"), (2, "empty", ""),
+        (3, "too long", f"{n_long} tokens > 7 (--max-tokens)")]
 
 
 def test_names_and_data_files(tmp_path):
