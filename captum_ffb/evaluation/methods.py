@@ -15,7 +15,8 @@ value, most relevant = largest); attention-style methods are non-negative.
   layer maps ``‖F_i(x_j)‖`` of the whole block, each row normalised to sum to one.
 * Captum on the input embeddings (summed over the hidden dimension, except ``saliency``: the
   gradient's L2 norm): ``saliency``, ``input_x_gradient``, ``integrated_gradients`` (zero
-  baseline), ``feature_ablation``, ``shapley_value_sampling``, ``kernel_shap``, ``lime`` (a
+  baseline; its steps batched so that one pass fits ``memory_budget``, the decomposition's
+  default of 1 GiB, or holds ``internal_batch_size`` rows), ``feature_ablation``, ``shapley_value_sampling``, ``kernel_shap``, ``lime`` (a
   token removed = its embedding set to zero).
 * ``attnlrp``: the real ``lxt`` package in its own environment (Llama family), precomputed by
   the caller and passed in through ``precomputed``.
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb.attr import DEFAULT_MEMORY_BUDGET
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask
 
 MethodFn = Callable[[EvaluationTask, Batch, Tensor, dict[str, Any]], Tensor]
@@ -178,12 +180,56 @@ def _gradient_method(name: str) -> MethodFn:
             if name == "input_x_gradient":
                 attr = ca.InputXGradient(forward).attribute(x, additional_forward_args=args)
             else:
-                steps = int(options.get("n_steps", 50))
-                attr = ca.IntegratedGradients(forward).attribute(
-                    x, baselines=torch.zeros_like(x), additional_forward_args=args, n_steps=steps,
-                    internal_batch_size=int(options.get("internal_batch_size", 64)))
+                attr = _integrated_gradients(task, forward, x, batch, target, options)
         return attr.detach().sum(-1)
     return run
+
+
+def ig_rows(model: torch.nn.Module, n_tokens: int, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
+    r"""How many rows (one example at one integration step) of Integrated Gradients fit
+    ``memory_budget`` bytes: an estimate of what one forward and backward pass over
+    ``n_tokens`` tokens keeps per row (float32 activations of every layer, the attention
+    probabilities, the output logits).
+
+    Args:
+        model (nn.Module): a Hugging Face model (its ``config`` is read).
+        n_tokens (int): the padded length of the batch.
+        memory_budget (int): bytes the rows of one pass may take.
+    """
+    config = model.config
+    hidden = int(getattr(config, "hidden_size", 0) or 0) or 768
+    inner = next((int(v) for v in (getattr(config, key, None) for key in
+                                   ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"))
+                  if isinstance(v, int) and v > 0), 4 * hidden)
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0) or 12
+    heads = int(getattr(config, "num_attention_heads", 0) or 0) or 12
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    per_token = 16 * hidden + 4 * inner + 2 * heads * n_tokens  # floats kept per token and layer
+    per_row = 4 * (n_tokens * layers * per_token + vocab)
+    return max(1, int(memory_budget) // per_row)
+
+
+def _integrated_gradients(task: EvaluationTask, forward: Callable[..., Tensor], x: Tensor, batch: Batch,
+                          target: Tensor, options: dict[str, Any]) -> Tensor:
+    """Captum's IntegratedGradients with its steps batched so that one pass holds at most
+    ``internal_batch_size`` rows (default: as many as fit ``memory_budget``, see
+    :func:`ig_rows`); a batch with more examples than that runs in groups of examples."""
+    import captum.attr as ca
+
+    rows = options.get("internal_batch_size")
+    if rows is None:
+        rows = ig_rows(task.model, x.shape[1], int(options.get("memory_budget", DEFAULT_MEMORY_BUDGET)))
+    rows = int(rows)
+    if rows < 1:
+        raise ValueError(f"integrated_gradients.internal_batch_size must be at least 1, got {rows}")
+    parts = []
+    for start in range(0, x.shape[0], rows):  # Captum takes at least one step of every example
+        group = slice(start, start + rows)
+        parts.append(ca.IntegratedGradients(forward).attribute(
+            x[group], baselines=torch.zeros_like(x[group]),
+            additional_forward_args=(batch.attention_mask[group], target[group]),
+            n_steps=int(options.get("n_steps", 50)), internal_batch_size=rows))
+    return torch.cat(parts)
 
 
 def _perturbation_method(name: str) -> MethodFn:
@@ -259,7 +305,9 @@ METHODS: dict[str, MethodInfo] = {
     "norm_rollout": MethodInfo(_norm_rollout, description="rollout of the layer maps ‖F_i(x_j)‖"),
     "saliency": MethodInfo(_gradient_method("saliency"), description="Captum Saliency (L2 norm)"),
     "input_x_gradient": MethodInfo(_gradient_method("input_x_gradient"), description="Captum InputXGradient"),
-    "integrated_gradients": MethodInfo(_gradient_method("integrated_gradients"), {"n_steps": 50},
+    "integrated_gradients": MethodInfo(_gradient_method("integrated_gradients"),
+                                       {"n_steps": 50, "internal_batch_size": None,
+                                        "memory_budget": DEFAULT_MEMORY_BUDGET},
                                        description="Captum IntegratedGradients, zero baseline"),
     "feature_ablation": MethodInfo(_perturbation_method("feature_ablation"),
                                    description="Captum FeatureAblation (one token at a time)"),

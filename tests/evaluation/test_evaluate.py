@@ -210,6 +210,61 @@ def test_blank_and_too_long_texts_are_skipped_and_listed(classifier_dir, tmp_pat
         (3, "too long", f"{n_long} tokens > 7 (--max-tokens)")]
 
 
+def test_integrated_gradients_in_small_internal_batches_equals_one_pass(lm_dir):
+    import captum.attr as ca
+
+    from captum_ffb.evaluation.methods import _captum_forward, _embeds, ig_rows
+
+    task = EvaluationTask(_load(lm_dir, "causal_lm"), "next-token")
+    b = task.batch([task.example(t, None, k) for k, (t, _) in enumerate(TEXTS[:3])])
+    target = task.predict(b)
+    x = _embeds(task, b)
+    with torch.enable_grad():  # Captum in one pass: every example at every step
+        whole = ca.IntegratedGradients(_captum_forward(task)).attribute(
+            x, baselines=torch.zeros_like(x), additional_forward_args=(b.attention_mask, target),
+            n_steps=8).detach().sum(-1)
+    assert whole.abs().sum() > 0
+    ig = METHODS["integrated_gradients"]
+    for options in ({}, {"internal_batch_size": 2}, {"internal_batch_size": 5}, {"memory_budget": 1}):
+        attr = ig.fn(task, b, target, {**ig.options, "n_steps": 8, **options})
+        torch.testing.assert_close(attr, whole, atol=1e-5, rtol=1e-5)
+    assert ig_rows(task.model, 6, 1) == 1
+    assert ig_rows(task.model, 6, 2**30) > ig_rows(task.model, 6, 2**20) > ig_rows(task.model, 60, 2**20)
+
+
+def test_integrated_gradients_batches_its_steps_as_asked(lm_dir, tmp_path, monkeypatch):
+    """``--option integrated_gradients.internal_batch_size`` / ``memory_budget`` reach Captum:
+    no pass holds more rows than allowed."""
+    import captum.attr as ca
+
+    from captum_ffb.evaluation.methods import ig_rows
+
+    passes = []
+    original = ca.IntegratedGradients.attribute
+
+    def spy(self, inputs, *args, **kwargs):
+        passes.append((inputs.shape[0], kwargs["internal_batch_size"]))
+        return original(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(ca.IntegratedGradients, "attribute", spy)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(t for t, _ in TEXTS[:5]) + "\n")
+    argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(texts),
+            "--methods", "integrated_gradients", "--protocol", "abpc", "--batch-size", "5", "--quiet",
+            "--option", "integrated_gradients.n_steps=4"]
+    assert main([*argv, "--out", str(tmp_path / "a"), "--option", "integrated_gradients.internal_batch_size=2"]) == 0
+    assert passes == [(2, 2), (2, 2), (1, 2)]
+    passes.clear()
+    assert main([*argv, "--out", str(tmp_path / "b"), "--option", "integrated_gradients.memory_budget=1"]) == 0
+    assert passes == [(1, 1)] * 5
+    passes.clear()
+    assert main([*argv, "--out", str(tmp_path / "c")]) == 0  # the default budget: one group here
+    width = max(len(_load(lm_dir, "causal_lm").tokenizer(t)["input_ids"]) for t, _ in TEXTS[:5])
+    assert passes == [(5, ig_rows(_load(lm_dir, "causal_lm").model, width))]
+    results = [json.loads((tmp_path / k / "results.json").read_text())["rows"][0]["abpc"] for k in "abc"]
+    assert results == pytest.approx([results[2]] * 3, abs=1e-5)
+
+
 def test_names_and_data_files(tmp_path):
     assert resolve_methods("all") == list(METHODS) and list(PROTOCOLS) == ["decompx", "eraser", "abpc"]
     path = tmp_path / "t.csv"
