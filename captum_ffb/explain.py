@@ -333,6 +333,7 @@ class ExplainJob:
                 padded.input_ids, target=nd_target, route=self.route, return_bias=True,
                 return_convergence_delta=True,
                 forward_kwargs={"attention_mask": padded.attention_mask})
+        sign = sign.to(c.device)
         c, bias = c.detach() * sign.unsqueeze(1), bias.detach() * sign
         with torch.no_grad():
             logits = task.class_logits(task.forward(padded.attention_mask, input_ids=padded.input_ids),
@@ -342,12 +343,12 @@ class ExplainJob:
         ids = np.full((len(batch), width), -1)
         for row, e in enumerate(examples):
             real = padded.attention_mask[row].bool()
-            out[row, : len(e.ids)] = c[row, real].numpy()
-            ids[row, : len(e.ids)] = padded.input_ids[row, real].numpy()
+            out[row, : len(e.ids)] = c[row, real].cpu().numpy()
+            ids[row, : len(e.ids)] = padded.input_ids[row, real].cpu().numpy()
         return {"index": np.asarray(batch), "contributions": out, "ids": ids,
-                "length": np.asarray([len(e.ids) for e in examples]), "target": target.numpy(),
-                "bias": bias.numpy(), "delta": delta.detach().numpy(),
-                "value": logits.gather(1, target.view(-1, 1)).squeeze(1).detach().numpy()}
+                "length": np.asarray([len(e.ids) for e in examples]), "target": target.cpu().numpy(),
+                "bias": bias.cpu().numpy(), "delta": delta.detach().cpu().numpy(),
+                "value": logits.gather(1, target.view(-1, 1)).squeeze(1).detach().cpu().numpy()}
 
 
 def explain_corpus(
@@ -360,12 +361,15 @@ def explain_corpus(
     engine_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
+    device: str = "cpu",
 ) -> Any:
     r"""Explain every text of a corpus; resumable, on the local engine or Ray.
 
-    Writes ``explanations.jsonl`` into ``out`` (one line per text, in order: ``tokens``,
-    ``target``, ``value``, ``bias``, ``convergence_delta``, ``first_token_share`` and
-    ``contributions``) and keeps the shards in ``out/run/``.
+    Writes ``explanations.jsonl`` into ``out`` (one line per text, in order: ``index``, the
+    text's position in ``texts``; ``tokens``, ``target``, ``value``, ``bias``,
+    ``convergence_delta``, ``first_token_share`` and ``contributions``) and keeps the shards
+    in ``out/run/``. Blank texts and texts longer than the model takes are skipped, listed in
+    ``out/skipped.csv`` (``line`` = ``index + 1``, reason, detail).
 
     Args:
         texts (list[str]): the corpus.
@@ -377,19 +381,22 @@ def explain_corpus(
         engine, engine_options: see :func:`captum_ffb.engines.run_job`.
         overwrite (bool): discard an earlier run with other settings in ``out``.
         show_progress (bool): a progress bar.
+        device (str): where the model runs (in every worker).
 
     Returns:
         Path: the ``explanations.jsonl`` file.
     """
+    from captum_ffb.analysis.corpus import skip_reason, write_skipped
     from captum_ffb.engines.jobs import ModelSource, run_job
-    from captum_ffb.models import model_config, task_from_config
+    from captum_ffb.models import load_tokenizer, max_length_of, model_config, task_from_config
     from captum_ffb.outputs import atomic_open, check_out_dir, to_json
 
     if not texts:
         raise ValueError("the corpus has no texts")
     for k, text in enumerate(texts):
         try:
-            check_text(text)
+            if text.strip():  # blank texts are skipped below
+                check_text(text)
         except ValueError as error:
             raise ValueError(f"text {k}: {error}") from None
     folder = check_out_dir(out)
@@ -398,17 +405,31 @@ def explain_corpus(
     if head == "base" and model not in (None, DEFAULT_MODEL):
         raise ValueError("a base model has no output to explain: the corpus mode needs a causal LM, "
                          "a sequence classifier or the bundled all-MiniLM-L6-v2")
-    job = ExplainJob(ModelSource(name=model, task=head), list(texts), batch_size, route)
+    tokenizer = load_tokenizer(model)
+    lengths = [len(ids) for ids in tokenizer([t if t.strip() else "." for t in texts])["input_ids"]]
+    kept: list[int] = []
+    skipped = []
+    for k, (text, length) in enumerate(zip(texts, lengths)):
+        reason = skip_reason(k, text, length, max_length_of(config), "the model's maximum")
+        if reason is None:
+            kept.append(k)
+        else:
+            skipped.append(reason)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_skipped(folder / "skipped.csv", skipped)
+    if not kept:
+        raise ValueError(f"no text to explain: all {len(texts)} are empty or too long (listed in "
+                         f"{folder / 'skipped.csv'})")
+    job = ExplainJob(ModelSource(name=model, task=head, device=device), [texts[k] for k in kept],
+                     batch_size, route)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, description="explaining",
                      engine_options=engine_options)
-    from captum_ffb.models import load_tokenizer
-
-    tokenizer = load_tokenizer(model)
     path = folder / "explanations.jsonl"
     with atomic_open(path) as f:
         for shard in shards:
-            for row, index in enumerate(shard["index"].tolist()):
+            for row, position in enumerate(shard["index"].tolist()):
+                index = kept[position]  # the text's position in ``texts``
                 n = int(shard["length"][row])
                 c = shard["contributions"][row, :n]
                 total = float(abs(c).sum())

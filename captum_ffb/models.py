@@ -50,12 +50,17 @@ class LoadedModel:
     @property
     def max_length(self) -> int:
         """The longest input the model takes (position embeddings), or a large number."""
-        config = self.model.config
-        for key in ("max_position_embeddings", "n_positions"):
-            value = getattr(config, key, None)
-            if isinstance(value, int) and value > 0:
-                return value
-        return 1 << 20
+        return max_length_of(self.model.config)
+
+
+def max_length_of(config: Any) -> int:
+    """The longest input a model with this configuration takes (its position embeddings),
+    or a large number; read before any weights load."""
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 20
 
 
 def bundled_model_dir() -> Path:

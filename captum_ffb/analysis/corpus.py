@@ -22,7 +22,7 @@ import bz2
 import csv
 import importlib.util
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ __all__ = [
     "prepare_sequences",
     "read_rotten_tomatoes",
     "rotten_tomatoes_path",
+    "skip_reason",
+    "write_skipped",
 ]
 
 DEMO = "demo"
@@ -64,6 +66,43 @@ class SkippedLine:
     line: int
     reason: str
     detail: str = ""
+
+
+def skip_reason(index: int, text: str, n_tokens: int | None = None,
+                max_tokens: int | None = None, limit: str = "") -> SkippedLine | None:
+    r"""Why the text at ``index`` (0-based) is left out, or ``None`` if it is usable: it is
+    blank (``"empty"``), or it has more than ``max_tokens`` tokens (``"too long"``).
+
+    Args:
+        index (int): its 0-based position in the data (reported 1-based, as ``line``).
+        text (str): the text.
+        n_tokens (int, optional): its length in tokens.
+        max_tokens (int, optional): the most tokens taken.
+        limit (str): what ``max_tokens`` is, for the detail (e.g. ``"the model's maximum"``).
+    """
+    if not text.strip():
+        return SkippedLine(index + 1, "empty")
+    if n_tokens is not None and max_tokens is not None and n_tokens > max_tokens:
+        detail = f"{n_tokens} tokens > {max_tokens}" + (f" ({limit})" if limit else "")
+        return SkippedLine(index + 1, "too long", detail)
+    return None
+
+
+def write_skipped(path: str | Path, skipped: Sequence[SkippedLine | dict[str, Any]]) -> Path:
+    """``skipped.csv``: one row per line left out (``line``, 1-based; ``reason``;
+    ``detail``), written atomically."""
+    from captum_ffb.engines.shards import atomic_write
+
+    rows = [s if isinstance(s, dict) else asdict(s) for s in skipped]
+
+    def write(handle: Any) -> None:
+        writer = csv.writer(handle)
+        writer.writerow(["line", "reason", "detail"])
+        writer.writerows([row["line"], row["reason"], row["detail"]] for row in rows)
+
+    path = Path(path)
+    atomic_write(path, write, binary=False)
+    return path
 
 
 @dataclass
@@ -248,14 +287,12 @@ def prepare_sequences(
         )
         for offset, text in enumerate(texts):
             index = start + offset
-            if not text:
-                skipped.append(SkippedLine(index + 1, "empty"))
-                continue
             ids = list(encoded["input_ids"][offset])
-            special = [bool(s) for s in encoded["special_tokens_mask"][offset]]
-            if len(ids) > max_tokens:
-                skipped.append(SkippedLine(index + 1, "too long", f"{len(ids)} tokens > {max_tokens}"))
+            reason = skip_reason(index, text, len(ids), max_tokens)
+            if reason is not None:
+                skipped.append(reason)
                 continue
+            special = [bool(s) for s in encoded["special_tokens_mask"][offset]]
             if all(special):
                 skipped.append(SkippedLine(index + 1, "no tokens"))
                 continue

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from captum_ffb.analysis.corpus import write_skipped
 from captum_ffb.outputs import atomic_open, save_figure, write_json, write_text
 
 __all__ = ["paper_checks", "write_report"]
@@ -322,9 +323,7 @@ def _tables(summary: dict[str, Any], out: Path) -> None:
         for index in range(len(summary["layers"]))
         for k, m in enumerate(measures)
     ))
-    _write_csv(out / FILES["skipped"], ["line", "reason", "detail"], (
-        [s["line"], s["reason"], s["detail"]] for s in summary["skipped"]
-    ))
+    write_skipped(out / FILES["skipped"], summary["skipped"])
 
 
 # --------------------------------------------------------------------------- HTML

@@ -41,6 +41,33 @@ def check_model_options(
             )
 
 
+def add_device_option(parser: Any) -> None:
+    """``--device`` (where the model runs) for a command."""
+    parser.add_argument("--device", default="cpu",
+                        help="where the model runs: cpu (default), cuda, cuda:1, mps, ...")
+
+
+def resolve_device(name: str) -> Any:
+    """``name`` as a torch device that exists here, or a one-line error (before any model
+    loads)."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise UsageError(f"cannot use device {name!r}: not a torch device name") from error
+    available = {
+        "cuda": torch.cuda.is_available,
+        "mps": lambda: torch.backends.mps.is_available(),
+    }.get(device.type, lambda: True)
+    if not available():
+        raise UsageError(f"cannot use device {name!r}: no {device.type} device is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UsageError(f"cannot use device {name!r}: this machine has "
+                         f"{torch.cuda.device_count()} cuda devices")
+    return device
+
+
 def add_engine_options(parser: Any) -> None:
     """``--engine``, ``--address``, ``--workers``, ``--gpus-per-worker`` for a corpus command."""
     group = parser.add_argument_group("where batches run")
@@ -74,5 +101,20 @@ def engine_options(args: Any) -> tuple[str, dict[str, Any]]:
 
     if importlib.util.find_spec("ray") is None:
         raise UsageError('--engine ray needs Ray: pip install "captum_ffb[ray]"')
+    if args.gpus_per_worker and args.address is None:
+        _check_local_gpus(args.gpus_per_worker, args.workers)
     return "ray", {"address": args.address, "workers": args.workers,
                    "gpus_per_worker": args.gpus_per_worker}
+
+
+def _check_local_gpus(gpus_per_worker: float, workers: int | None) -> None:
+    """The embedded Ray uses this machine's GPUs: enough of them for ``--gpus-per-worker``
+    (and ``--workers``), or a one-line error before anything starts (Ray would wait forever)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    needed = gpus_per_worker * (workers or 1)
+    if needed > count + 1e-6:  # a float sum of fractions
+        asked = f"--gpus-per-worker {gpus_per_worker:g}" + (f" with --workers {workers}" if workers else "")
+        raise UsageError(f"{asked} needs {needed:g} GPUs, and this machine has {count}; use "
+                         "--gpus-per-worker 0 (CPU), or --address to join a Ray cluster with GPUs")

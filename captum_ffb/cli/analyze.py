@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
 
 from captum_ffb.cli._common import (
-    UsageError,
+    add_device_option,
     add_engine_options,
     check_model_options,
     engine_options,
+    resolve_device,
 )
 from captum_ffb.outputs import check_out_dir
 
@@ -84,8 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default 0.01)")
     parser.add_argument("--pmi", action="store_true",
                         help="also correlate FF-amp with sentence-level PMI over the corpus")
-    parser.add_argument("--device", default="cpu",
-                        help="where the model runs: cpu (default), cuda, cuda:1, mps, ...")
+    add_device_option(parser)
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
@@ -109,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     )
     config.check()
     out = check_out_dir(args.out)
-    device = _device(args.device)  # fail before loading anything
+    device = resolve_device(args.device)  # fail before loading anything
     engine, options = engine_options(args)
     model_settings = model_config(args.model)  # an unusable model fails before the corpus
     check_model_options(model_settings)
@@ -137,20 +136,3 @@ def run(args: argparse.Namespace) -> int:
             print(f"  ... {len(skipped) - 5} more in {written['skipped']}")
         print(f"report: {written['html']}")
     return 0
-
-
-def _device(name: str) -> Any:
-    """``name`` as a torch device that exists here, or a one-line error."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise UsageError(f"cannot use device {name!r}: not a torch device name") from error
-    available = {
-        "cuda": torch.cuda.is_available,
-        "mps": lambda: torch.backends.mps.is_available(),
-    }.get(device.type, lambda: True)
-    if not available():
-        raise UsageError(f"cannot use device {name!r}: no {device.type} device is available")
-    return device

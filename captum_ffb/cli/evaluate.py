@@ -7,7 +7,13 @@ import json
 import sys
 from typing import Any
 
-from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
+from captum_ffb.cli._common import (
+    UsageError,
+    add_device_option,
+    add_engine_options,
+    engine_options,
+    resolve_device,
+)
 from captum_ffb.outputs import check_out_dir
 
 DEFAULT_OUT = "captum_ffb_evaluate"
@@ -30,7 +36,8 @@ protocols: decompx (top K % replaced by [MASK], AOPC and accuracy), eraser (comp
   and sufficiency, 1/5/10/20/50 % deleted), abpc (embeddings zeroed, area between the
   least- and most-relevant-first curves); or all
 
-files written to --out: results.csv, results.md, results.json, curves.png, report.html and
+files written to --out: results.csv, results.md, results.json, curves.png, report.html,
+skipped.csv (texts left out: blank, longer than --max-tokens or than the model takes) and
 run/ (the shards: run the same command again to resume)
 """
 
@@ -68,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_device_option(parser)
     add_engine_options(parser)
     parser.set_defaults(run=run)
 
@@ -107,17 +115,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    device = resolve_device(args.device)  # before the model loads
     engine, engine_settings = engine_options(args)
     check_out_dir(args.out)
     summary = evaluate(args.model, args.task, args.data, methods, protocols, args.out, n=args.n,
                        max_tokens=args.max_tokens, batch_size=args.batch_size, options=options,
                        engine=engine, engine_options=engine_settings, overwrite=args.overwrite,
-                       show_progress=not args.quiet, seed=args.seed)
+                       show_progress=not args.quiet, seed=args.seed, device=str(device))
     if not args.quiet:
         from captum_ffb.evaluation.report import markdown_table
 
         print(f"{summary['n']} examples of {args.task} on {summary['model']}"
               + (f"; model accuracy {summary['accuracy']:.3f}" if summary["accuracy"] is not None else ""))
         print(markdown_table(summary))
+        if summary["skipped"]:
+            print(f"{len(summary['skipped'])} texts skipped, listed in {args.out}/skipped.csv")
         print(f"written to {args.out}", file=sys.stderr)
     return 0

@@ -7,9 +7,11 @@ import sys
 
 from captum_ffb.cli._common import (
     UsageError,
+    add_device_option,
     add_engine_options,
     check_model_options,
     engine_options,
+    resolve_device,
 )
 from captum_ffb.outputs import check_out_dir, save_figure, write_json
 
@@ -26,7 +28,9 @@ examples:
   captum-ffb explain "a dull movie" --model ./my-classifier --class 1
   captum-ffb explain --data reviews.txt --model ./SmolLM2 --engine ray --workers 2
       corpus mode: one explanation per line of reviews.txt (the predicted output), written
-      to ./{DEFAULT_OUT}/explanations.jsonl; resumable from ./{DEFAULT_OUT}/run/
+      to ./{DEFAULT_OUT}/explanations.jsonl (each with its line's index, from 0); blank lines
+      and lines longer than the model takes are listed in ./{DEFAULT_OUT}/skipped.csv;
+      resumable from ./{DEFAULT_OUT}/run/
 
 files written to --out:
   explanation.png   tokens coloured by their signed contribution, on the scale of every token
@@ -81,6 +85,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", default=",".join(FORMATS), metavar="LIST",
                         help="comma list of png, html, json (default: all three)")
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_device_option(parser)
     add_engine_options(parser)
     parser.set_defaults(run=run)
 
@@ -106,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
         return _run_corpus(args, engine, settings)
     if engine != "local":
         raise UsageError("--engine ray is for the corpus mode (--data FILE)")
+    if args.device != "cpu":
+        raise UsageError("--device is for the corpus mode (--data FILE); one TEXT runs on the cpu")
     check_text(args.text)
     formats = _formats(args.format)
     if args.generate is not None and args.generate < 1:
@@ -163,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
-    from captum_ffb.evaluation.run import read_texts
+    from captum_ffb.evaluation.run import read_rows
     from captum_ffb.explain import explain_corpus
 
     for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate)):
@@ -172,11 +179,15 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_out_dir(args.out)
-    texts, _ = read_texts(args.data)
+    device = resolve_device(args.device)  # before the model loads
+    texts, _ = read_rows(args.data)  # blank lines are skipped, listed in skipped.csv
     path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
                           engine=engine, engine_options=settings, overwrite=args.overwrite,
-                          show_progress=not args.quiet)
+                          show_progress=not args.quiet, device=str(device))
     if not args.quiet:
-        print(f"{len(texts)} texts explained")
+        explained = len(path.read_text(encoding="utf-8").splitlines())
+        skipped = len(texts) - explained
+        print(f"{explained} texts explained" + (f"; {skipped} skipped, listed in "
+                                                f"{path.with_name('skipped.csv')}" if skipped else ""))
         print(path)
     return 0

@@ -123,10 +123,17 @@ def run_ray(
     started = start(ray, address, workers)
     try:
         resources = ray.cluster_resources()
+        gpus = float(resources.get("GPU", 0))
         if workers is None:
             by_cpu = int(resources.get("CPU", 1))
-            workers = int(resources.get("GPU", 0) // gpus_per_worker) if gpus_per_worker else by_cpu
+            workers = int(gpus // gpus_per_worker) if gpus_per_worker else by_cpu
         workers = max(1, min(workers, len(todo)))
+        if gpus_per_worker and gpus_per_worker * workers > gpus + 1e-6:
+            # actors that cannot be placed would wait for GPUs forever
+            many = "workers need" if workers > 1 else "worker needs"
+            raise ValueError(f"the Ray cluster has {gpus:g} GPUs, and {workers} {many} "
+                             f"{gpus_per_worker * workers:g} with --gpus-per-worker "
+                             f"{gpus_per_worker:g}; lower --workers or --gpus-per-worker (0: CPU)")
         remote = ray.remote(num_cpus=1, num_gpus=gpus_per_worker or 0)(_Worker)
         shared = ray.put(job)
         threads = threads_per_worker or 1

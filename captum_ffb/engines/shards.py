@@ -68,11 +68,12 @@ class ShardStore:
         atomic_write(self.path(index), lambda h: np.savez(h, **shard))
 
     def load(self, index: int) -> dict[str, np.ndarray] | None:
-        """One shard, or ``None`` if it is missing, incomplete or of another version."""
+        """One shard, or ``None`` if it is missing, unreadable (truncated, damaged) or of
+        another version: such a batch is computed again."""
         try:
             with np.load(self.path(index), allow_pickle=False) as data:
                 shard = {key: data[key] for key in data.files}
-        except (OSError, ValueError, EOFError, KeyError):
+        except Exception:  # any unreadable file: BadZipFile, EOFError, zlib.error, ...
             return None
         if int(shard.pop("shard_version", -1)) != self.version:
             return None

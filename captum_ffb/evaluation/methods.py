@@ -15,7 +15,8 @@ value, most relevant = largest); attention-style methods are non-negative.
   layer maps ``‖F_i(x_j)‖`` of the whole block, each row normalised to sum to one.
 * Captum on the input embeddings (summed over the hidden dimension, except ``saliency``: the
   gradient's L2 norm): ``saliency``, ``input_x_gradient``, ``integrated_gradients`` (zero
-  baseline), ``feature_ablation``, ``shapley_value_sampling``, ``kernel_shap``, ``lime`` (a
+  baseline; its steps batched so that one pass fits ``memory_budget``, the decomposition's
+  default of 1 GiB, or holds ``internal_batch_size`` rows), ``feature_ablation``, ``shapley_value_sampling``, ``kernel_shap``, ``lime`` (a
   token removed = its embedding set to zero).
 * ``attnlrp``: the real ``lxt`` package in its own environment (Llama family), precomputed by
   the caller and passed in through ``precomputed``.
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb.attr import DEFAULT_MEMORY_BUDGET
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask
 
 MethodFn = Callable[[EvaluationTask, Batch, Tensor, dict[str, Any]], Tensor]
@@ -58,7 +60,7 @@ def _decomposition(rules: Callable[[], dict[str, Any]] | None) -> MethodFn:
             c = task.nd.attribute(batch.input_ids, target=nd_target,
                                   forward_kwargs={"attention_mask": batch.attention_mask},
                                   rules=chosen)
-        return c.detach() * sign.unsqueeze(1)
+        return c.detach() * sign.to(c.device).unsqueeze(1)
     return run
 
 
@@ -84,7 +86,7 @@ def _readout(maps: Tensor, task: EvaluationTask, mask: Tensor) -> Tensor:
         row = n - 1 - mask.long().flip(1).argmax(1)
     else:
         row = mask.long().argmax(1)
-    return maps[torch.arange(maps.shape[0]), row]
+    return maps[torch.arange(maps.shape[0], device=row.device), row]
 
 
 def _attentions(task: EvaluationTask, batch: Batch) -> list[Tensor]:
@@ -122,7 +124,7 @@ def _attention_mean(task, batch, target, options):
 
 def _roll(maps: list[Tensor], mask: Tensor) -> Tensor:
     n = mask.shape[1]
-    eye = torch.eye(n) * mask.unsqueeze(-1).float()
+    eye = torch.eye(n, device=mask.device) * mask.unsqueeze(-1).float()
     out = eye.expand(mask.shape[0], n, n)
     for m in maps:
         m = m / m.sum(-1, keepdim=True).clamp_min(1e-12)
@@ -132,7 +134,7 @@ def _roll(maps: list[Tensor], mask: Tensor) -> Tensor:
 
 def _rollout(task, batch, target, options):
     mask = batch.attention_mask
-    eye = torch.eye(mask.shape[1]) * mask.unsqueeze(-1).float()
+    eye = torch.eye(mask.shape[1], device=mask.device) * mask.unsqueeze(-1).float()
     maps = [0.5 * a + 0.5 * eye for a in _attentions(task, batch)]
     return _readout(_roll(maps, mask), task, mask)
 
@@ -181,12 +183,56 @@ def _gradient_method(name: str) -> MethodFn:
             if name == "input_x_gradient":
                 attr = ca.InputXGradient(forward).attribute(x, additional_forward_args=args)
             else:
-                steps = int(options["n_steps"])
-                attr = ca.IntegratedGradients(forward).attribute(
-                    x, baselines=torch.zeros_like(x), additional_forward_args=args, n_steps=steps,
-                    internal_batch_size=int(options["internal_batch_size"]))
+                attr = _integrated_gradients(task, forward, x, batch, target, options)
         return attr.detach().sum(-1)
     return run
+
+
+def ig_rows(model: torch.nn.Module, n_tokens: int, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> int:
+    r"""How many rows (one example at one integration step) of Integrated Gradients fit
+    ``memory_budget`` bytes: an estimate of what one forward and backward pass over
+    ``n_tokens`` tokens keeps per row (float32 activations of every layer, the attention
+    probabilities, the output logits).
+
+    Args:
+        model (nn.Module): a Hugging Face model (its ``config`` is read).
+        n_tokens (int): the padded length of the batch.
+        memory_budget (int): bytes the rows of one pass may take.
+    """
+    config = model.config
+    hidden = int(getattr(config, "hidden_size", 0) or 0) or 768
+    inner = next((int(v) for v in (getattr(config, key, None) for key in
+                                   ("intermediate_size", "n_inner", "hidden_dim", "ffn_dim"))
+                  if isinstance(v, int) and v > 0), 4 * hidden)
+    layers = int(getattr(config, "num_hidden_layers", 0) or 0) or 12
+    heads = int(getattr(config, "num_attention_heads", 0) or 0) or 12
+    vocab = int(getattr(config, "vocab_size", 0) or 0)
+    per_token = 16 * hidden + 4 * inner + 2 * heads * n_tokens  # floats kept per token and layer
+    per_row = 4 * (n_tokens * layers * per_token + vocab)
+    return max(1, int(memory_budget) // per_row)
+
+
+def _integrated_gradients(task: EvaluationTask, forward: Callable[..., Tensor], x: Tensor, batch: Batch,
+                          target: Tensor, options: dict[str, Any]) -> Tensor:
+    """Captum's IntegratedGradients with its steps batched so that one pass holds at most
+    ``internal_batch_size`` rows (default: as many as fit ``memory_budget``, see
+    :func:`ig_rows`); a batch with more examples than that runs in groups of examples."""
+    import captum.attr as ca
+
+    rows = options.get("internal_batch_size")
+    if rows is None:
+        rows = ig_rows(task.model, x.shape[1], int(options.get("memory_budget", DEFAULT_MEMORY_BUDGET)))
+    rows = int(rows)
+    if rows < 1:
+        raise ValueError(f"integrated_gradients.internal_batch_size must be at least 1, got {rows}")
+    parts = []
+    for start in range(0, x.shape[0], rows):  # Captum takes at least one step of every example
+        group = slice(start, start + rows)
+        parts.append(ca.IntegratedGradients(forward).attribute(
+            x[group], baselines=torch.zeros_like(x[group]),
+            additional_forward_args=(batch.attention_mask[group], target[group]),
+            n_steps=int(options.get("n_steps", 50)), internal_batch_size=rows))
+    return torch.cat(parts)
 
 
 def _perturbation_method(name: str) -> MethodFn:
@@ -196,7 +242,7 @@ def _perturbation_method(name: str) -> MethodFn:
         x = _embeds(task, batch)
         forward = _captum_forward(task)
         b, n, d = x.shape
-        out = torch.zeros(b, n)
+        out = torch.zeros(b, n, device=x.device)
         cls = {"feature_ablation": ca.FeatureAblation, "shapley_value_sampling": ca.ShapleyValueSampling,
                "kernel_shap": ca.KernelShap, "lime": ca.Lime}[name]
         with torch.no_grad():
@@ -227,9 +273,9 @@ def _attnlrp(task, batch, target, options):
     relevances = options.get("precomputed")
     if relevances is None:
         raise RuntimeError("attnlrp needs its relevances computed first (evaluate does this)")
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
     for row, index in enumerate(batch.index.tolist()):
-        values = torch.as_tensor(relevances[index], dtype=torch.float32)
+        values = torch.as_tensor(relevances[index], dtype=torch.float32, device=out.device)
         real = batch.attention_mask[row].bool()
         if int(real.sum()) != values.numel():
             raise RuntimeError(f"attnlrp relevance of example {index} has {values.numel()} positions, "
@@ -244,7 +290,7 @@ def _random(task, batch, target, options):
     for row, index in enumerate(batch.index.tolist()):
         g = torch.Generator().manual_seed(seed * 1_000_003 + index)
         out[row] = torch.rand(batch.input_ids.shape[1], generator=g)
-    return out * batch.attention_mask
+    return out.to(batch.attention_mask.device) * batch.attention_mask
 
 
 #: Every method, in the order of the tables.
@@ -261,7 +307,8 @@ METHODS: dict[str, MethodInfo] = {
     "saliency": MethodInfo(_gradient_method("saliency"), description="Captum Saliency (L2 norm)"),
     "input_x_gradient": MethodInfo(_gradient_method("input_x_gradient"), description="Captum InputXGradient"),
     "integrated_gradients": MethodInfo(_gradient_method("integrated_gradients"),
-                                       {"n_steps": 50, "internal_batch_size": 64},
+                                       {"n_steps": 50, "internal_batch_size": None,
+                                        "memory_budget": DEFAULT_MEMORY_BUDGET},
                                        description="Captum IntegratedGradients, zero baseline"),
     "feature_ablation": MethodInfo(_perturbation_method("feature_ablation"), {"per_eval": 32},
                                    description="Captum FeatureAblation (one token at a time)"),

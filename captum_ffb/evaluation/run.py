@@ -25,13 +25,14 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from captum_ffb.analysis.corpus import SkippedLine, skip_reason, write_skipped
 from captum_ffb.engines.jobs import ModelSource, fingerprint_of, run_job
 from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods, resolve_names
 from captum_ffb.evaluation.metrics import (
@@ -135,8 +136,8 @@ class EvaluationJob:
         gold = b.labels if self.task != "next-token" else torch.full_like(b.labels, -1)
         known = gold >= 0
         out: dict[str, np.ndarray] = {
-            "index": b.index.numpy(), "label": gold.numpy(), "predicted": target.numpy(),
-            "players": (~b.protected).sum(1).numpy(),
+            "index": b.index.cpu().numpy(), "label": gold.cpu().numpy(), "predicted": target.cpu().numpy(),
+            "players": (~b.protected).sum(1).cpu().numpy(),
         }
         accuracy_labels = torch.where(known, gold, target)
         probabilities, logits = task.scorer("probabilities"), task.scorer("logits")
@@ -150,8 +151,8 @@ class EvaluationJob:
                 attr = METHODS[name].fn(task, b, target, options).float()
                 seconds = time.perf_counter() - start
             if name == "attnlrp" and pre is not None:
-                seconds = float(pre["seconds"][b.index.numpy()].sum())
-                out[f"{name}.peak_mb"] = np.array([float(pre["peak_mb"][b.index.numpy()].max())])
+                seconds = float(pre["seconds"][b.index.cpu().numpy()].sum())
+                out[f"{name}.peak_mb"] = np.array([float(pre["peak_mb"][b.index.cpu().numpy()].max())])
             else:
                 out[f"{name}.peak_mb"] = np.array([memory.extra_mb])
             out[f"{name}.seconds"] = np.array([seconds])
@@ -160,22 +161,22 @@ class EvaluationJob:
             if "decompx" in self.protocols:
                 r = decompx_aopc(probabilities, b.input_ids, b.attention_mask, attr, b.protected,
                                  mask_token_id=task.replacement_id, labels=accuracy_labels, **common)
-                out[f"{name}.decompx_drop"] = r.curve.drops().numpy()
+                out[f"{name}.decompx_drop"] = r.curve.drops().cpu().numpy()
                 correct = r.curve.class_scores.argmax(-1) == accuracy_labels.unsqueeze(1)
-                out[f"{name}.decompx_correct"] = correct.numpy().astype(np.float64)
+                out[f"{name}.decompx_correct"] = correct.cpu().numpy().astype(np.float64)
             if "eraser" in self.protocols:
                 r = eraser_faithfulness(probabilities, b.input_ids, b.attention_mask, attr, b.protected,
                                         pad_token_id=task.pad_id, padding_side=task.padding_side, **common)
-                out[f"{name}.comprehensiveness"] = r.aopc_comprehensiveness.numpy()
-                out[f"{name}.sufficiency"] = r.aopc_sufficiency.numpy()
-                out[f"{name}.comprehensiveness_bins"] = r.comprehensiveness.numpy()
-                out[f"{name}.sufficiency_bins"] = r.sufficiency.numpy()
+                out[f"{name}.comprehensiveness"] = r.aopc_comprehensiveness.cpu().numpy()
+                out[f"{name}.sufficiency"] = r.aopc_sufficiency.cpu().numpy()
+                out[f"{name}.comprehensiveness_bins"] = r.comprehensiveness.cpu().numpy()
+                out[f"{name}.sufficiency_bins"] = r.sufficiency.cpu().numpy()
             if "abpc" in self.protocols:
                 r = abpc(logits, b.input_ids, b.attention_mask, attr, b.protected,
                          fractions=ABPC_FRACTIONS, **common)
-                out[f"{name}.abpc"] = r.abpc.numpy()
-                out[f"{name}.morf"] = r.morf.scores.numpy()
-                out[f"{name}.lerf"] = r.lerf.scores.numpy()
+                out[f"{name}.abpc"] = r.abpc.cpu().numpy()
+                out[f"{name}.morf"] = r.morf.scores.cpu().numpy()
+                out[f"{name}.lerf"] = r.lerf.scores.cpu().numpy()
         return out
 
 
@@ -183,12 +184,46 @@ class EvaluationJob:
 # data
 
 
+def read_rows(data: str | os.PathLike) -> tuple[list[str], list[int | None]]:
+    r"""Every text and label of ``data`` in order, blank ones included (as ``""``), so that
+    position ``k`` is the ``k``-th line of a ``.txt`` or ``.jsonl`` file, or the ``k``-th row
+    of a ``.csv`` / ``.tsv`` (see :func:`read_texts` for the formats)."""
+    if str(data) == "rotten_tomatoes":
+        from captum_ffb.evaluation.data import rotten_tomatoes_split
+
+        split = rotten_tomatoes_split("heldout")
+        return list(split.texts), list(split.labels)
+    path = Path(data)
+    if not path.is_file():
+        raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+        labels: list[Any] = [None] * len(texts)
+    elif suffix == ".jsonl":
+        rows = [json.loads(line) if line.strip() else {"text": ""}
+                for line in path.read_text(encoding="utf-8").splitlines()]
+        if any(not isinstance(r, dict) or "text" not in r for r in rows):
+            raise ValueError(f"--data {data}: every line needs a \"text\"")
+        texts, labels = [r["text"] for r in rows], [r.get("label") for r in rows]
+    elif suffix in (".csv", ".tsv"):
+        with path.open(encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
+        if rows and "text" not in rows[0]:
+            raise ValueError(f"--data {data}: no 'text' column")
+        texts = [r["text"] or "" for r in rows]
+        labels = [int(r["label"]) if r.get("label") not in (None, "") else None for r in rows]
+    else:
+        raise ValueError(f"--data {data}: use a .txt, .jsonl, .csv or .tsv file, or rotten_tomatoes")
+    return texts, [None if v is None else int(v) for v in labels]
+
+
 def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = None,
                max_tokens: int | None = None) -> tuple[list[str], list[int | None]]:
     r"""Texts and labels: ``"rotten_tomatoes"`` (the labelled held-out split, see
     :mod:`captum_ffb.evaluation.data`), or a file: ``.txt`` (one text per line, no labels),
     ``.jsonl`` (``{"text": ..., "label": ...}``) or ``.csv`` / ``.tsv`` (columns ``text`` and
-    optionally ``label``).
+    optionally ``label``); blank texts are left out (:func:`read_rows` keeps them).
 
     Args:
         data (str or PathLike): the source.
@@ -196,36 +231,11 @@ def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = N
         tokenizer (optional): counts tokens for ``max_tokens``.
         max_tokens (int, optional): skip texts longer than this (the tokenizer's tokens).
     """
-    if str(data) == "rotten_tomatoes":
-        from captum_ffb.evaluation.data import rotten_tomatoes_split
-
-        split = rotten_tomatoes_split("heldout")
-        texts, labels = list(split.texts), list(split.labels)
-    else:
-        path = Path(data)
-        if not path.is_file():
-            raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
-        suffix = path.suffix.lower()
-        if suffix == ".txt":
-            texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            labels = [None] * len(texts)
-        elif suffix == ".jsonl":
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            if any("text" not in r for r in rows):
-                raise ValueError(f"--data {data}: every line needs a \"text\"")
-            texts, labels = [r["text"] for r in rows], [r.get("label") for r in rows]
-        elif suffix in (".csv", ".tsv"):
-            with path.open(encoding="utf-8", newline="") as f:
-                rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
-            if rows and "text" not in rows[0]:
-                raise ValueError(f"--data {data}: no 'text' column")
-            texts = [r["text"] for r in rows]
-            labels = [int(r["label"]) if r.get("label") not in (None, "") else None for r in rows]
-        else:
-            raise ValueError(f"--data {data}: use a .txt, .jsonl, .csv or .tsv file, or rotten_tomatoes")
-        labels = [None if v is None else int(v) for v in labels]
+    rows, gold = read_rows(data)
+    keep = [k for k, text in enumerate(rows) if text.strip()]
+    texts, labels = [rows[k] for k in keep], [gold[k] for k in keep]
     if max_tokens is not None:
-        lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+        lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
         keep = [k for k, length in enumerate(lengths) if length <= max_tokens]
         texts, labels = [texts[k] for k in keep], [labels[k] for k in keep]
     if n is not None:
@@ -233,6 +243,35 @@ def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = N
     if not texts:
         raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else ""))
     return texts, labels
+
+
+def select_examples(task: EvaluationTask, texts: Sequence[str], labels: Sequence[int | None],
+                    n: int | None = None, max_tokens: int | None = None,
+                    ) -> tuple[list[Example], list[SkippedLine]]:
+    r"""The first ``n`` usable texts as examples, and the texts left out before them (as
+    ``analyze`` does): blank ones, those of more than ``max_tokens`` tokens, and those whose
+    example (a causal LM's prompt included) is longer than the model takes.
+
+    Returns:
+        ``(examples, skipped)``; an example's ``index`` is its position among the examples,
+        a skipped line's ``line`` the text's 1-based position in ``texts``.
+    """
+    limit = task.loaded.max_length
+    examples: list[Example] = []
+    skipped: list[SkippedLine] = []
+    for k, (text, label) in enumerate(zip(texts, labels)):
+        if n is not None and len(examples) >= n:
+            break
+        count = len(task.tokenizer(text)["input_ids"]) if max_tokens is not None and text.strip() else None
+        reason = skip_reason(k, text, count, max_tokens, "--max-tokens")
+        if reason is None:
+            example = task.example(text, label, len(examples))
+            reason = skip_reason(k, text, len(example.ids), limit, "the model's maximum")
+        if reason is not None:
+            skipped.append(reason)
+            continue
+        examples.append(example)
+    return examples, skipped
 
 
 # ---------------------------------------------------------------------------------------
@@ -285,6 +324,7 @@ def evaluate(
     template: str | None = None,
     labels: tuple[str, str] | None = None,
     stop_after: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     r"""Evaluate ``methods`` on ``task`` under ``protocols``; write the run into ``out``.
 
@@ -306,6 +346,7 @@ def evaluate(
         seed (int): seeds the random baseline and the sampling methods.
         template, labels: a causal LM's sentiment prompt and label tokens.
         stop_after (int, optional): stop after this many batches (to test resuming).
+        device (str): where the model runs (here and in every worker).
 
     Returns:
         dict: the summary (see :func:`summarise`), also written to ``out/results.json``.
@@ -330,15 +371,20 @@ def evaluate(
         if problem:
             raise ValueError(problem)
     head = task_from_config(config)
-    source = ModelSource(name=model, task=head)
+    source = ModelSource(name=model, task=head, device=device)
     loaded = source.load()
     evaluation_task = EvaluationTask(loaded, task, template, labels)
-    texts, gold = read_texts(data, n, loaded.tokenizer, max_tokens)
-    examples = [evaluation_task.example(t, y, k) for k, (t, y) in enumerate(zip(texts, gold))]
+    rows, labels = read_rows(data)
+    examples, skipped = select_examples(evaluation_task, rows, labels, n, max_tokens)
+    if not examples:
+        raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else "")
+                         + f" ({len(skipped)} skipped)")
+    gold = [e.label for e in examples]
     empty = [e.index for e in examples if not any(e.players)]
     if empty:
         raise ValueError(f"text {empty[0]} has no token to perturb")
     folder.mkdir(parents=True, exist_ok=True)
+    write_skipped(folder / "skipped.csv", skipped)
     precomputed = None
     if "attnlrp" in chosen:
         path = folder / "attnlrp.npz"
@@ -359,6 +405,7 @@ def evaluate(
                    labelled=task != "next-token" and all(y is not None for y in gold), engine=engine)
     from captum_ffb.evaluation.report import write_report
 
+    summary["skipped"] = [asdict(s) for s in skipped]
     write_report(summary, folder)
     return summary
 

@@ -76,6 +76,9 @@ class EvaluationTask:
             raise ValueError(f"unknown task {kind!r}; choose from {', '.join(TASKS)}")
         self.loaded, self.kind = loaded, kind
         self.model = loaded.model
+        parameter = next(self.model.parameters(), None)
+        #: the model's device: batches are made there
+        self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.tokenizer = loaded.tokenizer
         self.nd = NormDecomposition(self.model)
         self.head_kind = self.nd.task  # causal_lm, sequence_classification or base
@@ -101,7 +104,7 @@ class EvaluationTask:
             if loaded.name != DEFAULT_MODEL and hidden != head.linear.in_features:
                 raise ValueError("sentiment on a base model needs the bundled all-MiniLM-L6-v2 "
                                  "(its sentiment head), a sequence classifier or a causal LM")
-            self.mode, self.head = "minilm_head", head
+            self.mode, self.head = "minilm_head", head.to(self.device)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         self.padding_side = "left" if self.causal else "right"
@@ -156,7 +159,8 @@ class EvaluationTask:
             mask[row, where] = 1
             protected[row, where] = ~torch.tensor(e.players)
         labels = torch.tensor([-1 if e.label is None else e.label for e in examples])
-        return Batch(ids, mask, protected, labels, torch.tensor([e.index for e in examples]))
+        index = torch.tensor([e.index for e in examples])
+        return Batch(*(t.to(self.device) for t in (ids, mask, protected, labels, index)))
 
     # -- scores --------------------------------------------------------------------------
 
@@ -218,7 +222,7 @@ class EvaluationTask:
     def decomposition_target(self, target: Tensor) -> tuple[Any, Tensor]:
         """The :class:`NormDecomposition` target for the logit of class ``target`` per row and
         a ``(B,)`` sign to multiply the contributions by."""
-        ones = torch.ones(target.shape[0])
+        ones = torch.ones(target.shape[0], device=target.device)
         if self.mode in ("next_token", "classifier"):
             return target, ones
         if self.mode == "prompt":

@@ -3,6 +3,7 @@ classifier's class, and whole-model maps of a base model, written as JSON, PNG a
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -233,6 +234,33 @@ def test_corpus_mode_writes_one_line_per_text_and_resumes(lm_dir, tmp_path):
     assert (out / "explanations.jsonl").read_text() == before
 
 
+def test_corpus_mode_skips_blank_and_too_long_lines_and_keeps_line_indices(lm_dir, tmp_path, capsys):
+    """Blank lines and a line longer than the model's 64 positions are listed in skipped.csv;
+    each explanation keeps its line's index; a truncated shard is recomputed on resume."""
+    long = " ".join(["the cat sat on the mat"] * 12)
+    lines = ["the cat sat on the mat", "", "   ", long, "a dog was tired", "she loves math"]
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    argv = ["explain", "--data", str(corpus), "--model", str(lm_dir), "--batch-size", "2", "--out", str(out)]
+    assert main(argv) == 0
+    assert f"3 texts explained; 3 skipped, listed in {out / 'skipped.csv'}" in capsys.readouterr().out
+    explained = [json.loads(x) for x in (out / "explanations.jsonl").read_text().splitlines()]
+    assert [(x["index"], x["text"]) for x in explained] == [(k, lines[k]) for k in (0, 4, 5)]
+    n_long = len(_load(lm_dir).tokenizer(long)["input_ids"])
+    assert n_long > 64
+    with (out / "skipped.csv").open(newline="") as f:
+        assert list(csv.reader(f)) == [["line", "reason", "detail"], ["2", "empty", ""], ["3", "empty", ""],
+                                       ["4", "too long", f"{n_long} tokens > 64 (the model's maximum)"]]
+    before = (out / "explanations.jsonl").read_text()
+    shard = out / "run" / "shards" / "batch-00000.npz"
+    raw = shard.read_bytes()
+    shard.write_bytes(raw[: len(raw) // 2])  # an interrupted copy: a truncated zip
+    assert main([*argv, "--quiet"]) == 0
+    assert (out / "explanations.jsonl").read_text() == before
+    assert shard.stat().st_size == len(raw)  # computed again
+
+
 def test_corpus_mode_errors(lm_dir, base_dir, tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat\n")
@@ -242,3 +270,23 @@ def test_corpus_mode_errors(lm_dir, base_dir, tmp_path, capsys):
     assert "corpus mode" in _error(capsys, [TEXT, "--model", str(lm_dir), "--engine", "ray"])
     assert "base model has no output" in _error(capsys, ["--data", str(corpus), "--model", str(base_dir),
                                                          "--out", str(tmp_path / "o")])
+
+
+def test_corpus_mode_device_is_checked_before_the_model_loads(lm_dir, tmp_path, capsys, monkeypatch):
+    import captum_ffb.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before the device was checked")
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat\na dog\n")
+    argv = ["--data", str(corpus), "--model", str(lm_dir), "--out", str(tmp_path / "o"), "--quiet"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    assert _error(capsys, [*argv, "--device", "cuda"]) == (
+        "captum-ffb: error: cannot use device 'cuda': no cuda device is available")
+    assert _error(capsys, [TEXT, "--model", str(lm_dir), "--device", "cuda:0"]) == (
+        "captum-ffb: error: --device is for the corpus mode (--data FILE); one TEXT runs on the cpu")
+    monkeypatch.undo()
+    assert main(["explain", *argv, "--device", "cpu"]) == 0
+    assert len((tmp_path / "o" / "explanations.jsonl").read_text().splitlines()) == 2

@@ -60,6 +60,20 @@ def test_a_damaged_or_older_shard_is_recomputed(tmp_path):
     assert ShardStore(tmp_path, version=2).load(0) is None  # another format counts as missing
 
 
+def test_a_truncated_shard_is_recomputed(tmp_path):
+    """Half of a real shard (a zip cut short: ``BadZipFile``) is computed again on resume."""
+    clean = _squares(run_job(SquaresJob(list(range(6))), tmp_path / "clean", show_progress=False))
+    job = SquaresJob(list(range(6)))
+    run_job(job, tmp_path / "cut", show_progress=False)
+    path = ShardStore(tmp_path / "cut").path(0)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    assert ShardStore(tmp_path / "cut").load(0) is None
+    job.calls.clear()
+    assert _squares(run_job(job, tmp_path / "cut", show_progress=False)) == clean
+    assert job.calls == [0]
+
+
 def test_other_settings_are_refused_unless_overwritten(tmp_path):
     run_job(SquaresJob([1, 2]), tmp_path, show_progress=False)
     with pytest.raises(ValueError, match="other settings"):

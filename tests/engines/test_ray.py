@@ -139,6 +139,54 @@ def test_engine_flags_are_checked(tmp_path, capsys):
     assert "--workers must be at least 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["analyze", "--out"], ["evaluate", "--task", "sentiment", "--out"],
+                                     ["explain", "--data", "texts.txt", "--out"]])
+def test_gpus_per_worker_without_a_gpu_fails_before_ray_or_the_model_starts(
+        tmp_path, capsys, monkeypatch, command):
+    """An embedded Ray without GPUs would wait forever for ``--gpus-per-worker 1``."""
+    import torch
+
+    import captum_ffb.models
+    from captum_ffb.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("started too early")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(ray, "init", never)
+    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    monkeypatch.chdir(tmp_path)
+    assert main([*command, str(tmp_path / "out"), "--engine", "ray", "--gpus-per-worker", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["captum-ffb: error: --gpus-per-worker 1 needs 1 GPUs, and this machine has 0; use "
+                   "--gpus-per-worker 0 (CPU), or --address to join a Ray cluster with GPUs"]
+    assert main([*command, str(tmp_path / "out"), "--engine", "ray", "--gpus-per-worker", "0.5",
+                 "--workers", "3"]) == 2
+    assert "--gpus-per-worker 0.5 with --workers 3 needs 1.5 GPUs" in capsys.readouterr().err
+
+
+def test_a_cluster_without_enough_gpus_is_one_line(tmp_path, local_ray, capsys):
+    """Joining a running Ray (here the local one) that has fewer GPUs than the workers need:
+    a one-line error instead of actors waiting forever."""
+    from captum_ffb.cli import main
+    from tests.tiny_lm import save_tiny_lm
+
+    gpus = ray.cluster_resources().get("GPU", 0)
+    with pytest.raises(ValueError, match=f"the Ray cluster has {gpus:g} GPUs, and 1 worker needs 64"):
+        run_job(CubesJob([1, 2]), tmp_path / "job", engine="ray", show_progress=False,
+                engine_options={"gpus_per_worker": 64})
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\na dog\n")
+    model = save_tiny_lm(tmp_path / "model")
+    capsys.readouterr()
+    argv = ["explain", "--data", str(texts), "--model", str(model),
+            "--out", str(tmp_path / "out"), "--quiet", "--engine", "ray", "--address", "auto",
+            "--workers", "2", "--gpus-per-worker", "64"]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"captum-ffb: error: the Ray cluster has {gpus:g} GPUs, and 1 worker needs 64")
+
+
 def test_one_sequence_split_across_two_workers_adds_up(tmp_path, local_ray):
     """The players of one sequence in three parts on two Ray workers: the sum equals one
     process's forward route and its backward route."""

@@ -67,7 +67,8 @@ def test_every_protocol_and_method_on_a_classifier(classifier_dir, data, tmp_pat
     printed = capsys.readouterr().out
     assert "| `decomposition` |" in printed
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["curves.png", "report.html", "results.csv", "results.json", "results.md", "run"]
+    assert names == ["curves.png", "report.html", "results.csv", "results.json", "results.md", "run",
+                     "skipped.csv"]
     # Markdown marks stay in the Markdown table: the page has its own markup
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "`" not in page and "**" not in page
@@ -168,6 +169,111 @@ def test_one_line_errors(classifier_dir, data, tmp_path, capsys):
     assert "attnlrp runs on the Llama family" in error(*model, "--task", "sentiment", "--methods", "attnlrp")
     with pytest.raises(SystemExit):
         main(["evaluate", "--task", "summarise"])
+
+
+def test_device_is_checked_before_the_model_loads(classifier_dir, data, tmp_path, capsys, monkeypatch):
+    import captum_ffb.models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model loaded before the device was checked")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    argv = ["evaluate", "--model", str(classifier_dir), "--data", str(data), "--task", "sentiment",
+            "--out", str(tmp_path / "e"), "--quiet"]
+    assert main([*argv, "--device", "cuda"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "captum-ffb: error: cannot use device 'cuda': no cuda device is available"]
+    assert main([*argv, "--device", "gpu0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "captum-ffb: error: cannot use device 'gpu0': not a torch device name"]
+    monkeypatch.undo()
+    assert main([*argv, "--device", "cpu", "--methods", "random", "--protocol", "abpc"]) == 0
+    assert json.loads((tmp_path / "e" / "results.json").read_text())["n"] == len(TEXTS)
+
+
+def test_blank_and_too_long_texts_are_skipped_and_listed(classifier_dir, tmp_path, capsys):
+    """A text longer than the model's 64 positions crashed the run; now it is listed in
+    skipped.csv with the blank lines, and the run goes on."""
+    long = " ".join(["the cat sat on the mat"] * 12)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(["the cat sat on the mat", "", long, "a dog was tired"]) + "\n")
+    out = tmp_path / "out"
+    assert main(["evaluate", "--model", str(classifier_dir), "--task", "sentiment", "--data", str(texts),
+                 "--methods", "decomposition,random", "--protocol", "abpc", "--out", str(out)]) == 0
+    assert f"2 texts skipped, listed in {out}/skipped.csv" in capsys.readouterr().out
+    loaded = _load(classifier_dir, "sequence_classification")
+    n_long = len(loaded.tokenizer(long)["input_ids"])
+    with (out / "skipped.csv").open(newline="") as f:
+        assert list(csv.reader(f)) == [["line", "reason", "detail"], ["2", "empty", ""],
+                                       ["3", "too long", f"{n_long} tokens > 64 (the model's maximum)"]]
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["n"] == 2 and [s["line"] for s in summary["skipped"]] == [2, 3]
+    # --max-tokens skips are listed the same way, and only before the first n usable texts
+    from captum_ffb.evaluation.run import select_examples
+
+    task = EvaluationTask(loaded, "sentiment")
+    rows = ["the cat sat on the mat", "", long, "a dog was tired", "she loves math"]
+    examples, skipped = select_examples(task, rows, [None] * 5, n=1, max_tokens=7)
+    assert [e.ids for e in examples] == [tuple(loaded.tokenizer(rows[3])["input_ids"])]
+    assert [(s.line, s.reason, s.detail) for s in skipped] == [
+        (1, "too long", "8 tokens > 7 (--max-tokens)"), (2, "empty", ""),
+        (3, "too long", f"{n_long} tokens > 7 (--max-tokens)")]
+
+
+def test_integrated_gradients_in_small_internal_batches_equals_one_pass(lm_dir):
+    import captum.attr as ca
+
+    from captum_ffb.evaluation.methods import _captum_forward, _embeds, ig_rows
+
+    task = EvaluationTask(_load(lm_dir, "causal_lm"), "next-token")
+    b = task.batch([task.example(t, None, k) for k, (t, _) in enumerate(TEXTS[:3])])
+    target = task.predict(b)
+    x = _embeds(task, b)
+    with torch.enable_grad():  # Captum in one pass: every example at every step
+        whole = ca.IntegratedGradients(_captum_forward(task)).attribute(
+            x, baselines=torch.zeros_like(x), additional_forward_args=(b.attention_mask, target),
+            n_steps=8).detach().sum(-1)
+    assert whole.abs().sum() > 0
+    ig = METHODS["integrated_gradients"]
+    for options in ({}, {"internal_batch_size": 2}, {"internal_batch_size": 5}, {"memory_budget": 1}):
+        attr = ig.fn(task, b, target, {**ig.options, "n_steps": 8, **options})
+        torch.testing.assert_close(attr, whole, atol=1e-5, rtol=1e-5)
+    assert ig_rows(task.model, 6, 1) == 1
+    assert ig_rows(task.model, 6, 2**30) > ig_rows(task.model, 6, 2**20) > ig_rows(task.model, 60, 2**20)
+
+
+def test_integrated_gradients_batches_its_steps_as_asked(lm_dir, tmp_path, monkeypatch):
+    """``--option integrated_gradients.internal_batch_size`` / ``memory_budget`` reach Captum:
+    no pass holds more rows than allowed."""
+    import captum.attr as ca
+
+    from captum_ffb.evaluation.methods import ig_rows
+
+    passes = []
+    original = ca.IntegratedGradients.attribute
+
+    def spy(self, inputs, *args, **kwargs):
+        passes.append((inputs.shape[0], kwargs["internal_batch_size"]))
+        return original(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(ca.IntegratedGradients, "attribute", spy)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(t for t, _ in TEXTS[:5]) + "\n")
+    argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(texts),
+            "--methods", "integrated_gradients", "--protocol", "abpc", "--batch-size", "5", "--quiet",
+            "--option", "integrated_gradients.n_steps=4"]
+    assert main([*argv, "--out", str(tmp_path / "a"), "--option", "integrated_gradients.internal_batch_size=2"]) == 0
+    assert passes == [(2, 2), (2, 2), (1, 2)]
+    passes.clear()
+    assert main([*argv, "--out", str(tmp_path / "b"), "--option", "integrated_gradients.memory_budget=1"]) == 0
+    assert passes == [(1, 1)] * 5
+    passes.clear()
+    assert main([*argv, "--out", str(tmp_path / "c")]) == 0  # the default budget: one group here
+    width = max(len(_load(lm_dir, "causal_lm").tokenizer(t)["input_ids"]) for t, _ in TEXTS[:5])
+    assert passes == [(5, ig_rows(_load(lm_dir, "causal_lm").model, width))]
+    results = [json.loads((tmp_path / k / "results.json").read_text())["rows"][0]["abpc"] for k in "abc"]
+    assert results == pytest.approx([results[2]] * 3, abs=1e-5)
 
 
 def test_names_and_data_files(tmp_path):
