@@ -90,7 +90,7 @@ def test_attnlrp_without_its_environment(lm_dir, tmp_path, capsys, monkeypatch, 
 
 @pytest.mark.parametrize("option, message", [
     ("integrated_gradients.n_stepz=3",
-     "integrated_gradients has no option 'n_stepz'; it takes internal_batch_size, n_steps"),
+     "integrated_gradients has no option 'n_stepz'; it takes internal_batch_size, memory_budget, n_steps"),
     ("kernel_shap.steps=3", "kernel_shap has no option 'steps'; it takes n_samples, per_eval"),
     ("saliency.abs=1", "saliency has no option 'abs'; it takes none"),
     ("shap.n_samples=3", "unknown method 'shap'; choose from " + ", ".join(METHODS)),
@@ -122,6 +122,8 @@ def test_an_option_reaches_its_method(lm_dir, tmp_path, monkeypatch):
     assert main(["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(texts),
                  "--methods", "integrated_gradients", "--protocol", "decompx", "--option",
                  "integrated_gradients.n_steps=3", "--quiet", "--out", str(out)]) == 0
-    assert seen and all(o["n_steps"] == 3 and o["internal_batch_size"] == 64 for o in seen)
+    expected = {**original.options, "n_steps": 3}
+    assert expected["n_steps"] != original.options["n_steps"]
+    assert seen and all({k: o[k] for k in expected} == expected for o in seen)
     summary = json.loads((out / "results.json").read_text())
-    assert summary["options"]["integrated_gradients"] == {"n_steps": 3, "internal_batch_size": 64}
+    assert summary["options"]["integrated_gradients"] == expected
