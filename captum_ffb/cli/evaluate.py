@@ -80,8 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``["integrated_gradients.n_steps=20"]`` → ``{"integrated_gradients": {"n_steps": 20}}``."""
+def parse_options(items: list[str], methods: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``["integrated_gradients.n_steps=20"]`` → ``{"integrated_gradients": {"n_steps": 20}}``;
+    with ``methods``, an option of a method that is not run is an error too."""
     from captum_ffb.evaluation.methods import check_option
 
     options: dict[str, dict[str, Any]] = {}
@@ -94,6 +95,9 @@ def parse_options(items: list[str]) -> dict[str, dict[str, Any]]:
             check_option(method, key)
         except ValueError as error:
             raise UsageError(f"--option {item!r}: {error}") from None
+        if methods is not None and method not in methods:
+            raise UsageError(f"--option {item!r}: {method} is not among --methods "
+                             f"({', '.join(methods)})")
         try:
             parsed: Any = json.loads(value)
         except ValueError:
@@ -108,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     methods = resolve_methods(args.methods)
     protocols = resolve_protocols(args.protocol)
-    options = parse_options(args.option)
+    options = parse_options(args.option, methods)
     if args.n < 1:
         raise UsageError(f"--n must be at least 1, got {args.n}")
     if args.max_tokens is not None and args.max_tokens < 2:

@@ -361,6 +361,7 @@ def evaluate(
         for key in settings:
             check_option(method, key)
     folder = check_out_dir(out)
+    texts, text_labels = read_rows(data)  # a missing or malformed file fails before the model loads
     config = model_config(model)
     if "attnlrp" in chosen:  # before the weights load
         from captum_ffb.evaluation.peers import attnlrp_setup_problem
@@ -374,8 +375,7 @@ def evaluate(
     source = ModelSource(name=model, task=head, device=device)
     loaded = source.load()
     evaluation_task = EvaluationTask(loaded, task, template, labels)
-    rows, labels = read_rows(data)
-    examples, skipped = select_examples(evaluation_task, rows, labels, n, max_tokens)
+    examples, skipped = select_examples(evaluation_task, texts, text_labels, n, max_tokens)
     if not examples:
         raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else "")
                          + f" ({len(skipped)} skipped)")

@@ -127,3 +127,40 @@ def test_an_option_reaches_its_method(lm_dir, tmp_path, monkeypatch):
     assert seen and all({k: o[k] for k in expected} == expected for o in seen)
     summary = json.loads((out / "results.json").read_text())
     assert summary["options"]["integrated_gradients"] == expected
+
+
+def test_an_option_of_a_method_not_run_is_an_error(lm_dir, tmp_path, capsys, no_weights):
+    argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--methods",
+            "decomposition,random", "--option", "integrated_gradients.n_steps=3", "--quiet",
+            "--out", str(tmp_path / "out")]
+    assert _one_line(capsys, argv) == ("--option 'integrated_gradients.n_steps=3': "
+                                       "integrated_gradients is not among --methods "
+                                       "(decomposition, random)")
+
+
+def test_a_missing_data_file_fails_before_the_weights_load(lm_dir, tmp_path, capsys, no_weights):
+    missing = tmp_path / "nowhere.txt"
+    argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(missing),
+            "--quiet", "--out", str(tmp_path / "out")]
+    assert _one_line(capsys, argv) == f"--data {missing}: no such file (or use rotten_tomatoes)"
+
+
+def test_the_data_labels_do_not_replace_the_label_tokens(lm_dir, tmp_path, monkeypatch):
+    """The gold labels of a labelled file are the examples' labels; the job's ``labels`` stay
+    the prompt's label tokens (``None``: the default ones)."""
+    from captum_ffb.evaluation import run as run_module
+
+    jobs = []
+    original = run_module.EvaluationJob
+
+    def spy(*args, **kwargs):
+        job = original(*args, **kwargs)
+        jobs.append(job)
+        return job
+
+    monkeypatch.setattr(run_module, "EvaluationJob", spy)
+    data = tmp_path / "texts.csv"
+    data.write_text("text,label\nthe cat sat,1\na dog ran,0\n")
+    evaluate(str(lm_dir), "next-token", data, "random", "eraser", tmp_path / "out")
+    assert len(jobs) == 1 and jobs[0].labels is None
+    assert [e.label for e in jobs[0].examples] == [1, 0]
