@@ -192,5 +192,6 @@ def score_path(block: Block) -> ScorePath:
         return torch.cat(queries, dim=3), torch.cat(keys, dim=3)
 
     del batch
+    real_input = call.args[0] if call.args else next(iter(call.kwargs.values()))
     return ScorePath(block.cast(call.query), block.cast(call.key), allowed, call.scaling,
-                     call.softcap, project)
+                     call.softcap, project, block.cast(real_input))

@@ -62,6 +62,8 @@ class ScorePath:
                     ``(B, H, n, m, e)`` and keys ``(B, H_kv, n, m, e)`` with the real pass's
                     rotary embeddings and frozen query/key norm scales; ``affine`` adds
                     the projections' constants (biases), else the map is linear.
+        inputs (Tensor, optional): the attention's real input ``(B, n, d)`` (the real values
+                    are read from it; else from the value input's total).
     """
 
     query: Tensor
@@ -70,6 +72,7 @@ class ScorePath:
     scaling: float
     softcap: float | None
     project: Callable[[Tensor, bool], tuple[Tensor, Tensor]]
+    inputs: Tensor | None = None
 
 
 def allowed_keys(mask: Tensor | None, shape: tuple[int, ...], device: torch.device) -> Tensor:
@@ -212,7 +215,8 @@ class ScoreCreditingAttention(Rule):
         dense = value_input.dense()
         terms, bias = dense.terms, dense.bias  # (B, n, P, d), (B, n, d)
         w_v, w_o, _ = _head_projections(value_weight, output_weight, probs.shape[1])
-        values = _head_values(dense.total(), w_v, groups, value_bias)  # real values (B, H, n, e)
+        real_input = dense.total() if scores.inputs is None else scores.inputs.to(dtype)
+        values = _head_values(real_input, w_v, groups, value_bias)  # real values (B, H, n, e)
         q_parts, k_parts = (t.to(dtype) for t in scores.project(terms, False))
         q_bias, k_bias = (t.to(dtype) for t in scores.project(bias[:, :, None], True))
         k_parts, k_bias = _repeat(k_parts, groups), _repeat(k_bias, groups)
