@@ -30,6 +30,7 @@ formed. On the one-backward-pass route the same maps are gradient replacements
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,15 +95,27 @@ def _repeat(tensor: Tensor, groups: int, dim: int = 1) -> Tensor:
 
 def masked_softmax(scores: Tensor, allowed: Tensor) -> Tensor:
     """Softmax over the allowed keys; rows without an allowed key are 0."""
-    masked = scores.masked_fill(~allowed, float("-inf"))
-    out = torch.softmax(masked, dim=-1)
-    return torch.nan_to_num(out, nan=0.0)
+    return _MaskedSoftmax(allowed, scores.dtype)(scores)
 
 
-def _capped(scores: Tensor, softcap: float | None) -> tuple[Tensor, Tensor]:
-    """``t(s)`` and ``t'(s)``: the identity, or ``c·tanh(s / c)``."""
+class _MaskedSoftmax:
+    """Softmax over the allowed keys, with the mask prepared once for many calls."""
+
+    def __init__(self, allowed: Tensor, dtype: torch.dtype) -> None:
+        self.shift = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min)
+        valid = allowed.any(dim=-1, keepdim=True)
+        self.valid = None if bool(valid.all()) else valid.to(dtype)
+
+    def __call__(self, scores: Tensor) -> Tensor:
+        out = torch.softmax(scores + self.shift, dim=-1)
+        return out if self.valid is None else out * self.valid
+
+
+def _capped(scores: Tensor, softcap: float | None) -> tuple[Tensor, Tensor | None]:
+    """``t(s)`` and ``t'(s)``: the identity (slope ``None``), or ``c·tanh(s / c)``."""
     if softcap is None:
-        return scores, torch.ones_like(scores)
+        return scores, None
     tanh = torch.tanh(scores / softcap)
     return softcap * tanh, 1 - tanh * tanh
 
@@ -116,19 +129,22 @@ class SoftmaxLinearisation:
 
     weights: list[float]
     probs: list[Tensor]
-    slopes: list[Tensor]
+    slopes: list[Tensor | None]
 
     def apply(self, scores: Tensor) -> Tensor:
         out = torch.zeros_like(scores)
         for w, a, d in zip(self.weights, self.probs, self.slopes):
-            z = d * scores
-            out = out + w * a * (z - (a * z).sum(-1, keepdim=True))
+            z = scores if d is None else d * scores
+            az = a * z
+            out.add_(az - a * az.sum(-1, keepdim=True), alpha=w)
         return out
 
     def transpose(self, grad: Tensor) -> Tensor:
         out = torch.zeros_like(grad)
         for w, a, d in zip(self.weights, self.probs, self.slopes):
-            out = out + w * d * a * (grad - (a * grad).sum(-1, keepdim=True))
+            ag = a * grad
+            part = ag - a * ag.sum(-1, keepdim=True)
+            out.add_(part if d is None else d * part, alpha=w)
         return out
 
     def transpose_values(self, values: Tensor, rows: slice = slice(None)) -> Tensor:
@@ -136,9 +152,10 @@ class SoftmaxLinearisation:
         ``rows``: ``(B, H, r, n, e)`` with ``[i, j] = Σ_k w_k d_k a_k[i, j] (v_j − Σ_j' a_k[i, j'] v_j')``."""
         out = None
         for w, a, d in zip(self.weights, self.probs, self.slopes):
-            a, d = a[:, :, rows], d[:, :, rows]
+            a, d = a[:, :, rows], (None if d is None else d[:, :, rows])
             mean = torch.matmul(a, values)  # (B, H, r, e)
-            part = (w * d * a)[..., None] * (values[:, :, None] - mean[:, :, :, None])
+            scale = w * a if d is None else w * d * a
+            part = scale[..., None] * (values[:, :, None] - mean[:, :, :, None])
             out = part if out is None else out + part
         return out
 
@@ -271,6 +288,7 @@ class ScoreCreditingAttention(Rule):
         return out.to(query.dtype)
 
 
+@functools.lru_cache(maxsize=16)
 def gauss_legendre(n_steps: int) -> tuple[list[float], list[float]]:
     """Nodes and weights of the ``n_steps``-point Gauss–Legendre rule on ``[0, 1]``."""
     nodes, weights = np.polynomial.legendre.leggauss(n_steps)
@@ -308,10 +326,11 @@ class IGAttention(ScoreCreditingAttention):
 
     def softmax_map(self, scores, allowed, probs, softcap):
         nodes, weights = gauss_legendre(self.n_steps)
+        softmax = _MaskedSoftmax(allowed, scores.dtype)
         steps, slopes = [], []
         for t in nodes:
             capped, slope = _capped(t * scores, softcap)
-            steps.append(masked_softmax(capped, allowed))
+            steps.append(softmax(capped))
             slopes.append(slope)
         return SoftmaxLinearisation(weights, steps, slopes), None
 
