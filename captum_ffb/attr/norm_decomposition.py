@@ -34,6 +34,7 @@ from captum_ffb.engine.whole import (
     head_forward,
     player_start,
     propagate,
+    reference_inputs,
     resolve_head,
 )
 from captum_ffb.rules import is_linear_in_players
@@ -205,6 +206,7 @@ class NormDecomposition(Attribution):
         rules: Mapping[str, Callable] | None = None,
         return_bias: bool = False,
         players: Sequence[int] | None = None,
+        reference: str | int | Tensor | None = "zero",
     ) -> Any:
         r"""Signed contributions ``(batch, n)`` of the input positions to ``target``.
 
@@ -237,6 +239,15 @@ class NormDecomposition(Attribution):
                         The propagation is linear in the players, so parts computed apart
                         (on other workers) add up to the whole; every part carries the whole
                         bias player.
+            reference (str, int or Tensor): what each player is measured from:
+                        ``c_j = L_j(x_j − r_j)`` with ``L_j`` the frozen model's linear map
+                        of position ``j``, and ``Σ_j L_j(r_j)`` added to the bias player
+                        (completeness is kept). ``"zero"`` (default): ``r = 0``; ``"mean"``:
+                        each row's mean first-block input over its real tokens (a token
+                        counts by how it differs from the average token, e.g. the attention
+                        sink no longer gets credit for being a large vector); a token id: the
+                        first-block input of that token at each position; a tensor ``(d,)``,
+                        ``(n, d)`` or ``(batch, n, d)``.
 
         Returns:
             contributions ``(batch, n)``; with ``return_bias``, ``(contributions, bias)``; with
@@ -261,10 +272,11 @@ class NormDecomposition(Attribution):
         if players is not None and route != "forward":
             raise ValueError("players= splits the forward route; use route='forward'")
         if route == "backward":
-            ((contributions, bias, real),) = self._backward(args, kwargs, [head_target], chosen)
+            ((contributions, bias, real),) = self._backward(args, kwargs, [head_target], chosen,
+                                                            reference)
         else:
             ((contributions, bias, real),) = self._forward(args, kwargs, [head_target], chosen,
-                                                           groups, n_groups, players)
+                                                           groups, n_groups, players, reference)
         if route == "backward":  # per position: add up each group's
             contributions = contributions * token_mask.to(contributions.dtype)
             per_group = torch.zeros(ids.shape[0], n_groups, dtype=contributions.dtype,
@@ -495,8 +507,35 @@ class NormDecomposition(Attribution):
             logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
         return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
 
+    def _reference(self, reference: Any, x: Tensor, token_mask: Tensor | None, args, kwargs) -> Tensor | None:
+        """The reference inputs ``(B, n, d)`` (``None`` for zero); see :meth:`attribute`."""
+        return reference_inputs(reference, x, token_mask, lambda token: self._token_inputs(token, args, kwargs))
+
+    def _token_inputs(self, token: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+        """The first block's input for the inputs with every token id replaced by ``token``
+        (same positions, masks and other arguments); the model stops at the first block."""
+        found: list[Tensor] = []
+
+        class _Reached(Exception):
+            pass
+
+        def hook(module, hook_args, hook_kwargs):
+            found.append((hook_args[0] if hook_args else hook_kwargs["hidden_states"]).detach())
+            raise _Reached
+
+        ids = torch.full_like(args[0], int(token))
+        handle = self.blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                self.model(ids, *args[1:], **kwargs)
+        except _Reached:
+            pass
+        finally:
+            handle.remove()
+        return found[0]
+
     def _forward(self, args, kwargs, targets: list[HeadTarget], rules, groups: Tensor, n_groups: int,
-                 players: Sequence[int] | None = None):
+                 players: Sequence[int] | None = None, reference: Any = None):
         """One capture and one propagation; the head's rules for each target."""
         head = self.head
         light = self._light(args[0])
@@ -508,7 +547,8 @@ class NormDecomposition(Attribution):
         chosen_players = list(range(n_groups)) if players is None else [int(p) for p in players]
         if any(not 0 <= p < n_groups for p in chosen_players) or not chosen_players:
             raise ValueError(f"players must be among the {n_groups} players (0 … {n_groups - 1})")
-        start = player_start(x, groups, chosen_players, blocks[0].token_mask)
+        r = self._reference(reference, x, self._token_mask(kwargs, args[0]), args, kwargs)
+        start = player_start(x, groups, chosen_players, blocks[0].token_mask, r)
         progress = self._progress(len(blocks))
         last = None
         answers = []
@@ -529,7 +569,7 @@ class NormDecomposition(Attribution):
                 progress.close()
         return answers
 
-    def _backward(self, args, kwargs, targets: list[HeadTarget], rules):
+    def _backward(self, args, kwargs, targets: list[HeadTarget], rules, reference: Any = None):
         """One forward pass through the frozen model; one backward pass per target."""
         head = self.head
         warn_if_padded_without_mask(args, kwargs, self.config)
@@ -546,6 +586,9 @@ class NormDecomposition(Attribution):
                            head.linearised_steps(), watch, self._recompute(args)) as frozen:
                 output = self.model(*args, **kwargs)
                 x = frozen.inputs.detach()
+                r = self._reference(reference, x.to(self.dtype), self._token_mask(kwargs, args[0]), args, kwargs)
+                if r is not None:
+                    x = x - r.to(x.dtype)
                 for k, target in enumerate(targets):
                     if head.task == "base":
                         value = self._real_value(output, target)

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 RECORDING_IMPLEMENTATION = "captum_ffb_recording"
 
-_recording: contextvars.ContextVar[dict[int, list[Tensor]] | None] = contextvars.ContextVar(
+_recording: contextvars.ContextVar[dict[int, list[Any]] | None] = contextvars.ContextVar(
     "captum_ffb_recording", default=None
 )
 
@@ -49,7 +49,11 @@ def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
     )
     store = _recording.get()
     if store is not None and id(module) in store and not store[id(module)]:
-        store[id(module)].append(weights.detach())
+        scaling = kwargs.get("scaling")
+        if scaling is None:
+            scaling = getattr(module, "scaling", None) or query.shape[-1] ** -0.5
+        store[id(module)].extend([weights.detach(), AttentionCall(
+            query.detach(), key.detach(), attention_mask, float(scaling), kwargs.get("softcap"))])
     return output, weights
 
 
@@ -94,6 +98,39 @@ def recording_attention(modules: Sequence[nn.Module]) -> Iterator[None]:
             config._attn_implementation_internal = value
 
 
+@dataclass
+class AttentionCall:
+    """What the attention function of one block saw (for rules that credit queries and keys).
+
+    Attributes:
+        query (Tensor): the queries as the attention function read them (after rotary
+                    embeddings and query norms) ``(B, H, n, d_head)``.
+        key (Tensor): the keys ``(B, H_kv, n, d_head)``.
+        mask (Tensor, optional): the attention mask it was given (additive float, or bool).
+        scaling (float): the factor of ``q·k``.
+        softcap (float, optional): the logit soft-capping ``c·tanh(s / c)`` (Gemma 2).
+        args (tuple): the attention module's positional call arguments (hidden states first).
+        kwargs (dict): its keyword arguments.
+        norm_inputs (dict): for the norms inside the attention module (query/key norms),
+                    name → the real input they normalised.
+    """
+
+    query: Tensor
+    key: Tensor
+    mask: Tensor | None
+    scaling: float
+    softcap: float | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    norm_inputs: dict[str, Tensor] = field(default_factory=dict)
+
+
+def inner_norms(attention: nn.Module) -> dict[str, nn.Module]:
+    """The norms inside an attention module (query and key norms: Qwen3, OLMo 2, Gemma 3)."""
+    return {name: module for name, module in attention.named_modules()
+            if name and (isinstance(module, nn.LayerNorm) or type(module).__name__.endswith("Norm"))}
+
+
 def _first_tensor(value: Any) -> Tensor | None:
     if isinstance(value, Tensor):
         return value
@@ -110,6 +147,7 @@ class BlockCapture:
         inputs (Tensor): the block's input hidden states ``(B, n, d)``.
         output (Tensor): the block's output hidden states ``(B, n, d)``.
         probs (list[Tensor]): attention probabilities ``(B, H, n, n)`` per recorded attention.
+        attention_calls (list[AttentionCall]): what each recorded attention function read.
         tensors (dict): ``(role, "input" | "output") → (B, n, width)`` for each watched module.
         raw_outputs (dict): ``role → `` the watched module's output as returned (tuples kept),
                     for modules such as MoE routers that return several tensors.
@@ -122,6 +160,7 @@ class BlockCapture:
     inputs: Tensor | None = None
     output: Tensor | None = None
     probs: list[Tensor] = field(default_factory=list)
+    attention_calls: list[AttentionCall] = field(default_factory=list)
     tensors: dict[tuple[str, str], Tensor] = field(default_factory=dict)
     raw_outputs: dict[str, Any] = field(default_factory=dict)
     call_args: tuple[Any, ...] | None = None
@@ -245,7 +284,8 @@ def capture(
     captures = [BlockCapture() for _ in blocks]
     result = ModelCapture(captures)
     handles = []
-    store: dict[int, list[Tensor]] = {}
+    store: dict[int, list[Any]] = {}
+    calls: dict[int, tuple[tuple[Any, ...], dict[str, Any], dict[str, Tensor]]] = {}
     order: list[list[int]] = []
 
     def keep_block_input(record: BlockCapture):
@@ -273,10 +313,29 @@ def capture(
             output, weights = original(*args, **kwargs)
             target = store.get(id(module))
             if target is not None and not target:
-                target.append(weights.detach())
+                query, key = args[0], args[1]
+                mask = args[3] if len(args) > 3 else kwargs.get("attention_mask")
+                scale = getattr(module, "scale_attn", None)
+                scaling = 1.0 / float(scale) if scale is not None else query.shape[-1] ** -0.5
+                target.extend([weights.detach(), AttentionCall(query.detach(), key.detach(), mask, scaling)])
             return output, weights
 
         return method
+
+    def keep_attention_call(calls: dict[int, Any], norms: dict[str, nn.Module]):
+        def hook(module, args, kwargs):
+            if id(module) not in calls:
+                calls[id(module)] = (args, kwargs, {})
+
+        def norm_hook(key: int, name: str):
+            def keep(module, args):
+                inputs = calls.get(key, (None, None, {}))[2]
+                if name not in inputs:
+                    inputs[name] = args[0].detach()
+
+            return keep
+
+        return hook, norm_hook
 
     methods: dict[str, list[nn.Module]] = {}
     for watch, record in zip(blocks, captures):
@@ -291,6 +350,11 @@ def capture(
         for module in watch.attention:
             store[id(module)] = []
             ids.append(id(module))
+            norms = inner_norms(module)
+            call_hook, norm_hook = keep_attention_call(calls, norms)
+            handles.append(module.register_forward_pre_hook(call_hook, with_kwargs=True))
+            for name, norm_module in norms.items():
+                handles.append(norm_module.register_forward_pre_hook(norm_hook(id(module), name)))
             if watch.attention_method is not None:
                 methods.setdefault(watch.attention_method, []).append(module)
         order.append(ids)
@@ -320,6 +384,12 @@ def capture(
         batch = record.inputs.shape[0]
         record.tensors = {k: _as_sequence(v, batch) for k, v in record.tensors.items()}
         record.probs = [store[i][0] for i in ids if store[i]]
+        record.attention_calls = []
+        for i in ids:
+            if len(store[i]) > 1:
+                call = store[i][1]
+                call.args, call.kwargs, call.norm_inputs = calls.get(i, ((), {}, {}))
+                record.attention_calls.append(call)
     if keep_output:
         result.output = output
     return result

@@ -126,8 +126,15 @@ def norm(block: Block, role: str, rules: Rules, decomposition: Decomposition, ro
 
 
 def attention(block: Block, rules: Rules, value_input: Decomposition) -> Decomposition:
-    """Self-attention, then its post-norm when the family has one."""
-    out = rules["attention"](value_input, block.probs, *block.attention_weights())
+    """Self-attention, then its post-norm when the family has one. Rules that credit the
+    scores (``credits_scores``) also get the query/key path (``scores=``)."""
+    rule = rules["attention"]
+    if getattr(rule, "credits_scores", False):
+        from captum_ffb.engine.scores import score_path
+
+        out = rule(value_input, block.probs, *block.attention_weights(), scores=score_path(block))
+    else:
+        out = rule(value_input, block.probs, *block.attention_weights())
     return norm(block, "attention_post_norm", rules, out)
 
 

@@ -10,7 +10,11 @@ Every replacement is *value-preserving*: a module's output ``z`` becomes
 ``z.detach() + J (u − u.detach())``, where ``u`` is what it read and ``J`` the rule's frozen
 linear map. Its value is the real output exactly, so the pass computes the model's real
 output; only the gradients change. Attention keeps the model's own implementation (sdpa,
-eager, ...) with the queries and keys detached, so no probabilities are stored.
+eager, ...) with the queries and keys detached, so no probabilities are stored. Attention
+rules that credit the scores (:class:`~captum_ffb.rules.IGAttention`,
+:class:`~captum_ffb.rules.AttnLRPAttention`) add their own zero-valued gradient replacement
+(:meth:`~captum_ffb.rules.ScoreCreditingAttention.linearised`) to the real output, and the
+query/key norms inside the attention are frozen like the others.
 
 The frozen maps come from the rules: :meth:`~captum_ffb.rules.LayerNorm.frozen_scale`,
 :meth:`~captum_ffb.rules.IGActivation.slope`, :meth:`~captum_ffb.rules.GatedIGActivation.slopes`.
@@ -19,6 +23,7 @@ The frozen maps come from the rules: :meth:`~captum_ffb.rules.LayerNorm.frozen_s
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,12 +34,66 @@ from torch import Tensor, nn
 
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.engine.block import _columns, config_of, has_path, norm_parameters, resolve
-from captum_ffb.engine.capture import _configs_of, patched_attention_methods
+from captum_ffb.engine.capture import _configs_of, inner_norms, patched_attention_methods
+from captum_ffb.engine.scores import inner_norm_rule
 from captum_ffb.engine.whole import element_wise_rule
 from captum_ffb.rules import Attention, Linear, Residual
+from captum_ffb.rules.attention_scores import allowed_keys
 
 _FROZEN_PREFIX = "captum_ffb_frozen_"
+_SCORED_PREFIX = "captum_ffb_scored_"
 _originals: dict[str, Callable] = {}
+#: The attention rule whose gradient replacement the scored implementations add.
+_scoring_rule: contextvars.ContextVar[Any] = contextvars.ContextVar("captum_ffb_scoring_rule", default=None)
+
+
+def _model_function(module: nn.Module, original: str) -> Callable:
+    """The attention function ``original`` names (the module's own eager one for "eager")."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if original == "eager" or original not in ALL_ATTENTION_FUNCTIONS:
+        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if eager is None:
+            from captum_ffb.engine.capture import _generic_eager_attention as eager
+        return eager
+    return ALL_ATTENTION_FUNCTIONS[original]
+
+
+def _scored_output(rule: Any, output: Tensor, query: Tensor, key: Tensor, value: Tensor, mask: Any,
+                   scaling: float, softcap: float | None, transposed: bool) -> Tensor:
+    shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    allowed = allowed_keys(mask if isinstance(mask, Tensor) else None, shape, query.device)
+    change = rule.linearised(query, key, value, allowed, scaling, softcap)
+    if transposed:
+        change = change.transpose(1, 2)
+    return output.detach() + change.to(output.dtype)
+
+
+def _scored_implementation(original: str) -> str:
+    """Register (once) an attention implementation that runs ``original`` on detached
+    inputs for the value and adds the scoring rule's gradient replacement; its masks are
+    explicit (eager) so that the allowed keys are known."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    name = _SCORED_PREFIX + original
+    if name in _originals:
+        return name
+
+    def scored(module, query, key, value, attention_mask, **kwargs):
+        function = _model_function(module, original)
+        output, weights = function(module, query.detach(), key.detach(), value.detach(), attention_mask, **kwargs)
+        scaling = kwargs.get("scaling")
+        if scaling is None:
+            scaling = getattr(module, "scaling", None) or query.shape[-1] ** -0.5
+        output = _scored_output(_scoring_rule.get(), output, query, key, value, attention_mask,
+                                float(scaling), kwargs.get("softcap"), transposed=True)
+        return output, weights
+
+    AttentionInterface.register(name, scored)
+    AttentionMaskInterface.register(name, eager_mask)
+    _originals[name] = scored
+    return name
 
 
 def _frozen_implementation(original: str) -> str:
@@ -66,35 +125,49 @@ def _frozen_implementation(original: str) -> str:
 
 
 @contextlib.contextmanager
-def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequence[nn.Module]]) -> Iterator[None]:
-    """Run the models owning ``modules`` with their attention's queries and keys detached.
+def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequence[nn.Module]],
+                     scoring_rule: Any = None) -> Iterator[None]:
+    """Run the models owning ``modules`` with their attention's queries and keys detached
+    (or, with a ``scoring_rule``, with that rule's gradient replacement).
 
     Args:
         modules (Sequence[nn.Module]): the model (and blocks) whose configs choose the
                     attention implementation.
         methods (Mapping): for attention modules that compute their probabilities in a method
                     of their own (see ``ArchitectureSpec.attention_method``): name → modules.
+        scoring_rule (ScoreCreditingAttention, optional): an attention rule that credits the
+                    scores.
     """
     configs = _configs_of(modules)
     saved = [config._attn_implementation_internal for config in configs]
     for config in configs:
         original = config._attn_implementation or "eager"
-        if original.startswith(_FROZEN_PREFIX):
+        if original.startswith((_FROZEN_PREFIX, _SCORED_PREFIX)):
             continue
-        config._attn_implementation_internal = _frozen_implementation(original)
+        register = _frozen_implementation if scoring_rule is None else _scored_implementation
+        config._attn_implementation_internal = register(original)
 
     def detach_qk(module: nn.Module, original: Callable) -> Callable:
         def method(query, key, value, *args, **kwargs):
-            return original(query.detach(), key.detach(), value, *args, **kwargs)
+            if scoring_rule is None:
+                return original(query.detach(), key.detach(), value, *args, **kwargs)
+            output, weights = original(query.detach(), key.detach(), value.detach(), *args, **kwargs)
+            mask = args[0] if args else kwargs.get("attention_mask")
+            scale = getattr(module, "scale_attn", None)
+            scaling = 1.0 / float(scale) if scale is not None else query.shape[-1] ** -0.5
+            return _scored_output(scoring_rule, output, query, key, value, mask, scaling, None,
+                                  transposed=False), weights
 
         return method
 
+    token = _scoring_rule.set(scoring_rule)
     try:
         with contextlib.ExitStack() as stack:
             for name, owners in methods.items():
                 stack.enter_context(patched_attention_methods(owners, name, detach_qk))
             yield
     finally:
+        _scoring_rule.reset(token)
         for config, value in zip(configs, saved):
             config._attn_implementation_internal = value
 
@@ -111,12 +184,19 @@ class FrozenRules:
     norm: Any
     activation: Any
     gated_activation: Any
+    attention: Any = None
 
     @classmethod
     def of(cls, rules: Mapping[str, Callable]) -> FrozenRules:
-        """Check the rules allow the backward route, and keep the three that carry maps."""
+        """Check the rules allow the backward route, and keep the three that carry maps (and
+        an attention rule that credits the scores)."""
+        scoring = rules.get("attention")
+        scoring = scoring if getattr(scoring, "credits_scores", False) and \
+            callable(getattr(scoring, "linearised", None)) else None
         for role, kind in (("attention", Attention), ("linear", Linear), ("residual", Residual)):
             rule = rules.get(role)
+            if role == "attention" and scoring is not None:
+                continue
             if rule is not None and not isinstance(getattr(rule, "rule", rule), kind):
                 raise ValueError(
                     f"route='backward' runs the model's own {role}; a replaced {role!r} rule "
@@ -137,7 +217,7 @@ class FrozenRules:
                     f"route='backward' needs the {role!r} rule's frozen linear map (a "
                     f"{method!r} method); {type(rule).__name__} has none: use route='forward'"
                 )
-        return cls(rules.get("norm"), element_wise_rule(rules), rules.get("gated_activation"))
+        return cls(rules.get("norm"), element_wise_rule(rules), rules.get("gated_activation"), scoring)
 
 
 @dataclass
@@ -336,6 +416,10 @@ def linearise(
                 norm_at(resolve(block, getattr(spec, role)))
         if spec.attention_method is not None:
             methods.setdefault(spec.attention_method, []).append(resolve(block, spec.attention))
+        if frozen.attention is not None:  # the scores are credited: freeze query/key norms too
+            for inner in inner_norms(resolve(block, spec.attention)).values():
+                handles.append(inner.register_forward_hook(
+                    _norm_hook(inner, spec, config, inner_norm_rule(inner)), with_kwargs=True))
         key = f"{index}:"
         moe = spec.moe
         if moe is not None and has_path(block, moe.experts):
@@ -400,7 +484,7 @@ def linearise(
             block.forward = forward  # an instance attribute shadows the class's method
             patched.append(block)
     try:
-        with frozen_attention([model, *blocks], methods), torch.enable_grad():
+        with frozen_attention([model, *blocks], methods, frozen.attention), torch.enable_grad():
             yield state
     finally:
         for block in patched:

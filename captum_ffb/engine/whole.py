@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from captum_ffb.architectures.heads import HeadActivation, HeadSpec, get_head, task_of
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
-from captum_ffb.decomposition import Decomposition, stack_rows
+from captum_ffb.decomposition import Decomposition, TokenwiseDecomposition, stack_rows
 from captum_ffb.engine.block import (
     Block,
     config_of,
@@ -121,29 +121,81 @@ def element_wise_rule(rules: Mapping[str, Callable]) -> Callable:
 
 
 # --------------------------------------------------------------------------- players
-def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: Tensor | None) -> Decomposition:
+def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: Tensor | None,
+                 reference: Tensor | None = None) -> Decomposition:
     r"""The decomposition of the first block's input over the chosen players.
 
-    ``F[b, i, k] = x[b, i]`` if position ``i`` belongs to player ``players[k]``, else 0.
+    ``F[b, i, k] = x[b, i] − r[b, i]`` if position ``i`` belongs to player ``players[k]``,
+    else 0, and ``b[b, i] = r[b, i]`` (the reference, owed to no player; zero by default).
 
     Args:
         x (Tensor): the first block's input ``(B, n, d)``.
         groups (Tensor): the player of each position ``(B, n)`` (long).
         players (Sequence[int]): the players to keep, as columns.
         token_mask (Tensor, optional): ``(B, n)``; padded positions belong to no player.
+        reference (Tensor, optional): ``(B, n, d)`` the reference input ``r`` of the real
+                    positions (see :func:`reference_inputs`).
     """
     ids = torch.as_tensor(list(players), device=x.device)
     n = x.shape[1]
+    bias = torch.zeros_like(x)
+    if reference is not None:
+        bias = reference.to(x.dtype).expand_as(x)
+        if token_mask is not None:
+            bias = bias * token_mask[:, :, None].to(x.dtype)
     if len(ids) == n and torch.equal(groups, torch.arange(n, device=x.device).expand_as(groups)) \
             and torch.equal(ids, torch.arange(n, device=x.device)):
         # every position its own player: the identity, in its compact form (the fast paths)
-        return Decomposition.identity(x, token_mask)
+        if reference is None:
+            return Decomposition.identity(x, token_mask)
+        return TokenwiseDecomposition(x - bias, bias, token_mask)
     member = groups[:, :, None] == ids[None, None, :]  # (B, n, P)
     if token_mask is not None:
         member = member & token_mask[:, :, None].bool()
-    terms = x[:, :, None, :] * member[..., None].to(x.dtype)
+    terms = (x - bias)[:, :, None, :] * member[..., None].to(x.dtype)
     player_mask = member.any(dim=1)
-    return Decomposition(terms, torch.zeros_like(x), token_mask, player_mask=player_mask)
+    return Decomposition(terms, bias.clone(), token_mask, player_mask=player_mask)
+
+
+#: The reference inputs :func:`reference_inputs` understands by name.
+REFERENCES = ("zero", "mean")
+
+
+def reference_inputs(reference: str | int | Tensor | None, x: Tensor, token_mask: Tensor | None,
+                     token_inputs: Callable[[int], Tensor] | None = None) -> Tensor | None:
+    r"""The reference ``r`` ``(B, n, d)`` the players are measured from (``c_j = L_j(x_j − r_j)``;
+    ``Σ_j L_j(r_j)`` goes to the bias player), or ``None`` for zero.
+
+    Args:
+        reference (str, int or Tensor, optional): ``"zero"`` (or ``None``); ``"mean"``, each
+                    row's mean first-block input over its real tokens; a token id, the
+                    first-block input the model gives that token at each position
+                    (``token_inputs`` computes it); a tensor ``(d,)``, ``(n, d)`` or
+                    ``(B, n, d)``.
+        x (Tensor): the first block's input ``(B, n, d)``.
+        token_mask (Tensor, optional): ``(B, n)``, 1 for real tokens.
+        token_inputs (Callable, optional): token id → the first block's input ``(B, n, d)``
+                    for a sequence of that token.
+    """
+    if reference is None or (isinstance(reference, str) and reference == "zero"):
+        return None
+    if isinstance(reference, str):
+        if reference != "mean":
+            raise ValueError(f"reference must be one of {REFERENCES}, a token id or a tensor, got {reference!r}")
+        weights = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device) if token_mask is None \
+            else token_mask.to(x.dtype)
+        mean = torch.einsum("bn,bnd->bd", weights, x) / weights.sum(1, keepdim=True).clamp_min(1)
+        return mean[:, None, :].expand_as(x)
+    if isinstance(reference, int) and not isinstance(reference, bool):
+        if token_inputs is None:
+            raise ValueError("a token id as reference needs the model's embeddings")
+        return token_inputs(reference).to(x.dtype)
+    if isinstance(reference, Tensor):
+        r = reference.to(device=x.device, dtype=x.dtype)
+        if r.shape[-1] != x.shape[-1] or r.dim() > 3:
+            raise ValueError(f"a reference tensor ends with the width {x.shape[-1]}: (d,), (n, d) or (B, n, d)")
+        return r.expand_as(x)
+    raise TypeError(f"reference must be 'zero', 'mean', a token id or a tensor, got {type(reference).__name__}")
 
 
 def propagate(

@@ -7,6 +7,7 @@ holds the orderings, the perturbations and :func:`embedding_scorer`;
 leave-one-out and Kendall's τ), each documented with its source.
 """
 
+from captum_ffb.evaluation.copy_task import CopyTask, copy_task
 from captum_ffb.evaluation.metrics import (
     DECOMPX_RATIOS,
     ERASER_BINS,
@@ -46,6 +47,8 @@ from captum_ffb.evaluation.perturbation import (
 )
 
 __all__ = [
+    "CopyTask",
+    "copy_task",
     "DECOMPX_RATIOS",
     "ERASER_BINS",
     "FERRET_THRESHOLDS",

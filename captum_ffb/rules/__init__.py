@@ -18,6 +18,12 @@ from captum_ffb.rules.activation import (
     mean_value_closed_form,
 )
 from captum_ffb.rules.attention import Attention
+from captum_ffb.rules.attention_scores import (
+    AttnLRPAttention,
+    IGAttention,
+    ScoreCreditingAttention,
+    ScorePath,
+)
 from captum_ffb.rules.base import ROLES, Rule, TimedRule, check_rules, is_linear_in_players
 from captum_ffb.rules.linear import Linear
 from captum_ffb.rules.norm import LayerNorm, RMSNorm
@@ -27,6 +33,10 @@ from captum_ffb.rules.shapley import ShapleyActivation, shapley_values
 __all__ = [
     "ROLES",
     "Attention",
+    "AttnLRPAttention",
+    "IGAttention",
+    "ScoreCreditingAttention",
+    "ScorePath",
     "GatedIGActivation",
     "IGActivation",
     "LayerNorm",
