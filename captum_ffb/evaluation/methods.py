@@ -25,6 +25,7 @@ value, most relevant = largest); attention-style methods are non-negative.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,19 +50,43 @@ class MethodInfo:
     description: str = ""
 
 
-def _decomposition(rules: Callable[[], dict[str, Any]] | None) -> MethodFn:
+def _decomposition(rules: Callable[..., dict[str, Any]] | None) -> MethodFn:
+    """A :class:`~captum_ffb.attr.NormDecomposition` method; ``rules(**settings)`` gives the
+    rules by role, from the method's options other than ``reference`` (the players' reference
+    input, see :meth:`~captum_ffb.attr.NormDecomposition.attribute`)."""
+    settings = () if rules is None else tuple(inspect.signature(rules).parameters)
+
     def run(task: EvaluationTask, batch: Batch, target: Tensor, options: dict[str, Any]) -> Tensor:
         nd_target, sign = task.decomposition_target(target)
         chosen = None
-        if rules is not None:  # the activation role this family's feed-forward has
+        if rules is not None:  # only the roles this family's chain has
             roles = task.nd.chain.roles(task.nd.spec)
-            chosen = {role: rule for role, rule in rules().items() if role in roles}
+            made = rules(**{k: options[k] for k in settings if k in options})
+            chosen = {role: rule for role, rule in made.items() if role in roles}
         with torch.enable_grad():
             c = task.nd.attribute(batch.input_ids, target=nd_target,
                                   forward_kwargs={"attention_mask": batch.attention_mask},
-                                  rules=chosen)
+                                  rules=chosen, reference=options.get("reference", "zero"))
         return c.detach() * sign.to(c.device).unsqueeze(1)
     return run
+
+
+def _frozen_attention_rules() -> dict[str, Any]:
+    from captum_ffb.rules import Attention
+
+    return {"attention": Attention()}
+
+
+def _ig_attention_rules(n_steps: int = 32) -> dict[str, Any]:
+    from captum_ffb.rules import IGAttention
+
+    return {"attention": IGAttention(n_steps=int(n_steps))}
+
+
+def _lrp_attention_rules() -> dict[str, Any]:
+    from captum_ffb.rules import AttnLRPAttention
+
+    return {"attention": AttnLRPAttention()}
 
 
 def _no_ff_rules() -> dict[str, Any]:
@@ -295,7 +320,16 @@ def _random(task, batch, target, options):
 
 #: Every method, in the order of the tables.
 METHODS: dict[str, MethodInfo] = {
-    "decomposition": MethodInfo(_decomposition(None), description="NormDecomposition (exact)"),
+    "decomposition": MethodInfo(_decomposition(None), {"reference": "zero"},
+                                description="NormDecomposition (exact)"),
+    "decomposition_frozen": MethodInfo(_decomposition(_frozen_attention_rules), {"reference": "zero"},
+                                       description="NormDecomposition, the paper's frozen attention"),
+    "decomposition_ig_attention": MethodInfo(_decomposition(_ig_attention_rules),
+                                             {"n_steps": 32, "reference": "zero"},
+                                             description="NormDecomposition, IGAttention"),
+    "decomposition_lrp_attention": MethodInfo(_decomposition(_lrp_attention_rules),
+                                              {"reference": "zero"},
+                                              description="NormDecomposition, AttnLRPAttention"),
     "decomposition_no_ff": MethodInfo(_decomposition(_no_ff_rules),
                                       description="NormDecomposition, FF owed to no token"),
     "decomposition_linearised": MethodInfo(_decomposition(_linearised_rules),
