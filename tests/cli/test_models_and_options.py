@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-import captum_ffb.models
 from captum_ffb.cli import main
 from captum_ffb.evaluation.methods import METHODS, check_option
 from captum_ffb.evaluation.peers import SETUP_COMMAND
@@ -22,25 +21,6 @@ TEXT = "the cat sat on the mat ."
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory):
     return save_tiny_lm(tmp_path_factory.mktemp("models") / "llama")
-
-
-@pytest.fixture()
-def no_weights(monkeypatch):
-    """Loading weights is an error that is no user error (it would end in a traceback)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the weights were loaded")
-
-    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
-
-
-def _one_line(capsys, argv) -> str:
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert code == 2, captured.err
-    lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: "), captured.err
-    return lines[0].removeprefix("captum-ffb: error: ")
 
 
 def _damage(folder, how: str):
@@ -63,11 +43,11 @@ def _damage(folder, how: str):
 
 
 @pytest.mark.parametrize("how", ["safetensors-cut", "bin-cut", "bin-garbage"])
-def test_damaged_weights_are_one_line_naming_the_file(how, tmp_path, capsys):
+def test_damaged_weights_are_one_line_naming_the_file(how, tmp_path, capsys, one_line):
     folder = save_tiny("bert", tmp_path / "bert")
     damaged = _damage(folder, how)
     capsys.readouterr()  # saving's progress bar
-    message = _one_line(capsys, ["maps", TEXT, "--model", str(folder), "--format", "json",
+    message = one_line(["maps", TEXT, "--model", str(folder), "--format", "json",
                                  "--quiet", "--out", str(tmp_path / "out")])
     assert message.startswith(f"cannot load model {str(folder)!r}: the weights file {damaged} is "
                               "damaged or incomplete (")
@@ -75,12 +55,12 @@ def test_damaged_weights_are_one_line_naming_the_file(how, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_attnlrp_without_its_environment(lm_dir, tmp_path, capsys, monkeypatch, no_weights):
+def test_attnlrp_without_its_environment(lm_dir, tmp_path, one_line, monkeypatch, no_weights):
     venv = tmp_path / "no-venv"
     monkeypatch.setenv("CAPTUM_FFB_LXT_VENV", str(venv))
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat\n")
-    message = _one_line(capsys, ["evaluate", "--model", str(lm_dir), "--task", "next-token",
+    message = one_line(["evaluate", "--model", str(lm_dir), "--task", "next-token",
                                  "--data", str(texts), "--methods", "attnlrp,random", "--quiet",
                                  "--out", str(tmp_path / "out")])
     assert message == (f"attnlrp runs in an environment of its own (lxt 2.1, transformers 4), not "
@@ -95,11 +75,11 @@ def test_attnlrp_without_its_environment(lm_dir, tmp_path, capsys, monkeypatch, 
     ("saliency.abs=1", "saliency has no option 'abs'; it takes none"),
     ("shap.n_samples=3", "unknown method 'shap'; choose from " + ", ".join(METHODS)),
 ])
-def test_option_keys_are_checked_before_the_weights_load(lm_dir, tmp_path, capsys, no_weights,
+def test_option_keys_are_checked_before_the_weights_load(lm_dir, tmp_path, one_line, no_weights,
                                                          option, message):
     argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--option", option,
             "--quiet", "--out", str(tmp_path / "out")]
-    assert _one_line(capsys, argv) == f"--option {option!r}: {message}"
+    assert one_line(argv) == f"--option {option!r}: {message}"
 
 
 def test_every_default_option_is_accepted():
@@ -129,20 +109,20 @@ def test_an_option_reaches_its_method(lm_dir, tmp_path, monkeypatch):
     assert summary["options"]["integrated_gradients"] == expected
 
 
-def test_an_option_of_a_method_not_run_is_an_error(lm_dir, tmp_path, capsys, no_weights):
+def test_an_option_of_a_method_not_run_is_an_error(lm_dir, tmp_path, one_line, no_weights):
     argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--methods",
             "decomposition,random", "--option", "integrated_gradients.n_steps=3", "--quiet",
             "--out", str(tmp_path / "out")]
-    assert _one_line(capsys, argv) == ("--option 'integrated_gradients.n_steps=3': "
+    assert one_line(argv) == ("--option 'integrated_gradients.n_steps=3': "
                                        "integrated_gradients is not among --methods "
                                        "(decomposition, random)")
 
 
-def test_a_missing_data_file_fails_before_the_weights_load(lm_dir, tmp_path, capsys, no_weights):
+def test_a_missing_data_file_fails_before_the_weights_load(lm_dir, tmp_path, one_line, no_weights):
     missing = tmp_path / "nowhere.txt"
     argv = ["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(missing),
             "--quiet", "--out", str(tmp_path / "out")]
-    assert _one_line(capsys, argv) == f"--data {missing}: no such file (or use rotten_tomatoes)"
+    assert one_line(argv) == f"--data {missing}: no such file (or use rotten_tomatoes)"
 
 
 def test_the_data_labels_do_not_replace_the_label_tokens(lm_dir, tmp_path, monkeypatch):

@@ -58,27 +58,6 @@ def _argv(command: str, models: dict, out: os.PathLike) -> list[str]:
     }[command] + ["--quiet", "--out", str(out)]
 
 
-@pytest.fixture()
-def no_model(monkeypatch):
-    """Reading a model's configuration or weights is an error that is no user error (it would
-    end in a traceback): the checks before must have failed already."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model was read")
-
-    monkeypatch.setattr(captum_ffb.models, "model_config", refuse)
-    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
-
-
-def _one_line(capsys, argv) -> str:
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert code == 2, captured.err
-    lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: "), captured.err
-    return lines[0].removeprefix("captum-ffb: error: ")
-
-
 def _strict_json(text: str):
     """``json.loads`` that refuses ``NaN`` and ``Infinity``."""
 
@@ -89,24 +68,24 @@ def _strict_json(text: str):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_out_is_a_file(command, models, tmp_path, capsys, no_model):
+def test_out_is_a_file(command, models, tmp_path, one_line, no_model):
     out = tmp_path / "taken"
     out.write_text("mine")
-    assert _one_line(capsys, _argv(command, models, out)) == f"--out {out} exists and is not a folder"
+    assert one_line(_argv(command, models, out)) == f"--out {out} exists and is not a folder"
     assert out.read_text() == "mine"
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_out_under_a_file(command, models, tmp_path, capsys, no_model):
+def test_out_under_a_file(command, models, tmp_path, one_line, no_model):
     file = tmp_path / "file"
     file.write_text("mine")
     out = file / "sub" / "dir"
-    assert _one_line(capsys, _argv(command, models, out)) == (
+    assert one_line(_argv(command, models, out)) == (
         f"--out {out} cannot be created: {file} is a file, not a folder")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_out_that_cannot_be_written(command, models, tmp_path, capsys, no_model, monkeypatch):
+def test_out_that_cannot_be_written(command, models, tmp_path, one_line, no_model, monkeypatch):
     """What a read-only folder or file system answers (simulated: root may write anywhere)."""
 
     def denied(*args, **kwargs):
@@ -116,10 +95,10 @@ def test_out_that_cannot_be_written(command, models, tmp_path, capsys, no_model,
     monkeypatch.setattr(captum_ffb.outputs.tempfile, "mkdtemp", denied)
     out = tmp_path / "out"
     out.mkdir()
-    assert _one_line(capsys, _argv(command, models, out)) == (
+    assert one_line(_argv(command, models, out)) == (
         f"--out {out} is not writable ({os.strerror(errno.EACCES)})")
     new = tmp_path / "new" / "out"
-    assert _one_line(capsys, _argv(command, models, new)) == (
+    assert one_line(_argv(command, models, new)) == (
         f"--out {new} cannot be created: {tmp_path} is not writable ({os.strerror(errno.EACCES)})")
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import captum_ffb.models
 from captum_ffb.cli import UsageError, main
 from tests.viz.tiny import WORDS, save_tiny
 
@@ -27,29 +26,10 @@ def gpt2_dir(tmp_path_factory):
     return save_tiny("gpt2", tmp_path_factory.mktemp("models") / "tiny-gpt2")
 
 
-@pytest.fixture()
-def no_weights(monkeypatch):
-    """Make loading weights an error that is no user error (it would propagate)."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the weights were loaded")
-
-    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
-
-
-def _one_line(capsys, argv) -> str:
-    code = main(argv)
-    captured = capsys.readouterr()
-    assert code == 2 and captured.out == ""
-    lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: ")
-    return lines[0].removeprefix("captum-ffb: error: ")
-
-
-def test_text_that_is_not_utf8(bert_dir, tmp_path, capsys, no_weights):
+def test_text_that_is_not_utf8(bert_dir, tmp_path, one_line, no_weights):
     for command in ("maps", "compare"):
         argv = [command, LATIN1, "--model", str(bert_dir), "--out", str(tmp_path / "o")]
-        assert _one_line(capsys, argv) == "the text is not valid UTF-8 (byte 0xe9 at position 3)"
+        assert one_line(argv) == "the text is not valid UTF-8 (byte 0xe9 at position 3)"
 
 
 def test_bytes_on_a_real_command_line(bert_dir):
@@ -70,27 +50,27 @@ def test_bytes_on_a_real_command_line(bert_dir):
     )
 
 
-def test_corpus_that_is_not_utf8_names_the_line(bert_dir, tmp_path, capsys):
+def test_corpus_that_is_not_utf8_names_the_line(bert_dir, tmp_path, one_line):
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"the cat sat\nthe caf\xe9 was red\n")
     argv = ["analyze", "--model", str(bert_dir), "--data", str(corpus), "--out", str(tmp_path / "o")]
-    message = _one_line(capsys, argv)
+    message = one_line(argv)
     assert message == f"{corpus} is not valid UTF-8: line 2 (byte 0xe9 at position 7); save it as UTF-8"
 
 
-def test_model_folder_without_tokenizer(bert_dir, tmp_path, capsys):
+def test_model_folder_without_tokenizer(bert_dir, tmp_path, one_line):
     folder = tmp_path / "weights-only"
     folder.mkdir()
     for name in ("config.json", "model.safetensors"):
         (folder / name).write_bytes((bert_dir / name).read_bytes())
     for command in ("maps", "compare"):
-        message = _one_line(capsys, [command, TEXT, "--model", str(folder), "--quiet"])
+        message = one_line([command, TEXT, "--model", str(folder), "--quiet"])
         assert message.startswith(f"the model folder {folder} has no tokenizer: none of tokenizer.json")
     argv = ["analyze", "--model", str(folder), "--out", str(tmp_path / "o"), "--quiet"]
-    assert "has no tokenizer" in _one_line(capsys, argv)
+    assert "has no tokenizer" in one_line(argv)
 
 
-def test_long_text_gives_only_our_line(tmp_path, capsys):
+def test_long_text_gives_only_our_line(tmp_path, capsys, one_line):
     folder = save_tiny("bert", tmp_path / "tiny-bert")
     settings = folder / "tokenizer_config.json"
     settings.write_text(json.dumps({**json.loads(settings.read_text()), "model_max_length": 16}))
@@ -105,7 +85,7 @@ def test_long_text_gives_only_our_line(tmp_path, capsys):
         for command in ("maps", "compare"):
             argv = [command, too_long, "--model", str(folder), "--out", str(tmp_path / "o"),
                     "--quiet"]
-            assert _one_line(capsys, argv) == "the text has 107 tokens; the model takes at most 64"
+            assert one_line(argv) == "the text has 107 tokens; the model takes at most 64"
         # longer than the tokenizer's 16 but fine for the model: no warning either
         argv = ["maps", " ".join(WORDS[:20]), "--model", str(folder), "--out",
                 str(tmp_path / "o"), "--format", "json", "--quiet"]
@@ -143,10 +123,10 @@ def test_quiet_prints_nothing(bert_dir, tmp_path, capsys):
     (["--dpi", "0"], "--dpi must lie between 10 and 1200, got 0"),
     (["--format", "svg"], "unknown format 'svg'; choose from png, html, json"),
 ])
-def test_maps_options_fail_before_the_weights_load(gpt2_dir, tmp_path, capsys, no_weights,
+def test_maps_options_fail_before_the_weights_load(gpt2_dir, tmp_path, one_line, no_weights,
                                                    options, message):
     argv = ["maps", TEXT, "--model", str(gpt2_dir), "--out", str(tmp_path / "o"), *options]
-    assert _one_line(capsys, argv) == message
+    assert one_line(argv) == message
     assert not (tmp_path / "o").exists()
 
 
@@ -154,9 +134,9 @@ def test_maps_options_fail_before_the_weights_load(gpt2_dir, tmp_path, capsys, n
     (["--layer", "-7"], "layer -7 does not exist: the model has 6 layers"),
     (["--scopes", "AtbLn"], "unknown scope 'AtbLn' for a post_ln model"),
 ])
-def test_the_bundled_model_is_checked_from_its_config(tmp_path, capsys, no_weights, options,
+def test_the_bundled_model_is_checked_from_its_config(tmp_path, one_line, no_weights, options,
                                                       message):
-    assert message in _one_line(capsys, ["maps", TEXT, "--out", str(tmp_path / "o"), *options])
+    assert message in one_line(["maps", TEXT, "--out", str(tmp_path / "o"), *options])
 
 
 @pytest.mark.parametrize("options, message", [
@@ -165,13 +145,13 @@ def test_the_bundled_model_is_checked_from_its_config(tmp_path, capsys, no_weigh
     (["--app-e", "--layer", "3"], "layer 3 does not exist"),
     (["--baselines", "lime"], "unknown baseline 'lime'"),
 ])
-def test_compare_options_fail_before_the_weights_load(bert_dir, tmp_path, capsys, no_weights,
+def test_compare_options_fail_before_the_weights_load(bert_dir, tmp_path, one_line, no_weights,
                                                       options, message):
     argv = ["compare", TEXT, "--model", str(bert_dir), "--out", str(tmp_path / "o"), *options]
-    assert message in _one_line(capsys, argv)
+    assert message in one_line(argv)
 
 
-def test_internal_errors_keep_their_traceback(bert_dir, tmp_path, capsys, monkeypatch):
+def test_internal_errors_keep_their_traceback(bert_dir, tmp_path, one_line, monkeypatch):
     import captum_ffb.text
 
     def broken(*args, **kwargs):
@@ -186,7 +166,7 @@ def test_internal_errors_keep_their_traceback(bert_dir, tmp_path, capsys, monkey
 
     monkeypatch.setattr(captum_ffb.text, "text_maps", mistake)
     argv = ["maps", TEXT, "--model", str(bert_dir), "--out", str(tmp_path / "o"), "--quiet"]
-    assert _one_line(capsys, argv) == "a user mistake"
+    assert one_line(argv) == "a user mistake"
     assert issubclass(UsageError, ValueError)
 
 

@@ -1,0 +1,43 @@
+"""What the command-line tests share: weights that must not load, and the one-line error."""
+
+from __future__ import annotations
+
+import pytest
+
+import captum_ffb.models
+from captum_ffb.cli import main
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the weights were loaded")
+
+
+@pytest.fixture()
+def no_weights(monkeypatch):
+    """Loading weights becomes an error that is no user error (it would end in a traceback),
+    so a test shows that a check comes before the weights load."""
+    monkeypatch.setattr(captum_ffb.models, "load_model", _refuse)
+
+
+@pytest.fixture()
+def no_model(monkeypatch):
+    """As :func:`no_weights`, and reading the model's configuration is refused too."""
+    monkeypatch.setattr(captum_ffb.models, "model_config", _refuse)
+    monkeypatch.setattr(captum_ffb.models, "load_model", _refuse)
+
+
+@pytest.fixture()
+def one_line(capsys):
+    """``one_line(argv)``: run the command line, check that it printed exactly one error line
+    and nothing else and exited with 2; return the message after ``captum-ffb: error: ``."""
+
+    def run(argv: list[str]) -> str:
+        code = main(argv)
+        captured = capsys.readouterr()
+        assert code == 2, captured.err
+        assert captured.out == "", captured.out
+        lines = captured.err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: "), captured.err
+        return lines[0].removeprefix("captum-ffb: error: ")
+
+    return run
