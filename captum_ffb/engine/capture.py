@@ -57,19 +57,20 @@ def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
     return output, weights
 
 
-_registered = False
+_registered: set[str] = set()
 
 
-def _register_recording_implementation() -> None:
-    global _registered
-    if _registered:
+def register_attention_implementation(name: str, function: Any) -> None:
+    """Register (once) ``function`` as the attention implementation ``name`` in transformers'
+    ``AttentionInterface``, with the eager mask."""
+    if name in _registered:
         return
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-    AttentionInterface.register(RECORDING_IMPLEMENTATION, _recording_attention)
-    AttentionMaskInterface.register(RECORDING_IMPLEMENTATION, eager_mask)
-    _registered = True
+    AttentionInterface.register(name, function)
+    AttentionMaskInterface.register(name, eager_mask)
+    _registered.add(name)
 
 
 def _configs_of(modules: Sequence[nn.Module]) -> list[Any]:
@@ -84,18 +85,23 @@ def _configs_of(modules: Sequence[nn.Module]) -> list[Any]:
 
 
 @contextlib.contextmanager
-def recording_attention(modules: Sequence[nn.Module]) -> Iterator[None]:
-    """Run the models owning ``modules`` with the recording attention implementation."""
-    _register_recording_implementation()
+def attention_implementation(modules: Sequence[nn.Module], name: str) -> Iterator[None]:
+    """Run the models owning ``modules`` with the attention implementation ``name``."""
     configs = _configs_of(modules)
     saved = [config._attn_implementation_internal for config in configs]
     for config in configs:
-        config._attn_implementation_internal = RECORDING_IMPLEMENTATION
+        config._attn_implementation_internal = name
     try:
         yield
     finally:
         for config, value in zip(configs, saved):
             config._attn_implementation_internal = value
+
+
+def recording_attention(modules: Sequence[nn.Module]) -> contextlib.AbstractContextManager[None]:
+    """Run the models owning ``modules`` with the recording attention implementation."""
+    register_attention_implementation(RECORDING_IMPLEMENTATION, _recording_attention)
+    return attention_implementation(modules, RECORDING_IMPLEMENTATION)
 
 
 @dataclass

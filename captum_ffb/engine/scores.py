@@ -25,9 +25,10 @@ from torch import Tensor, nn
 from captum_ffb.engine.block import Block, norm_parameters, resolve
 from captum_ffb.engine.capture import (
     AttentionCall,
-    _configs_of,
+    attention_implementation,
     inner_norms,
     patched_attention_methods,
+    register_attention_implementation,
 )
 from captum_ffb.rules import LayerNorm, RMSNorm
 from captum_ffb.rules.attention_scores import ScorePath, allowed_keys
@@ -54,30 +55,11 @@ def _keep_queries_keys(module, query, key, value, attention_mask, **kwargs):
     return out, None
 
 
-_registered = False
-
-
-def _register() -> None:
-    global _registered
-    if _registered:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register(PROJECTING_IMPLEMENTATION, _keep_queries_keys)
-    AttentionMaskInterface.register(PROJECTING_IMPLEMENTATION, eager_mask)
-    _registered = True
-
-
 @contextlib.contextmanager
 def _projecting(module: nn.Module, method: str | None) -> Iterator[list]:
-    _register()
+    register_attention_implementation(PROJECTING_IMPLEMENTATION, _keep_queries_keys)
     store: list = []
     token = _kept.set(store)
-    configs = _configs_of([module])
-    saved = [config._attn_implementation_internal for config in configs]
-    for config in configs:
-        config._attn_implementation_internal = PROJECTING_IMPLEMENTATION
 
     def keep(owner: nn.Module, original: Any):
         def method(query, key, value, *args, **kwargs):
@@ -87,12 +69,11 @@ def _projecting(module: nn.Module, method: str | None) -> Iterator[list]:
         return method
 
     try:
-        with patched_attention_methods([module], method, keep):
+        with attention_implementation([module], PROJECTING_IMPLEMENTATION), \
+                patched_attention_methods([module], method, keep):
             yield store
     finally:
         _kept.reset(token)
-        for config, value in zip(configs, saved):
-            config._attn_implementation_internal = value
 
 
 def _expand(value: Any, batch: int, copies: int) -> Any:
