@@ -67,7 +67,7 @@ def main() -> None:
         runs = {"forward + backward": plain}
         for name, rule in methods.items():
             nd = NormDecomposition(model, rules=None if rule is None else {"attention": rule})
-            runs[name] = (lambda nd=nd, ids=ids, token=token: nd.attribute(ids, target=token, return_bias=True))
+            runs[name] = (lambda nd=nd, ids=ids, token=token: nd.attribute(ids, target=token))
         best = {name: float("inf") for name in runs}
         for fn in runs.values():
             fn()  # warm

@@ -315,8 +315,8 @@ def explain_steps(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""Teacher-forced steps of one sequence ``ids`` ``(1, n)``: the contributions ``(T, n)``,
     bias, convergence delta, logit and probability ``(T,)`` of ``targets[t]`` read at
-    ``positions[t]``, all from the one forward pass of :meth:`NormDecomposition.attribute_steps`
-    (the logits are read by a hook on the model). Float32 tensors on the CPU."""
+    ``positions[t]``, all from the passes of :meth:`NormDecomposition.attribute_steps` (the
+    logits are read by a hook on the model: no extra call). Float32 tensors on the CPU."""
     seen: list[Tensor] = []
     handle = nd.model.register_forward_hook(
         lambda _module, _args, output: seen.append(_logits(output).detach())
@@ -332,8 +332,10 @@ def explain_steps(
         )
     finally:
         handle.remove()
-    if len(seen) != 1:
-        raise RuntimeError(f"expected one forward pass of the model, saw {len(seen)}")
+    if not seen:
+        raise RuntimeError("expected a forward pass of the model, saw none")
+    # the first pass is the attribution's own (on the backward route a second one captures the
+    # bias player for the convergence delta; it sees the same logits)
     step_logits = seen[0][0, positions.to(seen[0].device)].float()  # (T, vocab)
     chosen = step_logits.gather(1, targets.to(step_logits.device)[:, None])[:, 0]
     probs = (chosen - torch.logsumexp(step_logits, dim=1)).exp()

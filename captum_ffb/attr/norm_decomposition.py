@@ -121,13 +121,19 @@ class NormDecomposition(Attribution):
     of the real forward pass frozen, the model is linear in the players, so ``c_j`` costs
     one backward pass (``route="backward"``), and equals the forward propagation of the
     decompositions through every block (``route="forward"``, which also gives whole-model
-    token-to-token maps). The convergence delta is the completeness residual against the
-    model's real output.
+    token-to-token maps). The convergence delta is the completeness residual
+    ``|Σ_j c_j + c_bias − real|`` against the model's real output. On the backward route
+    the bias player's contribution is then computed on its own, by the forward route with
+    no other player (one more capture and propagation of ``n`` vectors per block, only
+    when the delta or the bias is asked for), so the delta checks the backward pass's
+    contributions against an independent computation (it shows, e.g., the quadrature
+    error of :class:`~captum_ffb.rules.IGAttention` on both routes).
 
     A model that computes in reduced precision (bfloat16, float16) is decomposed in its own
     precision on the backward route: its delta is then measured against the model's own
-    low-precision output and stays near 0, while its contributions may differ from those of
-    the same model in float32 by about 1 % (up to 1.4 % measured on bfloat16). A
+    low-precision output and stays small (it shows the rounding of the low-precision pass),
+    while its contributions may differ from those of the same model in float32 by about
+    1 % (up to 1.4 % measured on bfloat16). A
     warning says so once per instance; load the model in float32 for exact contributions.
 
     Args:
@@ -229,16 +235,20 @@ class NormDecomposition(Attribution):
                         (causal LMs; a ``(batch,)`` tensor for one per row; negative counts
                         from the end).
             return_convergence_delta (bool): also return ``|Σ_j c_j + c_bias − real|``
-                        ``(batch,)``, the completeness residual against the real output.
+                        ``(batch,)``, the completeness residual against the real output (on
+                        the backward route with ``c_bias`` from the forward route restricted
+                        to the bias player: a real check, at the cost of one more capture
+                        and propagation of ``n`` vectors per block).
             route (str): ``"backward"`` (one backward pass through the frozen model) or
                         ``"forward"`` (the decompositions carried through every block).
             rules (dict, optional): role → rule for this call (e.g. an ablation).
-            return_bias (bool): also return the bias player's contribution ``(batch,)``.
+            return_bias (bool): also return the bias player's contribution ``(batch,)``
+                        (on the backward route computed on its own, as for the delta).
             players (list[int], optional): forward route only: propagate just these players
                         (positions, or group ids with a ``feature_mask``); the others get 0.
                         The propagation is linear in the players, so parts computed apart
                         (on other workers) add up to the whole; every part carries the whole
-                        bias player.
+                        bias player (``[]``: the bias player alone).
             reference (str, int or Tensor): what each player is measured from:
                         ``c_j = L_j(x_j − r_j)`` with ``L_j`` the frozen model's linear map
                         of position ``j``, and ``Σ_j L_j(r_j)`` added to the bias player
@@ -272,8 +282,10 @@ class NormDecomposition(Attribution):
         if players is not None and route != "forward":
             raise ValueError("players= splits the forward route; use route='forward'")
         if route == "backward":
-            ((contributions, bias, real),) = self._backward(args, kwargs, [head_target], chosen,
-                                                            reference)
+            answers = self._backward(args, kwargs, [head_target], chosen, reference)
+            if return_bias or return_convergence_delta:
+                answers = self._with_bias_alone(answers, args, kwargs, [head_target], chosen, reference)
+            ((contributions, bias, real),) = answers
         else:
             ((contributions, bias, real),) = self._forward(args, kwargs, [head_target], chosen,
                                                            groups, n_groups, players, reference)
@@ -336,6 +348,8 @@ class NormDecomposition(Attribution):
         heads = [self._target(int(t), int(p), token_mask, 1) for t, p in zip(tokens, where)]
         if route == "backward":
             answers = self._backward((ids,), kwargs, heads, chosen)
+            if return_bias or return_convergence_delta:
+                answers = self._with_bias_alone(answers, (ids,), kwargs, heads, chosen)
         else:
             n = ids.shape[1]
             groups = torch.arange(n, device=ids.device)[None]
@@ -545,7 +559,7 @@ class NormDecomposition(Attribution):
         )
         x = blocks[0].inputs
         chosen_players = list(range(n_groups)) if players is None else [int(p) for p in players]
-        if any(not 0 <= p < n_groups for p in chosen_players) or not chosen_players:
+        if any(not 0 <= p < n_groups for p in chosen_players):
             raise ValueError(f"players must be among the {n_groups} players (0 … {n_groups - 1})")
         r = self._reference(reference, x, self._token_mask(kwargs, args[0]), args, kwargs)
         start = player_start(x, groups, chosen_players, blocks[0].token_mask, r)
@@ -557,7 +571,7 @@ class NormDecomposition(Attribution):
                 for decomposition in propagate(blocks, self.chain, rules, start, self.memory_budget,
                                                progress, self._replay if light else None):
                     last = decomposition
-                index = torch.as_tensor(chosen_players, device=x.device)
+                index = torch.as_tensor(chosen_players, dtype=torch.long, device=x.device)
                 for target in targets:
                     part, bias = head_forward(last, head, target, rules, recorded.tensors,
                                               self.spec, self.config, self.dtype)
@@ -604,6 +618,19 @@ class NormDecomposition(Attribution):
             self.model.train(training)
         return answers
 
+    def _with_bias_alone(self, answers, args, kwargs, targets: list[HeadTarget], rules,
+                         reference: Any = None):
+        """The backward route's answers with the bias player's contribution computed on its
+        own: the forward route with no other player (one capture and one propagation of
+        ``n`` vectors per block), so that the convergence delta ``|Σ_j c_j + c_bias − real|``
+        checks the backward pass's contributions against an independent computation."""
+        ids = args[0]
+        batch, n = ids.shape
+        groups = torch.arange(n, device=ids.device).expand(batch, n)
+        alone = self._forward(args, kwargs, targets, rules, groups, n, [], reference)
+        return [(contributions, bias.to(contributions.dtype), real)
+                for (contributions, _, real), (_, bias, _) in zip(answers, alone)]
+
     def _warn_if_reduced_precision(self) -> None:
         """Once per instance: a bfloat16 / float16 model's backward-route delta is measured
         against its own low-precision output, so it does not show the precision lost."""
@@ -616,7 +643,7 @@ class NormDecomposition(Attribution):
             warnings.warn(
                 f"the model computes in reduced precision ({name}): on the backward route the "
                 f"convergence delta is measured against the model's own {name} output, so it "
-                "stays near 0 while the contributions may differ from the float32 model's by "
+                "does not show that the contributions may differ from the float32 model's by "
                 "about 1 %; load the model in float32 for exact contributions",
                 stacklevel=4,
             )

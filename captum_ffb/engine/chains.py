@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from torch import Tensor
+
 from captum_ffb.architectures.registry import register_chain
 from captum_ffb.architectures.spec import ArchitectureSpec
 from captum_ffb.decomposition import Decomposition, FactoredDecomposition, TokenwiseDecomposition
@@ -177,11 +179,12 @@ def _dense_ff_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> 
     return rules["linear"](hidden, *block.projection(spec.ff_out))
 
 
-def _gated_mlp(rules: Rules, ff_input: Decomposition, w_gate, w_up, w_down, fn) -> Decomposition:
+def _gated_mlp(rules: Rules, ff_input: Decomposition, real_input: Tensor, w_gate, w_up, w_down, fn
+               ) -> Decomposition:
     gate = rules["linear"](ff_input, w_gate)
     up = rules["linear"](ff_input, w_up)
-    real_gate = ff_input.total() @ w_gate  # the expert's real pre-activations
-    real_up = ff_input.total() @ w_up
+    real_gate = real_input @ w_gate  # the expert's real pre-activations (whatever the players)
+    real_up = real_input @ w_up
     return rules["linear"](rules["gated_activation"](gate, up, fn, real_gate, real_up), w_down)
 
 
@@ -190,17 +193,18 @@ def _moe_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decom
     ff_input = projected["ff_input"].rows(rows)
     weights = projected["routing"][:, rows]
     fn = block.expert_activation()
+    real_input = block.real("router", "input")[:, rows].to(ff_input.bias.dtype)  # the FF's real input
     out: Decomposition | None = None
     for expert in range(weights.shape[-1]):
         share = weights[..., expert]
         if not bool((share != 0).any()):
             continue
-        part = _gated_mlp(rules, ff_input, *block.expert_weights(expert), fn).scale_rows(share)
+        part = _gated_mlp(rules, ff_input, real_input, *block.expert_weights(expert), fn).scale_rows(share)
         out = part if out is None else out + part
     shared = block.shared_expert()
     if shared is not None:
         weights_shared, shared_fn = shared
-        part = _gated_mlp(rules, ff_input, *weights_shared, shared_fn)
+        part = _gated_mlp(rules, ff_input, real_input, *weights_shared, shared_fn)
         gate = block.real("shared_expert_gate")[:, rows].sigmoid()
         part = part.scale_rows(gate[..., 0])
         out = part if out is None else out + part

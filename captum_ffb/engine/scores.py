@@ -154,6 +154,10 @@ def score_path(block: Block) -> ScorePath:
 
     def project(vectors: Tensor, affine: bool) -> tuple[Tensor, Tensor]:
         b, n, m, d = vectors.shape
+        if m == 0:  # no player (the bias alone): empty queries and keys of the right shapes
+            q_real, k_real = block.cast(call.query), block.cast(call.key)
+            return (q_real.new_zeros(*q_real.shape[:3], 0, q_real.shape[-1]),
+                    k_real.new_zeros(*k_real.shape[:3], 0, k_real.shape[-1]))
         width = max(1, b * n * d * 4 * 12)
         size = max(1, min(m, _REPLAY_BYTES // width))
         queries, keys = [], []

@@ -136,7 +136,7 @@ def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: 
         reference (Tensor, optional): ``(B, n, d)`` the reference input ``r`` of the real
                     positions (see :func:`reference_inputs`).
     """
-    ids = torch.as_tensor(list(players), device=x.device)
+    ids = torch.as_tensor(list(players), dtype=torch.long, device=x.device)
     n = x.shape[1]
     bias = torch.zeros_like(x)
     if reference is not None:

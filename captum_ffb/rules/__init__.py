@@ -6,6 +6,8 @@ Chains call them by role (:data:`ROLES`); pass ``rules={role: rule}`` to an attr
 use another rule, a subclass of your own, or any callable with the role's signature.
 """
 
+from typing import Any
+
 from captum_ffb.rules.activation import (
     GatedIGActivation,
     IGActivation,
@@ -13,6 +15,7 @@ from captum_ffb.rules.activation import (
     LinearisedGatedActivation,
     NoTokenActivation,
     NoTokenGatedActivation,
+    UniformGatedActivation,
     activation_coefficients,
     gate_mean_value,
     mean_value_closed_form,
@@ -50,12 +53,14 @@ __all__ = [
     "Rule",
     "ShapleyActivation",
     "TimedRule",
+    "UniformGatedActivation",
     "activation_coefficients",
     "check_rules",
     "gate_mean_value",
     "is_linear_in_players",
     "mean_value_closed_form",
     "shapley_values",
+    "attnlrp_rules",
     "default_rules",
 ]
 
@@ -70,3 +75,55 @@ def default_rules(norm: str = "layer_norm") -> dict[str, Rule]:
         "activation": IGActivation(),
         "gated_activation": GatedIGActivation(),
     }
+
+
+def attnlrp_rules(model: Any = None) -> dict[str, Rule]:
+    r"""The rules by role that reproduce AttnLRP (Achtibat et al., ICML 2024; ``lxt``'s
+    efficient rules) in this framework, for every role a model's chain calls.
+
+    - attention: :class:`AttnLRPAttention` (uniform rule on ``α·V`` and ``q·kᵀ``, the
+      softmax linearised at the real scores; what that leaves goes to the bias player);
+    - gated feed-forward: :class:`UniformGatedActivation` (identity rule on the activation,
+      uniform rule on the product); element-wise activations: :class:`IGActivation`, whose
+      closed form ``g(S)/S`` is the identity rule;
+    - norms: :class:`RMSNorm` or :class:`LayerNorm` with the scale frozen (lxt detaches the
+      standard deviation: the identity rule); linear layers and residuals: :class:`Linear`,
+      :class:`Residual` (gradient × input, no ε).
+
+    The contributions equal the relevances of ``lxt``'s patched model (``inputs_embeds ×
+    gradient``) up to float rounding; here the part AttnLRP's rules do not pass on is
+    owed to the bias player, so ``Σ_j c_j + c_bias`` is still the real output.
+
+    Args:
+        model (nn.Module or str, optional): the model (or its ``model_type``) whose roles
+                    and norm kind to use; default: a Llama-style decoder (RMSNorm, gated
+                    feed-forward).
+
+    Examples::
+
+        >>> nd = NormDecomposition(llama, rules=attnlrp_rules(llama))
+        >>> relevance = nd.attribute(ids, target=token)
+    """
+    norm, gated, element_wise = "rms_norm", True, False
+    if model is not None:
+        from captum_ffb.architectures import get_architecture
+        from captum_ffb.engine.model import model_type_of
+
+        model_type = model if isinstance(model, str) else model_type_of(model)
+        if model_type is None:
+            raise ValueError("cannot tell the model's family: give its model_type")
+        spec = get_architecture(model_type)
+        norm = spec.norm
+        gated = spec.moe is not None or spec.ff_gate is not None
+        element_wise = spec.ff_in is not None and spec.ff_gate is None
+    rules: dict[str, Rule] = {
+        "linear": Linear(),
+        "attention": AttnLRPAttention(),
+        "residual": Residual(),
+        "norm": RMSNorm() if norm == "rms_norm" else LayerNorm(),
+    }
+    if gated:
+        rules["gated_activation"] = UniformGatedActivation()
+    if element_wise:
+        rules["activation"] = IGActivation()
+    return rules

@@ -251,6 +251,42 @@ class LinearisedGatedActivation(Rule):
 
 
 @dataclass
+class UniformGatedActivation(Rule):
+    r"""AttnLRP's rules for ``g(A) ⊙ B``: the identity rule on ``g``, the uniform rule on ``⊙``.
+
+    The activation passes each share of ``A`` on in proportion, ``a_j ⊙ (g(A) − g(0)) / A``
+    (the identity rule of Achtibat et al., 2024: relevance kept through an element-wise
+    non-linearity; ``g(0)``, zero for SiLU and GELU, is owed to no token); the element-wise
+    product is split evenly: half of ``g(A) ⊙ B`` follows the shares of ``g(A)``, half those
+    of ``B``. The shares of ``A`` get ``½ B (g(A) − g(0)) / A``, those of ``B`` get ``½ g(A)``;
+    with ``½ g(0) B`` owed to no token they add up to ``g(A) ⊙ B`` exactly (complete).
+    Unlike :class:`GatedIGActivation` the split does not depend on how ``g`` bends between 0
+    and ``A``. Call as :class:`GatedIGActivation`.
+
+    Examples::
+
+        >>> nd = NormDecomposition(llama, rules={"gated_activation": UniformGatedActivation()})
+    """
+
+    role = "gated_activation"
+
+    def slopes(self, fn: ActivationFn, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+        """``(½ B (g(A) − g(0)) / A, ½ g(A))`` (``½ B g'(0)`` where ``A = 0``)."""
+        ratio, _ = activation_coefficients(fn, a)
+        return 0.5 * b * ratio, 0.5 * fn(a)
+
+    def __call__(self, gate: Decomposition, up: Decomposition, fn: ActivationFn,
+                 real_gate: Tensor | None = None, real_up: Tensor | None = None) -> Decomposition:
+        a, b = _real(real_gate, gate), _real(real_up, up)
+        coeff_gate, coeff_up = self.slopes(fn, a, b)
+        out = _combine_gated(gate, up, coeff_gate, coeff_up)
+        g0, _ = _value_at_zero(fn, a)
+        if bool(g0 != 0):  # the constant g(0) of the activation's decomposition: half of g(0)·B
+            out = out.add_bias(0.5 * g0 * b)
+        return out
+
+
+@dataclass
 class NoTokenGatedActivation(Rule):
     r"""The gated activation's whole output ``g(A) ⊙ B`` is owed to no token (see
     :class:`NoTokenActivation`). Call as :class:`GatedIGActivation`."""

@@ -114,7 +114,7 @@ class Attention(Rule):
             values = values.repeat_interleave(group, dim=3)
         values = values.permute(0, 3, 1, 2, 4).reshape(batch, n_heads, n_keys, n_players * head_dim)
         mixed = torch.matmul(probs, values).unflatten(-1, (n_players, head_dim))
-        mixed = mixed.permute(0, 2, 3, 1, 4).reshape(batch, -1, n_players, n_heads * head_dim)
+        mixed = mixed.permute(0, 2, 3, 1, 4).reshape(batch, probs.shape[2], n_players, n_heads * head_dim)
         out = torch.matmul(mixed, w_o.flatten(0, 1))
         return Decomposition(out, bias, mask, player_mask=value_input.player_mask)
 

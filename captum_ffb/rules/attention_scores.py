@@ -131,9 +131,11 @@ class SoftmaxLinearisation:
     probs: list[Tensor]
     slopes: list[Tensor | None]
 
-    def apply(self, scores: Tensor) -> Tensor:
+    def apply(self, scores: Tensor, rows: slice = slice(None)) -> Tensor:
+        """``L`` applied to each row of ``scores`` (the rows ``rows`` of the linearisation)."""
         out = torch.zeros_like(scores)
         for w, a, d in zip(self.weights, self.probs, self.slopes):
+            a, d = a[:, :, rows], (None if d is None else d[:, :, rows])
             z = scores if d is None else d * scores
             az = a * z
             out.add_(az - a * az.sum(-1, keepdim=True), alpha=w)
@@ -245,15 +247,27 @@ class ScoreCreditingAttention(Rule):
         per_row = batch * heads * n * (values.shape[-1] + players) * dtype.itemsize * 3
         size = max(1, min(n, _CHUNK_BYTES // max(per_row, 1)))
         half = 0.25 * scores.scaling  # ½ (value/score split) · ½ (query/key split) · scale
+        # few players (the bias player alone): L applied to each player's scores is cheaper
+        # than L's transpose applied to every value column
+        width, steps = values.shape[-1], len(linear.weights)
+        per_player = players * (3 * width + 4 * steps) < width * (3 * steps + 2 * players)
         out = []
         for first in range(0, n, size):
             rows = slice(first, min(n, first + size))
-            kernel = linear.transpose_values(values, rows)  # (B, H, r, n, e)
-            per_query = torch.einsum("bhjf,bhije->bhife", key, kernel)
-            part = torch.einsum("bhipf,bhife->bhipe", q_all[:, :, rows], per_query)
-            dots = torch.einsum("bhif,bhjpf->bhijp", query[:, :, rows], k_all)
-            part = part + torch.einsum("bhijp,bhije->bhipe", dots, kernel)
-            part = half * part
+            if per_player:
+                parts = []
+                for p in range(players):
+                    own = torch.matmul(q_all[:, :, rows, p], key.transpose(-1, -2)) \
+                        + torch.matmul(query[:, :, rows], k_all[:, :, :, p].transpose(-1, -2))
+                    parts.append(torch.matmul(linear.apply(own, rows), values))
+                part = half * torch.stack(parts, dim=3)  # (B, H, r, P + 1, e)
+            else:
+                kernel = linear.transpose_values(values, rows)  # (B, H, r, n, e)
+                per_query = torch.einsum("bhjf,bhije->bhife", key, kernel)
+                part = torch.einsum("bhipf,bhife->bhipe", q_all[:, :, rows], per_query)
+                dots = torch.einsum("bhif,bhjpf->bhijp", query[:, :, rows], k_all)
+                part = part + torch.einsum("bhijp,bhije->bhipe", dots, kernel)
+                part = half * part
             if rest is not None:  # owed to no player: ½ e·V̄
                 extra = 0.5 * torch.matmul(rest[:, :, rows], values)
                 part = torch.cat([part[..., :-1, :], part[..., -1:, :] + extra[:, :, :, None]], dim=3)

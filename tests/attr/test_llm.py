@@ -110,7 +110,7 @@ def test_generation_explains_what_generate_returns(model, tokenizer, llm_attr):
     assert torch.equal(default.target_ids, expected) and 3 < len(expected) <= 25
 
 
-def test_explain_steps_reads_one_forward_pass(model):
+def test_explain_steps_reads_the_attribution_passes(model):
     nd = NormDecomposition(model)
     ids = torch.tensor([[5, 9, 30, 12, 44, 7]])
     targets, positions = torch.tensor([12, 44, 7]), torch.tensor([2, 3, 4])
@@ -120,7 +120,7 @@ def test_explain_steps_reads_one_forward_pass(model):
         contributions, bias, delta, logits, probs = explain_steps(nd, ids, targets, positions)
     finally:
         handle.remove()
-    assert len(calls) == 1
+    assert len(calls) == 2  # the frozen model's pass and the capture of the bias player alone
     torch.testing.assert_close(contributions, nd.attribute_steps(ids, targets, positions))
     with torch.no_grad():
         real = model(ids).logits[0, positions]
