@@ -61,7 +61,10 @@ def _decomposition(rules: Callable[..., dict[str, Any]] | None) -> MethodFn:
         chosen = None
         if rules is not None:  # only the roles this family's chain has
             roles = task.nd.chain.roles(task.nd.spec)
-            made = rules(**{k: options[k] for k in settings if k in options})
+            given = {k: options[k] for k in settings if k in options}
+            if "model" in settings:  # rule sets that depend on the family
+                given["model"] = task.model
+            made = rules(**given)
             chosen = {role: rule for role, rule in made.items() if role in roles}
         with torch.enable_grad():
             c = task.nd.attribute(batch.input_ids, target=nd_target,
@@ -87,6 +90,12 @@ def _lrp_attention_rules() -> dict[str, Any]:
     from captum_ffb.rules import AttnLRPAttention
 
     return {"attention": AttnLRPAttention()}
+
+
+def _attnlrp_rule_set(model: Any = None) -> dict[str, Any]:
+    from captum_ffb.rules import attnlrp_rules
+
+    return attnlrp_rules(model)
 
 
 def _no_ff_rules() -> dict[str, Any]:
@@ -330,6 +339,9 @@ METHODS: dict[str, MethodInfo] = {
     "decomposition_lrp_attention": MethodInfo(_decomposition(_lrp_attention_rules),
                                               {"reference": "zero"},
                                               description="NormDecomposition, AttnLRPAttention"),
+    "decomposition_attnlrp_rules": MethodInfo(_decomposition(_attnlrp_rule_set), {"reference": "zero"},
+                                              description="NormDecomposition, AttnLRP's rules for "
+                                              "every role (= lxt)"),
     "decomposition_no_ff": MethodInfo(_decomposition(_no_ff_rules),
                                       description="NormDecomposition, FF owed to no token"),
     "decomposition_linearised": MethodInfo(_decomposition(_linearised_rules),
