@@ -253,6 +253,23 @@ def token_ids(batch: int = 2, n: int = 9, seed: int = 1) -> torch.Tensor:
     return torch.randint(3, VOCAB, (batch, n), generator=generator)
 
 
+def padded_pair(side: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, slice]:
+    """Two sequences of 7 token ids whose second row is 4 real tokens padded on ``side``
+    ("left" or "right"): ``(padded ids, attention mask, those 4 ids alone (1, 4), the real
+    columns of the second row)``."""
+    ids = token_ids(batch=2, n=7)
+    short = ids[1:, :4]
+    padded = ids.clone()
+    mask = torch.ones_like(ids)
+    if side == "right":
+        padded[1, 4:] = 0
+        mask[1, 4:] = 0
+        return padded, mask, short, slice(0, 4)
+    padded[1] = torch.cat([torch.zeros(3, dtype=ids.dtype), short[0]])
+    mask[1, :3] = 0
+    return padded, mask, short, slice(3, 7)
+
+
 def capture_references(model: nn.Module, block: nn.Module, refs: dict[str, tuple[str, str]], **forward_kwargs) -> dict[str, torch.Tensor]:
     """The real tensor behind each scope, taken with the test's own hooks."""
     found: dict[tuple[str, str], torch.Tensor] = {}

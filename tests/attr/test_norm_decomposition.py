@@ -9,7 +9,7 @@ from captum.attr import Attribution
 
 from captum_ffb import Contrast, Direction, LayerNormDecomposition, NormDecomposition
 from captum_ffb.rules import NoTokenActivation, NoTokenGatedActivation, ShapleyActivation
-from tests.models import TINY_MODELS, tiny_task_model, token_ids
+from tests.models import TINY_MODELS, padded_pair, tiny_task_model, token_ids
 
 CASES = [(name, "causal_lm") for name in sorted(TINY_MODELS) if TINY_MODELS[name].causal]
 CASES += [(name, "sequence_classification") for name in sorted(TINY_MODELS)]
@@ -63,18 +63,8 @@ def test_padding_and_batch_invariance(name, side):
     task = "sequence_classification" if name == "bert" else "causal_lm"
     model = tiny_task_model(name, task)
     nd = NormDecomposition(model)
+    padded, mask, short, real_columns = padded_pair(side)
     ids = token_ids(batch=2, n=7)
-    short = ids[1:, :4]
-    padded = ids.clone()
-    mask = torch.ones_like(ids)
-    if side == "right":
-        padded[1, 4:] = 0
-        mask[1, 4:] = 0
-        real_columns = slice(0, 4)
-    else:
-        padded[1] = torch.cat([torch.zeros(3, dtype=ids.dtype), short[0]])
-        mask[1, :3] = 0
-        real_columns = slice(3, 7)
     for route in ("backward", "forward"):
         batch = nd.attribute(padded, target=2, forward_kwargs={"attention_mask": mask}, route=route)
         alone = nd.attribute(short, target=2, route=route)
