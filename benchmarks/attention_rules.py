@@ -6,8 +6,8 @@ Run from the repository root::
     python benchmarks/attention_rules.py --quick  # n = 32 only, a smoke test
 
 SmolLM2-135M-Instruct, next-token attribution (``NormDecomposition``, backward route) with the
-frozen-probability rule (default), ``IGAttention`` and ``AttnLRPAttention`` at n = 128 and
-512, against one plain forward + backward pass of the model (loss = the target logit,
+default rules (``AttnLRPAttention``), the paper's frozen-probability rule and ``IGAttention``
+(``--n-steps`` and 8 points) at n = 128 and 512, against one plain forward + backward pass of the model (loss = the target logit,
 gradients of every parameter). Each time is the best of ``--repeat`` runs, interleaved so
 that every method sees the same machine state.
 """
@@ -47,13 +47,14 @@ def main() -> None:
     args = parser.parse_args()
 
     from captum_ffb import NormDecomposition
-    from captum_ffb.rules import AttnLRPAttention, IGAttention
+    from captum_ffb.rules import Attention, IGAttention
 
     loaded = load_smollm2()
     model = loaded.model
     sizes = [32] if args.quick else [128, 512]
-    methods = {"frozen (default)": None, f"IGAttention(n_steps={args.n_steps})": IGAttention(args.n_steps),
-               "AttnLRPAttention": AttnLRPAttention()}
+    methods = {"default (AttnLRPAttention)": None, "frozen Attention() (paper)": Attention(),
+               f"IGAttention(n_steps={args.n_steps})": IGAttention(args.n_steps),
+               "IGAttention(n_steps=8)": IGAttention(8)}
     rows = []
     for n in sizes:
         ids = torch.randint(100, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))

@@ -37,7 +37,7 @@ from captum_ffb.engine.whole import (
     reference_inputs,
     resolve_head,
 )
-from captum_ffb.rules import is_linear_in_players
+from captum_ffb.rules import is_linear_in_players, whole_model_rules
 
 ROUTES = ("backward", "forward")
 POOLINGS = ("mean", "cls", "first", "last")
@@ -117,9 +117,12 @@ class NormDecomposition(Attribution):
     logit of a token at a position, a contrast of two logits, a direction read from pooled
     hidden states) is written exactly as ``Σ_j c_j + c_bias``, one ``c_j`` per input
     position (the first block's input vectors are the players) and one for everything owed
-    to no token. With the attention probabilities, norm scales and activation coefficients
-    of the real forward pass frozen, the model is linear in the players, so ``c_j`` costs
-    one backward pass (``route="backward"``), and equals the forward propagation of the
+    to no token. The rules (:func:`~captum_ffb.rules.whole_model_rules`) are the paper's,
+    except attention: :class:`~captum_ffb.rules.AttnLRPAttention` credits the tokens that
+    decide where attention goes (queries and keys) as well as the values moved; the paper's
+    frozen probabilities are ``rules={"attention": Attention()}``. With the coefficients of
+    each rule taken from the real forward pass (norm scales, activation and softmax
+    coefficients), the model is linear in the players, so ``c_j`` costs one backward pass (``route="backward"``), and equals the forward propagation of the
     decompositions through every block (``route="forward"``, which also gives whole-model
     token-to-token maps). The convergence delta is the completeness residual
     ``|Σ_j c_j + c_bias − real|`` against the model's real output. On the backward route
@@ -140,7 +143,8 @@ class NormDecomposition(Attribution):
         forward_func (nn.Module): a Hugging Face model of a supported family: a
                     ``*ForCausalLM``, a ``*ForSequenceClassification`` or a base model.
         model_type (str, optional): the architecture when the config does not say it.
-        rules (dict, optional): role → rule replacing the default rule of that role (see
+        rules (dict, optional): role → rule replacing the default rule of that role
+                    (:func:`~captum_ffb.rules.whole_model_rules`; roles: see
                     :class:`~captum_ffb.LayerNormDecomposition`).
         memory_budget (int): bytes the forward route's row chunks and player groups may take;
                     on the backward route, when the blocks' intermediate tensors would exceed
@@ -427,9 +431,9 @@ class NormDecomposition(Attribution):
 
     # ------------------------------------------------------------------ targets
     def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
-        """The default rules, the constructor's replacements, then this call's."""
+        """The whole-model default rules, the constructor's replacements, then this call's."""
         return resolve_rules(self.chain, self.spec, {**self._user_rules, **(rules or {})},
-                             f"a {self.model_type} model")
+                             f"a {self.model_type} model", defaults=whole_model_rules)
 
     def _token_mask(self, kwargs: dict[str, Any], ids: Tensor) -> Tensor:
         mask = kwargs.get("attention_mask")

@@ -61,10 +61,12 @@ def chain_for(spec: ArchitectureSpec, config: Any) -> Chain:
 
 
 def resolve_rules(chain: Chain, spec: ArchitectureSpec, rules: Mapping[str, Callable] | None,
-                  where: str) -> dict[str, Callable]:
-    """The paper's rules for every role the chain calls, with the user's replacements."""
+                  where: str, defaults: Callable[[str], dict[str, Any]] = default_rules,
+                  ) -> dict[str, Callable]:
+    """The ``defaults`` (the paper's rules unless given) for every role the chain calls, with
+    the user's replacements."""
     roles = chain.roles(spec)
-    chosen = {role: rule for role, rule in default_rules(spec.norm).items() if role in roles}
+    chosen = {role: rule for role, rule in defaults(spec.norm).items() if role in roles}
     chosen.update(check_rules(rules, roles, where))
     return chosen
 

@@ -164,7 +164,7 @@ def score_path(block: Block) -> ScorePath:
         for first in range(0, m, size):
             part = vectors[:, :, first: first + size]
             k = part.shape[2]
-            flat = part.permute(0, 2, 1, 3).reshape(b * k, n, d).to(model_dtype)
+            flat = part.permute(0, 2, 1, 3).reshape(b * k, n, d).to(model_dtype).contiguous()
             q_out, k_out = _replay(block, module, call, flat, k)
             q_out = q_out.to(block.dtype).unflatten(0, (b, k))  # (B, k, H, n, e)
             k_out = k_out.to(block.dtype).unflatten(0, (b, k))

@@ -330,7 +330,7 @@ def _random(task, batch, target, options):
 #: Every method, in the order of the tables.
 METHODS: dict[str, MethodInfo] = {
     "decomposition": MethodInfo(_decomposition(None), {"reference": "zero"},
-                                description="NormDecomposition (exact)"),
+                                description="NormDecomposition, its default rules (AttnLRPAttention)"),
     "decomposition_frozen": MethodInfo(_decomposition(_frozen_attention_rules), {"reference": "zero"},
                                        description="NormDecomposition, the paper's frozen attention"),
     "decomposition_ig_attention": MethodInfo(_decomposition(_ig_attention_rules),
@@ -342,6 +342,18 @@ METHODS: dict[str, MethodInfo] = {
     "decomposition_attnlrp_rules": MethodInfo(_decomposition(_attnlrp_rule_set), {"reference": "zero"},
                                               description="NormDecomposition, AttnLRP's rules for "
                                               "every role (= lxt)"),
+    "decomposition_frozen_mean": MethodInfo(_decomposition(_frozen_attention_rules),
+                                            {"reference": "mean"},
+                                            description="decomposition_frozen, players from the "
+                                            "mean input vector"),
+    "decomposition_ig_attention_mean": MethodInfo(_decomposition(_ig_attention_rules),
+                                                  {"n_steps": 32, "reference": "mean"},
+                                                  description="decomposition_ig_attention, players "
+                                                  "from the mean input vector"),
+    "decomposition_lrp_attention_mean": MethodInfo(_decomposition(_lrp_attention_rules),
+                                                   {"reference": "mean"},
+                                                   description="decomposition_lrp_attention, "
+                                                   "players from the mean input vector"),
     "decomposition_no_ff": MethodInfo(_decomposition(_no_ff_rules),
                                       description="NormDecomposition, FF owed to no token"),
     "decomposition_linearised": MethodInfo(_decomposition(_linearised_rules),

@@ -62,6 +62,7 @@ __all__ = [
     "shapley_values",
     "attnlrp_rules",
     "default_rules",
+    "whole_model_rules",
 ]
 
 
@@ -75,6 +76,17 @@ def default_rules(norm: str = "layer_norm") -> dict[str, Rule]:
         "activation": IGActivation(),
         "gated_activation": GatedIGActivation(),
     }
+
+
+def whole_model_rules(norm: str = "layer_norm") -> dict[str, Rule]:
+    """The whole-model default (:class:`~captum_ffb.NormDecomposition`): the paper's rules,
+    with :class:`AttnLRPAttention` for attention, so that queries and keys are credited too.
+
+    Chosen on a selection set of held-out snippets (``results/faithfulness/select_rules.py``):
+    it won the most protocols across the three tasks; the paper's frozen attention stays
+    available by name (``rules={"attention": Attention()}``), and the layer maps keep it.
+    """
+    return {**default_rules(norm), "attention": AttnLRPAttention()}
 
 
 def attnlrp_rules(model: Any = None) -> dict[str, Rule]:

@@ -17,10 +17,16 @@ HERE = Path(__file__).resolve().parent
 N = 300
 MAX_TOKENS = 24  # SmolLM2 tasks: snippets of at most 24 tokens (1,336 of the 2,550 held out)
 
+#: the default (``decomposition``: AttnLRPAttention, players from zero) and every other
+#: attention rule × reference (``decomposition_lrp_attention`` is the default itself)
+RULE_VARIANTS = ("decomposition,decomposition_frozen,decomposition_frozen_mean,"
+                 "decomposition_ig_attention,decomposition_ig_attention_mean,"
+                 "decomposition_lrp_attention_mean,decomposition_attnlrp_rules")
+
 RUNS = {
     "minilm-sentiment": dict(
         model=None, task="sentiment", max_tokens=None,
-        methods="decomposition,decomposition_no_ff,decomposition_linearised,attention_last,"
+        methods=f"{RULE_VARIANTS},decomposition_no_ff,decomposition_linearised,attention_last,"
                 "attention_mean,rollout,norm_rollout,saliency,input_x_gradient,integrated_gradients,"
                 "feature_ablation,shapley_value_sampling,kernel_shap,lime,random",
         options={"integrated_gradients": {"n_steps": 50}, "shapley_value_sampling": {"n_samples": 5},
@@ -28,14 +34,13 @@ RUNS = {
     ),
     "smollm2-next-token": dict(
         model="smollm2", task="next-token", max_tokens=MAX_TOKENS,
-        methods="decomposition,decomposition_no_ff,attention_last,attention_mean,rollout,"
-                "input_x_gradient,integrated_gradients,attnlrp,random",
+        methods=f"{RULE_VARIANTS},attention_last,attention_mean,rollout,integrated_gradients,"
+                "attnlrp,random",
         options={"integrated_gradients": {"n_steps": 20}},
     ),
     "smollm2-sentiment": dict(
         model="smollm2", task="sentiment", max_tokens=MAX_TOKENS,
-        methods="decomposition,decomposition_no_ff,rollout,input_x_gradient,integrated_gradients,"
-                "attnlrp,random",
+        methods=f"{RULE_VARIANTS},integrated_gradients,attnlrp,random",
         options={"integrated_gradients": {"n_steps": 20}},
     ),
 }

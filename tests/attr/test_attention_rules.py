@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
-from captum_ffb.rules import AttnLRPAttention, IGAttention
+from captum_ffb.rules import Attention, AttnLRPAttention, IGAttention
 from tests.models import TINY_MODELS, padded_pair, tiny_task_model, token_ids
 
 RULES = {"ig": lambda: IGAttention(n_steps=16), "attnlrp": AttnLRPAttention}
@@ -34,11 +34,25 @@ def test_complete_and_both_routes_agree(name, rule):
     assert float((forward - backward).abs().max()) < 1e-5 * float(forward.abs().max())
     torch.testing.assert_close(bias, backward_bias, atol=1e-5 * scale, rtol=0)
     # the rule changes the answer: it is not the frozen-probability rule
-    frozen = NormDecomposition(model).attribute(ids, target=target)
+    frozen = NormDecomposition(model, rules={"attention": Attention()}).attribute(ids, target=target)
     assert float((frozen - backward).abs().max()) > 1e-6 * float(frozen.abs().max())
 
 
-@pytest.mark.parametrize("name, side", [("llama", "left"), ("gemma2", "right"), ("qwen3", "left"),
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_whole_model_default_is_attnlrp_attention(name):
+    task = "causal_lm" if TINY_MODELS[name].causal else "sequence_classification"
+    model = tiny_task_model(name, task)
+    ids = token_ids()
+    nd = NormDecomposition(model)
+    assert isinstance(nd.rules["attention"], AttnLRPAttention)
+    default = nd.attribute(ids, target=1)
+    lrp = NormDecomposition(model, rules={"attention": AttnLRPAttention()}).attribute(ids, target=1)
+    frozen = NormDecomposition(model, rules={"attention": Attention()}).attribute(ids, target=1)
+    torch.testing.assert_close(default, lrp, atol=0, rtol=0)
+    assert float((default - frozen).abs().max()) > 1e-6 * float(frozen.abs().max())
+
+
+@pytest.mark.parametrize("name, side", [("llama", "left"), ("gemma2", "right"), ("qwen3", "left"), ("gpt2", "right"),
                                         ("bert", "right"), ("gptj", "right")])
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_padding(name, side, rule):
