@@ -44,7 +44,7 @@ def main() -> None:
         "frozen, mean reference": ({"attention": Attention()}, "mean"),
         "IGAttention": ({"attention": IGAttention()}, "zero"),
         "IGAttention, mean reference": ({"attention": IGAttention()}, "mean"),
-        "AttnLRPAttention": ({"attention": AttnLRPAttention()}, "zero"),
+        "AttnLRPAttention (the default)": ({"attention": AttnLRPAttention()}, "zero"),
         "AttnLRPAttention, mean reference": ({"attention": AttnLRPAttention()}, "mean"),
         "attnlrp_rules (= lxt)": (attnlrp_rules(model), "zero"),
     }
