@@ -23,6 +23,10 @@ RULE_VARIANTS = ("decomposition,decomposition_frozen,decomposition_frozen_mean,"
                  "decomposition_ig_attention,decomposition_ig_attention_mean,"
                  "decomposition_lrp_attention_mean,decomposition_attnlrp_rules")
 
+#: Each run repeats the rule variants and the baselines they are compared with most; the
+#: other methods of the 2026-11-22 run (same snippets and protocols, unchanged code paths)
+#: are kept in ``<task>/earlier-2026-11-22.csv`` and shown marked in the README by
+#: ``tables.py``. Add them to ``methods`` to rerun them too.
 RUNS = {
     "minilm-sentiment": dict(
         model=None, task="sentiment", max_tokens=None,
@@ -34,8 +38,7 @@ RUNS = {
     ),
     "smollm2-next-token": dict(
         model="smollm2", task="next-token", max_tokens=MAX_TOKENS,
-        methods=f"{RULE_VARIANTS},attention_last,attention_mean,rollout,integrated_gradients,"
-                "attnlrp,random",
+        methods=f"{RULE_VARIANTS},attention_last,integrated_gradients,attnlrp,random",
         options={"integrated_gradients": {"n_steps": 20}},
     ),
     "smollm2-sentiment": dict(
