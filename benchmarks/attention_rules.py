@@ -90,7 +90,8 @@ def main() -> None:
             "torch": torch.__version__, "repeat": args.repeat}
     (ROOT / "benchmarks" / "ATTENTION_RULES.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["# Attention rules: cost on the backward route (SmolLM2-135M, next token)", "",
-             f"Measured {meta['date']} on {meta['processor']}, {meta['threads']} threads, torch "
+             f"Measured {meta['date']} on {meta['processor']}, {meta['threads']} thread"
+             f"{'s' if meta['threads'] != 1 else ''}, torch "
              f"{meta['torch']}, best of {args.repeat}; by `python benchmarks/attention_rules.py`.", "",
              "| n | method | seconds | ratio to one forward + backward |", "|---|---|---|---|"]
     lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.3f} | {r['ratio_to_forward_backward']:.2f} |" for r in rows]
