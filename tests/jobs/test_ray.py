@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from captum_ffb.engines import run_job
+from captum_ffb.jobs import run_job
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from captum_ffb.engines.ray import start
+    from captum_ffb.jobs.ray import start
 
     started = start(ray, None, 2)
     yield
@@ -193,7 +193,7 @@ def test_one_sequence_split_across_two_workers_adds_up(tmp_path, local_ray):
     import torch
 
     from captum_ffb import NormDecomposition
-    from captum_ffb.engines import ModelSource, attribute_split
+    from captum_ffb.jobs import ModelSource, attribute_split
     from tests.models import token_ids
     from tests.viz.tiny import save_tiny
 
@@ -266,7 +266,7 @@ def test_starting_ray_prints_nothing(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    code = ("import ray\nfrom captum_ffb.engines.ray import start\n"
+    code = ("import ray\nfrom captum_ffb.jobs.ray import start\n"
             "assert start(ray, None, 1)\nray.shutdown()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300)
