@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from captum_ffb.cli import main
+from captum_ffb.evaluation.evaluate import PROTOCOLS, evaluate, read_texts
 from captum_ffb.evaluation.methods import METHODS, resolve_methods
-from captum_ffb.evaluation.run import PROTOCOLS, evaluate, read_texts
 from captum_ffb.evaluation.tasks import EvaluationTask
 from captum_ffb.models import load_model
 from tests.models import tiny_task_model
@@ -210,7 +210,7 @@ def test_blank_and_too_long_texts_are_skipped_and_listed(classifier_dir, tmp_pat
     summary = json.loads((out / "results.json").read_text())
     assert summary["n"] == 2 and [s["line"] for s in summary["skipped"]] == [2, 3]
     # --max-tokens skips are listed the same way, and only before the first n usable texts
-    from captum_ffb.evaluation.run import select_examples
+    from captum_ffb.evaluation.evaluate import select_examples
 
     task = EvaluationTask(loaded, "sentiment")
     rows = ["the cat sat on the mat", "", long, "a dog was tired", "she loves math"]
