@@ -12,8 +12,7 @@ from captum_ffb.cli import main
 from captum_ffb.evaluation.evaluate import evaluate
 from captum_ffb.evaluation.methods import METHODS, check_option
 from captum_ffb.evaluation.peers import SETUP_COMMAND
-from tests.tiny_lm import save_tiny_lm
-from tests.viz.tiny import save_tiny
+from tests.models import save_tiny, save_tiny_lm
 
 TEXT = "the cat sat on the mat ."
 
