@@ -290,7 +290,7 @@ def _sentiment(explanation: Explanation, nd: NormDecomposition, ids: Tensor, rou
 
 @dataclass
 class ExplainJob:
-    """One explanation per text of a corpus, batched (a :class:`~captum_ffb.engines.jobs.Job`).
+    """One explanation per text of a corpus, batched (a :class:`~captum_ffb.jobs.job.Job`).
 
     What is explained follows the model, as in :func:`explain_text` without a target: a causal
     LM's predicted next token, a classifier's predicted class, the bundled MiniLM's sentiment
@@ -304,7 +304,7 @@ class ExplainJob:
     shard_version: int = 1
 
     def fingerprint(self) -> dict[str, Any]:
-        from captum_ffb.engines.jobs import fingerprint_of
+        from captum_ffb.jobs.job import fingerprint_of
 
         settings = {"model": self.source.name, "task": self.source.task, "route": self.route,
                     "batch_size": self.batch_size, "texts": len(self.texts)}
@@ -378,7 +378,7 @@ def explain_corpus(
         out: the output folder.
         batch_size (int): texts per batch (one shard each).
         route (str): ``"backward"`` or ``"forward"``.
-        engine, engine_options: see :func:`captum_ffb.engines.run_job`.
+        engine, engine_options: see :func:`captum_ffb.jobs.run_job`.
         overwrite (bool): discard an earlier run with other settings in ``out``.
         show_progress (bool): a progress bar.
         device (str): where the model runs (in every worker).
@@ -387,7 +387,7 @@ def explain_corpus(
         Path: the ``explanations.jsonl`` file.
     """
     from captum_ffb.analysis.corpus import skip_reason, write_skipped
-    from captum_ffb.engines.jobs import ModelSource, run_job
+    from captum_ffb.jobs.job import ModelSource, run_job
     from captum_ffb.models import load_tokenizer, max_length_of, model_config, task_from_config
     from captum_ffb.outputs import atomic_open, check_out_dir, to_json
 

@@ -1,12 +1,19 @@
-"""Tiny randomly initialised models of every registered family, for the test suite."""
+"""The test suite's tiny models, in one place: a random model of every registered family,
+the word-level tokenizers that fit them, saved model folders, and a GPT-2 set by hand to copy.
+
+Fixtures live in the ``conftest.py`` files; what they build comes from here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
+
+from captum_ffb.models import LoadedModel
 
 VOCAB = 60
 
@@ -295,3 +302,191 @@ def capture_references(model: nn.Module, block: nn.Module, refs: dict[str, tuple
         scope: sum(found[src].reshape(batch, -1, found[src].shape[-1]) for src in srcs)
         for scope, srcs in sources.items()
     }
+
+
+# --- WordPiece tokenizers over a few words, and the tiny models with them ---------------------
+
+#: The words of the default WordPiece vocabulary (viz, command-line and evaluation tests).
+WORDS = (
+    "the cat sat on mat because it was tired . tokyo is capital of she loves math rather "
+    "than engaging in a dog , hello world and big small red blue green run fast slow"
+).split()
+#: BERT's special tokens, first in every WordPiece vocabulary here.
+WORDPIECE_SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def wordpiece_tokenizer(words: Sequence[str] | None = None, folder: Path | None = None):
+    """A BERT WordPiece tokenizer over :data:`WORDPIECE_SPECIAL` and ``words`` (default: the
+    sorted :data:`WORDS`), whose vocabulary fits the tiny models (< VOCAB ids); saved in
+    ``folder`` when one is given."""
+    from transformers import BertTokenizer
+
+    vocab = WORDPIECE_SPECIAL + (sorted(set(WORDS)) if words is None else list(words))
+    assert len(vocab) <= VOCAB
+    tokenizer = BertTokenizer(vocab={word: k for k, word in enumerate(vocab)}, do_lower_case=True)
+    if folder is not None:
+        tokenizer.save_pretrained(folder)
+    return tokenizer
+
+
+def tiny_loaded(name: str, tokenizer=None) -> LoadedModel:
+    """The tiny model ``name`` with ``tokenizer`` (default: :func:`wordpiece_tokenizer`)."""
+    torch.manual_seed(0)
+    model = TINY_MODELS[name].build()
+    return LoadedModel(model, wordpiece_tokenizer() if tokenizer is None else tokenizer,
+                       f"tiny-{name}")
+
+
+def save_tiny(name: str, folder: Path) -> Path:
+    """Save the tiny model and its tokenizer as a model folder that ``load_model`` reads."""
+    loaded = tiny_loaded(name)
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    return folder
+
+
+# --- A small corpus and the WordPiece vocabulary that reads it (the corpus analyses) ----------
+
+CORPUS_WORDS = [
+    "the", "a", "cat", "dog", "sat", "ran", "on", "under", "mat", "table", "red", "blue",
+    "big", "small", "and", "or", "it", "was", "is", "very", "old", "new", "house", "tree",
+    "river", "bank", "sun", "moon", "light", "dark", "walk", "##s", "##ed", "##ing", "to",
+    "from", "of", "in", "by", "with", "happy", "sad", "quick", "slow", "bird", "fish",
+    "green", "black", "white", "cold", "hot", "day", "night", ".", ",",
+]
+assert len(WORDPIECE_SPECIAL) + len(CORPUS_WORDS) <= VOCAB
+
+#: Lines of a corpus file: blank ones, and one longer than the others.
+CORPUS_LINES = [
+    "the cat sat on the mat .",
+    "a dog ran under the table",
+    "",
+    "the big red house was very old .",
+    "a small bird sat in the tree , and it was happy",
+    "   ",
+    "the river bank was dark and cold at night",
+    "the quick dog walked to the river",
+    "sun and moon , light and dark , day and night , hot and cold , black and white , big and small , quick and slow , happy and sad , old and new , red and blue and green",
+    "the fish was slow",
+    "a happy cat",
+]
+
+
+def corpus_tokenizer(folder: Path):
+    """A WordPiece tokenizer over ``WORDPIECE_SPECIAL + CORPUS_WORDS`` (saved in ``folder``)."""
+    return wordpiece_tokenizer(CORPUS_WORDS, folder)
+
+
+# --- A tiny causal LM with a GPT-style word-level tokenizer -----------------------------------
+# No [CLS]/[SEP] added, every model id decodes to its own word: for the generation, Captum-LLM
+# and inseq tests.
+
+LM_SPECIAL = ["<pad>", "<unk>", "<s>", "</s>"]
+PAD, UNK, BOS, EOS = range(4)
+
+
+def lm_vocabulary() -> list[str]:
+    """The special tokens, the :data:`WORDS` and fillers up to the models' VOCAB."""
+    words = LM_SPECIAL + sorted(set(WORDS))
+    words += [f"w{k}" for k in range(VOCAB - len(words))]
+    assert len(words) == VOCAB
+    return words
+
+
+def causal_tokenizer(bos: bool = False):
+    """A fast word-level tokenizer over :func:`lm_vocabulary` (whitespace-split, offsets
+    available); with ``bos``, ``<s>`` is put in front of every text (as Llama tokenizers do)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.WordLevel(vocab={w: k for k, w in enumerate(lm_vocabulary())}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    if bos:
+        core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", BOS)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
+def byte_level_tokenizer():
+    """A fast GPT-2-style tokenizer: byte-level pre-tokenisation (a space before a word is
+    written ``Ġ``, a line break ``Ċ``) over whole words, with the byte-level decoder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(dict.fromkeys(WORDS))
+    vocab = LM_SPECIAL + ["Ċ"] + [w for word in words for w in (word, "Ġ" + word)]
+    vocab = vocab[:VOCAB]
+    core = Tokenizer(models.WordLevel(vocab={w: k for k, w in enumerate(vocab)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    core.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
+def tiny_lm(name: str = "llama") -> nn.Module:
+    """The tiny ``*ForCausalLM`` ``name`` with the tokenizer's special ids."""
+    model = tiny_task_model(name, "causal_lm")
+    for config in (model.config, model.generation_config):
+        config.pad_token_id, config.bos_token_id, config.eos_token_id = PAD, BOS, EOS
+    return model
+
+
+def save_tiny_lm(folder: Path, name: str = "llama", byte_level: bool = False) -> Path:
+    """The tiny LM and its tokenizer (with ``byte_level``, :func:`byte_level_tokenizer`) saved
+    as a model folder."""
+    tiny_lm(name).save_pretrained(folder)
+    (byte_level_tokenizer() if byte_level else causal_tokenizer()).save_pretrained(folder)
+    return folder
+
+
+# --- A GPT-2 whose weights copy (induction), for the copy task ---------------------------------
+
+
+def induction_gpt2(vocab: int = 16, positions: int = 32, sharpness: float = 30.0) -> nn.Module:
+    """A 2-layer GPT-2 whose weights are set by hand to copy (an induction circuit).
+
+    The residual stream has four blocks of coordinates: the token (one-hot), the position
+    (one-hot), the previous token (written by layer 1) and the output (written by layer 2).
+    Layer 1's head attends from ``i`` to ``i − 1`` (positions) and copies that token into the
+    previous-token block; layer 2's head attends from ``i`` to every ``j`` whose previous token
+    is token ``i`` and copies token ``j`` into the output block, which the unembedding reads.
+    The feed-forward layers are zero, the norms plain (γ = 1, β = 0).
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    token, position, previous, output = 0, vocab, vocab + positions, 2 * vocab + positions
+    d = 3 * vocab + positions
+    config = GPT2Config(vocab_size=vocab, n_embd=d, n_layer=2, n_head=1, n_positions=positions,
+                        n_inner=4, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+                        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    model = GPT2LMHeadModel(config).eval()
+    scale = sharpness * d ** 0.5  # undo the 1/√d of the scores
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+        wte = model.transformer.wte.weight
+        wpe = model.transformer.wpe.weight
+        for t in range(vocab):
+            wte[t, token + t] = 1.0
+        for p in range(positions):
+            wpe[p, position + p] = 1.0
+        first, second = model.transformer.h
+        # c_attn is a Conv1D: weight (d, 3d) = [W_Q | W_K | W_V]
+        w = first.attn.c_attn.weight
+        for p in range(positions - 1):
+            w[position + p + 1, p] = scale          # query of position i: coordinate i − 1 …
+            w[position + p, d + p] = 1.0             # … key of position j: coordinate j
+        for t in range(vocab):
+            w[token + t, 2 * d + previous + t] = 1.0  # value: the token, into the previous block
+            first.attn.c_proj.weight[previous + t, previous + t] = 1.0
+        w = second.attn.c_attn.weight
+        for t in range(vocab):
+            w[token + t, t] = scale                  # query: the current token
+            w[previous + t, d + t] = 1.0             # key: the previous token
+            w[token + t, 2 * d + output + t] = 1.0   # value: the token, into the output block
+            second.attn.c_proj.weight[output + t, output + t] = 1.0
+            model.lm_head.weight[t, output + t] = 10.0
+    return model

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from captum_ffb.text import check_text, encode_text, text_maps
-from tests.viz.tiny import tiny_loaded
+from tests.models import tiny_loaded
 
 LONG_WARNING = "Token indices sequence length is longer than the specified maximum"
 

@@ -91,7 +91,7 @@ def skip_reason(index: int, text: str, n_tokens: int | None = None,
 def write_skipped(path: str | Path, skipped: Sequence[SkippedLine | dict[str, Any]]) -> Path:
     """``skipped.csv``: one row per line left out (``line``, 1-based; ``reason``;
     ``detail``), written atomically."""
-    from captum_ffb.engines.shards import atomic_write
+    from captum_ffb.jobs.shards import atomic_write
 
     rows = [s if isinstance(s, dict) else asdict(s) for s in skipped]
 

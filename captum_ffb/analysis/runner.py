@@ -38,8 +38,8 @@ from captum_ffb.analysis.stats import (
 from captum_ffb.architectures import get_architecture
 from captum_ffb.attr import LayerNormDecomposition
 from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
-from captum_ffb.engines import ModelSource, run_job
-from captum_ffb.engines.jobs import fingerprint_of
+from captum_ffb.jobs import ModelSource, run_job
+from captum_ffb.jobs.job import fingerprint_of
 from captum_ffb.models import LoadedModel
 from captum_ffb.outputs import check_out_dir
 
@@ -359,7 +359,7 @@ def _fingerprint(loaded: LoadedModel, config: AnalysisConfig, causal: bool, mask
 
 @dataclass
 class AnalysisJob:
-    r"""The paper's analyses over prepared sequences, as a job for :func:`captum_ffb.engines.run_job`.
+    r"""The paper's analyses over prepared sequences, as a job for :func:`captum_ffb.jobs.run_job`.
 
     Attributes:
         config (AnalysisConfig): the settings.
@@ -437,7 +437,7 @@ def analyze_corpus(
         show_progress (bool): show a progress bar.
         stop_after (int, optional): stop (raising ``KeyboardInterrupt``) after this many new
                     batches; for testing the resume path.
-        engine (str): ``"local"`` or ``"ray"`` (see :func:`captum_ffb.engines.run_job`).
+        engine (str): ``"local"`` or ``"ray"`` (see :func:`captum_ffb.jobs.run_job`).
         engine_options (dict, optional): the engine's settings.
 
     Returns:

@@ -26,8 +26,8 @@ from captum_ffb.engine import (
     resolve_rules,
 )
 from captum_ffb.engine.block import config_of
+from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.linearise import linearise
-from captum_ffb.engine.run import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.whole import (
     HeadTarget,
     element_wise_rule,

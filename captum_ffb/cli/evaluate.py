@@ -107,8 +107,8 @@ def parse_options(items: list[str], methods: list[str] | None = None) -> dict[st
 
 
 def run(args: argparse.Namespace) -> int:
+    from captum_ffb.evaluation.evaluate import evaluate, resolve_protocols
     from captum_ffb.evaluation.methods import resolve_methods
-    from captum_ffb.evaluation.run import evaluate, resolve_protocols
 
     methods = resolve_methods(args.methods)
     protocols = resolve_protocols(args.protocol)

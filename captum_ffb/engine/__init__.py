@@ -18,15 +18,7 @@ from captum_ffb.engine.capture import (
     token_mask_of,
 )
 from captum_ffb.engine.chains import NEXT_NORM_SCOPE, PARALLEL, POST_LN, PRE_LN, Chain
-from captum_ffb.engine.model import (
-    base_model_of,
-    final_norm_of,
-    find_blocks,
-    find_model,
-    model_type_of,
-    next_norms,
-)
-from captum_ffb.engine.run import (
+from captum_ffb.engine.layers import (
     LayerResult,
     Outputs,
     capture_layers,
@@ -36,6 +28,14 @@ from captum_ffb.engine.run import (
     resolve_rules,
     row_chunks,
     run_block,
+)
+from captum_ffb.engine.model import (
+    base_model_of,
+    final_norm_of,
+    find_blocks,
+    find_model,
+    model_type_of,
+    next_norms,
 )
 
 __all__ = [

@@ -27,8 +27,8 @@ from captum_ffb.engine.block import (
     resolve,
 )
 from captum_ffb.engine.chains import Chain
+from captum_ffb.engine.layers import iter_scopes, row_chunks
 from captum_ffb.engine.model import base_model_of, final_norm_of
-from captum_ffb.engine.run import iter_scopes, row_chunks
 
 
 def resolve_in(model: nn.Module, path: str) -> Any:
@@ -210,7 +210,7 @@ def propagate(
     """The decomposition of every block's output, block after block, from ``start`` (the
     first block's input over the players); rows are chunked to ``budget`` bytes.
     ``prepare`` turns each block into one the chains can run (e.g.
-    :func:`~captum_ffb.engine.run.replay_block` after a light capture), one at a time."""
+    :func:`~captum_ffb.engine.layers.replay_block` after a light capture), one at a time."""
     current = start
     for block in blocks:
         if prepare is not None:

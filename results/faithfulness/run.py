@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from captum_ffb.evaluation.evaluate import evaluate
 from captum_ffb.evaluation.peers import smollm2_dir
-from captum_ffb.evaluation.run import evaluate
 
 HERE = Path(__file__).resolve().parent
 N = 300

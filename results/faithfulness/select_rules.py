@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from captum_ffb.evaluation.data import rotten_tomatoes_split
+from captum_ffb.evaluation.evaluate import evaluate
 from captum_ffb.evaluation.peers import smollm2_dir
-from captum_ffb.evaluation.run import evaluate
 from captum_ffb.outputs import write_text
 
 HERE = Path(__file__).resolve().parent

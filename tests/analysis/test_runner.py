@@ -14,13 +14,13 @@ from captum_ffb import LayerNormDecomposition
 from captum_ffb.analysis import AnalysisConfig, analyze_corpus, measures_for
 from captum_ffb.analysis.report import paper_checks, write_report
 from captum_ffb.analysis.stats import contextualization_change
-from tests.analysis.conftest import LINES
+from tests.models import CORPUS_LINES
 
 CONFIG = dict(batch_size=3, mask_rate=0.0, max_tokens=20, ablation_fraction=0.1, min_count=1)
 
 
 def _run(loaded, out, **changes):
-    return analyze_corpus(loaded, LINES, out, AnalysisConfig(**{**CONFIG, **changes}),
+    return analyze_corpus(loaded, CORPUS_LINES, out, AnalysisConfig(**{**CONFIG, **changes}),
                           show_progress=False)
 
 
@@ -75,7 +75,7 @@ def test_runner_agrees_with_one_sequence_at_a_time(tiny, tmp_path, name):
         k = _index(summary, "consecutive", measure)
         m = summary["measures"][k]
         for s in (0, 5):  # a short and a long (padded in its batch) sequence
-            line = LINES[per["line"][s] - 1]
+            line = CORPUS_LINES[per["line"][s] - 1]
             for layer in range(2):
                 maps = _direct_maps(loaded, line, layer)
                 expected = contextualization_change(maps[m["source"]][0], maps[m["target"]][0],
@@ -95,7 +95,7 @@ def test_res2_norms_match_the_real_tensors(tiny, tmp_path):
     ]
     ff_sum = bypass_sum = tokens = 0.0
     try:
-        for line in LINES:
+        for line in CORPUS_LINES:
             if not line.strip() or len(loaded.tokenizer(line)["input_ids"]) > 20:
                 continue
             found.clear()
@@ -139,7 +139,7 @@ def test_resume_loses_and_repeats_nothing(tiny, tmp_path):
     loaded = tiny("bert")
     whole = _run(loaded, tmp_path / "whole", mask_rate=0.2)
     with pytest.raises(KeyboardInterrupt):
-        analyze_corpus(loaded, LINES, tmp_path / "cut",
+        analyze_corpus(loaded, CORPUS_LINES, tmp_path / "cut",
                        AnalysisConfig(**{**CONFIG, "mask_rate": 0.2}), show_progress=False,
                        stop_after=1)
     shards = sorted((tmp_path / "cut" / "shards").glob("*.npz"))
@@ -160,7 +160,7 @@ def test_other_settings_in_the_same_folder_are_refused(tiny, tmp_path):
     _run(loaded, tmp_path, seed=1, mask_rate=0.2)
     with pytest.raises(ValueError, match="other settings"):
         _run(loaded, tmp_path, seed=2, mask_rate=0.2)
-    changed = analyze_corpus(loaded, LINES, tmp_path, AnalysisConfig(**{**CONFIG, "seed": 2,
+    changed = analyze_corpus(loaded, CORPUS_LINES, tmp_path, AnalysisConfig(**{**CONFIG, "seed": 2,
                              "mask_rate": 0.2}), show_progress=False, overwrite=True)
     assert changed["settings"]["seed"] == 2
 

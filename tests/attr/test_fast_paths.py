@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from captum_ffb import Decomposition, LayerNormDecomposition
-from captum_ffb.engine import Block, capture_layers
-from captum_ffb.engine import run as engine
+from captum_ffb.engine import Block, capture_layers, layers
 from captum_ffb.rules import (
     Attention,
     GatedIGActivation,
@@ -71,7 +70,7 @@ def _plain_chain(block: Block) -> dict[str, Decomposition]:
         return norm("attention_post_norm", out)
 
     x = _dense(Decomposition.identity(block.inputs))
-    chain = engine.chain_for(spec, block.config).name
+    chain = layers.chain_for(spec, block.config).name
     if chain == "post_ln":
         atb = norm("norm1", _dense(residual(attention(x), x)))
         out = ff(atb)
@@ -165,7 +164,7 @@ def test_memory_budget_sets_the_row_chunks(monkeypatch):
     roomy = LayerNormDecomposition(model, model.encoder.layer[0])
     tight = LayerNormDecomposition(model, model.encoder.layer[0], memory_budget=1)
     seen = []
-    plain = engine.row_chunks
+    plain = layers.row_chunks
 
     def spy(*args, **kwargs):
         seen.append(plain(*args, **kwargs))

@@ -10,8 +10,7 @@ import captum_ffb
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import LLMNormAttribution, NormLLMAttributionResult
 from captum_ffb.attr.llm import DEFAULT_GEN_ARGS, explain_steps
-from tests.models import tiny_task_model
-from tests.tiny_lm import BOS, causal_tokenizer, tiny_lm
+from tests.models import BOS, causal_tokenizer, tiny_lm, tiny_task_model
 
 PROMPT = "the cat sat on the"
 

@@ -8,19 +8,15 @@ import pytest
 
 from captum_ffb.baselines import BASELINES, baseline_maps, capture_layer, resolve_baselines
 from captum_ffb.cli import main
-from tests.models import TINY_MODELS, VOCAB, token_ids
+from tests.models import TINY_MODELS, token_ids, wordpiece_tokenizer
 
 WORDS = "the cat sat on mat because it was tired . a dog ran fast".split()
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from transformers import BertTokenizer
-
     folder = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(set(WORDS))]
-    assert len(vocab) <= VOCAB
-    BertTokenizer(vocab={w: k for k, w in enumerate(vocab)}).save_pretrained(folder)
+    wordpiece_tokenizer(sorted(set(WORDS)), folder)
     TINY_MODELS["bert"].build().save_pretrained(folder)
     return folder
 

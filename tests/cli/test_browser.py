@@ -12,7 +12,7 @@ import torch
 
 from captum_ffb.cli import main
 from captum_ffb.text import ff_amplification
-from tests.viz.tiny import save_tiny
+from tests.models import save_tiny
 
 pytestmark = pytest.mark.browser
 
@@ -182,7 +182,7 @@ def test_explanation_page_toggle_and_block_slider(tmp_path):
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("CI must run the browser test: Chromium is not installed")
         pytest.skip("Chromium is not installed")
-    from tests.tiny_lm import save_tiny_lm
+    from tests.models import save_tiny_lm
 
     model = save_tiny_lm(tmp_path / "model")
     out = tmp_path / "out"

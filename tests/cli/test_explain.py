@@ -12,9 +12,7 @@ import torch
 from captum_ffb import NormDecomposition
 from captum_ffb.cli import main
 from captum_ffb.models import load_model, model_config, task_from_config
-from tests.models import tiny_task_model
-from tests.tiny_lm import save_tiny_lm
-from tests.viz.tiny import save_tiny, tokenizer
+from tests.models import save_tiny, save_tiny_lm, tiny_task_model, wordpiece_tokenizer
 
 TEXT = "the cat sat on the mat because"
 
@@ -28,7 +26,7 @@ def lm_dir(tmp_path_factory):
 def classifier_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models") / "tiny-bert-classifier"
     tiny_task_model("bert", "sequence_classification").save_pretrained(folder)
-    tokenizer().save_pretrained(folder)
+    wordpiece_tokenizer().save_pretrained(folder)
     return folder
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from captum_ffb.cli import main
-from tests.viz.tiny import save_tiny
+from tests.models import save_tiny
 
 
 @pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "phi3", "olmo", "olmo2", "gptj"])

@@ -8,7 +8,7 @@ from captum_ffb.cli import main
 from captum_ffb.cli.maps import parse_formats, parse_layers, parse_scopes
 from captum_ffb.models import load_model
 from captum_ffb.text import text_maps
-from tests.viz.tiny import WORDS, save_tiny
+from tests.models import WORDS, save_tiny
 
 TEXT = "she loves math rather than engaging in"
 
@@ -108,10 +108,10 @@ def test_unsupported_architecture_lists_the_supported_ones(tmp_path, capsys):
     folder = tmp_path / "funnel"
     FunnelModel(FunnelConfig(vocab_size=60, d_model=16, n_head=2, d_head=8, d_inner=32,
                              block_sizes=[1, 1], num_decoder_layers=1)).save_pretrained(folder)
-    from tests.viz.tiny import tokenizer
+    from tests.models import wordpiece_tokenizer
 
-    assert isinstance(tokenizer(), BertTokenizer)
-    tokenizer().save_pretrained(folder)
+    assert isinstance(wordpiece_tokenizer(), BertTokenizer)
+    wordpiece_tokenizer().save_pretrained(folder)
     message = _error(capsys, ["maps", "hi", "--model", str(folder), "--quiet"])
     assert "'funnel' is not supported" in message
     assert all(name in message for name in supported_architectures())

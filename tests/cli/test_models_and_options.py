@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from captum_ffb.cli import main
+from captum_ffb.evaluation.evaluate import evaluate
 from captum_ffb.evaluation.methods import METHODS, check_option
 from captum_ffb.evaluation.peers import SETUP_COMMAND
-from captum_ffb.evaluation.run import evaluate
-from tests.tiny_lm import save_tiny_lm
-from tests.viz.tiny import save_tiny
+from tests.models import save_tiny, save_tiny_lm
 
 TEXT = "the cat sat on the mat ."
 
@@ -128,17 +127,17 @@ def test_a_missing_data_file_fails_before_the_weights_load(lm_dir, tmp_path, one
 def test_the_data_labels_do_not_replace_the_label_tokens(lm_dir, tmp_path, monkeypatch):
     """The gold labels of a labelled file are the examples' labels; the job's ``labels`` stay
     the prompt's label tokens (``None``: the default ones)."""
-    from captum_ffb.evaluation import run as run_module
+    from captum_ffb.evaluation import evaluate as evaluate_module
 
     jobs = []
-    original = run_module.EvaluationJob
+    original = evaluate_module.EvaluationJob
 
     def spy(*args, **kwargs):
         job = original(*args, **kwargs)
         jobs.append(job)
         return job
 
-    monkeypatch.setattr(run_module, "EvaluationJob", spy)
+    monkeypatch.setattr(evaluate_module, "EvaluationJob", spy)
     data = tmp_path / "texts.csv"
     data.write_text("text,label\nthe cat sat,1\na dog ran,0\n")
     evaluate(str(lm_dir), "next-token", data, "random", "eraser", tmp_path / "out")

@@ -15,8 +15,7 @@ import captum_ffb.models
 import captum_ffb.outputs
 from captum_ffb.cli import main
 from captum_ffb.outputs import atomic_open, check_out_dir, to_json, write_json
-from tests.models import tiny_task_model
-from tests.viz.tiny import save_tiny, tokenizer
+from tests.models import save_tiny, tiny_task_model, wordpiece_tokenizer
 
 TEXT = "the cat sat on the mat ."
 TEXTS = ["the cat sat on the mat", "a dog was tired", "she loves math", "big green mat"]
@@ -32,7 +31,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     classifier = root / "classifier"
     tiny_task_model("bert", "sequence_classification", num_labels=2).save_pretrained(classifier)
-    tokenizer().save_pretrained(classifier)
+    wordpiece_tokenizer().save_pretrained(classifier)
     data = root / "texts.jsonl"
     data.write_text("".join(json.dumps({"text": t, "label": k % 2}) + "\n"
                             for k, t in enumerate(TEXTS)))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from captum_ffb.cli import UsageError, main
-from tests.viz.tiny import WORDS, save_tiny
+from tests.models import WORDS, save_tiny
 
 TEXT = "she loves math rather than engaging in"
 LATIN1 = "caf\udce9"  # what Python makes of the bytes b"caf\xe9" on a command line

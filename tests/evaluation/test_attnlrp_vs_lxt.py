@@ -17,7 +17,7 @@ import torch
 from captum_ffb import Contrast, NormDecomposition
 from captum_ffb.evaluation import peers
 from captum_ffb.rules import Attention, attnlrp_rules
-from tests.tiny_lm import tiny_lm
+from tests.models import tiny_lm
 
 pytestmark = pytest.mark.peer
 

@@ -9,7 +9,7 @@ import torch
 from captum_ffb import NormDecomposition
 from captum_ffb.evaluation import copy_task
 from captum_ffb.rules import Attention, AttnLRPAttention, IGAttention
-from tests.induction import induction_gpt2
+from tests.models import induction_gpt2
 
 
 def test_copy_task_generator():

@@ -12,14 +12,12 @@ import pytest
 import torch
 
 from captum_ffb.cli import main
+from captum_ffb.evaluation.evaluate import PROTOCOLS, evaluate, read_texts
 from captum_ffb.evaluation.methods import METHODS, resolve_methods
-from captum_ffb.evaluation.run import PROTOCOLS, evaluate, read_texts
 from captum_ffb.evaluation.tasks import EvaluationTask
 from captum_ffb.models import load_model
-from tests.models import tiny_task_model
+from tests.models import save_tiny_lm, tiny_task_model, wordpiece_tokenizer
 from tests.requirements import needs_scattertext
-from tests.tiny_lm import save_tiny_lm
-from tests.viz.tiny import tokenizer
 
 TEXTS = [
     ("the cat sat on the mat", 1), ("a dog was tired", 0), ("she loves math", 1),
@@ -35,7 +33,7 @@ SMALL = ["--option", "integrated_gradients.n_steps=4", "--option", "shapley_valu
 def classifier_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models") / "bert-classifier"
     tiny_task_model("bert", "sequence_classification", num_labels=2).save_pretrained(folder)
-    tokenizer().save_pretrained(folder)
+    wordpiece_tokenizer().save_pretrained(folder)
     return folder
 
 
@@ -210,7 +208,7 @@ def test_blank_and_too_long_texts_are_skipped_and_listed(classifier_dir, tmp_pat
     summary = json.loads((out / "results.json").read_text())
     assert summary["n"] == 2 and [s["line"] for s in summary["skipped"]] == [2, 3]
     # --max-tokens skips are listed the same way, and only before the first n usable texts
-    from captum_ffb.evaluation.run import select_examples
+    from captum_ffb.evaluation.evaluate import select_examples
 
     task = EvaluationTask(loaded, "sentiment")
     rows = ["the cat sat on the mat", "", long, "a dog was tired", "she loves math"]

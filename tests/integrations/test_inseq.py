@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
-from tests.tiny_lm import causal_tokenizer, save_tiny_lm, tiny_lm
+from tests.models import causal_tokenizer, save_tiny_lm, tiny_lm
 
 inseq = pytest.importorskip("inseq")
 

@@ -1,6 +1,12 @@
 import pytest
 
-from tests.viz.tiny import tiny_text_maps
+from captum_ffb.text import TextMaps, text_maps
+from tests.models import tiny_loaded
+
+
+def tiny_text_maps(name: str, text: str = "the cat sat on the mat .") -> TextMaps:
+    """All layers and scopes of ``text`` on the tiny model ``name``."""
+    return text_maps(text, tiny_loaded(name))
 
 
 @pytest.fixture(scope="session")

@@ -56,15 +56,14 @@ def test_pre_ln_uses_its_own_ff_pair_and_cleans_bpe_markers(gpt2_maps):
 
 
 def test_display_token_with_and_without_a_tokenizer():
-    from tests.tiny_lm import byte_level_tokenizer
-    from tests.viz.tiny import tokenizer as wordpiece
+    from tests.models import byte_level_tokenizer, wordpiece_tokenizer
 
     assert display_token("##ing") == "ing" and display_token("##") == "##"
     assert display_token("ĊĊ") == "\\n\\n" and display_token("Ġcat", strip=False) == " cat"
     bpe = byte_level_tokenizer()
     assert display_token("Ã©t", bpe) == "ét"  # the byte-level decoder, which the markers lack
     assert display_token("Ġcat", bpe, strip=False) == " cat" and display_token("Ċ", bpe) == "\\n"
-    assert display_token("##at", wordpiece()) == "at" and display_token("[CLS]", wordpiece()) == "[CLS]"
+    assert display_token("##at", wordpiece_tokenizer()) == "at" and display_token("[CLS]", wordpiece_tokenizer()) == "[CLS]"
 
 
 def test_options_scopes_no_amp_and_row_normalisation(bert_maps):

@@ -12,9 +12,7 @@ from captum.attr import TextTokenInput, visualization
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import LLMNormAttribution
 from captum_ffb.viz import to_visualization_records
-from tests.models import tiny_task_model
-from tests.tiny_lm import causal_tokenizer, tiny_lm
-from tests.viz.tiny import tokenizer as bert_tokenizer
+from tests.models import causal_tokenizer, tiny_lm, tiny_task_model, wordpiece_tokenizer
 
 
 def shown_words(records) -> list[str]:
@@ -26,7 +24,7 @@ def shown_words(records) -> list[str]:
 
 def test_classifier_rows_render_with_their_tokens():
     model = tiny_task_model("bert", "sequence_classification")
-    tokenizer = bert_tokenizer()
+    tokenizer = wordpiece_tokenizer()
     texts = ["the cat sat on the mat", "big red dog"]
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     contributions, bias = NormDecomposition(model).attribute(

@@ -2,7 +2,7 @@ r"""Run the faithfulness protocols for several methods on one task, on any engin
 
 :func:`evaluate` loads the texts, builds an :class:`EvaluationJob` (batches of examples; per
 batch every method's attribution, its cost, and every protocol's per-example scores) and runs
-it with :func:`captum_ffb.engines.run_job`, so a run is resumable from its shards and runs
+it with :func:`captum_ffb.jobs.run_job`, so a run is resumable from its shards and runs
 locally or on Ray. :func:`summarise` turns the shards into one row per method.
 
 Protocols (definitions in :mod:`captum_ffb.evaluation.metrics`):
@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from captum_ffb.analysis.corpus import SkippedLine, skip_reason, write_skipped
-from captum_ffb.engines.jobs import ModelSource, fingerprint_of, run_job
 from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods, resolve_names
 from captum_ffb.evaluation.metrics import (
     DECOMPX_RATIOS,
@@ -43,6 +42,7 @@ from captum_ffb.evaluation.metrics import (
     eraser_faithfulness,
 )
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
+from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
 from captum_ffb.outputs import atomic_open, check_out_dir
 
 #: The protocols, in the order of the report.
@@ -90,7 +90,7 @@ def _rss() -> int:
 
 @dataclass
 class EvaluationJob:
-    """The :class:`~captum_ffb.engines.jobs.Job` of :func:`evaluate` (picklable)."""
+    """The :class:`~captum_ffb.jobs.job.Job` of :func:`evaluate` (picklable)."""
 
     source: ModelSource
     task: str
@@ -340,7 +340,7 @@ def evaluate(
         batch_size (int): examples per batch (one shard each).
         options (dict, optional): per-method options, e.g. ``{"integrated_gradients":
                     {"n_steps": 20}}``.
-        engine, engine_options: see :func:`captum_ffb.engines.run_job`.
+        engine, engine_options: see :func:`captum_ffb.jobs.run_job`.
         overwrite (bool): discard an earlier run with other settings in ``out``.
         show_progress (bool): a progress bar.
         seed (int): seeds the random baseline and the sampling methods.

@@ -3,7 +3,7 @@
 With the real coefficients frozen the model is linear in its players, so the forward route
 can propagate any subset of players on its own (``NormDecomposition.attribute(...,
 route="forward", players=...)``) and the parts add up exactly to the whole. Each part is one
-batch of a :class:`~captum_ffb.engines.Job`, so the parts run on any engine and a run that
+batch of a :class:`~captum_ffb.jobs.Job`, so the parts run on any engine and a run that
 stops resumes from the parts already done.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.engines.jobs import ModelSource, fingerprint_of, run_job
+from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from captum_ffb.engines.shards import ShardStore
+from captum_ffb.jobs.shards import ShardStore
 
 #: The engines :func:`run_job` knows.
 ENGINES = ("local", "ray")
@@ -118,7 +118,7 @@ def run_job(
         if todo and engine == "local":
             _run_local(job, store, batches, todo, progress, stop_after)
         elif todo:
-            from captum_ffb.engines.ray import run_ray
+            from captum_ffb.jobs.ray import run_ray
 
             run_ray(job, store, batches, todo, progress, **(engine_options or {}))
     finally:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from captum_ffb.engines import ShardStore, run_job
+from captum_ffb.jobs import ShardStore, run_job
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from captum_ffb.engines import run_job
+from captum_ffb.jobs import run_job
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def local_ray():
-    from captum_ffb.engines.ray import start
+    from captum_ffb.jobs.ray import start
 
     started = start(ray, None, 2)
     yield
@@ -103,14 +103,13 @@ def test_analyze_on_ray_equals_the_local_engine(tmp_path, local_ray):
     import json
 
     from captum_ffb.cli import main
-    from tests.analysis.conftest import LINES, tokenizer_for
-    from tests.models import TINY_MODELS
+    from tests.models import CORPUS_LINES, TINY_MODELS, corpus_tokenizer
 
     folder = tmp_path / "model"
     TINY_MODELS["gpt2"].build().save_pretrained(folder)
-    tokenizer_for(folder)
+    corpus_tokenizer(folder)
     corpus = tmp_path / "corpus.txt"
-    corpus.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    corpus.write_text("\n".join(CORPUS_LINES) + "\n", encoding="utf-8")
     common = ["analyze", "--model", str(folder), "--data", str(corpus), "--batch-size", "2",
               "--no-figures", "--quiet"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
@@ -169,7 +168,7 @@ def test_a_cluster_without_enough_gpus_is_one_line(tmp_path, local_ray, capsys):
     """Joining a running Ray (here the local one) that has fewer GPUs than the workers need:
     a one-line error instead of actors waiting forever."""
     from captum_ffb.cli import main
-    from tests.tiny_lm import save_tiny_lm
+    from tests.models import save_tiny_lm
 
     gpus = ray.cluster_resources().get("GPU", 0)
     with pytest.raises(ValueError, match=f"the Ray cluster has {gpus:g} GPUs, and 1 worker needs 64"):
@@ -193,9 +192,8 @@ def test_one_sequence_split_across_two_workers_adds_up(tmp_path, local_ray):
     import torch
 
     from captum_ffb import NormDecomposition
-    from captum_ffb.engines import ModelSource, attribute_split
-    from tests.models import token_ids
-    from tests.viz.tiny import save_tiny
+    from captum_ffb.jobs import ModelSource, attribute_split
+    from tests.models import save_tiny, token_ids
 
     folder = save_tiny("llama", tmp_path / "model")
     source = ModelSource(str(folder), causal_lm=False)
@@ -221,7 +219,7 @@ def test_evaluate_on_ray_equals_the_local_engine(tmp_path, local_ray):
     import json
 
     from captum_ffb.cli import main
-    from tests.tiny_lm import save_tiny_lm
+    from tests.models import save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "model")
     texts = tmp_path / "texts.txt"
@@ -243,7 +241,7 @@ def test_explain_corpus_on_ray_equals_the_local_engine(tmp_path, local_ray):
     import json
 
     from captum_ffb.cli import main
-    from tests.tiny_lm import save_tiny_lm
+    from tests.models import save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "model")
     texts = tmp_path / "texts.txt"
@@ -266,7 +264,7 @@ def test_starting_ray_prints_nothing(tmp_path):
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    code = ("import ray\nfrom captum_ffb.engines.ray import start\n"
+    code = ("import ray\nfrom captum_ffb.jobs.ray import start\n"
             "assert start(ray, None, 1)\nray.shutdown()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=300)

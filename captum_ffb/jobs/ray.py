@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from captum_ffb.engines.shards import ShardStore
+from captum_ffb.jobs.shards import ShardStore
 
 #: How many times one batch may lose its worker before the run gives up.
 MAX_RETRIES = 3
