@@ -143,7 +143,7 @@ def attnlrp(sizes: list[int]) -> dict:
     except ImportError:
         return {"note": "the AttnLRP peer is not part of this checkout"}
     if not attnlrp_available():
-        return {"note": "no lxt environment: bash benchmarks/peers/setup_lxt.sh"}
+        return {"note": "no lxt environment: bash captum_ffb/evaluation/peers/setup_lxt.sh"}
     from transformers import AutoConfig  # noqa: F401  (the vocab size below)
 
     from captum_ffb.models import smollm2_dir

@@ -31,7 +31,7 @@ examples:
 methods: decomposition, decomposition_no_ff, decomposition_linearised, attention_last,
   attention_mean, rollout, norm_rollout, saliency, input_x_gradient, integrated_gradients,
   feature_ablation, shapley_value_sampling, kernel_shap, lime, attnlrp (Llama family; needs
-  bash benchmarks/peers/setup_lxt.sh), random; or all
+  an lxt environment: bash <captum_ffb>/evaluation/peers/setup_lxt.sh), random; or all
 protocols: decompx (top K % replaced by [MASK], AOPC and accuracy), eraser (comprehensiveness
   and sufficiency, 1/5/10/20/50 % deleted), abpc (embeddings zeroed, area between the
   least- and most-relevant-first curves); or all

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -87,7 +88,8 @@ def test_output_file_round_trip(tmp_path):
 def test_missing_environment_names_the_setup_script(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTUM_FFB_LXT_VENV", str(tmp_path / "no-venv"))
     assert not peers.attnlrp_available()
-    with pytest.raises(RuntimeError, match="bash benchmarks/peers/setup_lxt.sh") as error:
+    assert peers.SETUP_COMMAND == f"bash {peers.SETUP_SCRIPT}"  # no blanks in the path here
+    with pytest.raises(RuntimeError, match=re.escape(peers.SETUP_COMMAND)) as error:
         peers.attnlrp_relevance(EXAMPLES, model_dir=tmp_path)
     assert "\n" not in str(error.value)
     with pytest.raises(RuntimeError, match="setup_lxt.sh"):
