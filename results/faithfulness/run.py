@@ -7,9 +7,11 @@ here; the same runs through the command line are printed by ``--print-commands``
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
+from captum_ffb.evaluation.methods import option_items
 from captum_ffb.evaluation.run import evaluate
 from captum_ffb.models import smollm2_dir
 
@@ -54,9 +56,7 @@ def command(name: str) -> str:
              f"--methods {run['methods']}", "--protocol all", f"--out results/faithfulness/{name}"]
     if run["max_tokens"]:
         parts.append(f"--max-tokens {run['max_tokens']}")
-    for method, values in run["options"].items():
-        for key, value in values.items():
-            parts.append(f"--option {method}.{key}={value}")
+    parts += [f"--option {shlex.quote(item)}" for item in option_items(run["options"])]
     return " ".join(parts)
 
 
