@@ -16,7 +16,7 @@ import torch
 
 from captum_ffb import Contrast, NormDecomposition
 from captum_ffb.evaluation import peers
-from captum_ffb.rules import attnlrp_rules
+from captum_ffb.rules import Attention, attnlrp_rules
 from tests.tiny_lm import tiny_lm
 
 pytestmark = pytest.mark.peer
@@ -106,7 +106,7 @@ def test_the_comparison_tells_rule_sets_apart(lxt_run):
     from lxt, and AttnLRP's attention rule alone (with the default IG rule on the gated
     feed-forward instead of the uniform split) is off by more than rounding."""
     model, examples, relevances, _ = lxt_run
-    frozen = NormDecomposition(model)
+    frozen = NormDecomposition(model, rules={"attention": Attention()})  # not the default now
     attention_only = NormDecomposition(model, rules={"attention": attnlrp_rules(model)["attention"]})
     assert max(_relative_gap(_ours(frozen, e), r) for e, r in zip(examples, relevances)) > 1e-2
     assert max(_relative_gap(_ours(attention_only, e), r) for e, r in zip(examples, relevances)) > 3e-4
