@@ -76,6 +76,7 @@ def next_token(n: int, ig: bool, repeat: int) -> dict:
     from captum.attr import LayerIntegratedGradients
 
     from captum_ffb import NormDecomposition
+    from captum_ffb.explain import first_token_share
 
     loaded = load_smollm2()
     model = loaded.model
@@ -100,8 +101,8 @@ def next_token(n: int, ig: bool, repeat: int) -> dict:
         plain_s = min(plain_s, best_time(plain, repeat=1, warm=False))
     model.zero_grad(set_to_none=True)
     row = {"n": n, "ours_s": ours_s, "forward_backward_s": plain_s, "ratio": ours_s / plain_s,
-           "delta": float(delta[0]), "first_token_share": float(contributions[0, 0].abs()
-                                                                 / contributions.abs().sum())}
+           "delta": float(delta[0]),
+           "first_token_share": float(first_token_share(contributions.detach())[0])}
     if ig:
         lig = LayerIntegratedGradients(lambda x: model(x, logits_to_keep=1).logits[:, -1, token],
                                        model.get_input_embeddings())
