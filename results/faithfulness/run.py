@@ -7,11 +7,13 @@ here; the same runs through the command line are printed by ``--print-commands``
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
 from captum_ffb.evaluation.evaluate import evaluate
-from captum_ffb.evaluation.peers import smollm2_dir
+from captum_ffb.evaluation.methods import option_items
+from captum_ffb.models import smollm2_dir
 
 HERE = Path(__file__).resolve().parent
 N = 300
@@ -56,9 +58,7 @@ def command(name: str) -> str:
              f"--methods {run['methods']}", "--protocol all", f"--out results/faithfulness/{name}"]
     if run["max_tokens"]:
         parts.append(f"--max-tokens {run['max_tokens']}")
-    for method, values in run["options"].items():
-        for key, value in values.items():
-            parts.append(f"--option {method}.{key}={value}")
+    parts += [f"--option {shlex.quote(item)}" for item in option_items(run["options"])]
     return " ".join(parts)
 
 
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
     for name in argv or list(RUNS):
         run = dict(RUNS[name])
         if run["model"] == "smollm2":
-            run["model"] = str(smollm2_dir())
+            run["model"] = str(smollm2_dir(required=True))
         print(f"== {name}", flush=True)
         evaluate(data="rotten_tomatoes", n=N, protocols="all", out=HERE / name, batch_size=16, **run)
     return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from captum_ffb.evaluation.data import rotten_tomatoes_split
 from captum_ffb.evaluation.evaluate import evaluate
-from captum_ffb.evaluation.peers import smollm2_dir
+from captum_ffb.models import smollm2_dir
 from captum_ffb.outputs import write_text
 
 HERE = Path(__file__).resolve().parent
@@ -51,7 +51,7 @@ def run(names: list[str]) -> None:
     for name in names:
         model, task, max_tokens = TASKS[name]
         if model == "smollm2":
-            model = str(smollm2_dir())
+            model = str(smollm2_dir(required=True))
         for reference in REFERENCES:
             print(f"== {name}, reference {reference}", flush=True)
             evaluate(model, task, data, ",".join(VARIANTS), "all", OUT / f"{name}-{reference}",

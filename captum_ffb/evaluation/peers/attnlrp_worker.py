@@ -1,8 +1,10 @@
 r"""AttnLRP relevances from the real ``lxt`` package, for a Llama-family model.
 
-Runs INSIDE the peer environment made by ``benchmarks/peers/setup_lxt.sh`` (transformers 4.53,
-lxt 2.1), never in the main one: ``captum_ffb.evaluation.peers.attnlrp_relevance`` starts it
-as a subprocess. It imports nothing from captum_ffb.
+Runs INSIDE the peer environment made by ``setup_lxt.sh`` (next to this file; transformers
+4.53, lxt 2.1), never in the main one: ``captum_ffb.evaluation.peers.attnlrp_relevance`` starts
+it as a standalone script, in a subprocess. It ships inside the captum_ffb package only so that
+an installed package has it: it imports nothing from captum_ffb (that environment has none) and
+only numpy at module level.
 
 Input (``.json`` or ``.npz``), a list of examples, each with ``input_ids`` (token ids),
 ``target_position`` (int; negative counts from the end) and a target: ``target_id`` (the logit

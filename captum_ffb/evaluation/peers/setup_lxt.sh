@@ -3,10 +3,13 @@
 #
 # lxt 2.1 does not import under transformers 5, so it gets its own environment with
 # transformers 4.53.2 and the same CPU torch as ours. Idempotent: an existing, complete
-# environment is left as it is (pass --force to rebuild it).
+# environment is left as it is (pass --force to rebuild it). It ships inside the package, next
+# to the worker that the environment runs (attnlrp_worker.py); the line to run it, with this
+# file's installed path, is captum_ffb.evaluation.peers.SETUP_COMMAND (and the error of
+# `captum-ffb evaluate --methods attnlrp` names it). From a checkout:
 #
-#   bash benchmarks/peers/setup_lxt.sh            # default: $HOME/.cache/captum_ffb/lxt-venv
-#   CAPTUM_FFB_LXT_VENV=/some/dir bash benchmarks/peers/setup_lxt.sh
+#   bash captum_ffb/evaluation/peers/setup_lxt.sh     # default: $HOME/.cache/captum_ffb/lxt-venv
+#   CAPTUM_FFB_LXT_VENV=/some/dir bash captum_ffb/evaluation/peers/setup_lxt.sh
 set -euo pipefail
 
 VENV="${CAPTUM_FFB_LXT_VENV:-$HOME/.cache/captum_ffb/lxt-venv}"
@@ -47,7 +50,8 @@ pip_install "torch==$TORCH_VERSION+cpu" "transformers==$TRANSFORMERS_VERSION" \
 # zennit's own requirement torchvision would come from PyPI built for CUDA torch (its operators
 # then fail to register on CPU torch, and transformers' Llama import fails with them): zennit and
 # lxt (whose metadata pins older torch/transformers) go in without their dependencies; the
-# worker gives lxt's ViT patches a stand-in for torchvision.
+# worker (attnlrp_worker.py, next to this script) gives lxt's ViT patches a stand-in for
+# torchvision.
 pip_install --no-deps zennit==0.5.1 "lxt==$LXT_VERSION"
 if "$VENV/bin/python" -m pip show -q torchvision >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip uninstall -q -y torchvision

