@@ -38,6 +38,7 @@ from captum_ffb.analysis.stats import (
 from captum_ffb.architectures import get_architecture
 from captum_ffb.attr import LayerNormDecomposition
 from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
+from captum_ffb.engine.positions import pad_sequences
 from captum_ffb.jobs import ModelSource, run_job
 from captum_ffb.jobs.job import fingerprint_of
 from captum_ffb.models import LoadedModel
@@ -294,15 +295,8 @@ class _Run:
 
 
 def _pad(sequences: Sequence[PreparedSequence], tokenizer: Any) -> tuple[Tensor, Tensor]:
-    n = max(len(s.ids) for s in sequences)
     pad = getattr(tokenizer, "pad_token_id", None)
-    pad = 0 if pad is None else int(pad)
-    ids = torch.full((len(sequences), n), pad, dtype=torch.long)
-    mask = torch.zeros((len(sequences), n), dtype=torch.long)
-    for b, sequence in enumerate(sequences):
-        ids[b, : len(sequence.ids)] = torch.as_tensor(sequence.ids)
-        mask[b, : len(sequence.ids)] = 1
-    return ids, mask
+    return pad_sequences([s.ids for s in sequences], 0 if pad is None else int(pad), "right")
 
 
 def plan_batches(

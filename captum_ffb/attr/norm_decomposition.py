@@ -28,6 +28,7 @@ from captum_ffb.engine import (
 from captum_ffb.engine.block import config_of
 from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.linearise import linearise
+from captum_ffb.engine.positions import real_positions
 from captum_ffb.engine.whole import (
     HeadTarget,
     element_wise_rule,
@@ -95,18 +96,6 @@ def _per_row(value: int | Tensor, batch: int, device: torch.device, what: str) -
     if tensor.numel() != batch:
         raise ValueError(f"{what} has {tensor.numel()} entries for a batch of {batch}")
     return tensor.long()
-
-
-def real_positions(token_mask: Tensor, where: str) -> Tensor:
-    """Each row's first or last real position ``(B,)`` (left or right padding)."""
-    n = token_mask.shape[1]
-    real = token_mask.bool()
-    if not bool(real.any(dim=1).all()):
-        raise ValueError("a row of the batch has no real token")
-    index = torch.arange(n, device=token_mask.device)
-    if where == "last":
-        return torch.where(real, index, -1).amax(dim=1)
-    return torch.where(real, index, n).amin(dim=1)
 
 
 class NormDecomposition(Attribution):

@@ -55,6 +55,7 @@ from typing import Any, Literal
 import torch
 
 from captum_ffb.analysis.corpus import rotten_tomatoes_path
+from captum_ffb.engine.positions import pad_sequences, position_ids
 
 __all__ = [
     "HELDOUT_FRACTION",
@@ -308,15 +309,9 @@ def sentiment_logit_difference(
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            width = max(len(rows[k]) for k in chunk)
-            ids = torch.full((len(chunk), width), int(pad_id), dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, k in enumerate(chunk):
-                ids[i, width - len(rows[k]) :] = torch.tensor(rows[k])
-                mask[i, width - len(rows[k]) :] = 1
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            ids, mask = pad_sequences([rows[k] for k in chunk], int(pad_id), "left")
             logits = model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=1
+                input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=1
             ).logits[:, -1]
             out[chunk] = (logits[:, positive] - logits[:, negative]).float()
     return out

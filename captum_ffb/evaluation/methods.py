@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.attr import DEFAULT_MEMORY_BUDGET
+from captum_ffb.engine.positions import position_ids, real_positions
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask
 
 MethodFn = Callable[[EvaluationTask, Batch, Tensor, dict[str, Any]], Tensor]
@@ -116,11 +117,7 @@ def _readout(maps: Tensor, task: EvaluationTask, mask: Tensor) -> Tensor:
     real = mask.to(maps.dtype)
     if task.readout == "mean":
         return (maps * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True)
-    n = mask.shape[1]
-    if task.readout == "last":
-        row = n - 1 - mask.long().flip(1).argmax(1)
-    else:
-        row = mask.long().argmax(1)
+    row = real_positions(mask, task.readout)
     return maps[torch.arange(maps.shape[0], device=row.device), row]
 
 
@@ -136,7 +133,7 @@ def _attentions(task: EvaluationTask, batch: Batch) -> list[Tensor]:
             kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask,
                                       "input_ids": batch.input_ids, "output_attentions": True}
             if task.causal:
-                kwargs["position_ids"] = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+                kwargs["position_ids"] = position_ids(batch.attention_mask)
                 kwargs["logits_to_keep"] = 1
             out = model(**kwargs)
     finally:

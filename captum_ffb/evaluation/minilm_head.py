@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.engine.positions import pad_sequences
+
 __all__ = [
     "ARTEFACT",
     "L2_GRID",
@@ -187,12 +189,7 @@ def pooled_embeddings(
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            width = max(len(rows[k]) for k in chunk)
-            ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, k in enumerate(chunk):
-                ids[i, : len(rows[k])] = torch.tensor(rows[k])
-                mask[i, : len(rows[k])] = 1
+            ids, mask = pad_sequences([rows[k] for k in chunk], pad_id, "right")
             hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
             pooled = mean_pool(hidden, mask).double()
             if out is None:

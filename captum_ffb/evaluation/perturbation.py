@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.engine.positions import position_ids, real_positions
+
 __all__ = [
     "PERTURBATIONS",
     "PerturbedBatch",
@@ -374,9 +376,7 @@ def last_token(values: Tensor, attention_mask: Tensor) -> Tensor:
             f"values shape {tuple(values.shape)} does not start with the mask shape "
             f"{tuple(attention_mask.shape)}"
         )
-    n = attention_mask.shape[1]
-    real = (attention_mask != 0).long().to(values.device)
-    last = n - 1 - real.flip(1).argmax(dim=1)
+    last = real_positions(attention_mask.to(values.device) != 0, "last")
     return values[torch.arange(values.shape[0], device=values.device), last]
 
 
@@ -424,7 +424,7 @@ def embedding_scorer(model: nn.Module, target_fn: Callable[..., Tensor], *,
                 embeds = embeds.masked_fill(zeroed.to(embeds.device, torch.bool).unsqueeze(-1), 0.0)
             kwargs = dict(forward_kwargs)
             if positions_from_mask:
-                kwargs["position_ids"] = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+                kwargs["position_ids"] = position_ids(attention_mask)
             outputs = model(inputs_embeds=embeds, attention_mask=attention_mask, **kwargs)
             return target_fn(outputs, input_ids, attention_mask)
 
