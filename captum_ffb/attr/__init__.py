@@ -5,12 +5,14 @@ from captum_ffb.attr.layer_norm_decomposition import (
     LayerNormDecomposition,
 )
 from captum_ffb.attr.llm import LLMNormAttribution, NormLLMAttributionResult
-from captum_ffb.attr.norm_decomposition import Contrast, Direction, NormDecomposition
+from captum_ffb.attr.norm_decomposition import ExplainedReadOuts, NormDecomposition
+from captum_ffb.readouts import Contrast, Direction
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "Contrast",
     "Direction",
+    "ExplainedReadOuts",
     "LLMNormAttribution",
     "LayerNormDecomposition",
     "NormDecomposition",

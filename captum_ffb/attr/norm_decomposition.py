@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -28,7 +28,6 @@ from captum_ffb.engine import (
 from captum_ffb.engine.block import config_of
 from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.linearise import linearise
-from captum_ffb.engine.positions import real_positions
 from captum_ffb.engine.whole import (
     HeadTarget,
     element_wise_rule,
@@ -38,64 +37,36 @@ from captum_ffb.engine.whole import (
     reference_inputs,
     resolve_head,
 )
+from captum_ffb.readouts import Direction, ReadOut, as_readout
 from captum_ffb.rules import is_linear_in_players, whole_model_rules
 
 ROUTES = ("backward", "forward")
-POOLINGS = ("mean", "cls", "first", "last")
 
 
-@dataclass(frozen=True)
-class Contrast:
-    r"""A contrastive target ``logit(positive) − logit(negative)`` (a token or a class each).
+@dataclass
+class ExplainedReadOuts:
+    r"""What :meth:`NormDecomposition.explain` finds for the read-outs of one input.
 
-    Args:
-        positive (int or Tensor): the unit whose logit counts positively (one per row as a
-                    ``(batch,)`` tensor, or one for all rows).
-        negative (int or Tensor): the unit whose logit is subtracted.
-
-    Examples::
-
-        >>> pos, neg = tok.convert_tokens_to_ids(["Ġpositive", "Ġnegative"])
-        >>> attributions = NormDecomposition(model).attribute(ids, target=Contrast(pos, neg))
+    Attributes:
+        readouts (list[ReadOut]): the read-outs explained, a predicted unit made concrete.
+        contributions (Tensor): ``(T·batch, n)`` on the chosen route, read-out after read-out.
+        bias (Tensor): ``(T·batch,)`` the bias player, propagated on its own.
+        delta (Tensor): ``(T·batch,)`` the convergence delta ``|Σ_j c_j + bias − real|``.
+        outputs (Any): the model's outputs (from the pass that recorded the forward route).
+        maps (Tensor, optional): ``(batch, blocks, n, n)`` whole-model token-to-token maps.
+        forward_contributions (Tensor, optional): ``(T·batch, n)`` the forward route's own
+                    contributions (asked for with ``check``, or the forward route).
+        forward_delta (Tensor, optional): ``(T·batch,)`` their convergence delta.
     """
 
-    positive: int | Tensor
-    negative: int | Tensor
-
-
-@dataclass(frozen=True)
-class Direction:
-    r"""A linear read-out of a base model: ``⟨vector, pool(h)⟩ + bias`` (a probe, a sentiment
-    head on sentence embeddings).
-
-    Args:
-        vector (Tensor): ``(d,)``, or ``(batch, d)`` for one per row.
-        pooling (str or int): ``"mean"`` over real tokens, ``"cls"``/``"first"`` (the first
-                    real token), ``"last"`` (the last real token), or a position.
-        bias (float or Tensor): added to the read-out (the bias player gets it).
-
-    Examples::
-
-        >>> probe = Direction(weight, pooling="mean", bias=0.1)     # e.g. a sentiment head
-        >>> NormDecomposition(base_model).attribute(ids, target=probe,
-        ...                                         forward_kwargs={"attention_mask": mask})
-    """
-
-    vector: Tensor
-    pooling: str | int = "mean"
-    bias: float | Tensor = 0.0
-
-
-def _per_row(value: int | Tensor, batch: int, device: torch.device, what: str) -> Tensor:
-    tensor = torch.as_tensor(value, device=device)
-    if tensor.is_floating_point():
-        raise TypeError(f"{what} must be an integer index (or one per row), got floats")
-    if tensor.dim() == 0:
-        return tensor.expand(batch).long()
-    tensor = tensor.reshape(-1)
-    if tensor.numel() != batch:
-        raise ValueError(f"{what} has {tensor.numel()} entries for a batch of {batch}")
-    return tensor.long()
+    readouts: list[ReadOut]
+    contributions: Tensor
+    bias: Tensor
+    delta: Tensor
+    outputs: Any
+    maps: Tensor | None = None
+    forward_contributions: Tensor | None = None
+    forward_delta: Tensor | None = field(default=None)
 
 
 class NormDecomposition(Attribution):
@@ -195,7 +166,7 @@ class NormDecomposition(Attribution):
     def attribute(
         self,
         inputs: Tensor | tuple[Tensor, ...],
-        target: int | Tensor | Contrast | Direction | None = None,
+        target: int | Tensor | ReadOut | None = None,
         additional_forward_args: Any = None,
         forward_kwargs: dict[str, Any] | None = None,
         feature_mask: Tensor | None = None,
@@ -211,11 +182,12 @@ class NormDecomposition(Attribution):
 
         Args:
             inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids).
-            target (int, Tensor, Contrast or Direction, optional): a class index for a
+            target (int, Tensor or ReadOut, optional): a class index for a
                         sequence classifier; a token id for a causal LM (its logit at each
                         row's last real position, or at ``target_position``); one per row as
                         a ``(batch,)`` tensor; :class:`Contrast` for ``logit(a) − logit(b)``;
-                        :class:`Direction` for a base model. ``None``: whole-model
+                        :class:`Direction` for a base model; or any other read-out of
+                        :mod:`captum_ffb.readouts` that names its unit. ``None``: whole-model
                         token-to-token maps (see :meth:`maps`), forward route.
             additional_forward_args (Any, optional): further positional arguments.
             forward_kwargs (dict, optional): keyword arguments of the forward, e.g.
@@ -271,7 +243,7 @@ class NormDecomposition(Attribution):
             raise TypeError("inputs must start with token ids of shape (batch, n)")
         token_mask = self._token_mask(kwargs, ids)
         groups, n_groups = self._groups(feature_mask, ids)
-        head_target = self._target(target, target_position, token_mask, ids.shape[0])
+        head_target = self._target(target, target_position, token_mask)
         if players is not None and route != "forward":
             raise ValueError("players= splits the forward route; use route='forward'")
         if route == "backward":
@@ -338,7 +310,7 @@ class NormDecomposition(Attribution):
         kwargs = dict(forward_kwargs or {})
         token_mask = self._token_mask(kwargs, ids)
         chosen = self._rules(rules)
-        heads = [self._target(int(t), int(p), token_mask, 1) for t, p in zip(tokens, where)]
+        heads = [self._target(int(t), int(p), token_mask) for t, p in zip(tokens, where)]
         if route == "backward":
             answers = self._backward((ids,), kwargs, heads, chosen)
             if return_bias or return_convergence_delta:
@@ -356,6 +328,72 @@ class NormDecomposition(Attribution):
             real = torch.cat([r for _, _, r in answers])
             out.append((contributions.sum(1) + bias - real).abs())
         return out[0] if len(out) == 1 else tuple(out)
+
+    @log_usage()
+    def explain(
+        self,
+        input_ids: Tensor,
+        readouts: Sequence[ReadOut | int | Tensor],
+        forward_kwargs: dict[str, Any] | None = None,
+        route: str = "backward",
+        maps: bool = False,
+        check: bool = False,
+        rules: Mapping[str, Callable] | None = None,
+    ) -> ExplainedReadOuts:
+        r"""Contributions, bias and delta of several read-outs of one batch, with the
+        whole-model maps and the forward route's check if asked, in at most two passes of
+        the model: one recording the forward route (it also gives the outputs that resolve
+        a predicted unit, the bias player propagated on its own, the maps and the check),
+        then, on the backward route, the backward pass.
+
+        Args:
+            input_ids (Tensor): ``(batch, n)`` token ids.
+            readouts (list): read-outs (an index counts as in :meth:`attribute`);
+                        ``NextToken()`` or ``ClassLogit()`` explain the predicted unit.
+            forward_kwargs (dict, optional): keyword arguments of the forward.
+            route (str): ``"backward"`` or ``"forward"``.
+            maps (bool): also the whole-model maps (see :meth:`maps`).
+            check (bool): on the backward route, also the forward route's contributions.
+            rules (dict, optional): role → rule for this call.
+
+        Returns:
+            ExplainedReadOuts
+        """
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if not readouts:
+            raise ValueError("give at least one read-out")
+        chosen = self._rules(rules)
+        args = (input_ids,)
+        kwargs = dict(forward_kwargs or {})
+        token_mask = self._token_mask(kwargs, input_ids)
+        batch, n = input_ids.shape
+        groups = torch.arange(n, device=input_ids.device).expand(batch, n).contiguous()
+        captured = self._capture(args, kwargs)
+        outputs = captured[1].output
+        mask = token_mask.long()
+        resolved = [as_readout(r, self.task).resolve(outputs, mask) for r in readouts]
+        targets = [self._target(r, None, token_mask) for r in resolved]
+        whole, found = None, None
+        if maps or check or route == "forward":
+            whole, found = self._propagate(captured, args, kwargs, targets, chosen, groups, n, maps=maps)
+        if route == "backward":
+            alone, _ = self._propagate(captured, args, kwargs, targets, chosen, groups, n, players=[])
+            answers = [(c, b.to(c.dtype), real) for (c, _, real), (_, b, _)
+                       in zip(self._backward(args, kwargs, targets, chosen), alone)]
+        else:
+            answers = whole
+        contributions = torch.cat([c for c, _, _ in answers]) * token_mask.repeat(len(targets), 1).to(self.dtype)
+        bias = torch.cat([b for _, b, _ in answers])
+        real = torch.cat([r for _, _, r in answers])
+        result = ExplainedReadOuts(resolved, contributions, bias,
+                                   (contributions.sum(1) + bias - real).abs(), outputs, found)
+        if whole is not None and (check or route == "forward"):
+            forward = torch.cat([c for c, _, _ in whole])
+            result.forward_contributions = forward
+            result.forward_delta = (forward.sum(1) + torch.cat([b for _, b, _ in whole])
+                                    - torch.cat([r for _, _, r in whole])).abs()
+        return result
 
     @log_usage()
     def maps(
@@ -388,11 +426,7 @@ class NormDecomposition(Attribution):
         batch, n, d = x.shape
         token_mask = blocks[0].token_mask
         positions = torch.arange(n, device=x.device).expand(batch, n)
-        per_player = batch * n * d * (torch.finfo(self.dtype).bits // 8) * 12
-        size = max(1, min(n, self.memory_budget // max(per_player, 1)))
-        if size < n and not all(is_linear_in_players(r) for r in chosen.values()):
-            raise ValueError("a rule that is not linear in the players needs all players at once: "
-                             "raise memory_budget")
+        size = self._group_size(x, chosen)
         maps = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
         totals = [torch.zeros(batch, n, d, dtype=self.dtype, device=x.device) for _ in blocks]
         bias_total = [None] * len(blocks)
@@ -443,64 +477,16 @@ class NormDecomposition(Attribution):
             raise ValueError("feature_mask holds non-negative integer group ids")
         return mask.long().contiguous(), int(mask.max()) + 1
 
-    def _target(self, target: Any, position: Any, token_mask: Tensor, batch: int) -> HeadTarget:
-        device = token_mask.device
-        head = self.head
-        if isinstance(target, Direction):
-            if head.task != "base":
-                raise ValueError(
-                    f"a Direction reads a base model's hidden states; {type(self.model).__name__} "
-                    "has a head: give a class, a token id or a Contrast"
-                )
-            vector = torch.as_tensor(target.vector, device=device).to(self.dtype)
-            vector = vector.expand(batch, -1) if vector.dim() == 1 else vector
-            bias = torch.as_tensor(target.bias, device=device, dtype=self.dtype).expand(batch)
-            ones = torch.ones(batch, 1, device=device)
-            pooling, positions = None, None
-            if target.pooling == "mean":
-                weights = token_mask.to(self.dtype)
-                pooling = weights / weights.sum(dim=1, keepdim=True)
-            elif target.pooling in ("cls", "first"):
-                positions = real_positions(token_mask, "first")
-            elif target.pooling == "last":
-                positions = real_positions(token_mask, "last")
-            elif isinstance(target.pooling, int):
-                positions = self._positions(target.pooling, token_mask, batch)
-            else:
-                raise ValueError(f"pooling must be one of {POOLINGS} or a position, got {target.pooling!r}")
-            return HeadTarget(vector[:, None], bias[:, None], ones, None, positions, pooling)
-        if head.task == "base":
-            raise ValueError(f"{type(self.model).__name__} is a base model: give a Direction target")
-        if isinstance(target, Contrast):
-            indices = torch.stack([_per_row(target.positive, batch, device, "the positive target"),
-                                   _per_row(target.negative, batch, device, "the negative target")], 1)
-            coefficients = torch.tensor([1.0, -1.0], device=device).expand(batch, 2)
-        else:
-            indices = _per_row(target, batch, device, "target")[:, None]
-            coefficients = torch.ones(batch, 1, device=device)
-        units = head.output.weight.shape[0]
-        if int(indices.min()) < 0 or int(indices.max()) >= units:
-            raise ValueError(f"target index out of range: the output has {units} units")
-        weight = head.output.weight.detach().to(self.dtype)[indices]  # (B, K, w)
-        bias = head.output.bias
-        biases = bias.detach().to(self.dtype)[indices] if bias is not None else torch.zeros_like(coefficients)
-        if position is not None and head.task != "causal_lm":
-            raise ValueError("target_position is for causal LMs; a classifier reads its own position")
-        if position is not None:
-            positions = self._positions(position, token_mask, batch)
-        else:
-            positions = real_positions(token_mask, head.spec.position)
-        return HeadTarget(weight, biases.to(self.dtype), coefficients.to(self.dtype), indices, positions)
-
-    def _positions(self, position: int | Tensor, token_mask: Tensor, batch: int) -> Tensor:
-        n = token_mask.shape[1]
-        positions = _per_row(position, batch, token_mask.device, "target_position")
-        positions = torch.where(positions < 0, positions + n, positions)
-        if int(positions.min()) < 0 or int(positions.max()) >= n:
-            raise ValueError(f"target_position is outside the {n} positions")
-        if not bool(token_mask.gather(1, positions[:, None]).all()):
-            raise ValueError("target_position points at a padded position")
-        return positions
+    def _target(self, target: Any, position: Any, token_mask: Tensor) -> HeadTarget:
+        """The head target of ``target`` (an index, one per row, or a read-out)."""
+        name = type(self.model).__name__
+        if isinstance(target, Direction) and self.task != "base":
+            raise ValueError(f"a Direction reads a base model's hidden states; {name} has a head: "
+                             "give a class, a token id or a Contrast")
+        if self.task == "base" and not isinstance(target, Direction):
+            raise ValueError(f"{name} is a base model: give a Direction target")
+        readout = as_readout(target, self.task)
+        return readout.head_target(self.head, token_mask, self.dtype, position)
 
     # ------------------------------------------------------------------ routes
     def _real_value(self, output: Any, target: HeadTarget, hidden: Tensor | None = None) -> Tensor:
@@ -541,39 +527,82 @@ class NormDecomposition(Attribution):
             handle.remove()
         return found[0]
 
-    def _forward(self, args, kwargs, targets: list[HeadTarget], rules, groups: Tensor, n_groups: int,
-                 players: Sequence[int] | None = None, reference: Any = None):
-        """One capture and one propagation; the head's rules for each target."""
-        head = self.head
+    def _capture(self, args, kwargs) -> tuple[list[Any], Any, bool]:
+        """One pass of the model recording what the forward route needs: the blocks, the
+        head's tensors and the output; and whether blocks are replayed one at a time."""
         light = self._light(args[0])
         blocks, recorded = capture_layers(
             self.model, self.model, self.blocks, self.spec, args, None, kwargs, dtype=self.dtype,
-            with_next_norms=False, extra=head.modules(), keep_output=True, light=light,
+            with_next_norms=False, extra=self.head.modules(), keep_output=True, light=light,
         )
+        return blocks, recorded, light
+
+    def _propagate(self, captured, args, kwargs, targets: list[HeadTarget], rules, groups: Tensor,
+                   n_groups: int, players: Sequence[int] | None = None, reference: Any = None,
+                   maps: bool = False):
+        """The forward route from a capture: the players through every block, then the head's
+        rules for each target. With ``maps``, every position is its own player, the players
+        go in groups that fit ``memory_budget`` and the whole-model maps ``(batch, blocks, n,
+        n)`` come back too (else ``None``)."""
+        blocks, recorded, light = captured
         x = blocks[0].inputs
         chosen_players = list(range(n_groups)) if players is None else [int(p) for p in players]
         if any(not 0 <= p < n_groups for p in chosen_players):
             raise ValueError(f"players must be among the {n_groups} players (0 … {n_groups - 1})")
         r = self._reference(reference, x, self._token_mask(kwargs, args[0]), args, kwargs)
-        start = player_start(x, groups, chosen_players, blocks[0].token_mask, r)
-        progress = self._progress(len(blocks))
-        last = None
-        answers = []
+        token_mask = blocks[0].token_mask
+        parts = [chosen_players]
+        found = None
+        if maps:
+            if r is not None or players is not None:
+                raise ValueError("the whole-model maps are of every position from zero")
+            batch, n, d = x.shape
+            size = self._group_size(x, rules)
+            parts = [chosen_players[first:first + size] for first in range(0, n, size)]
+            found = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
+        progress = self._progress(len(blocks) * len(parts))
+        contributions = [None] * len(targets)
+        biases = [None] * len(targets)
         try:
             with torch.no_grad():
-                for decomposition in propagate(blocks, self.chain, rules, start, self.memory_budget,
-                                               progress, self._replay if light else None):
-                    last = decomposition
-                index = torch.as_tensor(chosen_players, dtype=torch.long, device=x.device)
-                for target in targets:
-                    part, bias = head_forward(last, head, target, rules, recorded.tensors,
-                                              self.spec, self.config, self.dtype)
-                    contributions = part.new_zeros(part.shape[0], n_groups)
-                    contributions[:, index] = part
-                    answers.append((contributions, bias, self._real_value(recorded.output, target)))
+                for part in parts:
+                    start = player_start(x, groups, part, token_mask, r)
+                    for index, last in enumerate(propagate(blocks, self.chain, rules, start,
+                                                           self.memory_budget, progress,
+                                                           self._replay if light else None)):
+                        if found is not None:
+                            found[:, index, :, part[0]:part[0] + len(part)] = last.maps()
+                    columns = torch.as_tensor(part, dtype=torch.long, device=x.device)
+                    for k, target in enumerate(targets):
+                        share, biases[k] = head_forward(last, self.head, target, rules, recorded.tensors,
+                                                        self.spec, self.config, self.dtype)
+                        if contributions[k] is None:
+                            contributions[k] = share.new_zeros(share.shape[0], n_groups)
+                        contributions[k][:, columns] = share
         finally:
             if progress is not None:
                 progress.close()
+        answers = [(c, b, self._real_value(recorded.output, target))
+                   for c, b, target in zip(contributions, biases, targets)]
+        return answers, found
+
+    def _group_size(self, x: Tensor, rules) -> int:
+        """How many players the maps propagate at once (all of them when they fit
+        ``memory_budget``)."""
+        batch, n, d = x.shape
+        per_player = batch * n * d * (torch.finfo(self.dtype).bits // 8) * 12
+        size = max(1, min(n, self.memory_budget // max(per_player, 1)))
+        if size < n and not all(is_linear_in_players(r) for r in rules.values()):
+            raise ValueError("a rule that is not linear in the players needs all players at once: "
+                             "raise memory_budget")
+        return size
+
+    def _forward(self, args, kwargs, targets: list[HeadTarget], rules, groups: Tensor, n_groups: int,
+                 players: Sequence[int] | None = None, reference: Any = None):
+        """One capture and one propagation; the head's rules for each target."""
+        captured = self._capture(args, kwargs)
+        answers, _ = self._propagate(captured, args, kwargs, targets, rules, groups, n_groups,
+                                     players, reference)
         return answers
 
     def _backward(self, args, kwargs, targets: list[HeadTarget], rules, reference: Any = None):
