@@ -19,8 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb.attr import Direction, NormDecomposition
-from captum_ffb.models import DEFAULT_MODEL, LoadedModel, load_model
+from captum_ffb.attr import NormDecomposition
+from captum_ffb.attr.norm_decomposition import ExplainedReadOuts
+from captum_ffb.models import LoadedModel, load_model
+from captum_ffb.readouts import ClassLogit, NextToken, ReadOut
 from captum_ffb.text import check_text, display_tokens, encode_text
 
 #: Longest input (tokens) for which the whole-model maps are computed by default.
@@ -143,8 +145,15 @@ def explain_text(
     generate: int = 0,
     route: str = "backward",
     maps: bool | None = None,
+    readout: ReadOut | None = None,
 ) -> Explanation:
     r"""Explain ``text`` on ``model`` (the bundled all-MiniLM-L6-v2 by default).
+
+    The model runs twice: once recording the forward route (the real values, the predicted
+    output, the bias player, the maps and, on inputs of up to :data:`CHECK_UP_TO` tokens,
+    the forward route's check), once for the backward route (not on the forward route).
+    Generating runs the model once per generated token first, and the maps of the prompt
+    then take one more pass.
 
     Args:
         text (str): the input.
@@ -158,6 +167,10 @@ def explain_text(
         route (str): ``"backward"`` or ``"forward"`` (see :class:`NormDecomposition`).
         maps (bool, optional): also compute the whole-model token-to-token maps; by default
                     for base models, and for inputs up to :data:`MAPS_UP_TO` tokens.
+        readout (ReadOut, optional): what a base model's output is read as
+                    (:mod:`captum_ffb.readouts`); by default the bundled sentiment head
+                    where the model fits it (:func:`~captum_ffb.evaluation.minilm_head.
+                    sentiment_readout_for`), else only the maps are explained.
 
     Returns:
         Explanation
@@ -165,7 +178,22 @@ def explain_text(
     check_text(text)
     loaded = model or load_model(show_progress=False)
     nd = NormDecomposition(loaded.model)
-    task = nd.task
+    _check_options(nd.task, target, class_index, generate, readout)
+    ids = encode_text(text, loaded)["input_ids"]
+    ids = ids.to(next(loaded.model.parameters()).device)
+    n_prompt = ids.shape[1]
+    want_maps = maps if maps is not None else (nd.task == "base" or n_prompt <= MAPS_UP_TO)
+    common = dict(text=text, model_name=loaded.name, model_type=loaded.model_type, task=nd.task,
+                  route=route, prompt_length=n_prompt)
+    if nd.task == "causal_lm":
+        return _explain_causal_lm(nd, loaded, ids, target, generate, route, want_maps, common)
+    if nd.task == "sequence_classification":
+        return _explain_classifier(nd, loaded, ids, class_index, route, want_maps, common)
+    return _explain_base(nd, loaded, ids, readout, route, want_maps, common)
+
+
+def _check_options(task: str, target: str | None, class_index: int | None, generate: int,
+                   readout: ReadOut | None) -> None:
     if target is not None and task != "causal_lm":
         raise ValueError("--target names a next token: it needs a causal LM")
     if class_index is not None and task != "sequence_classification":
@@ -174,120 +202,120 @@ def explain_text(
         raise ValueError("--generate needs a causal LM")
     if generate < 0:
         raise ValueError(f"--generate must be a positive number of tokens, got {generate}")
+    if readout is not None and task != "base":
+        raise ValueError("a read-out is chosen for a base model; a model with a head explains "
+                         "its next token or class")
+
+
+def _run(nd: NormDecomposition, sequence: Tensor, readouts: list[ReadOut], route: str, maps: bool,
+         forward_kwargs: dict[str, Any] | None = None) -> tuple[ExplainedReadOuts, dict[str, float] | None]:
+    """The explained read-outs and, on the backward route for short inputs, the check against
+    the forward route (its own delta and the largest relative difference of the answers)."""
+    check = route == "backward" and sequence.shape[1] <= CHECK_UP_TO
+    result = nd.explain(sequence, readouts, forward_kwargs, route=route, maps=maps, check=check)
+    if not check:
+        return result, None
+    forward = result.forward_contributions
+    scale = float(forward.abs().max()) or 1.0
+    return result, {"forward_route_delta": float(result.forward_delta.max()),
+                    "largest_relative_difference_between_routes":
+                        float((forward - result.contributions).abs().max()) / scale}
+
+
+def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, target: str | None,
+                       generate: int, route: str, maps: bool, common: dict[str, Any]) -> Explanation:
+    """The next token (given or predicted), or every generated token."""
     tokenizer = loaded.tokenizer
-    ids = encode_text(text, loaded)["input_ids"]
     n_prompt = ids.shape[1]
-    device = next(loaded.model.parameters()).device
-    ids = ids.to(device)
-    common = dict(text=text, model_name=loaded.name, model_type=loaded.model_type, task=task,
-                  route=route)
-
-    if task == "causal_lm":
-        if generate:
-            with torch.no_grad():
-                full = loaded.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                             max_new_tokens=generate, do_sample=False,
-                                             pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-            targets = full[0, n_prompt:]
-            positions = torch.arange(n_prompt - 1, n_prompt - 1 + targets.numel(), device=device)
-            sequence = full[:, : n_prompt + targets.numel() - 1]
-            what = f"the logit of each of the {targets.numel()} generated tokens, read where it was predicted"
-        else:
-            token = _single_token(tokenizer, target) if target is not None else None
-            with torch.no_grad():
-                logits = loaded.model(ids).logits[0, -1]
-            token = int(logits.argmax()) if token is None else token
-            targets = torch.tensor([token], device=device)
-            positions = torch.tensor([n_prompt - 1], device=device)
-            sequence = ids
-            what = ("the logit of the predicted next token" if target is None
-                    else "the logit of the next token " + repr(target))
-        def attribute(chosen_route: str):
-            return nd.attribute_steps(
-                sequence, targets, positions,
-                forward_kwargs={"attention_mask": torch.ones_like(sequence)}, route=chosen_route,
-                return_bias=True, return_convergence_delta=True)
-
-        contributions, bias, delta = attribute(route)
-        check = _check_routes(attribute, route, contributions, sequence.shape[1])
+    if generate:
         with torch.no_grad():
-            logits = loaded.model(sequence).logits[0]
-        values = logits[positions, targets]
-        labels = tokenizer.convert_ids_to_tokens(targets.tolist())
-        all_ids = torch.cat([sequence[0], targets[-1:]]) if generate else sequence[0]
-        tokens = tokenizer.convert_ids_to_tokens(all_ids.tolist())
-        if generate:  # the last generated token is an output only
-            contributions = torch.cat([contributions, contributions.new_zeros(contributions.shape[0], 1)], 1)
-        explanation = Explanation(**common, tokens=tokens, prompt_length=n_prompt, explained=what,
-                                  targets=labels, contributions=contributions.detach(),
-                                  values=values.detach(), bias=bias.detach(), delta=delta.detach(),
-                                  check=check, labels=display_tokens(tokens, tokenizer),
-                                  target_labels=display_tokens(labels, tokenizer, strip=False))
-    elif task == "sequence_classification":
-        with torch.no_grad():
-            logits = loaded.model(ids).logits[0]
-        if class_index is not None and not 0 <= class_index < logits.numel():
-            raise ValueError(f"--class {class_index} does not exist: the model has {logits.numel()} classes")
-        chosen = int(logits.argmax()) if class_index is None else class_index
-        def attribute(chosen_route: str):
-            return nd.attribute(ids, target=chosen, route=chosen_route, return_bias=True,
-                                return_convergence_delta=True)
-
-        contributions, bias, delta = attribute(route)
-        check = _check_routes(attribute, route, contributions, n_prompt)
-        names = getattr(loaded.model.config, "id2label", None) or {}
-        label = str(names.get(chosen, chosen))
-        what = (f"the logit of class {chosen} ({label})" + (", the predicted class" if class_index is None else ""))
-        tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
-        explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, tokenizer),
-                                  prompt_length=n_prompt, explained=what, targets=[label],
-                                  contributions=contributions.detach(), values=logits[chosen:chosen + 1],
-                                  bias=bias.detach(), delta=delta.detach(), check=check)
+            full = loaded.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                         max_new_tokens=generate, do_sample=False,
+                                         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        generated = full[0, n_prompt:].tolist()
+        sequence = full[:, : n_prompt + len(generated) - 1]
+        readouts = [NextToken(token, n_prompt - 1 + t) for t, token in enumerate(generated)]
+        what = f"the logit of each of the {len(generated)} generated tokens, read where it was predicted"
     else:
-        tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
-        explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, tokenizer),
-                                  prompt_length=n_prompt, explained="the whole-model token-to-token maps",
-                                  contributions=torch.zeros(0, n_prompt))
-        if loaded.name == DEFAULT_MODEL:
-            _sentiment(explanation, nd, ids, route)
-    if maps if maps is not None else (task == "base" or n_prompt <= MAPS_UP_TO):
+        token = _single_token(tokenizer, target) if target is not None else None
+        sequence = ids
+        readouts = [NextToken(token, n_prompt - 1)]
+        what = ("the logit of the predicted next token" if target is None
+                else "the logit of the next token " + repr(target))
+    mask = torch.ones_like(sequence)
+    result, check = _run(nd, sequence, readouts, route, maps and not generate, {"attention_mask": mask})
+    targets = [int(r.token) for r in result.readouts]
+    values = torch.cat([r.value(result.outputs, mask) for r in result.readouts])
+    contributions = result.contributions
+    labels = tokenizer.convert_ids_to_tokens(targets)
+    all_ids = torch.cat([sequence[0], sequence.new_tensor(targets[-1:])]) if generate else sequence[0]
+    tokens = tokenizer.convert_ids_to_tokens(all_ids.tolist())
+    if generate:  # the last generated token is an output only
+        contributions = torch.cat([contributions, contributions.new_zeros(contributions.shape[0], 1)], 1)
+    explanation = Explanation(**common, tokens=tokens, explained=what, targets=labels,
+                              contributions=contributions.detach(), values=values.detach(),
+                              bias=result.bias.detach(), delta=result.delta.detach(), check=check,
+                              labels=display_tokens(tokens, tokenizer),
+                              target_labels=display_tokens(labels, tokenizer, strip=False))
+    explanation.maps = result.maps[0].detach() if result.maps is not None else None
+    if maps and generate:  # the maps are of the prompt
         with torch.no_grad():
             explanation.maps = nd.maps(ids)[0].detach()
     return explanation
 
 
-def _check_routes(attribute: Any, route: str, contributions: Tensor, n: int) -> dict[str, float] | None:
-    """The forward route's own delta and its difference from the backward route's answer."""
-    if route != "backward" or n > CHECK_UP_TO:
-        return None
-    forward, _, forward_delta = attribute("forward")
-    scale = float(forward.abs().max()) or 1.0
-    return {"forward_route_delta": float(forward_delta.max()),
-            "largest_relative_difference_between_routes":
-                float((forward - contributions).abs().max()) / scale}
+def _explain_classifier(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor,
+                        class_index: int | None, route: str, maps: bool,
+                        common: dict[str, Any]) -> Explanation:
+    """A class (given or predicted) of a sequence classifier."""
+    classes = nd.head.output.weight.shape[0]
+    if class_index is not None and not 0 <= class_index < classes:
+        raise ValueError(f"--class {class_index} does not exist: the model has {classes} classes")
+    result, check = _run(nd, ids, [ClassLogit(class_index)], route, maps)
+    readout = result.readouts[0]
+    chosen = int(readout.index)
+    names = getattr(loaded.model.config, "id2label", None) or {}
+    label = str(names.get(chosen, chosen))
+    what = f"the logit of class {chosen} ({label})" + (", the predicted class" if class_index is None else "")
+    tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    value = readout.value(result.outputs, torch.ones_like(ids))
+    return Explanation(**common, tokens=tokens, labels=display_tokens(tokens, loaded.tokenizer),
+                       explained=what, targets=[label], contributions=result.contributions.detach(),
+                       values=value.detach(), bias=result.bias.detach(), delta=result.delta.detach(),
+                       check=check, maps=None if result.maps is None else result.maps[0].detach())
 
 
-def _sentiment(explanation: Explanation, nd: NormDecomposition, ids: Tensor, route: str) -> None:
-    """The bundled MiniLM's sentiment head (logistic regression on mean-pooled embeddings)."""
-    from captum_ffb.evaluation.minilm_head import load_minilm_sentiment_head
+def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, readout: ReadOut | None,
+                  route: str, maps: bool, common: dict[str, Any]) -> Explanation:
+    """The whole-model maps, and a read-out of the hidden states when there is one (the
+    bundled sentiment head where the model fits it)."""
+    from captum_ffb.evaluation.minilm_head import sentiment_readout_for
 
-    head = load_minilm_sentiment_head()
-    direction: Direction = head.direction()
-    def attribute(chosen_route: str):
-        return nd.attribute(ids, target=direction, route=chosen_route, return_bias=True,
-                            return_convergence_delta=True)
-
-    contributions, bias, delta = attribute(route)
-    explanation.check = _check_routes(attribute, route, contributions, ids.shape[1])
-    with torch.no_grad():
-        real = head(nd.model(ids).last_hidden_state, torch.ones_like(ids))
-    explanation.explained = ("the logit of the bundled sentiment head (positive vs negative, a "
-                             "logistic regression on mean-pooled embeddings) and the whole-model maps")
-    explanation.targets = explanation.target_labels = ["positive sentiment"]
-    explanation.contributions = contributions.detach()
-    explanation.values = real.detach().reshape(1)
-    explanation.bias = bias.detach()
-    explanation.delta = delta.detach()
+    tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, loaded.tokenizer),
+                              explained="the whole-model token-to-token maps",
+                              contributions=torch.zeros(0, ids.shape[1]))
+    bundled = readout is None
+    readout = sentiment_readout_for(loaded.model) if bundled else readout
+    if readout is None:
+        if maps:
+            with torch.no_grad():
+                explanation.maps = nd.maps(ids)[0].detach()
+        return explanation
+    result, explanation.check = _run(nd, ids, [readout], route, maps)
+    if bundled:
+        explanation.explained = ("the logit of the bundled sentiment head (positive vs negative, a "
+                                 "logistic regression on mean-pooled embeddings) and the whole-model maps")
+        explanation.targets = explanation.target_labels = ["positive sentiment"]
+    else:
+        explanation.explained = f"the read-out {type(readout).__name__} and the whole-model maps"
+        explanation.targets = explanation.target_labels = [type(readout).__name__]
+    explanation.contributions = result.contributions.detach()
+    explanation.values = readout.value(result.outputs, torch.ones_like(ids)).detach().reshape(1)
+    explanation.bias = result.bias.detach()
+    explanation.delta = result.delta.detach()
+    explanation.maps = None if result.maps is None else result.maps[0].detach()
+    return explanation
 
 
 # ---------------------------------------------------------------------------------------
@@ -393,6 +421,7 @@ def explain_corpus(
         Path: the ``explanations.jsonl`` file.
     """
     from captum_ffb.analysis.corpus import skip_reason, write_skipped
+    from captum_ffb.evaluation.minilm_head import fits_minilm_head
     from captum_ffb.jobs.job import ModelSource, run_job
     from captum_ffb.models import load_tokenizer, max_length_of, model_config, task_from_config
     from captum_ffb.outputs import atomic_open, check_out_dir, to_json
@@ -408,7 +437,7 @@ def explain_corpus(
     folder = check_out_dir(out)
     config = model_config(model)
     head = task_from_config(config)
-    if head == "base" and model not in (None, DEFAULT_MODEL):
+    if head == "base" and not fits_minilm_head(config):
         raise ValueError("a base model has no output to explain: the corpus mode needs a causal LM, "
                          "a sequence classifier or the bundled all-MiniLM-L6-v2")
     tokenizer = load_tokenizer(model)

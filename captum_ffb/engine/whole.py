@@ -88,7 +88,7 @@ class ResolvedHead:
 def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
     """The head of ``model`` (a task model or a base model) from the registered heads."""
     config = config_of(model)
-    task = task_of(type(model).__name__)
+    task = task_of(model)
     head = get_head(config.model_type, task)
     norm = final_norm_of(model, spec) if head.final_norm else None
     steps: list[tuple[str, Any, Projection | None]] = []

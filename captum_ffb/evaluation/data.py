@@ -56,6 +56,7 @@ import torch
 
 from captum_ffb.analysis.corpus import rotten_tomatoes_path
 from captum_ffb.engine.positions import pad_sequences, position_ids
+from captum_ffb.readouts import PromptContrast
 
 __all__ = [
     "HELDOUT_FRACTION",
@@ -301,7 +302,7 @@ def sentiment_logit_difference(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1; got {batch_size}")
-    positive, negative = label_token_ids(tokenizer, labels)
+    readout = PromptContrast(*label_token_ids(tokenizer, labels))
     rows = tokenizer([template.format(text=text) for text in texts])["input_ids"]
     order = sorted(range(len(rows)), key=lambda k: len(rows[k]))  # less padding per batch
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -310,8 +311,8 @@ def sentiment_logit_difference(
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             ids, mask = pad_sequences([rows[k] for k in chunk], int(pad_id), "left")
-            logits = model(
+            outputs = model(
                 input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=1
-            ).logits[:, -1]
-            out[chunk] = (logits[:, positive] - logits[:, negative]).float()
+            )
+            out[chunk] = readout.value(outputs, mask).float()
     return out

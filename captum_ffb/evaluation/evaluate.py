@@ -44,6 +44,7 @@ from captum_ffb.evaluation.metrics import (
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
 from captum_ffb.outputs import atomic_open, check_out_dir
+from captum_ffb.readouts import PromptContrast
 
 #: The protocols, in the order of the report.
 PROTOCOLS = ("decompx", "eraser", "abpc")
@@ -291,8 +292,8 @@ def _attnlrp_relevance(task: EvaluationTask, examples: list[Example], path: Path
         predicted = task.predict(task.batch(chunk))
         for e, p in zip(chunk, predicted.tolist()):
             request: dict[str, Any] = {"input_ids": list(e.ids), "target_position": -1}
-            if task.mode == "prompt":
-                pos, neg = task.label_ids
+            if isinstance(task.readout, PromptContrast):
+                pos, neg = task.readout.positive, task.readout.negative
                 request["contrast"] = (pos, neg) if p == 1 else (neg, pos)
             else:
                 request["target_id"] = int(p)

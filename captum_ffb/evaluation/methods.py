@@ -115,9 +115,9 @@ def _linearised_rules() -> dict[str, Any]:
 def _readout(maps: Tensor, task: EvaluationTask, mask: Tensor) -> Tensor:
     """The read-out row of ``(B, n, n)`` maps."""
     real = mask.to(maps.dtype)
-    if task.readout == "mean":
+    if task.readout.query_row == "mean":
         return (maps * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True)
-    row = real_positions(mask, task.readout)
+    row = real_positions(mask, task.readout.query_row)
     return maps[torch.arange(maps.shape[0], device=row.device), row]
 
 

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_ffb.engine.positions import pad_sequences
+from captum_ffb.readouts import BinaryDirection, mean_pool
 
 __all__ = [
     "ARTEFACT",
@@ -40,8 +41,11 @@ __all__ = [
     "fit_logistic_regression",
     "load_minilm_sentiment_head",
     "mean_pool",
+    "fits_minilm_head",
     "minilm_sentiment_logit",
+    "minilm_sentiment_readout",
     "pooled_embeddings",
+    "sentiment_readout_for",
     "train_head",
 ]
 
@@ -56,25 +60,6 @@ POOLING = (
     "mean of the last hidden state over positions with attention_mask == 1 "
     "([CLS] and [SEP] included), no normalisation; logit = weight . pooled + bias"
 )
-
-
-def mean_pool(hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
-    r"""Mean of ``hidden_states`` over the positions where ``attention_mask`` is 1.
-
-    Args:
-        hidden_states (Tensor): ``(batch, n, d)``.
-        attention_mask (Tensor): ``(batch, n)``, 1 on real tokens and 0 on padding.
-
-    Returns:
-        Tensor of shape ``(batch, d)``.
-    """
-    if hidden_states.shape[:2] != attention_mask.shape:
-        raise ValueError(
-            f"hidden states {tuple(hidden_states.shape)} do not match the attention mask "
-            f"{tuple(attention_mask.shape)}"
-        )
-    mask = attention_mask.to(hidden_states.dtype).unsqueeze(-1)
-    return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
 class MiniLMSentimentHead(nn.Module):
@@ -97,12 +82,11 @@ class MiniLMSentimentHead(nn.Module):
             self.linear.bias.fill_(float(bias))
         self.info = dict(info or {})
 
-    def direction(self) -> Any:
-        """The head as a :class:`~captum_ffb.Direction` target (mean pooling, with its bias)."""
-        from captum_ffb.attr import Direction
-
-        return Direction(self.linear.weight[0].detach(), pooling="mean",
-                         bias=float(self.linear.bias.detach()))
+    def direction(self) -> BinaryDirection:
+        """The head as a read-out: a :class:`~captum_ffb.Direction` with mean pooling and its
+        bias, whose value is the positive class's logit (two classes ``(−z, z)``)."""
+        return BinaryDirection(self.linear.weight[0].detach(), pooling="mean",
+                               bias=float(self.linear.bias.detach()))
 
     def forward(self, hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
         """The logit ``(batch,)`` from the last hidden state ``(batch, n, d)`` and the mask."""
@@ -135,6 +119,28 @@ def load_minilm_sentiment_head(
 @lru_cache(maxsize=1)
 def _bundled_head() -> MiniLMSentimentHead:
     return load_minilm_sentiment_head()
+
+
+def minilm_sentiment_readout() -> BinaryDirection:
+    """The bundled sentiment head as a read-out (see :meth:`MiniLMSentimentHead.direction`)."""
+    return _bundled_head().direction()
+
+
+def fits_minilm_head(config: Any) -> bool:
+    """Whether a base model with this configuration is one the bundled head reads: a BERT
+    whose hidden size is the head's."""
+    return (getattr(config, "model_type", None) == "bert"
+            and getattr(config, "hidden_size", None) == _bundled_head().linear.in_features)
+
+
+def sentiment_readout_for(model: nn.Module) -> BinaryDirection | None:
+    """The bundled sentiment head's read-out when ``model`` is a base model it fits, else
+    ``None``."""
+    from captum_ffb.architectures.heads import task_of
+
+    if task_of(model) != "base" or not fits_minilm_head(getattr(model, "config", None)):
+        return None
+    return minilm_sentiment_readout()
 
 
 def minilm_sentiment_logit(

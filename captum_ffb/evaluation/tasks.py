@@ -12,8 +12,14 @@ class the model predicts on the unperturbed input; the protocols follow that cla
   position, the class logits are ``(−d, d)`` (class 1 = positive) and the probabilities
   ``(1 − σ(d), σ(d))``. Only the snippet's tokens are players: the prompt is never perturbed.
 * ``sentiment`` on a sequence classifier: its own logits and softmax.
-* ``sentiment`` on the bundled all-MiniLM-L6-v2: the bundled head's logit ``z`` on the
-  mean-pooled last hidden state; class logits ``(−z, z)``, probabilities ``(1 − σ(z), σ(z))``.
+* ``sentiment`` on a base model the bundled head fits (all-MiniLM-L6-v2: a BERT of its
+  width) or with a read-out given: the head's logit ``z`` on the mean-pooled last hidden
+  state; class logits ``(−z, z)``, probabilities ``(1 − σ(z), σ(z))``.
+
+Each is a read-out (:mod:`captum_ffb.readouts`: :class:`~captum_ffb.readouts.NextToken`,
+:class:`~captum_ffb.readouts.PromptContrast`, :class:`~captum_ffb.readouts.ClassLogit`,
+:class:`~captum_ffb.readouts.BinaryDirection`) that computes the class logits and names the
+decomposition's target.
 
 Special tokens ([CLS], [SEP], BOS) and padding are never players. Causal LMs are left-padded
 (positions counted from the attention mask), the others right-padded.
@@ -27,11 +33,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb.attr import Contrast, Direction
-from captum_ffb.models import DEFAULT_MODEL, LoadedModel
+from captum_ffb.engine.positions import pad_sequences, position_ids
+from captum_ffb.models import LoadedModel
+from captum_ffb.readouts import ClassLogit, NextToken, PromptContrast, ReadOut
 
-#: The task names :func:`make_task` knows.
-TASKS = ("next-token", "sentiment")
+#: The evaluation tasks :class:`EvaluationTask` knows.
+EVALUATION_TASKS = ("next-token", "sentiment")
 
 
 @dataclass(frozen=True)
@@ -58,22 +65,27 @@ class Batch:
 
 
 class EvaluationTask:
-    r"""A model, what of it is explained, and how texts become examples.
+    r"""A model, what of it is explained (a read-out, :mod:`captum_ffb.readouts`), and how
+    texts become examples.
 
     Args:
         loaded (LoadedModel): the model and tokenizer.
         kind (str): ``"next-token"`` or ``"sentiment"``.
         template (str, optional): a causal LM's sentiment prompt with ``{text}``.
         labels (tuple[str, str], optional): its ``(positive, negative)`` label tokens.
+        readout (ReadOut, optional): a base model's read-out with classes (e.g. a
+                    :class:`~captum_ffb.readouts.BinaryDirection`); by default the bundled
+                    sentiment head where the model fits it.
     """
 
     def __init__(self, loaded: LoadedModel, kind: str, template: str | None = None,
-                 labels: tuple[str, str] | None = None) -> None:
+                 labels: tuple[str, str] | None = None, readout: ReadOut | None = None) -> None:
         from captum_ffb.attr import NormDecomposition
         from captum_ffb.evaluation.data import SENTIMENT_LABELS, SENTIMENT_TEMPLATE, label_token_ids
+        from captum_ffb.evaluation.minilm_head import sentiment_readout_for
 
-        if kind not in TASKS:
-            raise ValueError(f"unknown task {kind!r}; choose from {', '.join(TASKS)}")
+        if kind not in EVALUATION_TASKS:
+            raise ValueError(f"unknown task {kind!r}; choose from {', '.join(EVALUATION_TASKS)}")
         self.loaded, self.kind = loaded, kind
         self.model = loaded.model
         parameter = next(self.model.parameters(), None)
@@ -81,35 +93,32 @@ class EvaluationTask:
         self.device = parameter.device if parameter is not None else torch.device("cpu")
         self.tokenizer = loaded.tokenizer
         self.nd = NormDecomposition(self.model)
-        self.head_kind = self.nd.task  # causal_lm, sequence_classification or base
-        self.causal = self.head_kind == "causal_lm"
-        self.template = self.label_ids = self.head = None
+        self.causal = self.nd.task == "causal_lm"
+        self.template = None
+        if readout is not None and self.nd.task != "base":
+            raise ValueError("a read-out is chosen for a base model; a model with a head "
+                             "explains its next token or class")
         if kind == "next-token":
             if not self.causal:
                 raise ValueError("the next-token task needs a causal LM (a *ForCausalLM model)")
-            self.mode = "next_token"
+            readout = NextToken()
         elif self.causal:
-            self.mode = "prompt"
             self.template = template or SENTIMENT_TEMPLATE
             if "{text}" not in self.template:
                 raise ValueError("the sentiment template needs a {text} slot")
-            self.label_ids = label_token_ids(self.tokenizer, labels or SENTIMENT_LABELS)
-        elif self.head_kind == "sequence_classification":
-            self.mode = "classifier"
-        else:
-            from captum_ffb.evaluation.minilm_head import load_minilm_sentiment_head
-
-            head = load_minilm_sentiment_head()
-            hidden = getattr(self.model.config, "hidden_size", None)
-            if loaded.name != DEFAULT_MODEL and hidden != head.linear.in_features:
+            readout = PromptContrast(*label_token_ids(self.tokenizer, labels or SENTIMENT_LABELS))
+        elif self.nd.task == "sequence_classification":
+            readout = ClassLogit()
+        elif readout is None:
+            readout = sentiment_readout_for(self.model)
+            if readout is None:
                 raise ValueError("sentiment on a base model needs the bundled all-MiniLM-L6-v2 "
                                  "(its sentiment head), a sequence classifier or a causal LM")
-            self.mode, self.head = "minilm_head", head.to(self.device)
+        #: what is explained: the logit of the class each example predicts, read by this
+        self.readout: ReadOut = readout
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (self.tokenizer.eos_token_id or 0))
         self.padding_side = "left" if self.causal else "right"
-        #: the query row that reads the output, for the attention baselines
-        self.readout = "last" if self.causal else ("mean" if self.mode == "minilm_head" else "first")
 
     # -- examples ------------------------------------------------------------------------
 
@@ -126,7 +135,7 @@ class EvaluationTask:
     def example(self, text: str, label: int | None, index: int) -> Example:
         """Tokenise one text into an :class:`Example`."""
         tok = self.tokenizer
-        if self.mode == "prompt":
+        if self.template is not None:
             before, after = self.template.split("{text}", 1)
             if before.endswith(" "):
                 before, text = before[:-1], " " + text
@@ -148,16 +157,9 @@ class EvaluationTask:
 
     def batch(self, examples: list[Example]) -> Batch:
         """Pad ``examples`` (left for causal LMs, right otherwise)."""
-        width = max(len(e.ids) for e in examples)
-        ids = torch.full((len(examples), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(examples), width), dtype=torch.long)
-        protected = torch.ones((len(examples), width), dtype=torch.bool)
-        for row, e in enumerate(examples):
-            n = len(e.ids)
-            where = slice(width - n, width) if self.padding_side == "left" else slice(0, n)
-            ids[row, where] = torch.tensor(e.ids)
-            mask[row, where] = 1
-            protected[row, where] = ~torch.tensor(e.players)
+        ids, mask = pad_sequences([e.ids for e in examples], self.pad_id, self.padding_side)
+        players, _ = pad_sequences([[int(p) for p in e.players] for e in examples], 0, self.padding_side)
+        protected = players == 0
         labels = torch.tensor([-1 if e.label is None else e.label for e in examples])
         index = torch.tensor([e.index for e in examples])
         return Batch(*(t.to(self.device) for t in (ids, mask, protected, labels, index)))
@@ -169,7 +171,7 @@ class EvaluationTask:
         """The model's outputs (position ids from the mask for causal LMs)."""
         kwargs: dict[str, Any] = {"attention_mask": attention_mask}
         if self.causal:
-            kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            kwargs["position_ids"] = position_ids(attention_mask)
             kwargs["logits_to_keep"] = 1  # left padding: the last position is the read-out
         if input_ids is not None:
             kwargs["input_ids"] = input_ids
@@ -179,26 +181,11 @@ class EvaluationTask:
 
     def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
         """``(B, C)`` the logit of every class (see the module docstring)."""
-        if self.mode == "next_token":
-            return outputs.logits[:, -1]
-        if self.mode == "prompt":
-            last = outputs.logits[:, -1]
-            d = last[:, self.label_ids[0]] - last[:, self.label_ids[1]]
-            return torch.stack([-d, d], dim=-1)
-        if self.mode == "classifier":
-            return outputs.logits
-        from captum_ffb.evaluation.minilm_head import mean_pool
-
-        pooled = mean_pool(outputs.last_hidden_state, attention_mask)
-        z = self.head.linear(pooled.to(self.head.linear.weight.dtype)).squeeze(-1)
-        return torch.stack([-z, z], dim=-1)
+        return self.readout.class_logits(outputs, attention_mask)
 
     def class_probabilities(self, logits: Tensor) -> Tensor:
         """``(B, C)`` from :meth:`class_logits`: a softmax; binary tasks ``(1 − σ, σ)``."""
-        if self.mode in ("prompt", "minilm_head"):
-            p = torch.sigmoid(logits[:, 1])
-            return torch.stack([1 - p, p], dim=-1)
-        return logits.softmax(-1)
+        return self.readout.class_probabilities(logits)
 
     def scorer(self, kind: str):
         """A scorer ``(input_ids, attention_mask, zeroed) -> (B, C)`` for the metrics:
@@ -219,19 +206,10 @@ class EvaluationTask:
                                    attention_mask)
         return logits.gather(1, target.view(-1, 1)).squeeze(1)
 
-    def decomposition_target(self, target: Tensor) -> tuple[Any, Tensor]:
+    def decomposition_target(self, target: Tensor) -> tuple[ReadOut, Tensor]:
         """The :class:`NormDecomposition` target for the logit of class ``target`` per row and
         a ``(B,)`` sign to multiply the contributions by."""
-        ones = torch.ones(target.shape[0], device=target.device)
-        if self.mode in ("next_token", "classifier"):
-            return target, ones
-        if self.mode == "prompt":
-            pos, neg = self.label_ids
-            positive = torch.where(target == 1, pos, neg)
-            negative = torch.where(target == 1, neg, pos)
-            return Contrast(positive, negative), ones
-        w, b = self.head.linear.weight[0].detach(), float(self.head.linear.bias[0])
-        return Direction(w, pooling="mean", bias=b), torch.where(target == 1, 1.0, -1.0)
+        return self.readout.for_class(target)
 
     def predict(self, batch: Batch) -> Tensor:
         """``(B,)`` the class each example's unperturbed input predicts."""
