@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
-    from captum_ffb.evaluation.evaluate import read_rows
     from captum_ffb.explain import explain_corpus
+    from captum_ffb.text import read_rows
 
     for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate)):
         if value is not None:

@@ -19,8 +19,6 @@ Protocols (definitions in :mod:`captum_ffb.evaluation.metrics`):
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import threading
 import time
@@ -45,6 +43,8 @@ from captum_ffb.evaluation.tasks import EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
 from captum_ffb.outputs import atomic_open, check_out_dir
 from captum_ffb.readouts import PromptContrast
+from captum_ffb.text import read_rows
+from captum_ffb.text import read_texts as read_texts  # where it was first defined
 
 #: The protocols, in the order of the report.
 PROTOCOLS = ("decompx", "eraser", "abpc")
@@ -185,67 +185,6 @@ class EvaluationJob:
 # data
 
 
-def read_rows(data: str | os.PathLike) -> tuple[list[str], list[int | None]]:
-    r"""Every text and label of ``data`` in order, blank ones included (as ``""``), so that
-    position ``k`` is the ``k``-th line of a ``.txt`` or ``.jsonl`` file, or the ``k``-th row
-    of a ``.csv`` / ``.tsv`` (see :func:`read_texts` for the formats)."""
-    if str(data) == "rotten_tomatoes":
-        from captum_ffb.evaluation.data import rotten_tomatoes_split
-
-        split = rotten_tomatoes_split("heldout")
-        return list(split.texts), list(split.labels)
-    path = Path(data)
-    if not path.is_file():
-        raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
-    suffix = path.suffix.lower()
-    if suffix == ".txt":
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-        labels: list[Any] = [None] * len(texts)
-    elif suffix == ".jsonl":
-        rows = [json.loads(line) if line.strip() else {"text": ""}
-                for line in path.read_text(encoding="utf-8").splitlines()]
-        if any(not isinstance(r, dict) or "text" not in r for r in rows):
-            raise ValueError(f"--data {data}: every line needs a \"text\"")
-        texts, labels = [r["text"] for r in rows], [r.get("label") for r in rows]
-    elif suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
-        if rows and "text" not in rows[0]:
-            raise ValueError(f"--data {data}: no 'text' column")
-        texts = [r["text"] or "" for r in rows]
-        labels = [int(r["label"]) if r.get("label") not in (None, "") else None for r in rows]
-    else:
-        raise ValueError(f"--data {data}: use a .txt, .jsonl, .csv or .tsv file, or rotten_tomatoes")
-    return texts, [None if v is None else int(v) for v in labels]
-
-
-def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = None,
-               max_tokens: int | None = None) -> tuple[list[str], list[int | None]]:
-    r"""Texts and labels: ``"rotten_tomatoes"`` (the labelled held-out split, see
-    :mod:`captum_ffb.evaluation.data`), or a file: ``.txt`` (one text per line, no labels),
-    ``.jsonl`` (``{"text": ..., "label": ...}``) or ``.csv`` / ``.tsv`` (columns ``text`` and
-    optionally ``label``); blank texts are left out (:func:`read_rows` keeps them).
-
-    Args:
-        data (str or PathLike): the source.
-        n (int, optional): keep the first ``n`` (after the length filter).
-        tokenizer (optional): counts tokens for ``max_tokens``.
-        max_tokens (int, optional): skip texts longer than this (the tokenizer's tokens).
-    """
-    rows, gold = read_rows(data)
-    keep = [k for k, text in enumerate(rows) if text.strip()]
-    texts, labels = [rows[k] for k in keep], [gold[k] for k in keep]
-    if max_tokens is not None:
-        lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
-        keep = [k for k, length in enumerate(lengths) if length <= max_tokens]
-        texts, labels = [texts[k] for k in keep], [labels[k] for k in keep]
-    if n is not None:
-        texts, labels = texts[:n], labels[:n]
-    if not texts:
-        raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else ""))
-    return texts, labels
-
-
 def select_examples(task: EvaluationTask, texts: Sequence[str], labels: Sequence[int | None],
                     n: int | None = None, max_tokens: int | None = None,
                     ) -> tuple[list[Example], list[SkippedLine]]:
@@ -332,7 +271,7 @@ def evaluate(
     Args:
         model (str, optional): a model folder or name (the bundled all-MiniLM-L6-v2 by default).
         task (str): ``"next-token"`` or ``"sentiment"``.
-        data: ``"rotten_tomatoes"`` or a file (see :func:`read_texts`).
+        data: ``"rotten_tomatoes"`` or a file (see :func:`~captum_ffb.text.read_texts`).
         methods: names of :data:`~captum_ffb.evaluation.methods.METHODS` (comma list).
         protocols: names of :data:`PROTOCOLS` (comma list, or ``"all"``).
         out: the run's folder (shards, ``results.csv``/``.md``/``.json``, curves, HTML).
