@@ -126,11 +126,15 @@ def minilm_sentiment_readout() -> BinaryDirection:
     return _bundled_head().direction()
 
 
+#: The configuration of all-MiniLM-L6-v2, the encoder the bundled head was trained on.
+MINILM_CONFIG = {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6,
+                 "num_attention_heads": 12, "intermediate_size": 1536, "vocab_size": 30522}
+
+
 def fits_minilm_head(config: Any) -> bool:
     """Whether a base model with this configuration is one the bundled head reads: a BERT
-    whose hidden size is the head's."""
-    return (getattr(config, "model_type", None) == "bert"
-            and getattr(config, "hidden_size", None) == _bundled_head().linear.in_features)
+    shaped as all-MiniLM-L6-v2 (:data:`MINILM_CONFIG`), the encoder it was trained on."""
+    return all(getattr(config, key, None) == value for key, value in MINILM_CONFIG.items())
 
 
 def sentiment_readout_for(model: nn.Module) -> BinaryDirection | None:
