@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import os
 import warnings
@@ -15,6 +14,7 @@ from typing import Any
 
 from torch import nn
 
+from captum_ffb._private import hidden_gguf_progress_bar
 from captum_ffb.architectures import get_architecture
 from captum_ffb.architectures.heads import TASKS, task_of
 from captum_ffb.engine.model import find_blocks
@@ -256,17 +256,13 @@ def _progress_bars(show: bool, gguf: bool = False) -> Iterator[None]:
 
     enabled = hf_logging.is_progress_bar_enabled()
     hub_states = dict(getattr(hub_tqdm, "progress_bar_states", {}))
-    gguf_utils = None
-    if gguf:  # its bar is a plain tqdm that the switch above does not reach
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-        gguf_bar = gguf_utils.tqdm
-        gguf_utils.tqdm = functools.partial(gguf_bar, disable=True)
     with warnings.catch_warnings():  # HF_HUB_DISABLE_PROGRESS_BARS=0 has priority: fine
         warnings.simplefilter("ignore")
         hf_logging.disable_progress_bar()
     try:
-        yield
+        # the GGUF bar is a plain tqdm that the switch above does not reach
+        with hidden_gguf_progress_bar() if gguf else contextlib.nullcontext():
+            yield
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -275,8 +271,6 @@ def _progress_bars(show: bool, gguf: bool = False) -> Iterator[None]:
         if hasattr(hub_tqdm, "progress_bar_states"):
             hub_tqdm.progress_bar_states.clear()
             hub_tqdm.progress_bar_states.update(hub_states)
-        if gguf_utils is not None:
-            gguf_utils.tqdm = gguf_bar
 
 
 def _read_config(source: str | Path, name: str, kwargs: dict[str, Any]) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from captum_ffb.architectures.registry import get_architecture, supported_architectures
 from captum_ffb.architectures.spec import Projection
 
 #: Tasks a head can serve, read from the model's class name.
@@ -64,9 +65,11 @@ class HeadSpec:
 
 _HEADS: dict[tuple[str, str], HeadSpec] = {}
 
-#: The head every causal LM has unless its family registers another.
-CAUSAL_LM = HeadSpec(position="last")
-#: Decoder sequence classifiers (``GPT2ForSequenceClassification``, Llama's, ...).
+#: The head every causal LM has unless its family registers another (the final soft-capping
+#: applies when the config sets one, as Gemma 2's does).
+CAUSAL_LM = HeadSpec(position="last", softcap="final_logit_softcapping")
+#: The sequence classifier of every decoder family (``GPT2ForSequenceClassification``,
+#: Llama's, ...) unless it registers another.
 DECODER_CLASSIFIER = HeadSpec(position="last", output="score")
 #: A base model read through a pooling and a direction (see ``captum_ffb.Direction``).
 BASE = HeadSpec(position="last", output=None)
@@ -111,17 +114,33 @@ def task_of(model: Any) -> str:
     return "base"
 
 
+def _is_decoder(model_type: str) -> bool:
+    """Whether the family's spec makes every model of it causal (a decoder-only family)."""
+    if model_type not in supported_architectures():
+        return False
+    spec = get_architecture(model_type)
+    if spec.causal is None:  # the chain's default: only Post-LN blocks may be bidirectional
+        return isinstance(spec.chain, str) and spec.chain != "post_ln"
+    return spec.causal is True
+
+
 def get_head(model_type: str, task: str) -> HeadSpec:
-    """The head of ``model_type``'s ``task`` model; a clear error when none is known."""
+    """The head of ``model_type``'s ``task`` model: the one registered for it, else the
+    default of its task (a decoder family's classifier is :data:`DECODER_CLASSIFIER`); a clear
+    error when none is known."""
     if (model_type, task) in _HEADS:
         return _HEADS[(model_type, task)]
     if task == "causal_lm":
         return CAUSAL_LM
     if task == "base":
         return BASE
-    known = sorted(m for m, t in _HEADS if t == task)
+    if task == "sequence_classification" and _is_decoder(model_type):
+        return DECODER_CLASSIFIER
+    known = {m for m, t in _HEADS if t == task}
+    if task == "sequence_classification":
+        known |= {m for m in supported_architectures() if _is_decoder(m)}
     raise ValueError(
-        f"no {task} head is registered for {model_type!r} (known: {', '.join(known)}); "
+        f"no {task} head is registered for {model_type!r} (known: {', '.join(sorted(known))}); "
         "describe it with captum_ffb.architectures.heads.HeadSpec and register_head"
     )
 
@@ -156,14 +175,8 @@ for _name in ("roberta", "xlm-roberta", "camembert"):
     register_head(_name, "sequence_classification", _ROBERTA_CLASSIFIER)
 register_head("electra", "sequence_classification", _ELECTRA_CLASSIFIER)
 register_head("distilbert", "sequence_classification", _DISTILBERT_CLASSIFIER)
-for _name in ("gpt2", "opt", "llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2",
-              "gemma3_text", "gpt_neox", "gptj", "phi", "phi3", "mixtral", "qwen2_moe",
-              "olmo", "olmo2"):
-    register_head(_name, "sequence_classification", DECODER_CLASSIFIER)
 # OPT-350m projects the final hidden states down to the embedding width before the LM head
 # (its base model's output includes the projection too); absent layers are skipped.
 _OPT_PROJECT_OUT = (Projection("decoder.project_out"),)
 register_head("opt", "causal_lm", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
 register_head("opt", "base", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
-for _name in ("gemma2", "gemma3_text"):
-    register_head(_name, "causal_lm", HeadSpec(position="last", softcap="final_logit_softcapping"))

@@ -32,16 +32,32 @@ def register_architecture(
     """
     if not isinstance(spec, ArchitectureSpec):
         raise TypeError(f"spec must be an ArchitectureSpec, got {type(spec).__name__}")
-    if isinstance(spec.chain, str) and _CHAINS and spec.chain not in _CHAINS:
-        raise ValueError(
-            f"spec names chain {spec.chain!r}, which is not registered; registered: "
-            f"{', '.join(registered_chains())} (register_chain adds one)"
-        )
+    if _CHAINS:
+        _check_chain(model_type, spec)
     if model_type in _REGISTRY and not overwrite:
         raise ValueError(
             f"model_type {model_type!r} is already registered; pass overwrite=True to replace it"
         )
     _REGISTRY[model_type] = spec
+
+
+def _check_chain(model_type: str, spec: ArchitectureSpec) -> None:
+    if isinstance(spec.chain, str) and spec.chain not in _CHAINS:
+        raise ValueError(
+            f"the spec of {model_type!r} names chain {spec.chain!r}, which is not registered; "
+            f"registered: {', '.join(registered_chains())} (register_chain adds one)"
+        )
+
+
+def check_chain_names() -> None:
+    """Raise a clear error when a registered family names a chain that is not registered.
+
+    Runs when the built-in chains are registered (for the families registered before them)
+    and at every :func:`register_architecture` after that. A family whose chain is a function
+    of the config is checked when a model is bound to it (:func:`get_chain`).
+    """
+    for model_type, spec in _REGISTRY.items():
+        _check_chain(model_type, spec)
 
 
 def supported_architectures() -> list[str]:

@@ -3,8 +3,8 @@ attribution API (``TextTokenInput`` / ``TextTemplateInput`` in, ``LLMAttribution
 
 Captum's ``LLMAttribution`` accepts only its own perturbation methods and
 ``LLMGradientAttribution`` only its layer-gradient methods, so this is a third subclass of
-their base, ``captum.attr._core.llm_attr.BaseLLMAttribution`` (not exported by
-``captum.attr``).
+their base, ``BaseLLMAttribution`` (not exported by ``captum.attr``; reached through
+:mod:`captum_ffb._private`).
 """
 
 from __future__ import annotations
@@ -16,19 +16,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from captum.attr._core.llm_attr import (
-    BaseLLMAttribution,
-    LLMAttributionResult,
-    _convert_ids_to_pretty_tokens,
-)
-from captum.attr._utils.interpretable_input import (
-    InterpretableInput,
-    TextTemplateInput,
-    TextTokenInput,
-)
+from captum.attr import InterpretableInput, LLMAttributionResult, TextTemplateInput, TextTokenInput
 from captum.log import log_usage
 from torch import Tensor
 
+from captum_ffb._private import llm_attribution_base, pretty_tokens
 from captum_ffb.attr.norm_decomposition import NormDecomposition, _logits
 
 #: Greedy decoding, as Captum's ``DEFAULT_GEN_ARGS``; ``gen_args`` entries replace these.
@@ -104,6 +96,9 @@ class NormLLMAttributionResult(LLMAttributionResult):
         return (f"NormLLMAttributionResult({len(self.output_tokens)} output tokens × "
                 f"{len(self.input_tokens)} input features, route={self.route!r}, "
                 f"max convergence delta {float(self.convergence_delta.max()):.2e})")
+
+
+BaseLLMAttribution = llm_attribution_base()
 
 
 class LLMNormAttribution(BaseLLMAttribution):
@@ -235,7 +230,7 @@ class LLMNormAttribution(BaseLLMAttribution):
         (e.g. "\\n\\n") is fine, so its warnings about taking it are not passed on."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"(\(i=\d+, idx=\d+\))|(Pretty tokens length)")
-            return _convert_ids_to_pretty_tokens(ids, self.tokenizer)
+            return pretty_tokens(ids, self.tokenizer)
 
     def _prompt(self, inp: TextTokenInput | TextTemplateInput) -> tuple[Tensor, Tensor]:
         """The prompt ids ``(1, n)`` and each token's interpretable feature (-1: none)."""

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.architectures.moe import GatedWeights, MoEAdapter
+from captum_ffb.architectures.paths import has_path, resolve
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.engine.capture import BlockCapture, BlockWatch
 
@@ -28,29 +31,6 @@ _EPS_KEYS = {
     "layer_norm": ("layer_norm_eps", "layer_norm_epsilon", "norm_eps"),
     "rms_norm": ("rms_norm_eps", "norm_eps", "layer_norm_eps"),
 }
-
-
-def resolve(root: nn.Module, path: str) -> Any:
-    """The attribute at dotted ``path`` below ``root``, with a clear error when it is missing."""
-    obj: Any = root
-    for name in path.split("."):
-        if not hasattr(obj, name):
-            raise ValueError(
-                f"{type(root).__name__} has no {path!r} (missing {name!r}): the layer does not "
-                "match the registered architecture"
-            )
-        obj = getattr(obj, name)
-    return obj
-
-
-def has_path(root: nn.Module, path: str | None) -> bool:
-    """Whether ``path`` resolves below ``root`` (and is not ``None``)."""
-    if path is None:
-        return False
-    try:
-        return resolve(root, path) is not None
-    except ValueError:
-        return False
 
 
 def _columns(projection: Projection, config: Any, width: int) -> tuple[list[int] | slice, int]:
@@ -146,7 +126,7 @@ def watched_modules(module: nn.Module, spec: ArchitectureSpec) -> dict[str, nn.M
         "value": spec.value.path,
     }
     moe = spec.moe
-    if moe is not None and has_path(module, moe.experts):
+    if MoEAdapter.of(module, spec) is not None:
         roles.update(ff=moe.module, ff_in=moe.module, router=moe.router,
                      shared_expert_gate=moe.shared_expert_gate)
     if spec.ff_post_norm is not None:
@@ -269,42 +249,33 @@ class Block:
         return fn
 
     # ------------------------------------------------------------------ mixture of experts
+    @cached_property
+    def moe(self) -> MoEAdapter | None:
+        """The block's mixture of experts, or ``None`` when its FF is dense."""
+        return MoEAdapter.of(self.module, self.spec)
+
     @property
     def is_moe(self) -> bool:
         """Whether this block's FF is a sparse mixture of experts."""
-        return self.spec.moe is not None and has_path(self.module, self.spec.moe.experts)
+        return self.moe is not None
 
     def router_weights(self) -> Tensor:
         """Routing weight of every expert for every token ``(B, n, E)`` (zero if not chosen)."""
-        _, top_weights, top_index = self.capture.raw_outputs["router"][:3]
-        experts = resolve(self.module, self.spec.moe.experts)
+        top_weights, top_index = self.moe.routing(self.capture.raw_outputs["router"])
         batch, n = self.capture.inputs.shape[:2]
-        dense = torch.zeros(batch * n, experts.gate_up_proj.shape[0], dtype=self.dtype,
-                            device=top_weights.device)
-        dense.scatter_(1, top_index.reshape(batch * n, -1), top_weights.reshape(batch * n, -1).to(self.dtype))
-        return dense.reshape(batch, n, -1)
+        return self.moe.dense_routing(top_weights, top_index, self.dtype).reshape(batch, n, -1)
 
-    def expert_weights(self, expert: int) -> tuple[Tensor, Tensor, Tensor]:
+    def expert_weights(self, expert: int) -> GatedWeights:
         """``(W_gate, W_up, W_down)`` of one expert, each ``(d_in, d_out)``."""
-        experts = resolve(self.module, self.spec.moe.experts)
-        gate_up = experts.gate_up_proj[expert]
-        width = gate_up.shape[0] // 2
-        return (
-            self.cast(gate_up[:width].t()),
-            self.cast(gate_up[width:].t()),
-            self.cast(experts.down_proj[expert].t()),
-        )
+        return tuple(self.cast(weight) for weight in self.moe.expert_weights(expert))
 
     def expert_activation(self) -> Callable[[Tensor], Tensor]:
         """The experts' activation function."""
-        return resolve(self.module, self.spec.moe.experts).act_fn
+        return self.moe.activation
 
-    def shared_expert(self) -> tuple[tuple[Tensor, Tensor, Tensor], Callable[[Tensor], Tensor]] | None:
+    def shared_expert(self) -> tuple[GatedWeights, Callable[[Tensor], Tensor]] | None:
         """``((W_gate, W_up, W_down), g)`` of the always-on shared expert, if there is one."""
-        path = self.spec.moe.shared_expert
-        if path is None:
+        shared = self.moe.shared_expert
+        if shared is None:
             return None
-        shared = resolve(self.module, path)
-        weights = tuple(self.cast(getattr(shared, name).weight.t())
-                        for name in ("gate_proj", "up_proj", "down_proj"))
-        return weights, shared.act_fn
+        return tuple(self.cast(weight) for weight in shared.weights()), shared.activation

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from captum_ffb._private import (
+    get_attention_implementation,
+    has_attention_implementation,
+    model_eager_attention,
+    set_attention_implementation,
+)
 
 RECORDING_IMPLEMENTATION = "captum_ffb_recording"
 
@@ -41,12 +47,24 @@ def _generic_eager_attention(module, query, key, value, attention_mask, scaling=
     return output, weights
 
 
+def eager_attention(module: nn.Module) -> Callable:
+    """The eager attention function of ``module``'s own modeling file, or a generic one."""
+    return model_eager_attention(module) or _generic_eager_attention
+
+
+def attention_function(module: nn.Module, implementation: str) -> Callable:
+    """The attention function the implementation ``implementation`` names (the module's own
+    eager one for ``"eager"`` and for names transformers does not know)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if implementation == "eager" or implementation not in ALL_ATTENTION_FUNCTIONS:
+        return eager_attention(module)
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
 def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
     """Attention through the module's own eager function, keeping the probabilities."""
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    output, weights = (eager or _generic_eager_attention)(
-        module, query, key, value, attention_mask, **kwargs
-    )
+    output, weights = eager_attention(module)(module, query, key, value, attention_mask, **kwargs)
     store = _recording.get()
     if store is not None and id(module) in store and not store[id(module)]:
         scaling = kwargs.get("scaling")
@@ -73,29 +91,33 @@ def register_attention_implementation(name: str, function: Any) -> None:
     _registered.add(name)
 
 
-def _configs_of(modules: Sequence[nn.Module]) -> list[Any]:
+def configs_of(modules: Sequence[nn.Module]) -> list[Any]:
     """The distinct transformers configs reachable from ``modules`` (model and sub-modules)."""
     seen: dict[int, Any] = {}
     for root in modules:
         for module in root.modules():
             config = getattr(module, "config", None)
-            if config is not None and hasattr(config, "_attn_implementation_internal"):
+            if config is not None and has_attention_implementation(config):
                 seen.setdefault(id(config), config)
     return list(seen.values())
 
 
 @contextlib.contextmanager
-def attention_implementation(modules: Sequence[nn.Module], name: str) -> Iterator[None]:
-    """Run the models owning ``modules`` with the attention implementation ``name``."""
-    configs = _configs_of(modules)
-    saved = [config._attn_implementation_internal for config in configs]
-    for config in configs:
-        config._attn_implementation_internal = name
+def attention_implementation(modules: Sequence[nn.Module], name: str | Callable[[str | None], str | None]
+                             ) -> Iterator[None]:
+    """Run the models owning ``modules`` with the attention implementation ``name``, or with
+    ``name(current)`` for each config (``None``: keep the current one); restored afterwards."""
+    configs = configs_of(modules)
+    saved = [get_attention_implementation(config) for config in configs]
+    for config, current in zip(configs, saved):
+        chosen = name(current) if callable(name) else name
+        if chosen is not None:
+            set_attention_implementation(config, chosen)
     try:
         yield
     finally:
         for config, value in zip(configs, saved):
-            config._attn_implementation_internal = value
+            set_attention_implementation(config, value)
 
 
 def recording_attention(modules: Sequence[nn.Module]) -> contextlib.AbstractContextManager[None]:
@@ -260,6 +282,144 @@ def patched_attention_methods(modules: Sequence[nn.Module], name: str | None,
             delattr(module, name)
 
 
+def _keep_block_output(record: BlockCapture):
+    """A forward hook keeping a block's first output hidden states."""
+
+    def hook(module, args, kwargs, output):
+        tensor = _first_tensor(output)
+        if record.output is None and tensor is not None:
+            record.output = tensor.detach()
+
+    return hook
+
+
+@dataclass
+class _Recorder:
+    """The hooks of one capture, and what they keep until the forward pass is over.
+
+    Attributes:
+        keep_calls (bool): keep each block's call arguments.
+        handles (list): the hooks to remove.
+        attention (dict): id of an attention module → ``[probabilities, AttentionCall]`` of
+                    its first call (empty until it runs).
+        calls (dict): id of an attention module → its first call's ``(args, kwargs, inner
+                    norm inputs)``.
+        methods (dict): attention method name → the modules whose method records.
+    """
+
+    keep_calls: bool
+    handles: list[Any] = field(default_factory=list)
+    attention: dict[int, list[Any]] = field(default_factory=dict)
+    calls: dict[int, tuple[tuple[Any, ...], dict[str, Any], dict[str, Tensor]]] = field(default_factory=dict)
+    methods: dict[str, list[nn.Module]] = field(default_factory=dict)
+
+    def watch_block(self, watch: BlockWatch, record: BlockCapture) -> list[int]:
+        """Put the hooks of one block; return the ids of its attention modules."""
+        block = watch.module
+        self.handles.append(block.register_forward_pre_hook(self._keep_block_input(record), with_kwargs=True))
+        self.handles.append(block.register_forward_hook(_keep_block_output(record), with_kwargs=True))
+        for role, module in watch.roles.items():
+            if isinstance(module, nn.Module):
+                self.watch_module(module, record.tensors, record.raw_outputs, role)
+        for module in watch.attention:
+            self._watch_attention(module)
+            if watch.attention_method is not None:
+                self.methods.setdefault(watch.attention_method, []).append(module)
+        return [id(module) for module in watch.attention]
+
+    def watch_module(self, module: nn.Module, tensors: dict, raw: dict, role: str) -> None:
+        """Keep the first input and output of ``module`` under ``role``."""
+        self.handles.append(module.register_forward_hook(_keep_module(tensors, raw, role), with_kwargs=True))
+
+    def _keep_block_input(self, record: BlockCapture):
+        keep_calls = self.keep_calls
+
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if record.inputs is None and isinstance(hidden, Tensor):
+                record.inputs = hidden.detach()
+                if keep_calls:
+                    record.hidden_keyword = not args
+                    record.call_args = tuple(args[1:])
+                    record.call_kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
+
+        return hook
+
+    def _watch_attention(self, module: nn.Module) -> None:
+        """Record the attention module's first call and the inputs of its inner norms."""
+        key = id(module)
+        self.attention[key] = []
+        calls = self.calls
+
+        def keep_call(module, args, kwargs):
+            if key not in calls:
+                calls[key] = (args, kwargs, {})
+
+        def keep_norm_input(name: str):
+            def keep(module, args):
+                inputs = calls.get(key, (None, None, {}))[2]
+                if name not in inputs:
+                    inputs[name] = args[0].detach()
+
+            return keep
+
+        self.handles.append(module.register_forward_pre_hook(keep_call, with_kwargs=True))
+        for name, norm_module in inner_norms(module).items():
+            self.handles.append(norm_module.register_forward_pre_hook(keep_norm_input(name)))
+
+    def _recording_method(self, module: nn.Module, original: Callable) -> Callable:
+        """``module``'s own attention method (see ``ArchitectureSpec.attention_method``),
+        keeping the probabilities it returns."""
+        attention = self.attention
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            output, weights = original(*args, **kwargs)
+            target = attention.get(id(module))
+            if target is not None and not target:
+                query, key = args[0], args[1]
+                mask = args[3] if len(args) > 3 else kwargs.get("attention_mask")
+                scale = getattr(module, "scale_attn", None)
+                scaling = 1.0 / float(scale) if scale is not None else query.shape[-1] ** -0.5
+                target.extend([weights.detach(), AttentionCall(query.detach(), key.detach(), mask, scaling)])
+            return output, weights
+
+        return method
+
+    @contextlib.contextmanager
+    def running(self, owners: Sequence[nn.Module]) -> Iterator[None]:
+        """Run the forward pass inside: ``no_grad``, the recording attention on the models
+        owning ``owners``; the hooks are removed afterwards."""
+        token = _recording.set(self.attention)
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(torch.no_grad())
+                stack.enter_context(recording_attention(owners))
+                for name, modules in self.methods.items():
+                    stack.enter_context(patched_attention_methods(modules, name, self._recording_method))
+                yield
+        finally:
+            _recording.reset(token)
+            for handle in self.handles:
+                handle.remove()
+
+    def finish(self, record: BlockCapture, ids: Sequence[int]) -> None:
+        """Complete a block's record after the forward pass (probabilities, attention calls)."""
+        if record.inputs is None or record.output is None:
+            raise RuntimeError(
+                "the forward pass did not run one of the given layers; is the layer part of "
+                "the model that forward_func calls?"
+            )
+        batch = record.inputs.shape[0]
+        record.tensors = {k: _as_sequence(v, batch) for k, v in record.tensors.items()}
+        record.probs = [self.attention[i][0] for i in ids if self.attention[i]]
+        record.attention_calls = []
+        for i in ids:
+            if len(self.attention[i]) > 1:
+                call = self.attention[i][1]
+                call.args, call.kwargs, call.norm_inputs = self.calls.get(i, ((), {}, {}))
+                record.attention_calls.append(call)
+
+
 def capture(
     forward: Callable[[], Any],
     blocks: Sequence[BlockWatch],
@@ -289,113 +449,14 @@ def capture(
     """
     captures = [BlockCapture() for _ in blocks]
     result = ModelCapture(captures)
-    handles = []
-    store: dict[int, list[Any]] = {}
-    calls: dict[int, tuple[tuple[Any, ...], dict[str, Any], dict[str, Tensor]]] = {}
-    order: list[list[int]] = []
-
-    def keep_block_input(record: BlockCapture):
-        def hook(module, args, kwargs):
-            hidden = args[0] if args else kwargs.get("hidden_states")
-            if record.inputs is None and isinstance(hidden, Tensor):
-                record.inputs = hidden.detach()
-                if keep_calls:
-                    record.hidden_keyword = not args
-                    record.call_args = tuple(args[1:])
-                    record.call_kwargs = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-
-        return hook
-
-    def keep_block_output(record: BlockCapture):
-        def hook(module, args, kwargs, output):
-            tensor = _first_tensor(output)
-            if record.output is None and tensor is not None:
-                record.output = tensor.detach()
-
-        return hook
-
-    def recording_method(module: nn.Module, original: Callable) -> Callable:
-        def method(*args: Any, **kwargs: Any) -> Any:
-            output, weights = original(*args, **kwargs)
-            target = store.get(id(module))
-            if target is not None and not target:
-                query, key = args[0], args[1]
-                mask = args[3] if len(args) > 3 else kwargs.get("attention_mask")
-                scale = getattr(module, "scale_attn", None)
-                scaling = 1.0 / float(scale) if scale is not None else query.shape[-1] ** -0.5
-                target.extend([weights.detach(), AttentionCall(query.detach(), key.detach(), mask, scaling)])
-            return output, weights
-
-        return method
-
-    def keep_attention_call(calls: dict[int, Any], norms: dict[str, nn.Module]):
-        def hook(module, args, kwargs):
-            if id(module) not in calls:
-                calls[id(module)] = (args, kwargs, {})
-
-        def norm_hook(key: int, name: str):
-            def keep(module, args):
-                inputs = calls.get(key, (None, None, {}))[2]
-                if name not in inputs:
-                    inputs[name] = args[0].detach()
-
-            return keep
-
-        return hook, norm_hook
-
-    methods: dict[str, list[nn.Module]] = {}
-    for watch, record in zip(blocks, captures):
-        block = watch.module
-        handles.append(block.register_forward_pre_hook(keep_block_input(record), with_kwargs=True))
-        handles.append(block.register_forward_hook(keep_block_output(record), with_kwargs=True))
-        for role, module in watch.roles.items():
-            if isinstance(module, nn.Module):
-                hook = _keep_module(record.tensors, record.raw_outputs, role)
-                handles.append(module.register_forward_hook(hook, with_kwargs=True))
-        ids = []
-        for module in watch.attention:
-            store[id(module)] = []
-            ids.append(id(module))
-            norms = inner_norms(module)
-            call_hook, norm_hook = keep_attention_call(calls, norms)
-            handles.append(module.register_forward_pre_hook(call_hook, with_kwargs=True))
-            for name, norm_module in norms.items():
-                handles.append(norm_module.register_forward_pre_hook(norm_hook(id(module), name)))
-            if watch.attention_method is not None:
-                methods.setdefault(watch.attention_method, []).append(module)
-        order.append(ids)
+    recorder = _Recorder(keep_calls)
+    order = [recorder.watch_block(watch, record) for watch, record in zip(blocks, captures)]
     for role, module in (extra or {}).items():
-        hook = _keep_module(result.tensors, result.raw_outputs, role)
-        handles.append(module.register_forward_hook(hook, with_kwargs=True))
-
-    token = _recording.set(store)
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            stack.enter_context(recording_attention([*owners, *(w.module for w in blocks)]))
-            for name, modules in methods.items():
-                stack.enter_context(patched_attention_methods(modules, name, recording_method))
-            output = forward()
-    finally:
-        _recording.reset(token)
-        for handle in handles:
-            handle.remove()
-
+        recorder.watch_module(module, result.tensors, result.raw_outputs, role)
+    with recorder.running([*owners, *(watch.module for watch in blocks)]):
+        output = forward()
     for record, ids in zip(captures, order):
-        if record.inputs is None or record.output is None:
-            raise RuntimeError(
-                "the forward pass did not run one of the given layers; is the layer part of "
-                "the model that forward_func calls?"
-            )
-        batch = record.inputs.shape[0]
-        record.tensors = {k: _as_sequence(v, batch) for k, v in record.tensors.items()}
-        record.probs = [store[i][0] for i in ids if store[i]]
-        record.attention_calls = []
-        for i in ids:
-            if len(store[i]) > 1:
-                call = store[i][1]
-                call.args, call.kwargs, call.norm_inputs = calls.get(i, ((), {}, {}))
-                record.attention_calls.append(call)
+        recorder.finish(record, ids)
     if keep_output:
         result.output = output
     return result

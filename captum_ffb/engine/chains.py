@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import Tensor
 
-from captum_ffb.architectures.registry import register_chain
+from captum_ffb.architectures.registry import check_chain_names, register_chain
 from captum_ffb.architectures.spec import ArchitectureSpec
 from captum_ffb.decomposition import Decomposition, FactoredDecomposition, TokenwiseDecomposition
 from captum_ffb.engine.block import Block, Source
@@ -324,3 +324,4 @@ PARALLEL = Chain(
 
 for _chain in (POST_LN, PRE_LN, PARALLEL):
     register_chain(_chain.name, _chain)
+check_chain_names()  # the families registered before the chains existed

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +31,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.architectures.activations import activation_function
+from captum_ffb.architectures.moe import MoEAdapter
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.engine.block import _columns, config_of, has_path, norm_parameters, resolve
-from captum_ffb.engine.capture import _configs_of, inner_norms, patched_attention_methods
+from captum_ffb.engine.capture import (
+    attention_function,
+    attention_implementation,
+    inner_norms,
+    patched_attention_methods,
+)
 from captum_ffb.engine.scores import inner_norm_rule
 from captum_ffb.engine.whole import element_wise_rule
 from captum_ffb.rules import Attention, Linear, Residual
@@ -45,18 +51,6 @@ _SCORED_PREFIX = "captum_ffb_scored_"
 _originals: dict[str, Callable] = {}
 #: The attention rule whose gradient replacement the scored implementations add.
 _scoring_rule: contextvars.ContextVar[Any] = contextvars.ContextVar("captum_ffb_scoring_rule", default=None)
-
-
-def _model_function(module: nn.Module, original: str) -> Callable:
-    """The attention function ``original`` names (the module's own eager one for "eager")."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if original == "eager" or original not in ALL_ATTENTION_FUNCTIONS:
-        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-        if eager is None:
-            from captum_ffb.engine.capture import _generic_eager_attention as eager
-        return eager
-    return ALL_ATTENTION_FUNCTIONS[original]
 
 
 def _scored_output(rule: Any, output: Tensor, query: Tensor, key: Tensor, value: Tensor, mask: Any,
@@ -81,7 +75,7 @@ def _scored_implementation(original: str) -> str:
         return name
 
     def scored(module, query, key, value, attention_mask, **kwargs):
-        function = _model_function(module, original)
+        function = attention_function(module, original)
         output, weights = function(module, query.detach(), key.detach(), value.detach(), attention_mask, **kwargs)
         scaling = kwargs.get("scaling")
         if scaling is None:
@@ -100,26 +94,19 @@ def _frozen_implementation(original: str) -> str:
     """Register (once) an attention implementation that runs ``original`` with the queries
     and keys detached, under its own name; return that name."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     name = _FROZEN_PREFIX + original
     if name in _originals:
         return name
 
     def frozen(module, query, key, value, attention_mask, **kwargs):
-        if original == "eager" or original not in ALL_ATTENTION_FUNCTIONS:
-            eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-            if eager is None:
-                from captum_ffb.engine.capture import _generic_eager_attention as eager
-            function = eager
-        else:
-            function = ALL_ATTENTION_FUNCTIONS[original]
+        function = attention_function(module, original)
         return function(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
 
     AttentionInterface.register(name, frozen)
-    mask_functions = AttentionMaskInterface._global_mapping
-    AttentionMaskInterface.register(name, mask_functions.get(original, mask_functions["eager"]))
+    masks = ALL_MASK_ATTENTION_FUNCTIONS
+    AttentionMaskInterface.register(name, masks.get(original, masks["eager"]))
     _originals[name] = frozen
     return name
 
@@ -138,14 +125,11 @@ def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequenc
         scoring_rule (ScoreCreditingAttention, optional): an attention rule that credits the
                     scores.
     """
-    configs = _configs_of(modules)
-    saved = [config._attn_implementation_internal for config in configs]
-    for config in configs:
-        original = config._attn_implementation or "eager"
-        if original.startswith((_FROZEN_PREFIX, _SCORED_PREFIX)):
-            continue
-        register = _frozen_implementation if scoring_rule is None else _scored_implementation
-        config._attn_implementation_internal = register(original)
+    register = _frozen_implementation if scoring_rule is None else _scored_implementation
+
+    def replacement(current: str | None) -> str | None:
+        original = current or "eager"
+        return None if original.startswith((_FROZEN_PREFIX, _SCORED_PREFIX)) else register(original)
 
     def detach_qk(module: nn.Module, original: Callable) -> Callable:
         def method(query, key, value, *args, **kwargs):
@@ -163,13 +147,12 @@ def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequenc
     token = _scoring_rule.set(scoring_rule)
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(attention_implementation(modules, replacement))
             for name, owners in methods.items():
                 stack.enter_context(patched_attention_methods(owners, name, detach_qk))
             yield
     finally:
         _scoring_rule.reset(token)
-        for config, value in zip(configs, saved):
-            config._attn_implementation_internal = value
 
 
 def _delta(u: Tensor) -> Tensor:
@@ -300,37 +283,25 @@ def _detach_output(module, args, output):
     return output.detach()
 
 
-def _experts_hook(experts: nn.Module, rule: Any):
+def _experts_hook(moe: MoEAdapter, rule: Any):
     """Σ_e w_e ⊙ expert_e(x), linearised: each expert's gated activation frozen, the routing
     weights (detached by the router hook) fixed."""
-    fn = experts.act_fn
+    fn = moe.activation
 
     def hook(module, args, kwargs, output):
-        x, top_index, top_weights = (list(args) + [kwargs.get(k) for k in ("top_k_index", "top_k_weights")])[:3]
+        x, top_index, top_weights = moe.experts_arguments(args, kwargs)
         dx = _delta(x)
         real = x.detach()
-        weights = torch.zeros(x.shape[0], experts.gate_up_proj.shape[0], dtype=x.dtype, device=x.device)
-        weights.scatter_(1, top_index, top_weights.detach().to(x.dtype))
+        weights = moe.dense_routing(top_weights.detach(), top_index, x.dtype)
         extra = torch.zeros_like(real)
-        width = experts.gate_up_proj.shape[1] // 2
         for expert in torch.nonzero(weights.abs().sum(0)).flatten().tolist():
-            gate_up = experts.gate_up_proj[expert].detach()
-            a, b = (real @ gate_up.t()).split(width, dim=-1)
-            coeff_a, coeff_b = rule.slopes(fn, a.float(), b.float())
-            da, db = (dx @ gate_up.t()).split(width, dim=-1)
-            hidden = da * coeff_a.to(x.dtype) + db * coeff_b.to(x.dtype)
-            extra = extra + (hidden @ experts.down_proj[expert].detach().t()) * weights[:, expert, None]
+            w_gate, w_up, w_down = (weight.detach() for weight in moe.expert_weights(expert))
+            coeff_a, coeff_b = rule.slopes(fn, (real @ w_gate).float(), (real @ w_up).float())
+            hidden = (dx @ w_gate) * coeff_a.to(x.dtype) + (dx @ w_up) * coeff_b.to(x.dtype)
+            extra = extra + (hidden @ w_down) * weights[:, expert, None]
         return output.detach() + extra
 
     return hook
-
-
-def _function(name: str) -> Callable[[Tensor], Tensor]:
-    functions = {"tanh": torch.tanh, "relu": torch.relu,
-                 "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid}
-    if name not in functions:
-        raise ValueError(f"unknown head activation function {name!r}; known: {', '.join(functions)}")
-    return functions[name]
 
 
 def _projection_columns(projection: Projection, module: nn.Module, config: Any) -> Any:
@@ -344,17 +315,155 @@ def _warm_up(blocks: Sequence[nn.Module], spec: ArchitectureSpec, frozen: Frozen
     the same tensors as the first run of it."""
     probe = torch.zeros(1, 1, 2)
     for block in blocks:
-        moe = spec.moe
-        if moe is not None and has_path(block, moe.experts):
-            functions = [resolve(block, moe.experts).act_fn]
+        moe = MoEAdapter.of(block, spec)
+        if moe is not None:
+            functions = [moe.activation]
             if moe.shared_expert is not None:
-                functions.append(resolve(block, moe.shared_expert).act_fn)
+                functions.append(moe.shared_expert.activation)
             for fn in functions:
                 frozen.gated_activation.slopes(fn, probe, probe)
         elif spec.ff_gate is not None:
             frozen.gated_activation.slopes(resolve(block, spec.activation), probe, probe)
         else:
             frozen.activation.slope(resolve(block, spec.activation), probe)
+
+
+@dataclass
+class _Hooks:
+    """Puts the hooks of one :func:`linearise` on the model, into ``state``."""
+
+    spec: ArchitectureSpec
+    config: Any
+    frozen: FrozenRules
+    state: Linearisation
+
+    def add(self, handle: Any) -> None:
+        self.state._handles.append(handle)
+
+    def leaf_input(self, first_block: nn.Module) -> None:
+        """The first block's input becomes a leaf that requires grad (``state.inputs``)."""
+        state = self.state
+
+        def hook(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if state.inputs is not None:
+                return None
+            leaf = hidden.detach().requires_grad_(True)
+            state.inputs = leaf
+            if args:
+                return (leaf, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": leaf}
+
+        self.add(first_block.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def norm(self, module: nn.Module | None, rule: Any = None) -> None:
+        """Freeze a norm's scale (the norm rule's, or ``rule``'s)."""
+        if module is not None:
+            hook = _norm_hook(module, self.spec, self.config, self.frozen.norm if rule is None else rule)
+            self.add(module.register_forward_hook(hook, with_kwargs=True))
+
+    def block(self, block: nn.Module, index: int) -> None:
+        """Freeze one block's norms (and its attention's query/key norms when the scores are
+        credited) and its feed-forward."""
+        spec = self.spec
+        for role in spec.norm_roles():
+            if has_path(block, getattr(spec, role)):
+                self.norm(resolve(block, getattr(spec, role)))
+        if self.frozen.attention is not None:
+            for inner in inner_norms(resolve(block, spec.attention)).values():
+                self.norm(inner, inner_norm_rule(inner))
+        moe = MoEAdapter.of(block, spec)
+        if moe is not None:
+            self.mixture_of_experts(moe, f"{index}:")
+        else:
+            self.dense_feed_forward(block, f"{index}:")
+
+    def mixture_of_experts(self, moe: MoEAdapter, key: str) -> None:
+        """Routing weights (and the shared expert's gate) fixed, experts linearised."""
+        store, gated = self.state.outputs, self.frozen.gated_activation
+        self.add(moe.router.register_forward_hook(_detach_output))
+        self.add(moe.experts.register_forward_hook(_experts_hook(moe, gated), with_kwargs=True))
+        shared = moe.shared_expert
+        if shared is not None:
+            self.add(shared.gate.register_forward_hook(_keep_output(store, key + "shared_gate")))
+            self.add(shared.up.register_forward_hook(_keep_output(store, key + "shared_up")))
+            self.add(shared.down.register_forward_pre_hook(_gated_between(
+                store, key + "shared_gate", key + "shared_up", shared.activation, gated)))
+            self.add(moe.shared_expert_gate.register_forward_hook(_detach_output))
+
+    def dense_feed_forward(self, block: nn.Module, key: str) -> None:
+        """The activation between the FF's projections linearised (gated or element-wise)."""
+        spec, config, store = self.spec, self.config, self.state.outputs
+        ff_in = resolve(block, spec.ff_in.path)
+        ff_out = resolve(block, spec.ff_out.path)
+        fn = resolve(block, spec.activation)
+        up_columns = _projection_columns(spec.ff_in, ff_in, config)
+        self.add(ff_in.register_forward_hook(_keep_output(store, key + "up")))
+        if spec.ff_gate is None:
+            self.add(ff_out.register_forward_pre_hook(
+                _activation_between(store, key + "up", fn, self.frozen.activation, up_columns)))
+            return
+        gate = resolve(block, spec.ff_gate.path)
+        gate_columns = _projection_columns(spec.ff_gate, gate, config)
+        if gate is not ff_in:
+            self.add(gate.register_forward_hook(_keep_output(store, key + "gate")))
+        gate_key = key + ("gate" if gate is not ff_in else "up")
+        self.add(ff_out.register_forward_pre_hook(_gated_between(
+            store, gate_key, key + "up", fn, self.frozen.gated_activation, gate_columns, up_columns)))
+
+    def head(self, head_steps: Sequence[tuple[str, Any]]) -> None:
+        """The head's element-wise activations linearised between its dense layers."""
+        store = self.state.outputs
+        previous: nn.Module | None = None
+        for position, (kind, item) in enumerate(head_steps):
+            if kind == "linear":
+                self.add(item.register_forward_hook(_keep_output(store, f"head:{position}")))
+                previous = item
+            elif kind == "activation":
+                following = next((m for k, m in head_steps[position + 1:] if k == "linear"), None)
+                if previous is None or following is None:
+                    raise ValueError("a head activation must sit between two dense layers")
+                fn = item if callable(item) else activation_function(item)
+                self.add(following.register_forward_pre_hook(
+                    _activation_between(store, f"head:{position - 1}", fn, self.frozen.activation)))
+
+    def watch(self, modules: Mapping[str, nn.Module]) -> None:
+        """Keep the outputs of ``modules`` (with their graphs) by name."""
+        for name, module in modules.items():
+            self.add(module.register_forward_hook(_keep_output(self.state.outputs, name)))
+
+
+@contextlib.contextmanager
+def _input_gradient_only(model: nn.Module) -> Iterator[None]:
+    """Turn off the parameters' gradients inside (only the input's is needed)."""
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    for parameter in parameters:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in parameters:
+            parameter.requires_grad_(True)
+
+
+@contextlib.contextmanager
+def _recomputed(blocks: Sequence[nn.Module]) -> Iterator[None]:
+    """Run each block under ``torch.utils.checkpoint`` inside (its tensors are recomputed
+    during the backward pass instead of kept)."""
+    from torch.utils.checkpoint import checkpoint
+
+    patched = []
+    try:
+        for block in blocks:
+            def forward(*args: Any, __original=block.forward, **kwargs: Any) -> Any:
+                return checkpoint(__original, *args, use_reentrant=False, **kwargs)
+
+            block.forward = forward  # an instance attribute shadows the class's method
+            patched.append(block)
+        yield
+    finally:
+        for block in patched:
+            del block.forward
 
 
 @contextlib.contextmanager
@@ -378,7 +487,9 @@ def linearise(
         rules (Mapping): role → rule (the frozen maps come from them).
         final_norm (nn.Module, optional): the norm after the last block.
         head_steps (Sequence): the head's layers after the final norm, as
-                    ``("linear", module)`` and ``("activation", fn)`` pairs, in order.
+                    ``("linear", module)`` and ``("activation", fn)`` pairs (``fn`` a function
+                    or its name in :data:`~captum_ffb.architectures.activations.ACTIVATIONS`),
+                    in order.
         watch (Mapping, optional): name → module whose output to keep (with its graph).
         recompute (bool): keep no block's intermediate tensors for the backward pass and run
                     each block again during it instead (``torch.utils.checkpoint``): memory of
@@ -388,108 +499,25 @@ def linearise(
         Linearisation
     """
     frozen = FrozenRules.of(rules)
-    config = config_of(model)
     state = Linearisation()
-    store = state.outputs
-    handles = state._handles
-
-    def leaf_input(module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        if state.inputs is not None:
-            return None
-        leaf = hidden.detach().requires_grad_(True)
-        state.inputs = leaf
-        if args:
-            return (leaf, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": leaf}
-
-    def norm_at(module: nn.Module) -> None:
-        if module is not None:
-            handles.append(module.register_forward_hook(
-                _norm_hook(module, spec, config, frozen.norm), with_kwargs=True))
-
-    handles.append(blocks[0].register_forward_pre_hook(leaf_input, with_kwargs=True))
+    hooks = _Hooks(spec, config_of(model), frozen, state)
     methods: dict[str, list[nn.Module]] = {}
-    for index, block in enumerate(blocks):
-        for role in spec.norm_roles():
-            if has_path(block, getattr(spec, role)):
-                norm_at(resolve(block, getattr(spec, role)))
-        if spec.attention_method is not None:
-            methods.setdefault(spec.attention_method, []).append(resolve(block, spec.attention))
-        if frozen.attention is not None:  # the scores are credited: freeze query/key norms too
-            for inner in inner_norms(resolve(block, spec.attention)).values():
-                handles.append(inner.register_forward_hook(
-                    _norm_hook(inner, spec, config, inner_norm_rule(inner)), with_kwargs=True))
-        key = f"{index}:"
-        moe = spec.moe
-        if moe is not None and has_path(block, moe.experts):
-            handles.append(resolve(block, moe.router).register_forward_hook(_detach_output))
-            experts = resolve(block, moe.experts)
-            handles.append(experts.register_forward_hook(
-                _experts_hook(experts, frozen.gated_activation), with_kwargs=True))
-            if moe.shared_expert is not None:
-                shared = resolve(block, moe.shared_expert)
-                handles.append(shared.gate_proj.register_forward_hook(_keep_output(store, key + "shared_gate")))
-                handles.append(shared.up_proj.register_forward_hook(_keep_output(store, key + "shared_up")))
-                handles.append(shared.down_proj.register_forward_pre_hook(_gated_between(
-                    store, key + "shared_gate", key + "shared_up", shared.act_fn, frozen.gated_activation)))
-                handles.append(resolve(block, moe.shared_expert_gate).register_forward_hook(_detach_output))
-            continue
-        ff_in = resolve(block, spec.ff_in.path)
-        ff_out = resolve(block, spec.ff_out.path)
-        fn = resolve(block, spec.activation)
-        up_columns = _projection_columns(spec.ff_in, ff_in, config)
-        handles.append(ff_in.register_forward_hook(_keep_output(store, key + "up")))
-        if spec.ff_gate is None:
-            handles.append(ff_out.register_forward_pre_hook(
-                _activation_between(store, key + "up", fn, frozen.activation, up_columns)))
-        else:
-            gate = resolve(block, spec.ff_gate.path)
-            gate_columns = _projection_columns(spec.ff_gate, gate, config)
-            if gate is not ff_in:
-                handles.append(gate.register_forward_hook(_keep_output(store, key + "gate")))
-            gate_key = key + ("gate" if gate is not ff_in else "up")
-            handles.append(ff_out.register_forward_pre_hook(_gated_between(
-                store, gate_key, key + "up", fn, frozen.gated_activation, gate_columns, up_columns)))
-    norm_at(final_norm)
-    previous: nn.Module | None = None
-    for position, (kind, item) in enumerate(head_steps):
-        if kind == "linear":
-            name = f"head:{position}"
-            handles.append(item.register_forward_hook(_keep_output(store, name)))
-            previous = item
-        elif kind == "activation":
-            following = next((m for k, m in head_steps[position + 1:] if k == "linear"), None)
-            if previous is None or following is None:
-                raise ValueError("a head activation must sit between two dense layers")
-            fn = item if callable(item) else _function(item)
-            source = f"head:{position - 1}"
-            handles.append(following.register_forward_pre_hook(
-                _activation_between(store, source, fn, frozen.activation)))
-    for name, module in (watch or {}).items():
-        handles.append(module.register_forward_hook(_keep_output(store, name)))
-
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    for parameter in parameters:
-        parameter.requires_grad_(False)  # only the input's gradient is needed
-    patched = []
-    if recompute:
-        from torch.utils.checkpoint import checkpoint
-
-        _warm_up(blocks, spec, frozen)  # cached coefficients: the same work in both passes
-        for block in blocks:
-            def forward(*args: Any, __original=block.forward, **kwargs: Any) -> Any:
-                return checkpoint(__original, *args, use_reentrant=False, **kwargs)
-
-            block.forward = forward  # an instance attribute shadows the class's method
-            patched.append(block)
     try:
-        with frozen_attention([model, *blocks], methods, frozen.attention), torch.enable_grad():
+        hooks.leaf_input(blocks[0])
+        for index, block in enumerate(blocks):
+            if spec.attention_method is not None:
+                methods.setdefault(spec.attention_method, []).append(resolve(block, spec.attention))
+            hooks.block(block, index)
+        hooks.norm(final_norm)
+        hooks.head(head_steps)
+        hooks.watch(watch or {})
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_input_gradient_only(model))
+            if recompute:
+                _warm_up(blocks, spec, frozen)  # cached coefficients: the same work in both passes
+                stack.enter_context(_recomputed(blocks))
+            stack.enter_context(frozen_attention([model, *blocks], methods, frozen.attention))
+            stack.enter_context(torch.enable_grad())
             yield state
     finally:
-        for block in patched:
-            del block.forward
         state.remove()
-        for parameter in parameters:
-            parameter.requires_grad_(True)
-

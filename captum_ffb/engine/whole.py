@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.architectures.activations import ACTIVATIONS
 from captum_ffb.architectures.heads import HeadActivation, HeadSpec, get_head, task_of
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.decomposition import Decomposition, TokenwiseDecomposition, stack_rows
@@ -37,12 +38,6 @@ def resolve_in(model: nn.Module, path: str) -> Any:
         if has_path(root, path):
             return resolve(root, path)
     return None
-
-
-_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "tanh": torch.tanh, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-    "sigmoid": torch.sigmoid,
-}
 
 
 @dataclass
@@ -99,7 +94,7 @@ def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
                 continue  # a layer this configuration does not have (OPT's project_out)
             steps.append(("linear", module, layer))
         elif isinstance(layer, HeadActivation):
-            fn = resolve_in(model, layer.path) if layer.path else _FUNCTIONS.get(layer.function or "")
+            fn = resolve_in(model, layer.path) if layer.path else ACTIVATIONS.get(layer.function or "")
             if fn is None:
                 raise ValueError(f"cannot find the head activation {layer.path or layer.function!r}")
             steps.append(("activation", fn, None))

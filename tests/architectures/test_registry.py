@@ -53,3 +53,31 @@ def test_docs_table_is_generated_from_the_registry():
     assert committed.read_text() == architectures_table(), (
         "docs/architectures.md is stale: python -m captum_ffb.architectures.table > docs/architectures.md"
     )
+
+
+def test_every_family_names_a_registered_chain():
+    from captum_ffb.architectures import get_chain
+    from tests.models import TINY_MODELS
+
+    registry.check_chain_names()  # also run when the built-in chains are registered
+    seen = set()
+    for model in TINY_MODELS.values():  # a chain chosen by the config: each of its choices
+        config = model.build().config
+        name = get_architecture(config.model_type).chain_name(config)
+        assert get_chain(name).name == name
+        seen.add(config.model_type)
+    assert seen == set(supported_architectures())
+
+
+def test_a_family_naming_an_unknown_chain_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    spec = ArchitectureSpec(
+        chain="no_such_chain", attention="a", value=Projection("a.v"), attention_output=Projection("a.o"),
+        norm1="n1", norm2="n2", ff_in=Projection("f1"), activation="act", ff_out=Projection("f2"),
+    )
+    message = r"the spec of 'toy' names chain 'no_such_chain', which is not registered; registered: parallel"
+    with pytest.raises(ValueError, match=message):
+        register_architecture("toy", spec)
+    registry._REGISTRY["toy"] = spec  # as if registered before the chains were
+    with pytest.raises(ValueError, match=message):
+        registry.check_chain_names()
