@@ -13,7 +13,7 @@ Everything is recorded by the engine's single capture (:func:`captum_ffb.engine.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,8 +230,3 @@ def mask_maps(maps: Tensor, token_mask: Tensor | None) -> Tensor:
         return maps
     mask = token_mask.to(maps.dtype)
     return maps * mask[:, :, None] * mask[:, None, :]
-
-
-def as_batch(maps: Sequence[Tensor]) -> Tensor:
-    """Stack per-example ``(n, n)`` maps into ``(B, n, n)``."""
-    return torch.stack(list(maps))
