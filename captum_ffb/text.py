@@ -181,6 +181,17 @@ def encode_text(text: str, model: LoadedModel, **kwargs: Any) -> Any:
     return encoded
 
 
+def layer_indices(layers: Sequence[int] | str, count: int) -> list[int]:
+    r"""Layer indices of a model with ``count`` layers, in the order given and once each;
+    ``"all"`` is every layer and negative indices count from the end. A one-line ValueError
+    names a layer that does not exist."""
+    indices = list(range(count)) if layers == "all" else [int(i) for i in layers]
+    for i in indices:
+        if not -count <= i < count:
+            raise ValueError(f"layer {i} does not exist: the model has {count} layers")
+    return list(dict.fromkeys(i % count for i in indices))
+
+
 def text_maps(
     text: str,
     model: LoadedModel | None = None,
@@ -201,11 +212,7 @@ def text_maps(
     check_text(text)
     loaded = model or load_model()
     blocks = loaded.blocks
-    indices = list(range(len(blocks))) if layers == "all" else [int(i) for i in layers]
-    for i in indices:
-        if not -len(blocks) <= i < len(blocks):
-            raise ValueError(f"layer {i} does not exist: the model has {len(blocks)} layers")
-    indices = list(dict.fromkeys(i % len(blocks) for i in indices))  # in order, once each
+    indices = layer_indices(layers, len(blocks))
     encoded = encode_text(text, loaded)
     ids = encoded["input_ids"]
     lnd = LayerNormDecomposition(loaded.model, [blocks[i] for i in indices], show_progress=show_progress)

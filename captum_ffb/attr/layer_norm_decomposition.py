@@ -330,12 +330,7 @@ class LayerNormDecomposition(LayerAttribution):
         names = [scope] if single else list(scope)
         if not names:
             raise ValueError("scope must name at least one scope")
-        unknown = [name for name in names if name not in self.chain.all_scopes]
-        if unknown:
-            raise ValueError(
-                f"unknown scope {unknown[0]!r} for a {self.chain.name} model; choose from "
-                f"{', '.join(self.chain.all_scopes)}"
-            )
+        self.chain.check_scopes(names)
         return names, single
 
     def _capture(self, inputs: Any, additional_forward_args: Any, forward_kwargs: dict[str, Any] | None,

@@ -6,7 +6,9 @@
 * the paper's App. E, IG against Shapley values for the FF activation
   (:func:`activation_study`);
 * agreement of maps: 1 − Spearman ρ, Pearson r, top-k overlap (:func:`compare`,
-  :func:`compare_methods`).
+  :func:`compare_methods`);
+* both studies on a piece of text, as ``captum-ffb compare`` runs them
+  (:func:`compare_with_baselines`, :func:`activation_study_by_length`).
 """
 
 from captum_ffb.baselines.activation import (
@@ -29,6 +31,13 @@ from captum_ffb.baselines.gradients import (
 )
 from captum_ffb.baselines.maps import ALIASES, BASELINES, baseline_maps, resolve_baselines
 from captum_ffb.baselines.shapley import shapley_maps, shapley_vectors
+from captum_ffb.baselines.study import (
+    BaselineComparison,
+    LengthStudy,
+    activation_study_by_length,
+    compare_with_baselines,
+    text_lengths,
+)
 from captum_ffb.rules.shapley import SHAPLEY_METHODS, shapley_values
 
 __all__ = [
@@ -38,18 +47,22 @@ __all__ = [
     "GRADIENT_METHODS",
     "SHAPLEY_METHODS",
     "ActivationStudy",
+    "BaselineComparison",
     "ComparisonTable",
     "LayerContext",
     "LayerFunction",
+    "LengthStudy",
     "activation_decomposition",
     "activation_rule",
     "activation_study",
+    "activation_study_by_length",
     "attention_norm_maps",
     "attention_weight_maps",
     "baseline_maps",
     "capture_layer",
     "compare",
     "compare_methods",
+    "compare_with_baselines",
     "completeness_residual",
     "gradient_map",
     "gradient_maps",
@@ -60,4 +73,5 @@ __all__ = [
     "shapley_values",
     "shapley_vectors",
     "spearman",
+    "text_lengths",
 ]

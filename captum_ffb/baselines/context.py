@@ -21,7 +21,15 @@ import torch
 from torch import Tensor, nn
 
 from captum_ffb.attr import LayerNormDecomposition
-from captum_ffb.engine import Block, capture_layers, recording_attention
+from captum_ffb.decomposition import ScratchArena
+from captum_ffb.engine import (
+    Block,
+    Outputs,
+    capture_layers,
+    recording_attention,
+    row_chunks,
+    run_block,
+)
 
 #: Names under which blocks receive a key/value cache; replays pass ``None`` instead.
 _CACHE_NAMES = ("past_key_value", "past_key_values", "layer_past", "cache")
@@ -169,32 +177,65 @@ class LayerContext:
         """The real input of the attention's value projection ``(B, n, d)`` (float32)."""
         return self.block.real("value", "input")
 
+    def decomposition_maps(self, scopes: Sequence[str] | None = None) -> dict[str, Tensor]:
+        r"""The decomposition's maps ``(B, n, n)`` of this block at ``scopes`` (default: the
+        chain's scopes), from the tensors already captured: no new forward pass. They are
+        the maps :meth:`LayerNormDecomposition.attribute` gives for the same inputs.
+
+        Returns:
+            dict scope → maps, in the order asked.
+        """
+        decomposer = self.decomposer
+        names = list(self.scopes if scopes is None else scopes)
+        decomposer.chain.check_scopes(names)
+        extra = [name for name in names if name in decomposer.chain.extra_scopes]
+        if extra and self.block.next_norm is None:
+            raise ValueError(
+                f"scope {extra[0]!r} needs the norm that reads the layer's output; capture the "
+                "layer with with_next_norms=True from the model itself (the family may have "
+                "no such norm)"
+            )
+        rows = row_chunks(self.block, None, decomposer.memory_budget)
+        with torch.no_grad():
+            result = run_block(self.block, decomposer.chain, decomposer.rules, names, rows,
+                               Outputs(maps=True), arena=ScratchArena())
+        return {name: result.maps[name] for name in names}
+
 
 def capture_layer(
     forward_func: Callable | nn.Module,
-    layer: nn.Module,
+    layer: nn.Module | Sequence[nn.Module],
     inputs: Tensor | tuple[Tensor, ...],
     additional_forward_args: Any = None,
     forward_kwargs: dict[str, Any] | None = None,
     model_type: str | None = None,
-) -> LayerContext:
+    with_next_norms: bool = False,
+) -> LayerContext | list[LayerContext]:
     r"""Run the model once and keep what the baselines need of ``layer``.
 
     Args:
         forward_func (nn.Module or Callable): the model (or a function that runs it).
-        layer (nn.Module): one Transformer block of a supported model.
+        layer (nn.Module or list[nn.Module]): one Transformer block of a supported model, or
+                    a list of blocks (then a list of contexts comes back, all from the same
+                    forward pass).
         inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids).
         additional_forward_args (Any, optional): further positional arguments.
         forward_kwargs (dict, optional): keyword arguments of the forward, e.g.
                     ``{"attention_mask": mask}``; a 2-D mask marks padding.
         model_type (str, optional): the architecture when it cannot be read from the model.
+        with_next_norms (bool): also record the norm that reads each block's output, for the
+                    scope :data:`~captum_ffb.engine.NEXT_NORM_SCOPE` of
+                    :meth:`LayerContext.decomposition_maps`.
 
     Returns:
-        LayerContext
+        LayerContext, or a list of them for a list of layers.
     """
-    if not isinstance(layer, nn.Module) or isinstance(layer, (nn.ModuleList, list, tuple)):
-        raise TypeError("layer must be one Transformer block module")
-    decomposer = LayerNormDecomposition(forward_func, layer, model_type=model_type)
+    many = isinstance(layer, (list, tuple, nn.ModuleList))
+    layers = list(layer) if many else [layer]
+    if not layers or not all(isinstance(m, nn.Module) and not isinstance(m, nn.ModuleList)
+                             for m in layers):
+        raise TypeError("layer must be one Transformer block module or a list of them")
+    decomposers = [LayerNormDecomposition(forward_func, m, model_type=model_type) for m in layers]
     kwargs = dict(forward_kwargs or {})
     model = forward_func if isinstance(forward_func, nn.Module) else None
     if model is not None and "use_cache" not in kwargs:
@@ -203,10 +244,16 @@ def capture_layer(
                 kwargs["use_cache"] = False  # a cache would grow on every replay
         except (TypeError, ValueError):
             pass
-    (block,), _ = capture_layers(
-        forward_func, model, [layer], decomposer.spec, inputs, additional_forward_args, kwargs,
-        with_next_norms=False, keep_calls=True,
+    blocks, _ = capture_layers(
+        forward_func, model, layers, decomposers[0].spec, inputs, additional_forward_args, kwargs,
+        with_next_norms=with_next_norms, keep_calls=True,
     )
+    contexts = [_context(block, decomposer, model) for block, decomposer in zip(blocks, decomposers)]
+    return contexts if many else contexts[0]
+
+
+def _context(block: Block, decomposer: LayerNormDecomposition, model: nn.Module | None) -> LayerContext:
+    """The context of one captured block."""
     record = block.capture
     chain = decomposer.chain
     return LayerContext(
@@ -230,8 +277,3 @@ def mask_maps(maps: Tensor, token_mask: Tensor | None) -> Tensor:
         return maps
     mask = token_mask.to(maps.dtype)
     return maps * mask[:, :, None] * mask[:, None, :]
-
-
-def as_batch(maps: Sequence[Tensor]) -> Tensor:
-    """Stack per-example ``(n, n)`` maps into ``(B, n, n)``."""
-    return torch.stack(list(maps))

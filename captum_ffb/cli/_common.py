@@ -32,13 +32,10 @@ def check_model_options(
             if not -count <= layer < count:
                 raise UsageError(f"layer {layer} does not exist: the model has {count} layers")
     if scopes:
-        chain = get_chain(spec.chain_name(config))
-        unknown = [s for s in scopes if s not in chain.all_scopes]
-        if unknown:
-            raise UsageError(
-                f"unknown scope {unknown[0]!r} for a {chain.name} model; choose from "
-                f"{', '.join(chain.all_scopes)}"
-            )
+        try:
+            get_chain(spec.chain_name(config)).check_scopes(scopes)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
 
 
 def add_device_option(parser: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,17 +104,6 @@ def _int_list(value: str, option: str) -> list[int]:
     return values
 
 
-def _layers(value: str | None, default: str, count: int) -> list[int]:
-    value = default if value is None else value
-    if value.strip().lower() == "all":
-        return list(range(count))
-    layers = _int_list(value, "--layer")
-    for layer in layers:
-        if not -count <= layer < count:
-            raise UsageError(f"layer {layer} does not exist: the model has {count} layers")
-    return list(dict.fromkeys(layer % count for layer in layers))
-
-
 def _names(value: str | None, option: str) -> list[str] | None:
     if value is None:
         return None
@@ -158,76 +148,36 @@ def run(args: argparse.Namespace) -> int:
     config = model_config(args.model)
     check_model_options(config, layers, None if args.app_e else _names(args.scopes, "--scopes"))
 
-    def say(message: str) -> None:
-        if not args.quiet:
-            print(message, file=sys.stderr, flush=True)
-
-    say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
+    if not args.quiet:
+        print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr, flush=True)
     loaded = load_model(args.model, show_progress=not args.quiet, config=config)
     if args.app_e:
-        return _run_app_e(args, loaded, out, say)
-    return _run_compare(args, loaded, out, say)
+        return _run_app_e(args, loaded, out, layers or "all")
+    return _run_compare(args, loaded, out, layers or "all")
 
 
-def _encode(loaded: Any, text: str, max_length: int | None = None) -> Any:
-    from captum_ffb.text import encode_text
+def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, layers: Sequence[int] | str) -> int:
+    from captum_ffb.baselines import compare_with_baselines
 
-    if max_length is None:
-        return encode_text(text, loaded)
-    return encode_text(text, loaded, truncation=True, max_length=max_length)
-
-
-def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> int:
-    from tqdm.auto import tqdm
-
-    from captum_ffb.attr import LayerNormDecomposition
-    from captum_ffb.baselines import (
-        ComparisonTable,
-        baseline_maps,
-        capture_layer,
-        compare_methods,
-        resolve_baselines,
+    result = compare_with_baselines(
+        args.text, loaded, layers=layers, baselines=args.baselines,
+        scopes=_names(args.scopes, "--scopes"), k=args.k, route=args.route, n_steps=args.n_steps,
+        n_samples=args.n_samples, seed=args.seed, show_progress=not args.quiet,
     )
-
-    encoded = _encode(loaded, args.text)
-    ids = encoded["input_ids"]
-    kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}
-    tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
-    blocks = loaded.blocks
-    layers = _layers(args.layer, "all", len(blocks))
-    names = resolve_baselines(args.baselines, ids.shape[1])
-    scopes_arg = _names(args.scopes, "--scopes")
     out.mkdir(parents=True, exist_ok=True)
-
-    table = ComparisonTable(k=args.k)
     figures = []
-    for layer in tqdm(layers, desc="layers", unit="layer", disable=args.quiet):
-        block = blocks[layer]
-        lnd = LayerNormDecomposition(loaded.model, block)
-        scopes = scopes_arg or list(lnd.scopes)
-        ours = lnd.attribute(ids, scope=scopes, forward_kwargs=kwargs)
-        context = capture_layer(loaded.model, block, ids, forward_kwargs=kwargs)
-        theirs = baseline_maps(
-            context, methods=names, route=args.route, n_steps=args.n_steps,
-            n_samples=args.n_samples, seed=args.seed,
-        )
-        for scope in scopes:  # rows: each baseline against this scope's map
-            table.extend(compare_methods(
-                {**theirs, scope: ours[scope]}, reference=scope, token_mask=context.token_mask,
-                causal=context.causal, k=args.k, extra={"layer": layer},
-            ))
-        maps = {**{s: ours[s] for s in scopes}, **theirs}
-        if not args.no_figure:
-            from captum_ffb.baselines.figure import side_by_side
+    if not args.no_figure:
+        from captum_ffb.baselines.figure import side_by_side
 
+        for layer in result.layers:
             figures.append(side_by_side(
-                {name: value[0] for name, value in maps.items()}, tokens,
+                {name: value[0] for name, value in result.maps[layer].items()}, result.tokens,
                 out / f"compare_layer{layer:02d}.png",
                 title=f"{loaded.name}, layer {layer}: decomposition scopes and baselines",
             ))
-    written = _write_table(table, out / "compare")
+    written = _write_table(result.table, out / "compare")
     if not args.quiet:
-        print(table.to_markdown())
+        print(result.table.to_markdown())
         for path in [*written, *figures]:
             print(path)
     return 0
@@ -241,57 +191,32 @@ def _write_table(table: Any, stem: Path) -> list[Path]:
     return [csv_path, md_path]
 
 
-def _run_app_e(args: argparse.Namespace, loaded: Any, out: Path, say: Any) -> int:
-    from captum_ffb.baselines import ComparisonTable, activation_study, capture_layer
+def _run_app_e(args: argparse.Namespace, loaded: Any, out: Path, layers: Sequence[int] | str) -> int:
+    from captum_ffb.baselines import activation_study_by_length, text_lengths
 
-    methods = _names(args.methods, "--methods") or []
-    full = _encode(loaded, args.text)["input_ids"].shape[1]
-    lengths = _int_list(args.lengths, "--lengths") if args.lengths else [full]
-    too_long = [n for n in lengths if n > full or n < 2]
-    if too_long:
-        raise UsageError(
-            f"--lengths {too_long[0]} is not possible: the text has {full} tokens (at least 2 "
-            "are needed)"
-        )
-    blocks = loaded.blocks
-    layers = _layers(args.layer, "0", len(blocks))
+    lengths = None
+    if args.lengths:
+        lengths = text_lengths(args.text, loaded, _int_list(args.lengths, "--lengths"), "--lengths")
+    study = activation_study_by_length(
+        args.text, loaded, layers=layers, lengths=lengths, methods=_names(args.methods, "--methods"),
+        n_samples=args.n_samples, seed=args.seed, n_steps=args.n_steps, k=args.k,
+        show_progress=not args.quiet,
+    )
     out.mkdir(parents=True, exist_ok=True)
-
-    agreement = ComparisonTable(k=args.k)
-    change = ComparisonTable(k=args.k)
-    timing = ComparisonTable(columns=["layer", "n", "method", "seconds"], k=args.k)
-    seconds: dict[str, dict[int, float]] = {}
-    for layer in layers:
-        for n in lengths:
-            say(f"layer {layer}, n = {n} ...")
-            encoded = _encode(loaded, args.text, max_length=n)
-            ids = encoded["input_ids"]
-            kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}
-            context = capture_layer(loaded.model, blocks[layer], ids, forward_kwargs=kwargs)
-            study = activation_study(
-                context, methods, n_samples=args.n_samples, seed=args.seed,
-                n_steps=args.n_steps, k=args.k, extra={"layer": layer},
-                show_progress=not args.quiet,
-            )
-            agreement.extend(study.agreement)
-            change.extend(study.contextualization)
-            for method, value in study.seconds.items():
-                timing.rows.append({"layer": layer, "n": n, "method": method, "seconds": value})
-                seconds.setdefault(method, {})[n] = value if layer == layers[0] else seconds[method][n]
-    written = _write_table(agreement, out / "app_e_agreement")
-    written += _write_table(change, out / "app_e_change")
-    written += _write_table(timing, out / "app_e_timing")
+    written = _write_table(study.agreement, out / "app_e_agreement")
+    written += _write_table(study.contextualization, out / "app_e_change")
+    written += _write_table(study.timing, out / "app_e_timing")
     if not args.no_figure:
         from captum_ffb.baselines.figure import timing_plot
 
         written.append(timing_plot(
-            seconds, out / "app_e_timing.png",
-            title=f"{loaded.name}, layer {layers[0]}: activation decomposition time",
+            study.seconds, out / "app_e_timing.png",
+            title=f"{loaded.name}, layer {study.layers[0]}: activation decomposition time",
         ))
     if not args.quiet:
-        print(timing.to_markdown())
-        print(agreement.to_markdown())
-        print(change.to_markdown())
+        print(study.timing.to_markdown())
+        print(study.agreement.to_markdown())
+        print(study.contextualization.to_markdown())
         for path in written:
             print(path)
     return 0

@@ -16,7 +16,7 @@ New block types are registered with :func:`captum_ffb.register_chain`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,16 @@ class Chain:
     def output_scope(self) -> str:
         """The scope that is the whole block's output."""
         return self.scopes[-1]
+
+    def check_scopes(self, names: Sequence[str]) -> None:
+        """A one-line ``ValueError`` naming the first of ``names`` that is none of this chain's
+        scopes (:attr:`all_scopes`)."""
+        unknown = [name for name in names if name not in self.all_scopes]
+        if unknown:
+            raise ValueError(
+                f"unknown scope {unknown[0]!r} for a {self.name} model; choose from "
+                f"{', '.join(self.all_scopes)}"
+            )
 
 
 def _roles(spec: ArchitectureSpec) -> frozenset[str]:

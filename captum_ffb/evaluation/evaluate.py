@@ -354,6 +354,47 @@ def _concat(shards: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
     return np.concatenate([s[key] for s in shards], axis=0)
 
 
+def _mean_sem(values: np.ndarray) -> tuple[float, float]:
+    """Mean and standard error of the finite values (NaN, NaN when none is finite)."""
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return float("nan"), float("nan")
+    sem = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0
+    return float(values.mean()), sem
+
+
+def _method_summary(shards: list[dict[str, np.ndarray]], method: str, protocols: Sequence[str],
+                    next_token_with_labels: bool) -> tuple[dict[str, Any], dict[str, list[float]]]:
+    """One method's row (cost, each protocol's mean score and standard error) and its mean
+    curves."""
+    n = sum(len(s["index"]) for s in shards)
+    row: dict[str, Any] = {"method": method,
+                           "seconds_per_example": float(sum(s[f"{method}.seconds"][0] for s in shards)) / n,
+                           "peak_mb": float(max(s[f"{method}.peak_mb"][0] for s in shards))}
+    curves: dict[str, list[float]] = {}
+
+    def scores(name: str) -> np.ndarray:
+        return _concat(shards, f"{method}.{name}")
+
+    if "decompx" in protocols:
+        drops, correct = scores("decompx_drop"), scores("decompx_correct")
+        row["decompx_aopc"], row["decompx_aopc_sem"] = _mean_sem(drops[:, 1:].mean(1))
+        if not next_token_with_labels:  # shards before labels were ignored
+            row["decompx_accuracy"] = float(correct[:, 1:].mean())
+        curves["decompx"] = drops.mean(0).tolist()
+        curves["decompx_accuracy"] = correct.mean(0).tolist()
+    if "eraser" in protocols:
+        row["comprehensiveness"], row["comprehensiveness_sem"] = _mean_sem(scores("comprehensiveness"))
+        row["sufficiency"], row["sufficiency_sem"] = _mean_sem(scores("sufficiency"))
+        curves["comprehensiveness"] = np.nanmean(scores("comprehensiveness_bins"), 0).tolist()
+        curves["sufficiency"] = np.nanmean(scores("sufficiency_bins"), 0).tolist()
+    if "abpc" in protocols:
+        row["abpc"], row["abpc_sem"] = _mean_sem(scores("abpc"))
+        curves["abpc_morf"] = np.nanmean(scores("morf"), 0).tolist()
+        curves["abpc_lerf"] = np.nanmean(scores("lerf"), 0).tolist()
+    return row, curves
+
+
 def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
               protocols: Sequence[str], task: str | None = None) -> dict[str, Any]:
     r"""One row per method: cost and every protocol's score (mean over examples, with the
@@ -364,50 +405,21 @@ def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
         ratio, ``abpc_morf`` / ``abpc_lerf`` mean logit per fraction, ERASER per bin),
         ``accuracy`` (the model's accuracy against the gold labels, when known) and grids.
     """
-    n = sum(len(s["index"]) for s in shards)
     label, predicted = _concat(shards, "label"), _concat(shards, "predicted")
     known = label >= 0
     summary: dict[str, Any] = {
-        "n": n, "rows": [], "curves": {},
+        "n": sum(len(s["index"]) for s in shards), "rows": [], "curves": {},
         "accuracy": (float((label[known] == predicted[known]).mean())
                      if known.any() and task != "next-token" else None),
         "decompx_ratios": list(DECOMPX_RATIOS), "eraser_bins": list(ERASER_BINS),
         "abpc_fractions": list(ABPC_FRACTIONS),
         "players_mean": float(_concat(shards, "players").mean()),
     }
-
-    def mean_sem(values: np.ndarray) -> tuple[float, float]:
-        values = values[np.isfinite(values)]
-        if values.size == 0:
-            return float("nan"), float("nan")
-        sem = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0
-        return float(values.mean()), sem
-
-    for m in methods:
-        row: dict[str, Any] = {"method": m,
-                               "seconds_per_example": float(sum(s[f"{m}.seconds"][0] for s in shards)) / n,
-                               "peak_mb": float(max(s[f"{m}.peak_mb"][0] for s in shards))}
-        curves: dict[str, list[float]] = {}
-        if "decompx" in protocols:
-            drops = _concat(shards, f"{m}.decompx_drop")
-            correct = _concat(shards, f"{m}.decompx_correct")
-            per_ratio = drops.mean(0)
-            row["decompx_aopc"], row["decompx_aopc_sem"] = mean_sem(drops[:, 1:].mean(1))
-            if not (task == "next-token" and known.any()):  # shards before labels were ignored
-                row["decompx_accuracy"] = float(correct[:, 1:].mean())
-            curves["decompx"] = per_ratio.tolist()
-            curves["decompx_accuracy"] = correct.mean(0).tolist()
-        if "eraser" in protocols:
-            row["comprehensiveness"], row["comprehensiveness_sem"] = mean_sem(_concat(shards, f"{m}.comprehensiveness"))
-            row["sufficiency"], row["sufficiency_sem"] = mean_sem(_concat(shards, f"{m}.sufficiency"))
-            curves["comprehensiveness"] = np.nanmean(_concat(shards, f"{m}.comprehensiveness_bins"), 0).tolist()
-            curves["sufficiency"] = np.nanmean(_concat(shards, f"{m}.sufficiency_bins"), 0).tolist()
-        if "abpc" in protocols:
-            row["abpc"], row["abpc_sem"] = mean_sem(_concat(shards, f"{m}.abpc"))
-            curves["abpc_morf"] = np.nanmean(_concat(shards, f"{m}.morf"), 0).tolist()
-            curves["abpc_lerf"] = np.nanmean(_concat(shards, f"{m}.lerf"), 0).tolist()
+    for method in methods:
+        row, curves = _method_summary(shards, method, protocols,
+                                      next_token_with_labels=task == "next-token" and bool(known.any()))
         summary["rows"].append(row)
-        summary["curves"][m] = curves
+        summary["curves"][method] = curves
     ig = next((r for r in summary["rows"] if r["method"] == "integrated_gradients"), None)
     for row in summary["rows"]:
         row["cost_vs_ig"] = (row["seconds_per_example"] / ig["seconds_per_example"]

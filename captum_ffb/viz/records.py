@@ -40,6 +40,53 @@ def _per_row(value: Any, rows: int, name: str, default: Any) -> list[Any]:
     return value
 
 
+#: What a record shows where neither the caller nor an LLM result gives a value.
+_DEFAULTS: dict[str, Any] = {"pred_prob": math.nan, "pred_class": "", "true_class": "",
+                             "attr_class": "", "convergence_delta": math.nan}
+
+
+def _result_rows(result: LLMAttributionResult) -> tuple[Tensor, list[list[str]], dict[str, Any]]:
+    """An LLM result's rows (``token_attr``, else ``seq_attr`` as one row), each row's
+    tokens, and what it gives each row: the output token as the classes, its probability and
+    its convergence delta."""
+    per_token = result.token_attr is not None
+    matrix = result.token_attr if per_token else result.seq_attr[None]
+    shown = display_tokens(list(result.output_tokens) if per_token else ["sequence"])
+    given = {
+        "pred_prob": result.output_probs if per_token else None,
+        "pred_class": shown, "true_class": shown, "attr_class": shown,
+        "convergence_delta": getattr(result, "convergence_delta", None),
+    }
+    return matrix, [_shown(result.input_tokens)] * matrix.shape[0], given
+
+
+def _tensor_rows(attributions: Any, tokens: Sequence[str] | Sequence[Sequence[str]] | None,
+                 ) -> tuple[Tensor, list[list[str]]]:
+    """Contributions ``(n,)`` or ``(batch, n)`` as rows, and each row's tokens (one list for
+    every row, or one per row; a shorter list leaves the padded tail out)."""
+    if not isinstance(attributions, Tensor):
+        raise TypeError(
+            f"attributions must be a Tensor or an LLMAttributionResult, got {type(attributions).__name__}"
+        )
+    matrix = attributions.detach()
+    if matrix.dim() == 1:
+        matrix = matrix[None]
+    if matrix.dim() != 2:
+        raise ValueError(f"attributions must be (n,) or (batch, n), got shape {tuple(matrix.shape)}")
+    rows = matrix.shape[0]
+    if tokens is None:
+        raise ValueError("give the tokens of the attributed positions")
+    tokens = list(tokens)
+    nested = len(tokens) > 0 and not isinstance(tokens[0], str)
+    row_tokens = [_shown(t) for t in tokens] if nested else [_shown(tokens)] * rows
+    if len(row_tokens) != rows:
+        raise ValueError(f"tokens has {len(row_tokens)} rows for {rows} rows of attributions")
+    for k, words in enumerate(row_tokens):
+        if len(words) > matrix.shape[1]:
+            raise ValueError(f"row {k} has {len(words)} tokens for {matrix.shape[1]} attributions")
+    return matrix, row_tokens
+
+
 def to_visualization_records(
     attributions: Tensor | LLMAttributionResult,
     tokens: Sequence[str] | Sequence[Sequence[str]] | None = None,
@@ -90,60 +137,30 @@ def to_visualization_records(
     if isinstance(attributions, LLMAttributionResult):
         if tokens is not None:
             raise ValueError("an LLMAttributionResult carries its tokens: leave tokens out")
-        result = attributions
-        matrix = result.token_attr if result.token_attr is not None else result.seq_attr[None]
-        outputs = list(result.output_tokens) if result.token_attr is not None else ["sequence"]
-        rows = matrix.shape[0]
-        shown = display_tokens(outputs)
-        pred_prob = pred_prob if pred_prob is not None else (
-            result.output_probs if result.output_probs is not None and result.token_attr is not None
-            else None
-        )
-        pred_class = pred_class if pred_class is not None else shown
-        true_class = true_class if true_class is not None else shown
-        attr_class = attr_class if attr_class is not None else shown
-        if convergence_delta is None:
-            convergence_delta = getattr(result, "convergence_delta", None)
-        row_tokens = [_shown(result.input_tokens)] * rows
+        matrix, row_tokens, given = _result_rows(attributions)
     else:
-        if not isinstance(attributions, Tensor):
-            raise TypeError(
-                f"attributions must be a Tensor or an LLMAttributionResult, got {type(attributions).__name__}"
-            )
-        matrix = attributions.detach()
-        if matrix.dim() == 1:
-            matrix = matrix[None]
-        if matrix.dim() != 2:
-            raise ValueError(f"attributions must be (n,) or (batch, n), got shape {tuple(matrix.shape)}")
-        rows = matrix.shape[0]
-        if tokens is None:
-            raise ValueError("give the tokens of the attributed positions")
-        tokens = list(tokens)
-        nested = len(tokens) > 0 and not isinstance(tokens[0], str)
-        row_tokens = [_shown(t) for t in tokens] if nested else [_shown(tokens)] * rows
-        if len(row_tokens) != rows:
-            raise ValueError(f"tokens has {len(row_tokens)} rows for {rows} rows of attributions")
-        for k, words in enumerate(row_tokens):
-            if len(words) > matrix.shape[1]:
-                raise ValueError(f"row {k} has {len(words)} tokens for {matrix.shape[1]} attributions")
+        matrix, row_tokens = _tensor_rows(attributions, tokens)
+        given = {}
+    asked = {"pred_prob": pred_prob, "pred_class": pred_class, "true_class": true_class,
+             "attr_class": attr_class, "convergence_delta": convergence_delta}
+    rows = matrix.shape[0]
+    per_row = {
+        name: _per_row(value if value is not None else given.get(name), rows, name, _DEFAULTS[name])
+        for name, value in asked.items()
+    }
     matrix = matrix.detach().float().cpu()
-    probs = _per_row(pred_prob, rows, "pred_prob", math.nan)
-    predicted = _per_row(pred_class, rows, "pred_class", "")
-    true = _per_row(true_class, rows, "true_class", "")
-    attributed = _per_row(attr_class, rows, "attr_class", "")
-    deltas = _per_row(convergence_delta, rows, "convergence_delta", math.nan)
     records = []
     for k in range(rows):
         row = matrix[k, : len(row_tokens[k])]
         records.append(visualization.VisualizationDataRecord(
             word_attributions=_scaled(row, normalize),
-            pred_prob=float(probs[k]),
-            pred_class=html.escape(str(predicted[k])),
-            true_class=html.escape(str(true[k])),
-            attr_class=html.escape(str(attributed[k])),
+            pred_prob=float(per_row["pred_prob"][k]),
+            pred_class=html.escape(str(per_row["pred_class"][k])),
+            true_class=html.escape(str(per_row["true_class"][k])),
+            attr_class=html.escape(str(per_row["attr_class"][k])),
             attr_score=float(row.sum()),
             raw_input_ids=row_tokens[k],
-            convergence_score=float(deltas[k]),
+            convergence_score=float(per_row["convergence_delta"][k]),
         ))
     return records
 

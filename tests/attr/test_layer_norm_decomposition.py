@@ -327,3 +327,16 @@ def test_inputs_embeds_give_the_maps_of_the_token_ids(name):
     decomposition = lnd.decompose(embeds, **kwargs)
     torch.testing.assert_close(decomposition.terms, lnd.decompose(ids, **kwargs).terms, rtol=0, atol=0)
     assert float(lnd.compute_convergence_delta(decomposition, embeds, **kwargs).max()) < 1e-4
+
+
+def test_compute_convergence_delta_checks_given_decompositions():
+    tiny = TINY_MODELS["bert"]
+    model = tiny.build()
+    layer = tiny.blocks(model)[0]
+    ids = token_ids()
+    lnd = LayerNormDecomposition(model, layer)
+    dec, delta = lnd.decompose(ids, scope="AtbFf", return_convergence_delta=True)
+    torch.testing.assert_close(lnd.compute_convergence_delta(dec, ids, scope="AtbFf"), delta)
+    shifted = Decomposition(dec.terms, dec.bias + 0.5)
+    torch.testing.assert_close(lnd.compute_convergence_delta(shifted, ids, scope="AtbFf"),
+                               delta + 0.5, atol=1e-5, rtol=0)

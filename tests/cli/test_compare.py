@@ -1,4 +1,4 @@
-"""``captum-ffb compare`` and ``baseline_maps`` end to end, on a saved tiny model folder."""
+"""``captum-ffb compare`` end to end, on a saved tiny model folder."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import csv
 
 import pytest
 
-from captum_ffb.baselines import BASELINES, baseline_maps, capture_layer, resolve_baselines
+from captum_ffb.baselines import BASELINES
 from captum_ffb.cli import main
-from tests.models import TINY_MODELS, token_ids, wordpiece_tokenizer
+from tests.models import TINY_MODELS, wordpiece_tokenizer
 
 WORDS = "the cat sat on mat because it was tired . a dog ran fast".split()
 
@@ -19,25 +19,6 @@ def model_dir(tmp_path_factory):
     wordpiece_tokenizer(sorted(set(WORDS)), folder)
     TINY_MODELS["bert"].build().save_pretrained(folder)
     return folder
-
-
-def test_baseline_maps_expands_aliases_and_names_every_map():
-    spec = TINY_MODELS["gpt2"]
-    model = spec.build()
-    ids = token_ids(1, 4)
-    maps = baseline_maps(model, spec.blocks(model)[0], ids, methods="attention,norm,gradients,shap",
-                         n_steps=4)
-    assert list(maps) == ["attention_mean", "attention_sum", "norm", "saliency", "ixg", "ig", "shap_exact"]
-    assert all(m.shape == (1, 4, 4) for m in maps.values())
-    context = capture_layer(model, spec.blocks(model)[0], ids)
-    again = baseline_maps(context, methods=["norm_bias", "captum_shapley"], n_samples=3)
-    assert list(again) == ["norm_bias", "captum_shapley"]
-    assert resolve_baselines("shap", 40) == ["shap_permutation"]
-    assert resolve_baselines("all", 12) == list(BASELINES)  # every baseline, in table order
-    assert resolve_baselines("all", 13) == [b for b in BASELINES if b != "shap_exact"]
-    assert resolve_baselines("all,shap_exact", 13)[-1] == "shap_exact"  # asked for by name
-    with pytest.raises(ValueError, match="unknown baseline 'lime'"):
-        resolve_baselines("ig,lime", 3)
 
 
 def test_compare_writes_tables_and_figures(model_dir, tmp_path, capsys):
