@@ -29,6 +29,12 @@ def get_attention_implementation(config: Any) -> str | None:
     return config._attn_implementation_internal
 
 
+def effective_attention_implementation(config: Any) -> str | None:
+    """The attention implementation a model with ``config`` runs (the default resolved)."""
+    # transformers 5.23.0: the ``_attn_implementation`` property of PretrainedConfig.
+    return getattr(config, "_attn_implementation", None)
+
+
 def set_attention_implementation(config: Any, name: str | None) -> None:
     """Select the attention implementation ``name`` on ``config`` alone.
 

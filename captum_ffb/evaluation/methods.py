@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb._private import effective_attention_implementation
 from captum_ffb.attr import DEFAULT_MEMORY_BUDGET
 from captum_ffb.engine.positions import position_ids, real_positions
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask
@@ -124,7 +125,7 @@ def _readout(maps: Tensor, task: EvaluationTask, mask: Tensor) -> Tensor:
 def _attentions(task: EvaluationTask, batch: Batch) -> list[Tensor]:
     """Head-averaged attention probabilities of every layer, from an eager forward pass."""
     model = task.model
-    before = getattr(model.config, "_attn_implementation", None)
+    before = effective_attention_implementation(model.config)
     switch = callable(getattr(model, "set_attn_implementation", None)) and before != "eager"
     if switch:
         model.set_attn_implementation("eager")

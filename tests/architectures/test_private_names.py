@@ -13,14 +13,13 @@ from captum_ffb import _private
 PACKAGE = Path(__file__).resolve().parents[2] / "captum_ffb"
 #: How the package reached private names of transformers and Captum before they moved.
 PRIVATE = re.compile(
-    r"_attn_implementation|_global_mapping|captum\.attr\._|from captum\.[\w.]*\._|"
+    r"\b_attn_implementation|\._attn_implementation|_global_mapping|captum\.attr\._|from captum\.[\w.]*\._|"
     r"modeling_gguf_pytorch_utils|eager_attention_forward|_convert_ids_to_pretty_tokens"
 )
 #: Files that may: the lxt worker runs in its own environment, without captum_ffb.
 ELSEWHERE = {
     "_private.py",
     "evaluation/peers/attnlrp_worker.py",
-    "evaluation/methods.py",  # reads _attn_implementation; to move with the read-outs work
 }
 
 
