@@ -56,10 +56,10 @@ def _contexts(loaded: LoadedModel, indices: Sequence[int], encoded: Any,
                          forward_kwargs=kwargs, with_next_norms=with_next_norms)
 
 
-def _progress(items: Sequence[int], show_progress: bool) -> Any:
+def _progress(items: Sequence[Any], show_progress: bool, desc: str = "layers", unit: str = "layer") -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(items, desc="layers", unit="layer", disable=not show_progress)
+    return tqdm(items, desc=desc, unit=unit, disable=not show_progress)
 
 
 def compare_with_baselines(
@@ -206,16 +206,16 @@ def activation_study_by_length(
         indices, lengths, ComparisonTable(k=k), ComparisonTable(k=k),
         ComparisonTable(columns=["layer", "n", "method", "seconds"], k=k),
     )
-    for position, layer in enumerate(indices):
-        for n in lengths:
-            result = activation_study(
-                by_length[n][position], methods, n_samples=n_samples, seed=seed,
-                n_steps=n_steps, k=k, extra={"layer": layer}, show_progress=show_progress,
-            )
-            study.agreement.extend(result.agreement)
-            study.contextualization.extend(result.contextualization)
-            for method, value in result.seconds.items():
-                study.timing.rows.append({"layer": layer, "n": n, "method": method, "seconds": value})
-                if position == 0:
-                    study.seconds.setdefault(method, {})[n] = value
+    runs = [(position, layer, n) for position, layer in enumerate(indices) for n in lengths]
+    for position, layer, n in _progress(runs, show_progress, "layer × length", "study"):
+        result = activation_study(
+            by_length[n][position], methods, n_samples=n_samples, seed=seed,
+            n_steps=n_steps, k=k, extra={"layer": layer}, show_progress=show_progress,
+        )
+        study.agreement.extend(result.agreement)
+        study.contextualization.extend(result.contextualization)
+        for method, value in result.seconds.items():
+            study.timing.rows.append({"layer": layer, "n": n, "method": method, "seconds": value})
+            if position == 0:
+                study.seconds.setdefault(method, {})[n] = value
     return study
