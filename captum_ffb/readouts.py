@@ -81,14 +81,17 @@ def checked_positions(position: int | Tensor, token_mask: Tensor) -> Tensor:
     return positions
 
 
-def _logits(outputs: Any) -> Tensor:
+def output_logits(outputs: Any) -> Tensor:
+    """The logits of a model's outputs (``.logits``, or the first element, or the tensor)."""
     logits = getattr(outputs, "logits", None)
     if logits is None:
         logits = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
     return logits
 
 
-def _hidden(outputs: Any) -> Tensor:
+def output_hidden_states(outputs: Any) -> Tensor:
+    """The last hidden state of a model's outputs (``.last_hidden_state``, or the first
+    element, or the tensor)."""
     hidden = getattr(outputs, "last_hidden_state", None)
     if hidden is None:
         hidden = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
@@ -104,7 +107,7 @@ def _logits_at(outputs: Any, attention_mask: Tensor, position: int | Tensor | No
     """``(B, units)`` logits at the read position: a classifier's own logits, or a causal LM's
     at ``position`` (each row's last real position by default; the last one kept when the
     model was asked for the last position only)."""
-    logits = _logits(outputs)
+    logits = output_logits(outputs)
     if logits.dim() == 2:
         return logits
     mask = attention_mask.to(logits.device) != 0
@@ -315,7 +318,7 @@ class Direction(ReadOut):
         raise ValueError(f"pooling must be one of {POOLINGS} or a position, got {self.pooling!r}")
 
     def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
-        hidden = _hidden(outputs)
+        hidden = output_hidden_states(outputs)
         vector = torch.as_tensor(self.vector, device=hidden.device)
         pooled = self.pooled(hidden, attention_mask).to(vector.dtype)
         bias = torch.as_tensor(self.bias, device=hidden.device, dtype=vector.dtype)

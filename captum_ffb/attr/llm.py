@@ -21,7 +21,8 @@ from captum.log import log_usage
 from torch import Tensor
 
 from captum_ffb._private import llm_attribution_base, pretty_tokens
-from captum_ffb.attr.norm_decomposition import NormDecomposition, _logits
+from captum_ffb.attr.norm_decomposition import NormDecomposition
+from captum_ffb.readouts import output_logits
 
 #: Greedy decoding, as Captum's ``DEFAULT_GEN_ARGS``; ``gen_args`` entries replace these.
 DEFAULT_GEN_ARGS: dict[str, Any] = {
@@ -314,7 +315,7 @@ def explain_steps(
     logits are read by a hook on the model: no extra call). Float32 tensors on the CPU."""
     seen: list[Tensor] = []
     handle = nd.model.register_forward_hook(
-        lambda _module, _args, output: seen.append(_logits(output).detach())
+        lambda _module, _args, output: seen.append(output_logits(output).detach())
     )
     try:
         # every position's logits (logits_to_keep=0): the hook reads each step's distribution

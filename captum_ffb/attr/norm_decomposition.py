@@ -37,7 +37,7 @@ from captum_ffb.engine.whole import (
     reference_inputs,
     resolve_head,
 )
-from captum_ffb.readouts import Direction, ReadOut, as_readout
+from captum_ffb.readouts import Direction, ReadOut, as_readout, output_hidden_states, output_logits
 from captum_ffb.rules import is_linear_in_players, whole_model_rules
 
 ROUTES = ("backward", "forward")
@@ -492,10 +492,10 @@ class NormDecomposition(Attribution):
     def _real_value(self, output: Any, target: HeadTarget, hidden: Tensor | None = None) -> Tensor:
         """The target's value in the model's own output."""
         if self.head.task == "base":
-            hidden = _hidden(output) if hidden is None else hidden
+            hidden = output_hidden_states(output) if hidden is None else hidden
             pooled = _pool(hidden.to(self.dtype), target)
             return (pooled[:, None] * target.weights).sum(-1)[:, 0] + target.biases[:, 0]
-        logits = _logits(output).to(self.dtype)
+        logits = output_logits(output).to(self.dtype)
         if logits.dim() == 3:
             logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
         return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
@@ -731,20 +731,6 @@ class NormDecomposition(Attribution):
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="propagating", unit="block")
-
-
-def _logits(output: Any) -> Tensor:
-    logits = getattr(output, "logits", None)
-    if logits is None:
-        logits = output[0] if isinstance(output, (tuple, list)) else output
-    return logits
-
-
-def _hidden(output: Any) -> Tensor:
-    hidden = getattr(output, "last_hidden_state", None)
-    if hidden is None:
-        hidden = output[0] if isinstance(output, (tuple, list)) else output
-    return hidden
 
 
 def _pool(hidden: Tensor, target: HeadTarget) -> Tensor:
