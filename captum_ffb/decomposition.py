@@ -206,6 +206,11 @@ class Decomposition:
         describing the full sequence: pass ``row_offset`` to :meth:`maps`)."""
         return self._new(self.terms[:, index], self.bias[:, index])
 
+    def features(self, index: slice) -> Decomposition:
+        """The decomposition of the features ``index`` of every vector (a slice of the last
+        dimension: the output columns of one part of a wider linear map)."""
+        return self._new(self.terms[..., index], self.bias[..., index])
+
     # ----------------------------------------------------------------- readouts
     def total(self) -> Tensor:
         """``Σ_j terms[:, i, j] + bias[:, i]``, shape ``(B, n_out, d)``."""
@@ -374,6 +379,9 @@ class TokenwiseDecomposition(Decomposition):
         if isinstance(index, slice) and index == slice(None):
             return self
         return self.factored().rows(index)
+
+    def features(self, index: slice) -> TokenwiseDecomposition:
+        return TokenwiseDecomposition(self.vectors[..., index], self.bias[..., index], self.token_mask)
 
     def total(self) -> Tensor:
         return self.vectors + self.bias
@@ -607,6 +615,11 @@ class FactoredDecomposition(Decomposition):
     def rows(self, index: slice | Tensor) -> FactoredDecomposition:
         groups = [FactorGroup(g.mix[:, :, index], g.coeff, g.proj) for g in self.groups]
         return self._with(groups, self.bias[:, index], cache=self._cache)
+
+    def features(self, index: slice) -> FactoredDecomposition:
+        groups = [FactorGroup(g.mix, g.coeff[..., index]) if g.proj is None
+                  else FactorGroup(g.mix, g.coeff, g.proj[..., index]) for g in self.groups]
+        return self._with(groups, self.bias[..., index])
 
     def total(self) -> Tensor:
         return sum(g.total() for g in self.groups) + self.bias

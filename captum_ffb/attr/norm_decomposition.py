@@ -15,6 +15,7 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_ffb.architectures import get_architecture
+from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.attr.layer_norm_decomposition import DEFAULT_MEMORY_BUDGET
 from captum_ffb.engine import (
     capture_layers,
@@ -26,6 +27,15 @@ from captum_ffb.engine import (
     resolve_rules,
 )
 from captum_ffb.engine.block import config_of
+from captum_ffb.engine.components import (
+    check_granularity,
+    check_linear_rules,
+    direct_paths,
+    head_direct_path,
+    iter_groups,
+    propagate_components,
+    stacked,
+)
 from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.whole import (
@@ -37,7 +47,15 @@ from captum_ffb.engine.whole import (
     reference_inputs,
     resolve_head,
 )
-from captum_ffb.readouts import Direction, ReadOut, as_readout, output_hidden_states, output_logits
+from captum_ffb.readouts import (
+    ClassLogit,
+    Direction,
+    NextToken,
+    ReadOut,
+    as_readout,
+    output_hidden_states,
+    output_logits,
+)
 from captum_ffb.rules import is_linear_in_players, whole_model_rules
 
 ROUTES = ("backward", "forward")
@@ -268,6 +286,93 @@ class NormDecomposition(Attribution):
         if return_convergence_delta:
             out.append((per_group.sum(1) + bias - real).abs())
         return out[0] if len(out) == 1 else tuple(out)
+
+    @log_usage()
+    def attribute_components(
+        self,
+        inputs: Tensor | tuple[Tensor, ...],
+        target: int | Tensor | ReadOut | None = None,
+        additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
+        feature_mask: Tensor | None = None,
+        target_position: int | Tensor | None = None,
+        granularity: str = "sublayer",
+        rules: Mapping[str, Callable] | None = None,
+        reference: str | int | Tensor | None = "zero",
+    ) -> ComponentAttribution:
+        r"""Which components, acting on which tokens, wrote the read-out: the exact table
+        ``C[j, c]`` of direct effects with ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``.
+
+        Each writer of the residual stream (the embeddings, each attention block or head,
+        each FF block or expert) is decomposed over the tokens by the forward route;
+        ``C[j, c]`` reads token ``j``'s share of writer ``c``'s output through the frozen
+        later norms and the head (the writer's *direct* effect, not its effect through later
+        blocks). Summed over components it gives :meth:`attribute`'s contributions (both
+        routes agree); see :class:`~captum_ffb.attr.components.ComponentAttribution`.
+
+        Args:
+            inputs, target, additional_forward_args, forward_kwargs, feature_mask,
+            target_position, rules, reference: as in :meth:`attribute`; ``target=None``
+                        explains the predicted class or next token.
+            granularity (str): ``"block"`` (one component per block), ``"sublayer"``
+                        (attention and FF apart; Post-LN norms' β apart) or ``"head"`` (each
+                        attention head, each expert of a mixture of experts).
+
+        Returns:
+            ComponentAttribution: ``contributions`` ``(batch, n, C)``, ``bias`` ``(batch, C)``,
+            ``components``, ``value``, ``delta``.
+        """
+        check_granularity(granularity)
+        chosen = self._rules(rules)
+        check_linear_rules(chosen)
+        args = forward_arguments(inputs, additional_forward_args)
+        kwargs = dict(forward_kwargs or {})
+        ids = args[0]
+        if not isinstance(ids, Tensor) or ids.dim() != 2:
+            raise TypeError("inputs must start with token ids of shape (batch, n)")
+        token_mask = self._token_mask(kwargs, ids)
+        groups, n_groups = self._groups(feature_mask, ids)
+        blocks, recorded, light = self._capture(args, kwargs)
+        if target is None:
+            if self.task == "base":
+                raise ValueError(f"{type(self.model).__name__} is a base model: give a Direction target")
+            target = NextToken(None, target_position) if self.task == "causal_lm" else ClassLogit(None)
+            target_position = None
+        if isinstance(target, ReadOut):
+            target = target.resolve(recorded.output, token_mask.long())
+        head_target = self._target(target, target_position, token_mask)
+        x = blocks[0].inputs
+        reference_x = self._reference(reference, x, token_mask, args, kwargs)
+        prepare = self._replay if light else None
+        size = self._group_size(x, chosen)
+        parts = list(iter_groups(range(n_groups), size))
+        progress = self._progress(len(blocks) * (len(parts) + 1))
+        table, bias, names = None, None, None
+        try:
+            with torch.no_grad():
+                like = x.to(self.dtype)
+                covector, constant = head_direct_path(self.head, head_target, chosen, recorded.tensors,
+                                                      self.spec, self.config, like)
+                paths = direct_paths(blocks, self.chain, chosen, covector, constant, prepare)
+                if progress is not None:
+                    progress.update(len(blocks))
+                for part in parts:
+                    start = player_start(x, groups, part, token_mask, reference_x)
+                    sums, _ = propagate_components(blocks, self.chain, chosen, start, paths, granularity,
+                                                   self.memory_budget, progress, prepare)
+                    names, found, found_bias = stacked(sums, len(part), like)
+                    if table is None:
+                        table = found.new_zeros(found.shape[0], n_groups, found.shape[-1])
+                        bias = found_bias  # every part carries the whole bias player
+                    table[:, part] = found
+        finally:
+            if progress is not None:
+                progress.close()
+        real = self._real_value(recorded.output, head_target)
+        delta = (table.sum((1, 2)) + bias.sum(-1) - real).abs()
+        index = groups[..., None].expand(-1, -1, table.shape[-1])
+        expanded = table.gather(1, index) * token_mask[..., None].to(table.dtype)
+        return ComponentAttribution(expanded, bias, names, real, delta, granularity)
 
     @log_usage()
     def attribute_steps(

@@ -35,6 +35,28 @@ Rules = Mapping[str, Callable]
 #: next block's first norm, or the model's final norm) applied to it (the paper's
 #: "FF, then RES, then LN" comparison for Pre-LN models).
 NEXT_NORM_SCOPE = "AtbLnFfResLn"
+#: The state entry every built-in ``mix`` keeps the attention sublayer's output in (the
+#: attention writer of the residual stream, before the residual connection).
+ATTENTION_WRITER = "attention"
+#: The state entry where a caller may put an observer of the experts' parts (see ``_moe_rest``).
+EXPERT_OBSERVER = "observe_expert"
+
+
+@dataclass(frozen=True)
+class StreamStep:
+    """One step of a block's residual stream, in order (for direct effects).
+
+    Attributes:
+        kind (str): ``"write"``: a sublayer adds its output to the stream; ``"norm"``: the
+                    stream passes through a norm.
+        name (str): the writer (``"attention"``, ``"ff"``) or the norm's role (``"norm1"``).
+        source (str): for a writer, the state entry of ``mix`` or the scope of ``local`` that
+                    holds its decomposition.
+    """
+
+    kind: str
+    name: str
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,6 +77,9 @@ class Chain:
         extra_scopes (tuple[str, ...]): scopes computed only when asked for, after the
                     others (:data:`NEXT_NORM_SCOPE`).
         description (str): one line for the docs.
+        stream (tuple[StreamStep, ...]): the block's residual stream: which sublayers write
+                    to it and which norms it passes, in order (empty: no direct effects for
+                    this block type; see :meth:`NormDecomposition.attribute_components`).
 
     Examples::
 
@@ -81,6 +106,7 @@ class Chain:
     roles: Callable[[ArchitectureSpec], frozenset[str]] = field(default=lambda spec: _roles(spec))
     extra_scopes: tuple[str, ...] = ()
     description: str = ""
+    stream: tuple[StreamStep, ...] = ()
 
     @property
     def all_scopes(self) -> tuple[str, ...]:
@@ -199,7 +225,10 @@ def _gated_mlp(rules: Rules, ff_input: Decomposition, real_input: Tensor, w_gate
 
 
 def _moe_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decomposition:
-    """Σ_e w_e(i) · expert_e(z)_i with the routing weights ``w`` of the real forward pass."""
+    """Σ_e w_e(i) · expert_e(z)_i with the routing weights ``w`` of the real forward pass.
+    A callable in the state under :data:`EXPERT_OBSERVER` sees each expert's part
+    ``(name, rows, part)`` (``"expert.<e>"``, ``"shared_expert"``) before they are summed."""
+    observe = projected.get(EXPERT_OBSERVER)
     ff_input = projected["ff_input"].rows(rows)
     weights = projected["routing"][:, rows]
     fn = block.expert_activation()
@@ -210,6 +239,8 @@ def _moe_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decom
         if not bool((share != 0).any()):
             continue
         part = _gated_mlp(rules, ff_input, real_input, *block.expert_weights(expert), fn).scale_rows(share)
+        if observe is not None:
+            observe(f"expert.{expert}", rows, part)
         out = part if out is None else out + part
     shared = block.shared_expert()
     if shared is not None:
@@ -217,6 +248,8 @@ def _moe_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decom
         part = _gated_mlp(rules, ff_input, real_input, *weights_shared, shared_fn)
         gate = block.real("shared_expert_gate")[:, rows].sigmoid()
         part = part.scale_rows(gate[..., 0])
+        if observe is not None:
+            observe("shared_expert", rows, part)
         out = part if out is None else out + part
     return out
 
@@ -230,8 +263,9 @@ def ff_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decompo
 # --------------------------------------------------------------------------- Post-LN
 def _post_ln_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
     x = start_of(block, start)
-    atb = norm(block, "norm1", rules, rules["residual"](attention(block, rules, x), x))
-    return {"Atb": atb, **ff_projections(block, rules, atb)}
+    attn = attention(block, rules, x)
+    atb = norm(block, "norm1", rules, rules["residual"](attn, x))
+    return {"Atb": atb, ATTENTION_WRITER: attn, **ff_projections(block, rules, atb)}
 
 
 def _post_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
@@ -257,15 +291,18 @@ POST_LN = Chain(
     local=_post_ln_local,
     ff_pair=("Atb", "AtbFf"),
     description="y = LN2(z + FF(z)), z = LN1(x + ATTN(x))",
+    stream=(StreamStep("write", "attention", ATTENTION_WRITER), StreamStep("norm", "norm1"),
+            StreamStep("write", "ff", "AtbFf"), StreamStep("norm", "norm2")),
 )
 
 
 # --------------------------------------------------------------------------- Pre-LN
 def _pre_ln_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
     x = start_of(block, start)
-    atb = rules["residual"](attention(block, rules, norm(block, "norm1", rules, x)), x)
+    attn = attention(block, rules, norm(block, "norm1", rules, x))
+    atb = rules["residual"](attn, x)
     ln = norm(block, "norm2", rules, atb)
-    return {"Atb": atb, "AtbLn": ln, **ff_projections(block, rules, ln)}
+    return {"Atb": atb, "AtbLn": ln, ATTENTION_WRITER: attn, **ff_projections(block, rules, ln)}
 
 
 def _pre_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
@@ -295,19 +332,21 @@ PRE_LN = Chain(
     ff_pair=("AtbLn", "AtbLnFf"),
     extra_scopes=(NEXT_NORM_SCOPE,),
     description="y = h + FF(LN2(h)), h = x + ATTN(LN1(x))",
+    stream=(StreamStep("write", "attention", ATTENTION_WRITER), StreamStep("write", "ff", "AtbLnFf")),
 )
 
 
 # --------------------------------------------------------------------------- parallel
 def _parallel_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
     x = start_of(block, start)
-    atb = rules["residual"](attention(block, rules, norm(block, "norm1", rules, x)), x)
+    attn = attention(block, rules, norm(block, "norm1", rules, x))
+    atb = rules["residual"](attn, x)
     ff_input = norm(block, "norm2", rules, x)
     if _compact(ff_input):
         # The FF reads LN2(x) token by token: its whole branch stays token-wise (diagonal).
         ff = ff_rest(block, rules, ff_projections(block, rules, ff_input), slice(None))
-        return {"Atb": atb, "LnFf": ff}
-    return {"Atb": atb, "ff_input": ff_input}
+        return {"Atb": atb, "LnFf": ff, ATTENTION_WRITER: attn}
+    return {"Atb": atb, "ff_input": ff_input, ATTENTION_WRITER: attn}
 
 
 def _parallel_local(block: Block, state: State, rows: Rows, rules: Rules):
@@ -330,6 +369,7 @@ PARALLEL = Chain(
     local=_parallel_local,
     ff_pair=("Atb", "AtbLnFfRes"),
     description="y = x + ATTN(LN1(x)) + FF(LN2(x)); the FF branch does not mix tokens",
+    stream=(StreamStep("write", "attention", ATTENTION_WRITER), StreamStep("write", "ff", "LnFf")),
 )
 
 for _chain in (POST_LN, PRE_LN, PARALLEL):

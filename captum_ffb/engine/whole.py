@@ -315,7 +315,7 @@ def head_forward(
     bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], target.weights.to(dtype)) + target.biases.to(dtype)
     if head.softcap is not None:
         cap = float(head.softcap)
-        pre = (terms.sum(-1) + bias)  # the decomposition's own pre-cap logits
+        pre = (terms.sum(-1) + bias).detach()  # the decomposition's own pre-cap logits
         if target.indices is not None and head.output is not None and ("output", "output") in real:
             pre = _at(cast(real[("output", "output")]), target.positions, n).gather(1, target.indices)
         scalar = Decomposition(terms.transpose(1, 2)[:, None], bias[:, None], None)  # (B, 1, P, K)
