@@ -4,8 +4,8 @@
 (or every generated token), a class of a sequence classifier, or, for a base model, the
 whole-model token-to-token maps (and, for the bundled all-MiniLM-L6-v2, the logit of the
 bundled sentiment head). On request it also splits the first explained output over tokens
-× components (:meth:`~captum_ffb.attr.NormDecomposition.attribute_components`). It returns an :class:`Explanation` that the CLI, the figures and
-the HTML view consume.
+× components (:meth:`~captum_ffb.attr.NormDecomposition.attribute_components`). It returns
+an :class:`Explanation` that the CLI, the figures and the HTML view consume.
 
 The **first-token share** of a row of contributions ``c`` is ``|c_0| / Σ_j |c_j|`` over the
 real positions: the part of the attribution that lands on the first position (where causal

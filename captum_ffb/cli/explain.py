@@ -206,10 +206,11 @@ def _check_components(generate: int, task: str, config: object) -> None:
 
 
 def _print_components(table: ComponentAttribution, count: int = 5) -> None:
-    tokens = table.tokens[0] if table.tokens is not None else None
+    """The ``count`` largest entries of :func:`explain_text`'s table (its tokens are set)."""
+    tokens = table.tokens[0]
     print(f"  largest direct effects ({table.granularity}), token × component:")
     for j, component, value in table.top(count):
-        print(f"    {tokens[j] if tokens is not None else j} × {component}: {value:+.4f}")
+        print(f"    {tokens[j]} × {component}: {value:+.4f}")
 
 
 def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
