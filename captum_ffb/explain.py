@@ -3,8 +3,9 @@
 :func:`explain_text` picks what to explain from the model: the next token of a causal LM
 (or every generated token), a class of a sequence classifier, or, for a base model, the
 whole-model token-to-token maps (and, for the bundled all-MiniLM-L6-v2, the logit of the
-bundled sentiment head). It returns an :class:`Explanation` that the CLI, the figures and
-the HTML view consume.
+bundled sentiment head). On request it also splits the first explained output over tokens
+× components (:meth:`~captum_ffb.attr.NormDecomposition.attribute_components`). It returns
+an :class:`Explanation` that the CLI, the figures and the HTML view consume.
 
 The **first-token share** of a row of contributions ``c`` is ``|c_0| / Σ_j |c_j|`` over the
 real positions: the part of the attribution that lands on the first position (where causal
@@ -20,7 +21,9 @@ import torch
 from torch import Tensor
 
 from captum_ffb.attr import NormDecomposition
+from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.attr.norm_decomposition import ExplainedReadOuts
+from captum_ffb.engine.components import check_granularity
 from captum_ffb.models import LoadedModel, load_model
 from captum_ffb.readouts import ClassLogit, NextToken, ReadOut
 from captum_ffb.text import check_text, display_tokens, encode_text
@@ -65,6 +68,9 @@ class Explanation:
         labels (list[str]): ``tokens`` as people read them (no ``Ġ``, ``▁`` or ``##``; see
                     :func:`~captum_ffb.text.display_token`); empty: derived from ``tokens``.
         target_labels (list[str]): ``targets`` likewise, a token's leading space kept.
+        components (ComponentAttribution, optional): the first explained output split over
+                    tokens × components (direct effects; ``tokens`` are ``labels``), when
+                    asked for.
     """
 
     text: str
@@ -84,6 +90,7 @@ class Explanation:
     check: dict[str, float] | None = None
     labels: list[str] = field(default_factory=list)
     target_labels: list[str] = field(default_factory=list)
+    components: ComponentAttribution | None = None
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -125,6 +132,8 @@ class Explanation:
             out["forward_route_check"] = self.check
         if self.maps is not None:
             out["maps"] = self.maps.tolist()
+        if self.components is not None:
+            out["components"] = self.components.to_dict()
         return out
 
 
@@ -146,6 +155,7 @@ def explain_text(
     route: str = "backward",
     maps: bool | None = None,
     readout: ReadOut | None = None,
+    components: str | None = None,
 ) -> Explanation:
     r"""Explain ``text`` on ``model`` (the bundled all-MiniLM-L6-v2 by default).
 
@@ -171,14 +181,23 @@ def explain_text(
                     (:mod:`captum_ffb.readouts`); by default the bundled sentiment head
                     where the model fits it (:func:`~captum_ffb.evaluation.minilm_head.
                     sentiment_readout_for`), else only the maps are explained.
+        components (str, optional): also split the explained output over tokens ×
+                    components at this granularity, ``"block"``, ``"sublayer"`` or ``"head"``
+                    (see :meth:`NormDecomposition.attribute_components`; one more pass of
+                    the model); not with ``generate``, and a base model needs a read-out.
 
     Returns:
         Explanation
     """
+    from captum_ffb.evaluation.minilm_head import fits_minilm_head
+
     check_text(text)
     loaded = model or load_model(show_progress=False)
     nd = NormDecomposition(loaded.model)
     _check_options(nd.task, target, class_index, generate, readout)
+    if components is not None:
+        _check_components(components, generate, nd.task == "base" and readout is None
+                          and not fits_minilm_head(getattr(loaded.model, "config", None)))
     ids = encode_text(text, loaded)["input_ids"]
     ids = ids.to(next(loaded.model.parameters()).device)
     n_prompt = ids.shape[1]
@@ -186,10 +205,17 @@ def explain_text(
     common = dict(text=text, model_name=loaded.name, model_type=loaded.model_type, task=nd.task,
                   route=route, prompt_length=n_prompt)
     if nd.task == "causal_lm":
-        return _explain_causal_lm(nd, loaded, ids, target, generate, route, want_maps, common)
-    if nd.task == "sequence_classification":
-        return _explain_classifier(nd, loaded, ids, class_index, route, want_maps, common)
-    return _explain_base(nd, loaded, ids, readout, route, want_maps, common)
+        explanation, first = _explain_causal_lm(nd, loaded, ids, target, generate, route, want_maps, common)
+    elif nd.task == "sequence_classification":
+        explanation, first = _explain_classifier(nd, loaded, ids, class_index, route, want_maps, common)
+    else:
+        explanation, first = _explain_base(nd, loaded, ids, readout, route, want_maps, common)
+    if components is not None and first is not None:
+        table = nd.attribute_components(ids, target=first, granularity=components,
+                                        forward_kwargs={"attention_mask": torch.ones_like(ids)})
+        table.tokens = [explanation.labels[:n_prompt]]
+        explanation.components = table
+    return explanation
 
 
 def _check_options(task: str, target: str | None, class_index: int | None, generate: int,
@@ -205,6 +231,15 @@ def _check_options(task: str, target: str | None, class_index: int | None, gener
     if readout is not None and task != "base":
         raise ValueError("a read-out is chosen for a base model; a model with a head explains "
                          "its next token or class")
+
+
+def _check_components(granularity: str, generate: int, nothing_to_explain: bool) -> None:
+    check_granularity(granularity)
+    if generate:
+        raise ValueError("--components explains one output; leave out --generate")
+    if nothing_to_explain:
+        raise ValueError("--components needs an output to explain: this base model has no read-out "
+                         "(the bundled sentiment head fits only all-MiniLM-L6-v2)")
 
 
 def _run(nd: NormDecomposition, sequence: Tensor, readouts: list[ReadOut], route: str, maps: bool,
@@ -223,8 +258,10 @@ def _run(nd: NormDecomposition, sequence: Tensor, readouts: list[ReadOut], route
 
 
 def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, target: str | None,
-                       generate: int, route: str, maps: bool, common: dict[str, Any]) -> Explanation:
-    """The next token (given or predicted), or every generated token."""
+                       generate: int, route: str, maps: bool,
+                       common: dict[str, Any]) -> tuple[Explanation, ReadOut]:
+    """The next token (given or predicted), or every generated token; and the first one's
+    read-out, made concrete."""
     tokenizer = loaded.tokenizer
     n_prompt = ids.shape[1]
     if generate:
@@ -261,13 +298,13 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
     if maps and generate:  # the maps are of the prompt
         with torch.no_grad():
             explanation.maps = nd.maps(ids)[0].detach()
-    return explanation
+    return explanation, result.readouts[0]
 
 
 def _explain_classifier(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor,
                         class_index: int | None, route: str, maps: bool,
-                        common: dict[str, Any]) -> Explanation:
-    """A class (given or predicted) of a sequence classifier."""
+                        common: dict[str, Any]) -> tuple[Explanation, ReadOut]:
+    """A class (given or predicted) of a sequence classifier, and its read-out."""
     classes = nd.head.output.weight.shape[0]
     if class_index is not None and not 0 <= class_index < classes:
         raise ValueError(f"--class {class_index} does not exist: the model has {classes} classes")
@@ -279,16 +316,18 @@ def _explain_classifier(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor,
     what = f"the logit of class {chosen} ({label})" + (", the predicted class" if class_index is None else "")
     tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
     value = readout.value(result.outputs, torch.ones_like(ids))
-    return Explanation(**common, tokens=tokens, labels=display_tokens(tokens, loaded.tokenizer),
-                       explained=what, targets=[label], contributions=result.contributions.detach(),
-                       values=value.detach(), bias=result.bias.detach(), delta=result.delta.detach(),
-                       check=check, maps=None if result.maps is None else result.maps[0].detach())
+    explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, loaded.tokenizer),
+                              explained=what, targets=[label], contributions=result.contributions.detach(),
+                              values=value.detach(), bias=result.bias.detach(), delta=result.delta.detach(),
+                              check=check, maps=None if result.maps is None else result.maps[0].detach())
+    return explanation, readout
 
 
 def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, readout: ReadOut | None,
-                  route: str, maps: bool, common: dict[str, Any]) -> Explanation:
+                  route: str, maps: bool,
+                  common: dict[str, Any]) -> tuple[Explanation, ReadOut | None]:
     """The whole-model maps, and a read-out of the hidden states when there is one (the
-    bundled sentiment head where the model fits it)."""
+    bundled sentiment head where the model fits it), with that read-out."""
     from captum_ffb.evaluation.minilm_head import sentiment_readout_for
 
     tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
@@ -301,7 +340,7 @@ def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, reado
         if maps:
             with torch.no_grad():
                 explanation.maps = nd.maps(ids)[0].detach()
-        return explanation
+        return explanation, None
     result, explanation.check = _run(nd, ids, [readout], route, maps)
     if bundled:
         explanation.explained = ("the logit of the bundled sentiment head (positive vs negative, a "
@@ -315,7 +354,7 @@ def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, reado
     explanation.bias = result.bias.detach()
     explanation.delta = result.delta.detach()
     explanation.maps = None if result.maps is None else result.maps[0].detach()
-    return explanation
+    return explanation, result.readouts[0]
 
 
 # ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from captum_ffb.cli._common import (
     UsageError,
@@ -15,7 +16,11 @@ from captum_ffb.cli._common import (
 )
 from captum_ffb.outputs import check_out_dir, save_figure, write_json
 
+if TYPE_CHECKING:
+    from captum_ffb.attr.components import ComponentAttribution
+
 FORMATS = ("png", "html", "json")
+GRANULARITIES = ("block", "sublayer", "head")
 DEFAULT_OUT = "captum_ffb_explain"
 
 EXAMPLES = f"""\
@@ -26,6 +31,8 @@ examples:
   captum-ffb explain "The capital of France is" --model ./SmolLM2 --target " Paris"
   captum-ffb explain "Once upon a time" --model ./SmolLM2 --generate 8
   captum-ffb explain "a dull movie" --model ./my-classifier --class 1
+  captum-ffb explain "The capital of France is" --model ./SmolLM2 --components head
+      also split the next token's logit over tokens x components (here each attention head)
   captum-ffb explain --data reviews.txt --model ./SmolLM2 --engine ray --workers 2
       corpus mode: one explanation per line of reviews.txt (the predicted output), written
       to ./{DEFAULT_OUT}/explanations.jsonl (each with its line's index, from 0); blank lines
@@ -39,7 +46,10 @@ files written to --out:
   explanation.html  an offline page: the contributions (with a first-token toggle) and a
                     whole-model tab with the token-to-token maps after every block
   explanation.json  tokens, contributions, bias, value, convergence delta, first-token share
-                    and the maps
+                    and the maps (with --components: the tokens x components table too)
+  components.png    with --components: a heat map of the direct effects, input tokens x
+                    components (embeddings, attention, FF, each head ...), and a Components
+                    tab in explanation.html with the same map and the ten largest entries
 """
 
 
@@ -77,6 +87,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--route", choices=("backward", "forward"), default="backward",
                         help="backward (one backward pass, default) or forward (the "
                         "decompositions through every block)")
+    parser.add_argument("--components", nargs="?", const="sublayer", default=None,
+                        choices=GRANULARITIES, metavar="{block,sublayer,head}",
+                        help="also split the explained output over input tokens x components "
+                        "(the direct effect of each embedding, attention, FF or head); "
+                        "sublayer when given without a value")
     parser.add_argument("--no-maps", action="store_true",
                         help="skip the whole-model maps (computed for base models and inputs of "
                         "up to 256 tokens)")
@@ -134,12 +149,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--class needs a sequence classifier")
     if generate and task != "causal_lm":
         raise UsageError("--generate needs a causal LM")
+    if args.components is not None:
+        _check_components(generate, task, config)
     if not args.quiet:
         print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
     loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
     explanation = explain_text(args.text, loaded, target=args.target, class_index=args.class_index,
                                generate=generate, route=args.route,
-                               maps=False if args.no_maps else None)
+                               maps=False if args.no_maps else None, components=args.components)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "json" in formats:
@@ -153,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
 
         figure = plot_contributions(explanation)
         written.append(save_figure(figure, out / "explanation.png", dpi=150))
+    if "png" in formats and explanation.components is not None:
+        from captum_ffb.viz.components import plot_components
+
+        figure = plot_components(explanation.components,
+                                 title=f'"{explanation.target_labels[0]}": {explanation.explained}')
+        written.append(save_figure(figure, out / "components.png", dpi=150))
     if not args.quiet:
         print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
               f"{explanation.explained}")
@@ -164,16 +187,38 @@ def run(args: argparse.Namespace) -> int:
             print(f"  checked against the forward route: its delta "
                   f"{explanation.check['forward_route_delta']:.1e}, largest relative difference "
                   f"{explanation.check['largest_relative_difference_between_routes']:.1e}")
+        if explanation.components is not None:
+            _print_components(explanation.components)
         for path in written:
             print(path)
     return 0
+
+
+def _check_components(generate: int, task: str, config: object) -> None:
+    """The refusals of ``--components`` that need no weights."""
+    from captum_ffb.evaluation.minilm_head import fits_minilm_head
+
+    if generate:
+        raise UsageError("--components explains one output; leave out --generate")
+    if task == "base" and not fits_minilm_head(config):
+        raise UsageError("--components needs an output to explain: this base model has none "
+                         "(the bundled sentiment head fits only all-MiniLM-L6-v2)")
+
+
+def _print_components(table: ComponentAttribution, count: int = 5) -> None:
+    """The ``count`` largest entries of :func:`explain_text`'s table (its tokens are set)."""
+    tokens = table.tokens[0]
+    print(f"  largest direct effects ({table.granularity}), token × component:")
+    for j, component, value in table.top(count):
+        print(f"    {tokens[j]} × {component}: {value:+.4f}")
 
 
 def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
     from captum_ffb.explain import explain_corpus
     from captum_ffb.text import read_rows
 
-    for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate)):
+    for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate),
+                        ("--components", args.components)):
         if value is not None:
             raise UsageError(f"{flag} is for one TEXT; the corpus mode explains each text's prediction")
     if args.batch_size < 1:

@@ -7,8 +7,11 @@
 - :func:`to_visualization_records`: contributions as Captum ``visualize_text`` records.
 - :func:`plot_contributions`, :func:`explanation_html`, :func:`save_explanation_html`: the views
   of an explanation (``captum-ffb explain``).
+- :func:`plot_components`, :func:`components_html`: the tokens × components table of
+  :meth:`~captum_ffb.attr.NormDecomposition.attribute_components`.
 """
 
+from captum_ffb.viz.components import components_html, plot_components
 from captum_ffb.viz.explanation import explanation_html, plot_contributions, save_explanation_html
 from captum_ffb.viz.export import bertviz_view, to_bertviz, to_captum, to_inseq
 from captum_ffb.viz.figures import plot_maps
@@ -17,8 +20,10 @@ from captum_ffb.viz.records import to_visualization_records
 
 __all__ = [
     "bertviz_view",
+    "components_html",
     "explanation_html",
     "html_view",
+    "plot_components",
     "plot_contributions",
     "plot_maps",
     "save_explanation_html",

@@ -9,7 +9,9 @@ token.
 
 The HTML page holds two tabs: *Contributions* (the same two scales, switched by a toggle,
 with a colour legend under each output) and *Whole model* (the ``‖F_i(x_j)‖`` maps after
-every block, chosen with a slider, with token labels, a colour scale and a hover readout).
+every block, chosen with a slider, with token labels, a colour scale and a hover readout);
+a third, *Components*, when the explanation carries a tokens × components table
+(:func:`~captum_ffb.viz.components.components_html`).
 Tokens are shown as people read them (:func:`~captum_ffb.text.display_token`).
 Everything, data and script, is inside the file: it opens offline.
 """
@@ -19,11 +21,13 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from captum_ffb.explain import Explanation
 from captum_ffb.outputs import write_text
+from captum_ffb.viz.components import components_html
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 
@@ -118,9 +122,11 @@ def _grey(ax: Any, rows: int = 1) -> Any:
 
 
 def _payload(explanation: Explanation) -> dict[str, Any]:
-    """The page's data: tokens and targets only as people read them (the JSON keeps both)."""
+    """The page's data: tokens and targets only as people read them (the JSON keeps both);
+    the components tab carries its own."""
     data = explanation.to_dict()
     del data["tokens"]
+    data.pop("components", None)
     for output in data["outputs"]:
         output["target"] = output.pop("target_label")
     data["target_labels"] = explanation.target_labels
@@ -139,8 +145,16 @@ def explanation_html(explanation: Explanation, title: str | None = None) -> str:
     """
     explanation = _check(explanation)
     blob = json.dumps(_payload(explanation), ensure_ascii=False).replace("<", "\\u003c")
-    heading = title or "Which tokens drove this output"
-    return _TEMPLATE.replace("__TITLE__", html.escape(heading)).replace("__DATA__", blob)
+    table = explanation.components
+    parts = {
+        "TITLE": html.escape(title or "Which tokens drove this output"),
+        "DATA": blob,
+        "COMPONENTS_TAB": "" if table is None else '<button id="tab-k">Components</button>',
+        "COMPONENTS": "" if table is None else ('<section id="components" style="display:none">'
+                                                 f"{components_html(table)}</section>"),
+    }
+    return re.sub(r"__(TITLE|DATA|COMPONENTS_TAB|COMPONENTS)__", lambda found: parts[found.group(1)],
+                  _TEMPLATE)
 
 
 def save_explanation_html(explanation: Explanation, path: str | os.PathLike,
@@ -173,7 +187,7 @@ table.grid td,table.grid th{border:1px solid #ddd;padding:2px 4px;text-align:cen
 </style></head><body>
 <h2>__TITLE__</h2>
 <div class="meta" id="meta"></div>
-<div class="tabs"><button id="tab-c" class="on">Contributions</button><button id="tab-m">Whole model</button></div>
+<div class="tabs"><button id="tab-c" class="on">Contributions</button><button id="tab-m">Whole model</button>__COMPONENTS_TAB__</div>
 <section id="contrib">
  <p class="meta" id="explained"></p>
  <label><input type="checkbox" id="nofirst"> colours on the scale of the tokens after the first one</label>
@@ -190,6 +204,7 @@ table.grid td,table.grid th{border:1px solid #ddd;padding:2px 4px;text-align:cen
   <span>‖F<sub>i</sub>(x<sub>j</sub>)‖, this block's scale</span></div>
  <div class="scroll"><canvas id="map" aria-label="whole-model token-to-token map"></canvas></div>
 </section>
+__COMPONENTS__
 <div id="tip"></div>
 <script id="data" type="application/json">__DATA__</script>
 <script>
@@ -299,16 +314,18 @@ function drawMap(){
 }
 window.ffbExplain = {geometry: () => geo};
 slider.addEventListener('input', drawMap);
+const tabs = {c: 'contrib', m: 'whole', k: 'components'};
 function show(which){
-  $('contrib').style.display = which === 'c' ? '' : 'none';
-  $('whole').style.display = which === 'm' ? '' : 'none';
-  $('tab-c').className = which === 'c' ? 'on' : ''; $('tab-m').className = which === 'm' ? 'on' : '';
+  Object.keys(tabs).filter(t => $('tab-' + t)).forEach(t => {
+    $(tabs[t]).style.display = t === which ? '' : 'none';
+    $('tab-' + t).className = t === which ? 'on' : '';
+  });
   if (which === 'm') drawMap();
 }
-$('tab-c').addEventListener('click', () => show('c'));
-$('tab-m').addEventListener('click', () => show('m'));
+Object.keys(tabs).filter(t => $('tab-' + t)).forEach(t => $('tab-' + t).addEventListener('click', () => show(t)));
 drawRows(); drawMap();
 if (location.hash === '#whole') show('m');
+if (location.hash === '#components' && $('tab-k')) show('k');
 })();
 </script></body></html>
 """

@@ -214,3 +214,56 @@ def test_explanation_page_toggle_and_block_slider(tmp_path):
     assert r["canvas"][0] >= g["left"] + n * g["cell"] > n * g["cell"] + 20
     assert r["mapHi"] == _js_format(max(max(row) for row in first))
     assert f'output 2 \u201c{saved["labels"][2]}\u201d' in r["tip"] and _js_format(first[2][1]) in r["tip"]
+
+
+# Drives the explanation page's components tab: open it, hover a cell.
+COMPONENTS_DRIVER = """
+<pre id="ffb-result"></pre>
+<script>
+window.addEventListener("load", function () {
+  var r = {};
+  r.hiddenAtFirst = document.getElementById("components").style.display;
+  document.getElementById("tab-k").click();
+  r.shown = [document.getElementById("components").style.display, document.getElementById("contrib").style.display];
+  var c = document.getElementById("cmp-map"), g = window.ffbComponents.geometry(), box = c.getBoundingClientRect();
+  r.geometry = g; r.canvas = [c.width, c.height];
+  c.dispatchEvent(new MouseEvent("mousemove", {
+    clientX: box.left + g.left + g.cell[0] * 1.5, clientY: box.top + g.top + g.cell[1] * 2.5, bubbles: true
+  }));
+  r.tip = document.getElementById("cmp-tip").textContent;
+  r.top = Array.from(document.querySelectorAll("#cmp-top li")).map(function (li) { return li.textContent; });
+  document.getElementById("ffb-result").textContent = JSON.stringify(r);
+});
+</script>
+"""
+
+
+def test_explanation_page_components_tab(tmp_path):
+    if CHROMIUM is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI must run the browser test: Chromium is not installed")
+        pytest.skip("Chromium is not installed")
+    from tests.models import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "model")
+    out = tmp_path / "out"
+    assert main(["explain", "the cat sat on the mat because", "--model", str(model), "--out", str(out),
+                 "--format", "html,json", "--components", "--quiet"]) == 0
+    driven = tmp_path / "driven.html"
+    driven.write_text((out / "explanation.html").read_text(encoding="utf-8").replace(
+        "</body>", COMPONENTS_DRIVER + "</body>"), encoding="utf-8")
+    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", driven.as_uri(), tmp_path=tmp_path).stdout
+    found = re.search(r'<pre id="ffb-result">(.*?)</pre>', dom, re.S)
+    assert found and found.group(1), "the page's script did not run"
+    r = json.loads(html.unescape(found.group(1)))
+    table = json.loads((out / "explanation.json").read_text())["components"]
+    n, m = len(table["tokens"]), len(table["components"])
+    assert r["hiddenAtFirst"] == "none" and r["shown"] == ["", "none"]
+    g = r["geometry"]
+    assert g["n"] == n and g["m"] == m and min(g["cell"]) >= 10
+    assert r["canvas"][0] >= g["left"] + m * g["cell"][0] and r["canvas"][1] >= g["top"] + n * g["cell"][1]
+    # hover token 2, component 1
+    value = table["contributions"][2][1]
+    assert r["tip"] == (f'token 2 \u201c{table["tokens"][2]}\u201d \u00d7 {table["components"][1]}: '
+                        f"{_js_format(value)}")
+    assert len(r["top"]) == 10
