@@ -1,5 +1,6 @@
 """Captum attributions built on the decomposition: layer maps and whole-model contributions."""
 
+from captum_ffb.attr.components import ComponentAttribution, FFQuestion
 from captum_ffb.attr.layer_norm_decomposition import (
     DEFAULT_MEMORY_BUDGET,
     LayerNormDecomposition,
@@ -10,9 +11,11 @@ from captum_ffb.readouts import Contrast, Direction
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
+    "ComponentAttribution",
     "Contrast",
     "Direction",
     "ExplainedReadOuts",
+    "FFQuestion",
     "LLMNormAttribution",
     "LayerNormDecomposition",
     "NormDecomposition",
