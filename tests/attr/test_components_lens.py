@@ -11,11 +11,20 @@ import copy
 
 import pytest
 import torch
+from transformers.utils import logging as hf_logging
 
 from captum_ffb import NormDecomposition
 from tests.models import tiny_task_model, token_ids
 
+_VERBOSITY = hf_logging.get_verbosity()
 pytest.importorskip("transformer_lens", reason="the cross-check needs pip install 'captum_ffb[lens]'")
+hf_logging.set_verbosity(_VERBOSITY)  # importing transformer_lens silences transformers process-wide
+
+
+@pytest.fixture(autouse=True)
+def _transformers_logging_kept():
+    yield
+    hf_logging.set_verbosity(_VERBOSITY)
 
 
 def _lens_direct_logits(model, ids: torch.Tensor, token: int) -> dict[str, float]:
