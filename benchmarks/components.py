@@ -4,6 +4,9 @@ Run from the repository root::
 
     python benchmarks/components.py            # writes benchmarks/COMPONENTS.md and .json
     python benchmarks/components.py --quick    # n = 32 only, a smoke test
+    python benchmarks/components.py --sizes 512 --methods "forward + backward,attribute (backward route),attribute_components (sublayer)"
+                                               # some rows only: added to the files' rows of
+                                               # earlier runs
 
 SmolLM2-135M-Instruct, the next token's logit: ``NormDecomposition.attribute_components`` at
 the ``"sublayer"`` and ``"head"`` granularities against one plain forward + backward pass of
@@ -27,6 +30,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+METHODS = ["forward + backward", "attribute (backward route)", "attribute (forward route)",
+           "attribute_components (sublayer)", "attribute_components (head)"]
+#: ratio column → the method it divides by (within the same run)
+RATIOS = {"ratio_to_forward_backward": "forward + backward",
+          "ratio_to_attribute": "attribute (backward route)",
+          "ratio_to_forward_route": "attribute (forward route)"}
 
 
 def main() -> None:
@@ -34,6 +43,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", default="128,512")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--methods", default=None, help="comma-separated method names (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -43,6 +53,7 @@ def main() -> None:
     model = load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False).model
     nd = NormDecomposition(model)
     sizes = [32] if args.quick else [int(n) for n in args.sizes.split(",")]
+    run = datetime.datetime.now().isoformat(timespec="minutes")
     rows = []
     for n in sizes:
         ids = torch.randint(100, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
@@ -61,6 +72,12 @@ def main() -> None:
             "attribute_components (head)":
                 lambda ids=ids, token=token: nd.attribute_components(ids, target=token, granularity="head"),
         }
+        if args.methods:
+            chosen = [name.strip() for name in args.methods.split(",")]
+            unknown = [name for name in chosen if name not in runs]
+            if unknown:
+                raise SystemExit(f"unknown method {unknown[0]!r}; choose from {', '.join(runs)}")
+            runs = {name: fn for name, fn in runs.items() if name in chosen}
         best = {name: float("inf") for name in runs}
         plain()  # warm
         for _ in range(args.repeat):
@@ -71,23 +88,27 @@ def main() -> None:
                 print(f"n={n:4d} {name:34s} {best[name]:8.2f} s", flush=True)
         model.zero_grad(set_to_none=True)
         for name, seconds in best.items():
-            rows.append({"n": n, "method": name, "seconds": seconds,
-                         "ratio_to_forward_backward": seconds / best["forward + backward"],
-                         "ratio_to_attribute": seconds / best["attribute (backward route)"],
-                         "ratio_to_forward_route": seconds / best["attribute (forward route)"]})
+            rows.append({"n": n, "method": name, "seconds": seconds, "run": run,
+                         **{key: seconds / best[base] if base in best else None
+                            for key, base in RATIOS.items()}})
     if args.quick:
         return
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
             "processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "repeat": args.repeat}
-    (ROOT / "benchmarks" / "COMPONENTS.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    path = ROOT / "benchmarks" / "COMPONENTS.json"
+    kept = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = sorted([r for r in kept if r["run"] != run] + rows,
+                  key=lambda r: (r["n"], r["run"], METHODS.index(r["method"])))
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["# Token × component attributions: cost (SmolLM2-135M, next token)", "",
-             f"Measured {meta['date']} on {meta['processor']}, {meta['threads']} thread, torch "
-             f"{meta['torch']}, best of {args.repeat}; by `python benchmarks/components.py`.", "",
-             "| n | method | seconds | × forward + backward | × attribute | × forward route |",
-             "|---|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.2f} | {r['ratio_to_forward_backward']:.1f} | "
-              f"{r['ratio_to_attribute']:.1f} | {r['ratio_to_forward_route']:.2f} |" for r in rows]
+             f"{meta['threads']} thread, torch {meta['torch']}, best of {args.repeat}; by "
+             "`python benchmarks/components.py`. Ratios are taken within one run (the `run` column: "
+             "its start), never across runs.", "",
+             "| n | method | seconds | × forward + backward | × attribute | × forward route | run |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.2f} | " + " | ".join(
+        "–" if r[key] is None else f"{r[key]:.2f}" for key in RATIOS) + f" | {r['run']} |" for r in rows]
     (ROOT / "benchmarks" / "COMPONENTS.md").write_text("\n".join(lines) + "\n")
 
 
