@@ -131,7 +131,7 @@ def maps_image(maps: TextMaps, layer: int, scopes: list[str], ff_amp: bool, norm
                                   normalize=NORMALIZATIONS.get(normalize, normalize)))
 
 
-class _Session:
+class AppEvents:
     """What the app's events do with one loaded model (the model runs one request at a time:
     every event that uses it shares one queue)."""
 
@@ -201,6 +201,14 @@ class _Session:
             raise gr.Error(str(error)) from None
 
 
+def scopes_of(loaded: LoadedModel) -> list[str]:
+    """The scopes of a model's blocks, in the order its chain passes them."""
+    from captum_ffb.architectures import get_architecture, get_chain
+
+    spec = get_architecture(loaded.model_type)
+    return list(get_chain(spec.chain_name(loaded.model.config)).scopes)
+
+
 def build_app(loaded: LoadedModel) -> Any:
     r"""The app for one loaded model, as :class:`gradio.Blocks` (not launched).
 
@@ -211,36 +219,32 @@ def build_app(loaded: LoadedModel) -> Any:
         gradio.Blocks
     """
     gr = import_gradio()
-    session = _Session(loaded)
+    events = AppEvents(loaded)
     n_layers = len(loaded.blocks)
-    from captum_ffb.architectures import get_architecture, get_chain
-
-    spec = get_architecture(loaded.model_type)
-    chain = get_chain(spec.chain_name(loaded.model.config))
-    scopes = list(chain.scopes)
+    scopes = scopes_of(loaded)
     queue = {"concurrency_id": "model", "concurrency_limit": 1}
     with gr.Blocks(analytics_enabled=False, title="captum_ffb: which tokens drove this output") as app:
         gr.Markdown(f"## Which tokens drove this output\n`{loaded.name}` ({loaded.model_type}, "
-                    f"{session.task.replace('_', ' ')}): exact token contributions (NormDecomposition) "
+                    f"{events.task.replace('_', ' ')}): exact token contributions (NormDecomposition) "
                     "and token-to-token maps for every layer, computed on this machine.")
         with gr.Row():
-            text = gr.Textbox(label="Text", value=EXAMPLES[session.task], lines=2, scale=4,
+            text = gr.Textbox(label="Text", value=EXAMPLES[events.task], lines=2, scale=4,
                               elem_id="ffb-text")
             with gr.Column(scale=1, min_width=220):
-                causal = session.task == "causal_lm"
+                causal = events.task == "causal_lm"
                 target = gr.Textbox(label="Next token to explain (one token; the predicted one "
                                     "if empty)", visible=causal, elem_id="ffb-target")
                 generate = gr.Slider(0, MAX_GENERATE, value=0, step=1, visible=causal,
                                      label="Generate and explain N tokens", elem_id="ffb-generate")
-                class_index = gr.Dropdown(session.class_choices, value=-1, label="Class",
-                                          visible=session.task == "sequence_classification",
+                class_index = gr.Dropdown(events.class_choices, value=-1, label="Class",
+                                          visible=events.task == "sequence_classification",
                                           elem_id="ffb-class")
                 explain = gr.Button("Explain", variant="primary", elem_id="ffb-explain")
         with gr.Tabs():
             with gr.Tab("Contributions", id="contributions"):
                 summary = gr.Markdown(elem_id="ffb-summary")
                 figure = gr.Image(label="Contributions", format="png", interactive=False,
-                                  buttons=IMAGE_BUTTONS, visible=session.has_output,
+                                  buttons=IMAGE_BUTTONS, visible=events.has_output,
                                   elem_id="ffb-figure")
                 table = gr.Dataframe(label="Contribution of each token to each explained output",
                                      interactive=False, elem_id="ffb-table", max_height=420)
@@ -260,7 +264,7 @@ def build_app(loaded: LoadedModel) -> Any:
                                        buttons=IMAGE_BUTTONS, elem_id="ffb-maps")
                 with gr.Accordion("Interactive view: scope picker, FF-amp overlay, hover", open=True):
                     maps_view = gr.HTML(elem_id="ffb-maps-view")
-            with gr.Tab("Components", id="components", visible=session.has_output):
+            with gr.Tab("Components", id="components", visible=events.has_output):
                 gr.Markdown("The first explained output split over input tokens × components: the "
                             "direct effect of the embeddings and of each attention, FF or head.")
                 with gr.Row():
@@ -272,14 +276,14 @@ def build_app(loaded: LoadedModel) -> Any:
                 components_frame = gr.Dataframe(interactive=False, elem_id="ffb-components-table",
                                                 max_height=420)
         controls = [layer, scope_picker, ff_amp, normalize]
-        request = dict(fn=session.explain, inputs=[text, target, class_index, generate, *controls],
+        request = dict(fn=events.explain, inputs=[text, target, class_index, generate, *controls],
                        outputs=[summary, figure, table, page, maps_state, maps_figure, maps_view], **queue)
         explain.click(**request)
         text.submit(**request)
-        split.click(session.components, inputs=[text, target, class_index, granularity],
+        split.click(events.components, inputs=[text, target, class_index, granularity],
                     outputs=[components_figure, components_frame], **queue)
         for control in controls:
-            control.change(session.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
+            control.change(events.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
     return app
 
 
@@ -316,4 +320,16 @@ def launch(
     return app
 
 
-__all__ = ["DEFAULT_HOST", "INSTALL", "build_app", "contributions_table", "import_gradio", "launch"]
+__all__ = [
+    "DEFAULT_HOST",
+    "INSTALL",
+    "AppEvents",
+    "build_app",
+    "components_table",
+    "contributions_table",
+    "figure_image",
+    "import_gradio",
+    "launch",
+    "scopes_of",
+    "summary_markdown",
+]
