@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -95,8 +96,10 @@ def contributions_table(explanation: Explanation) -> Any:
 def summary_markdown(explanation: Explanation) -> str:
     """What was explained and, per output, ``value = Σ contributions + bias`` with the
     convergence delta and the first-token share, as Markdown."""
-    lines = [f"**{explanation.model_name}** ({explanation.model_type}, {len(explanation.tokens)} "
-             f"tokens). Explained: {explanation.explained}."]
+    text = explanation.text if len(explanation.text) <= 200 else explanation.text[:197] + "..."
+    text = re.sub(r"([\\`*_\[\]<>|~#])", r"\\\1", text)  # shown as typed, not as Markdown
+    lines = [f"“{text}”: {len(explanation.tokens)} tokens on **{explanation.model_name}** "
+             f"({explanation.model_type}). Explained: {explanation.explained}."]
     if explanation.steps == 0:
         lines.append("\nThis base model has no output to explain: see its maps in *Layer maps*.")
         return "\n".join(lines)
