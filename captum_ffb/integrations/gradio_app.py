@@ -306,7 +306,7 @@ def launch(
         port (int, optional): the port; Gradio's first free one from 7860 by default.
         block (bool): serve until interrupted; ``False`` returns at once (tests, notebooks:
                     ``app.close()`` stops the server).
-        quiet (bool): print nothing.
+        quiet (bool): print nothing; else one line with the address.
 
     Returns:
         gradio.Blocks: the running app (its ``local_url`` is the page's address).
@@ -318,8 +318,13 @@ def launch(
         model = load_model(model, show_progress=not quiet, task="auto")
     app = build_app(model)
     app.queue()
-    app.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=quiet,
-               prevent_thread_lock=not block, ssr_mode=False, mcp_server=False, show_error=True)
+    app.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=True,
+               prevent_thread_lock=True, ssr_mode=False, mcp_server=False, show_error=True)
+    if not quiet:
+        reach = "this machine only" if host in (DEFAULT_HOST, "localhost") else f"listening on {host}"
+        print(f"captum_ffb app: {app.local_url} ({reach}; Ctrl+C stops it)", flush=True)
+    if block:
+        app.block_thread()
     return app
 
 
