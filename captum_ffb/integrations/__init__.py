@@ -2,4 +2,6 @@
 
 - :mod:`captum_ffb.integrations.inseq`: ``register()`` adds ``"norm_decomposition"`` and
   ``"norm_decomposition_forward"`` to inseq's attribution methods.
+- :mod:`captum_ffb.integrations.gradio_app`: ``build_app`` and ``launch``, a local Gradio app
+  (``captum-ffb app``; ``pip install "captum_ffb[app]"``).
 """

@@ -182,8 +182,21 @@ def show_html(maps: TextMaps, height: int = 760, **kwargs: Any) -> Any:
     """
     from IPython.display import HTML
 
-    page = html.escape(html_view(maps, **kwargs), quote=True)
-    return HTML(
-        f'<div><iframe srcdoc="{page}" style="width:100%;height:{int(height)}px;border:0" '
-        'sandbox="allow-scripts"></iframe></div>'
-    )
+    return HTML(framed_page(html_view(maps, **kwargs), height))
+
+
+def framed_page(page: str, height: int = 760) -> str:
+    r"""A whole HTML page inside an isolated ``<iframe>`` (its scripts run, nothing else of the
+    host page reaches it): how notebooks and the Gradio app show :func:`html_view` and
+    :func:`~captum_ffb.viz.explanation_html`.
+
+    Args:
+        page (str): an HTML document.
+        height (int): the frame height in pixels.
+
+    Returns:
+        str: an HTML fragment.
+    """
+    escaped = html.escape(page, quote=True)
+    return (f'<div><iframe srcdoc="{escaped}" style="width:100%;height:{int(height)}px;border:0" '
+            'sandbox="allow-scripts"></iframe></div>')

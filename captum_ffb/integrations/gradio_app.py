@@ -1,0 +1,343 @@
+"""A local Gradio app: type a text, see exactly which tokens drove the model's output.
+
+:func:`build_app` lays out the page for one loaded model and :func:`launch` serves it
+(``captum-ffb app``, ``python -m captum_ffb.app``). Its tabs reuse the library's own views:
+
+- *Contributions*: :func:`~captum_ffb.explain.explain_text`'s numbers (what ``captum-ffb
+  explain`` computes), as :func:`~captum_ffb.viz.plot_contributions`' figure, a table of
+  every token's contribution to every explained output (one column per generated token for
+  a causal LM asked to generate) and the interactive page of
+  :func:`~captum_ffb.viz.explanation_html` (first-token toggle, whole-model maps).
+- *Layer maps*: the ``‖F_i(x_j)‖`` maps of :func:`~captum_ffb.text.text_maps`: a layer,
+  the scopes and the FF-amp panel chosen in the app (:func:`~captum_ffb.viz.plot_maps`),
+  and the interactive :func:`~captum_ffb.viz.html_view` (scope picker, FF-amp overlay, hover).
+- *Components*: the first output split over tokens × components
+  (``explain_text(..., components=...)``, :func:`~captum_ffb.viz.plot_components`).
+
+The server listens on 127.0.0.1 unless told otherwise, sends no telemetry (Gradio's
+analytics are switched off before it is imported, and on the app) and needs no network: the
+page's fonts and scripts come from the local Gradio package. Gradio is optional:
+``pip install 'captum_ffb[app]'``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from captum_ffb.explain import Explanation
+    from captum_ffb.models import LoadedModel
+    from captum_ffb.text import TextMaps
+
+#: How to install what the app needs.
+INSTALL = "pip install 'captum_ffb[app]'"
+#: The address the server listens on by default: this machine only.
+DEFAULT_HOST = "127.0.0.1"
+#: A sentence to start from, per task.
+EXAMPLES = {
+    "causal_lm": "The capital of France is",
+    "sequence_classification": "a charming and often affecting journey.",
+    "base": "a charming and often affecting journey.",
+}
+#: The most tokens a causal LM may be asked to generate in the app.
+MAX_GENERATE = 64
+#: Decimals of the numbers in the tables.
+DECIMALS = 6
+GRANULARITIES = ("block", "sublayer", "head")
+#: The buttons of the app's images (not Gradio's "share", which uploads).
+IMAGE_BUTTONS = ["download", "fullscreen"]
+NORMALIZATIONS = {"raw norms": "none", "rows sum to 1": "row", "columns sum to 1": "column"}
+
+
+def import_gradio() -> Any:
+    """Gradio, imported with its analytics switched off; a one-line ImportError naming the
+    extra when it is not installed."""
+    os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+    try:
+        import gradio
+    except ImportError as error:
+        raise ImportError(f"the Gradio app needs gradio: {INSTALL}") from error
+    return gradio
+
+
+def figure_image(figure: Any, dpi: int = 110) -> Any:
+    """A matplotlib figure as a PIL image (Gradio's ``gr.Plot`` refuses figure subclasses)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        return image.copy()
+
+
+def contributions_table(explanation: Explanation) -> Any:
+    r"""Every token's contribution to every explained output, as a pandas DataFrame.
+
+    Rows are the tokens (``position``, ``token`` as people read it); each further column is
+    one explained output, headed by its label. A generated token's column is blank for the
+    positions it could not see. Values are rounded to :data:`DECIMALS` decimals.
+    """
+    import pandas as pd
+
+    columns: dict[str, list[Any]] = {"position": list(range(len(explanation.labels))),
+                                      "token": list(explanation.labels)}
+    for t, label in enumerate(explanation.target_labels):
+        header = f'"{label}"' if explanation.steps == 1 else f'step {t + 1}: "{label}"'
+        seen = explanation.prompt_length + t  # output t is read at position prompt_length - 1 + t
+        columns[header] = [round(float(v), DECIMALS) if j < seen else None
+                           for j, v in enumerate(explanation.contributions[t].tolist())]
+    return pd.DataFrame(columns)
+
+
+def summary_markdown(explanation: Explanation) -> str:
+    """What was explained and, per output, ``value = Σ contributions + bias`` with the
+    convergence delta and the first-token share, as Markdown."""
+    text = explanation.text if len(explanation.text) <= 200 else explanation.text[:197] + "..."
+    text = re.sub(r"([\\`*_\[\]<>|~#])", r"\\\1", text)  # shown as typed, not as Markdown
+    lines = [f"“{text}”: {len(explanation.tokens)} tokens on **{explanation.model_name}** "
+             f"({explanation.model_type}). Explained: {explanation.explained}."]
+    if explanation.steps == 0:
+        lines.append("\nThis base model has no output to explain: see its maps in *Layer maps*.")
+        return "\n".join(lines)
+    shares = explanation.first_token_share()
+    lines += ["", "| output | value | Σ contributions | bias | delta | first-token share |",
+              "|---|---|---|---|---|---|"]
+    for t, label in enumerate(explanation.target_labels):
+        total = float(explanation.contributions[t].sum())
+        lines.append(f"| `{label}` | {float(explanation.values[t]):.4f} | {total:.4f} | "
+                     f"{float(explanation.bias[t]):.4f} | {float(explanation.delta[t]):.1e} | "
+                     f"{float(shares[t]):.0%} |")
+    return "\n".join(lines)
+
+
+def components_table(explanation: Explanation) -> Any:
+    """The tokens × components table of an explanation (rows: tokens; columns: components),
+    as a pandas DataFrame rounded to :data:`DECIMALS` decimals."""
+    import pandas as pd
+
+    table = explanation.components
+    values = table.contributions[0].detach().float().cpu()
+    frame = pd.DataFrame(values.numpy().round(DECIMALS), columns=list(table.components))
+    frame.insert(0, "token", list(table.tokens[0]))
+    return frame
+
+
+def maps_image(maps: TextMaps, layer: int, scopes: list[str], ff_amp: bool, normalize: str) -> Any:
+    """:func:`~captum_ffb.viz.plot_maps` of one layer as an image."""
+    from captum_ffb.viz.figures import plot_maps
+
+    return figure_image(plot_maps(maps, layer=layer, scopes=scopes, ff_amp=ff_amp,
+                                  normalize=NORMALIZATIONS.get(normalize, normalize)))
+
+
+class AppEvents:
+    """What the app's events do with one loaded model (the model runs one request at a time:
+    every event that uses it shares one queue)."""
+
+    def __init__(self, loaded: LoadedModel):
+        from captum_ffb.architectures.heads import task_of
+        from captum_ffb.evaluation.minilm_head import fits_minilm_head
+
+        self.loaded = loaded
+        self.task = task_of(loaded.model)
+        self.has_output = self.task != "base" or fits_minilm_head(loaded.model.config)
+        names = getattr(loaded.model.config, "id2label", None) or {}
+        classes = int(getattr(loaded.model.config, "num_labels", 0) or 0)
+        self.class_choices = [("predicted", -1)] + [(f"{k}: {names.get(k, k)}", k) for k in range(classes)]
+
+    def options(self, target: str, class_index: int | None, generate: float | None) -> dict[str, Any]:
+        """``explain_text``'s options from the inputs that fit the model's task."""
+        if self.task == "causal_lm":
+            return {"target": target or None, "generate": int(generate or 0)}
+        if self.task == "sequence_classification" and class_index is not None and class_index >= 0:
+            return {"class_index": int(class_index)}
+        return {}
+
+    def explain(self, text: str, target: str, class_index: int | None, generate: float | None,
+                layer: int, scopes: list[str], ff_amp: bool, normalize: str) -> tuple:
+        """The Contributions and Layer maps tabs for ``text``."""
+        from captum_ffb.explain import explain_text
+        from captum_ffb.text import text_maps
+        from captum_ffb.viz.explanation import explanation_html, plot_contributions
+        from captum_ffb.viz.html import framed_page, html_view
+
+        gr = import_gradio()
+        try:
+            explanation = explain_text(text, self.loaded, **self.options(target, class_index, generate))
+            maps = text_maps(text, self.loaded)
+        except ValueError as error:
+            raise gr.Error(str(error)) from None
+        figure = figure_image(plot_contributions(explanation)) if explanation.steps else None
+        return (summary_markdown(explanation), figure, contributions_table(explanation),
+                framed_page(explanation_html(explanation), height=620), maps,
+                maps_image(maps, layer, scopes, ff_amp, normalize),
+                framed_page(html_view(maps, layer=layer), height=780))
+
+    def components(self, text: str, target: str, class_index: int | None,
+                   granularity: str) -> tuple:
+        """The Components tab: the first output split over tokens × components."""
+        from captum_ffb.explain import explain_text
+        from captum_ffb.viz.components import plot_components
+
+        gr = import_gradio()
+        options = {k: v for k, v in self.options(target, class_index, 0).items() if k != "generate"}
+        try:
+            explanation = explain_text(text, self.loaded, components=granularity, maps=False, **options)
+        except ValueError as error:
+            raise gr.Error(str(error)) from None
+        title = f'"{explanation.target_labels[0]}": {explanation.explained}'
+        return figure_image(plot_components(explanation.components, title=title)), components_table(explanation)
+
+    def redraw(self, maps: TextMaps | None, layer: int, scopes: list[str], ff_amp: bool,
+               normalize: str) -> Any:
+        """The Layer maps figure after a change of layer, scopes or options."""
+        gr = import_gradio()
+        if maps is None:
+            return None
+        try:
+            return maps_image(maps, layer, scopes, ff_amp, normalize)
+        except ValueError as error:
+            raise gr.Error(str(error)) from None
+
+
+def scopes_of(loaded: LoadedModel) -> list[str]:
+    """The scopes of a model's blocks, in the order its chain passes them."""
+    from captum_ffb.architectures import get_architecture, get_chain
+
+    spec = get_architecture(loaded.model_type)
+    return list(get_chain(spec.chain_name(loaded.model.config)).scopes)
+
+
+def build_app(loaded: LoadedModel) -> Any:
+    r"""The app for one loaded model, as :class:`gradio.Blocks` (not launched).
+
+    Args:
+        loaded (LoadedModel): from :func:`captum_ffb.models.load_model`.
+
+    Returns:
+        gradio.Blocks
+    """
+    gr = import_gradio()
+    events = AppEvents(loaded)
+    n_layers = len(loaded.blocks)
+    scopes = scopes_of(loaded)
+    queue = {"concurrency_id": "model", "concurrency_limit": 1}
+    with gr.Blocks(analytics_enabled=False, title="captum_ffb: which tokens drove this output") as app:
+        gr.Markdown(f"## Which tokens drove this output\n`{loaded.name}` ({loaded.model_type}, "
+                    f"{events.task.replace('_', ' ')}): exact token contributions (NormDecomposition) "
+                    "and token-to-token maps for every layer, computed on this machine.")
+        with gr.Row():
+            text = gr.Textbox(label="Text", value=EXAMPLES[events.task], lines=2, scale=4,
+                              elem_id="ffb-text")
+            with gr.Column(scale=1, min_width=220):
+                causal = events.task == "causal_lm"
+                target = gr.Textbox(label="Next token to explain (one token; the predicted one "
+                                    "if empty)", visible=causal, elem_id="ffb-target")
+                generate = gr.Slider(0, MAX_GENERATE, value=0, step=1, visible=causal,
+                                     label="Generate and explain N tokens", elem_id="ffb-generate")
+                class_index = gr.Dropdown(events.class_choices, value=-1, label="Class",
+                                          visible=events.task == "sequence_classification",
+                                          elem_id="ffb-class")
+                explain = gr.Button("Explain", variant="primary", elem_id="ffb-explain")
+        with gr.Tabs():
+            with gr.Tab("Contributions", id="contributions"):
+                summary = gr.Markdown(elem_id="ffb-summary")
+                figure = gr.Image(label="Contributions", format="png", interactive=False,
+                                  buttons=IMAGE_BUTTONS, visible=events.has_output,
+                                  elem_id="ffb-figure")
+                table = gr.Dataframe(label="Contribution of each token to each explained output",
+                                     interactive=False, elem_id="ffb-table", max_height=420)
+                with gr.Accordion("Interactive page: first-token toggle, whole-model maps", open=False):
+                    page = gr.HTML(elem_id="ffb-page")
+            with gr.Tab("Layer maps", id="maps"):
+                maps_state = gr.State(None)
+                with gr.Row():
+                    layer = gr.Dropdown(list(range(n_layers)), value=n_layers - 1, label="Layer",
+                                        elem_id="ffb-layer")
+                    scope_picker = gr.CheckboxGroup(scopes, value=scopes, label="Scopes",
+                                                    elem_id="ffb-scopes")
+                    ff_amp = gr.Checkbox(value=True, label="FF-amp panel (after FF − before FF)",
+                                         elem_id="ffb-ffamp")
+                    normalize = gr.Radio(list(NORMALIZATIONS), value="raw norms", label="Colour scale")
+                maps_figure = gr.Image(label="Maps", format="png", interactive=False,
+                                       buttons=IMAGE_BUTTONS, elem_id="ffb-maps")
+                with gr.Accordion("Interactive view: scope picker, FF-amp overlay, hover", open=True):
+                    maps_view = gr.HTML(elem_id="ffb-maps-view")
+            with gr.Tab("Components", id="components", visible=events.has_output):
+                gr.Markdown("The first explained output split over input tokens × components: the "
+                            "direct effect of the embeddings and of each attention, FF or head.")
+                with gr.Row():
+                    granularity = gr.Radio(list(GRANULARITIES), value="sublayer", label="Components")
+                    split = gr.Button("Split over components", elem_id="ffb-split")
+                components_figure = gr.Image(label="Tokens × components", format="png",
+                                             interactive=False, buttons=IMAGE_BUTTONS,
+                                             elem_id="ffb-components")
+                components_frame = gr.Dataframe(interactive=False, elem_id="ffb-components-table",
+                                                max_height=420)
+        controls = [layer, scope_picker, ff_amp, normalize]
+        request = dict(fn=events.explain, inputs=[text, target, class_index, generate, *controls],
+                       outputs=[summary, figure, table, page, maps_state, maps_figure, maps_view], **queue)
+        explain.click(**request)
+        text.submit(**request)
+        split.click(events.components, inputs=[text, target, class_index, granularity],
+                    outputs=[components_figure, components_frame], **queue)
+        for control in controls:
+            control.change(events.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
+    return app
+
+
+def launch(
+    model: LoadedModel | str | None = None,
+    host: str = DEFAULT_HOST,
+    port: int | None = None,
+    block: bool = True,
+    quiet: bool = False,
+) -> Any:
+    r"""Serve the app on ``host:port``.
+
+    Args:
+        model (LoadedModel or str, optional): a loaded model, or a folder or name for
+                    :func:`~captum_ffb.models.load_model`; the bundled all-MiniLM-L6-v2 by default.
+        host (str): the address to listen on; this machine only by default.
+        port (int, optional): the port; Gradio's first free one from 7860 by default.
+        block (bool): serve until interrupted; ``False`` returns at once (tests, notebooks:
+                    ``app.close()`` stops the server).
+        quiet (bool): print nothing; else one line with the address.
+
+    Returns:
+        gradio.Blocks: the running app (its ``local_url`` is the page's address).
+    """
+    from captum_ffb.models import LoadedModel, load_model
+
+    import_gradio()
+    if not isinstance(model, LoadedModel):
+        model = load_model(model, show_progress=not quiet, task="auto")
+    app = build_app(model)
+    app.queue()
+    app.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=True,
+               prevent_thread_lock=True, ssr_mode=False, mcp_server=False, show_error=True)
+    if not quiet:
+        reach = "this machine only" if host in (DEFAULT_HOST, "localhost") else f"listening on {host}"
+        print(f"captum_ffb app: {app.local_url} ({reach}; Ctrl+C stops it)", flush=True)
+    if block:
+        app.block_thread()
+    return app
+
+
+__all__ = [
+    "DEFAULT_HOST",
+    "INSTALL",
+    "AppEvents",
+    "build_app",
+    "components_table",
+    "contributions_table",
+    "figure_image",
+    "import_gradio",
+    "launch",
+    "scopes_of",
+    "summary_markdown",
+]

@@ -1,0 +1,127 @@
+"""The Gradio app's views without a browser: its tables hold explain_text's numbers, every
+task gets its tabs, no analytics, and a clear message without gradio."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from captum_ffb.explain import explain_text
+from captum_ffb.models import LoadedModel
+from tests.models import (
+    causal_tokenizer,
+    tiny_lm,
+    tiny_loaded,
+    tiny_task_model,
+    wordpiece_tokenizer,
+)
+
+gradio = pytest.importorskip("gradio", reason="the Gradio app needs gradio: pip install 'captum_ffb[app]'")
+
+from captum_ffb.integrations import gradio_app  # noqa: E402
+
+TEXT = "the cat sat on the mat because"
+
+
+@pytest.fixture(scope="module")
+def lm() -> LoadedModel:
+    return LoadedModel(tiny_lm(), causal_tokenizer(), "tiny-lm", causal_lm=True, task="causal_lm")
+
+
+@pytest.fixture(scope="module")
+def classifier() -> LoadedModel:
+    model = tiny_task_model("bert", "sequence_classification", num_labels=3)
+    return LoadedModel(model, wordpiece_tokenizer(), "tiny-classifier", task="sequence_classification")
+
+
+def _session_explain(loaded, **inputs):
+    session = gradio_app.AppEvents(loaded)
+    request = {"target": "", "class_index": -1, "generate": 0, **inputs}
+    scopes = list(gradio_app.scopes_of(loaded))
+    return session.explain(TEXT, request["target"], request["class_index"], request["generate"],
+                           len(loaded.blocks) - 1, scopes, True, "raw norms")
+
+
+def test_the_table_holds_explain_texts_contributions_and_generation_steps(lm):
+    explanation = explain_text(TEXT, lm, generate=3)
+    table = gradio_app.contributions_table(explanation)
+    assert list(table["token"]) == explanation.labels and list(table["position"]) == list(range(len(explanation.labels)))
+    headers = list(table.columns[2:])
+    assert headers == [f'step {t + 1}: "{label}"' for t, label in enumerate(explanation.target_labels)]
+    n = explanation.prompt_length
+    for t, header in enumerate(headers):
+        column = table[header].tolist()
+        seen = n + t  # step t reads position n - 1 + t and sees the tokens up to it
+        assert all(v is None or v != v for v in column[seen:])  # blank (None or NaN) after
+        torch.testing.assert_close(torch.tensor(column[:seen], dtype=torch.float64),
+                                   explanation.contributions[t, :seen].double(), atol=1e-6, rtol=0)
+
+
+def test_a_causal_lm_explains_the_token_asked_for(lm):
+    summary, figure, table, page, maps, image, view = _session_explain(lm, target="mat")
+    expected = explain_text(TEXT, lm, target="mat")
+    assert list(table.columns) == ["position", "token", '"mat"']
+    torch.testing.assert_close(torch.tensor(table['"mat"'].tolist(), dtype=torch.float64),
+                               expected.contributions[0].double(), atol=1e-6, rtol=0)
+    assert "the next token 'mat'" in summary and f"{float(expected.values[0]):.4f}" in summary
+    assert figure.size[0] > 200 and image.size[0] > 200
+    assert maps.layers == list(range(len(lm.blocks))) and maps.text == TEXT
+    for frame in (page, view):  # whole pages in isolated frames
+        assert frame.startswith("<div><iframe srcdoc=") and 'sandbox="allow-scripts"' in frame
+    assert "FF-amp overlay" in view
+
+
+def test_a_classifier_explains_the_class_chosen(classifier):
+    session = gradio_app.AppEvents(classifier)
+    assert session.class_choices == [("predicted", -1), ("0: LABEL_0", 0), ("1: LABEL_1", 1), ("2: LABEL_2", 2)]
+    summary, _, table, *_ = _session_explain(classifier, class_index=2)
+    expected = explain_text(TEXT, classifier, class_index=2)
+    assert "class 2" in summary and list(table.columns)[2] == '"LABEL_2"'
+    torch.testing.assert_close(torch.tensor(table['"LABEL_2"'].tolist(), dtype=torch.float64),
+                               expected.contributions[0].double(), atol=1e-6, rtol=0)
+
+
+def test_a_base_model_without_a_read_out_shows_its_maps_only():
+    loaded = tiny_loaded("bert")
+    summary, figure, table, _, maps, image, _ = _session_explain(loaded)
+    assert "no output to explain" in summary and figure is None
+    assert list(table.columns) == ["position", "token"]
+    assert image.size[0] > 200 and len(maps.layers) == len(loaded.blocks)
+    assert not gradio_app.AppEvents(loaded).has_output
+
+
+def test_the_components_table_is_explain_texts(lm):
+    session = gradio_app.AppEvents(lm)
+    image, frame = session.components(TEXT, "", -1, "sublayer")
+    expected = explain_text(TEXT, lm, components="sublayer").components
+    assert list(frame.columns) == ["token", *expected.components]
+    assert list(frame["token"]) == expected.tokens[0]
+    torch.testing.assert_close(torch.tensor(frame.iloc[:, 1:].to_numpy(), dtype=torch.float64),
+                               expected.contributions[0].double(), atol=1e-6, rtol=0)
+    assert image.size[0] > 200
+
+
+def test_mistakes_show_as_gradio_errors(lm):
+    session = gradio_app.AppEvents(lm)
+    with pytest.raises(gradio.Error, match="2 tokens"):
+        _session_explain(lm, target="the cat")
+    with pytest.raises(gradio.Error, match="empty"):
+        session.components("", "", -1, "sublayer")
+    with pytest.raises(gradio.Error, match="no scope"):
+        session.redraw(_session_explain(lm)[4], 0, [], True, "raw norms")
+    assert session.redraw(None, 0, [], True, "raw norms") is None  # nothing explained yet
+
+
+def test_no_analytics(lm):
+    app = gradio_app.build_app(lm)
+    assert app.analytics_enabled is False
+    assert os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
+
+
+def test_without_gradio_one_line_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio raises ImportError
+    with pytest.raises(ImportError, match=r"^the Gradio app needs gradio: pip install 'captum_ffb\[app\]'$"):
+        gradio_app.import_gradio()
