@@ -2,4 +2,7 @@
 
 - :mod:`captum_ffb.integrations.inseq`: ``register()`` adds ``"norm_decomposition"`` and
   ``"norm_decomposition_forward"`` to inseq's attribution methods.
+- :mod:`captum_ffb.integrations.ferret`: ``NormDecompositionExplainer`` for ferret's
+  ``Benchmark``, ``ReadOutClassifier`` (a base model and a read-out as the classifier ferret
+  calls), tables that work under pandas 3, ``benchmark_texts``.
 """
