@@ -206,3 +206,12 @@ def test_minilm_classifier_scores_what_evaluate_scores():
                                                    dict(METHODS["decomposition"].options))
         np.testing.assert_allclose(explainer(text, target).scores, attributions[0].numpy(),
                                    rtol=1e-5, atol=1e-7)
+
+
+def test_comparison_script_pairs_ferret_explainers_with_evaluate_methods():
+    from captum_ffb.evaluation.methods import resolve_methods
+    from tests.scripts import load_script
+
+    script = load_script("results/ferret/compare.py")
+    assert resolve_methods(list(script.PAIRS)) == list(script.PAIRS)
+    assert script.PAIRS["decomposition"] == "NormDecomposition"
