@@ -138,6 +138,17 @@ def test_benchmark_runs_end_to_end(fixture, request):
     assert list(scores.columns) == list(ffb_ferret.FAITHFULNESS_METRICS)  # no rationale given
     assert np.isfinite(scores.to_numpy()).all()
 
+    class Texts:  # the little of a ferret dataset that evaluate_samples reads
+        NAME, avg_rationale_size = "texts", 2
+
+        def __getitem__(self, k):
+            return {"text": TEXTS[k]}
+
+    samples = bench.evaluate_samples(Texts(), [0, 1], show_progress_bar=False)
+    assert set(samples) == set(names) and set(samples[names[0]]) == set(ffb_ferret.FAITHFULNESS_METRICS)
+    assert all(np.isfinite(mean_std).all() for row in samples.values() for mean_std in row.values())
+    assert list(bench.show_samples_evaluation_table(samples, apply_style=False).index) == names
+
     run = ffb_ferret.benchmark_texts(bench, TEXTS)
     assert run.explainers == names and len(run.targets) == 2
     with torch.no_grad():
