@@ -4,4 +4,7 @@
   ``"norm_decomposition_forward"`` to inseq's attribution methods.
 - :mod:`captum_ffb.integrations.gradio_app`: ``build_app`` and ``launch``, a local Gradio app
   (``captum-ffb app``; ``pip install "captum_ffb[app]"``).
+- :mod:`captum_ffb.integrations.ferret`: ``NormDecompositionExplainer`` for ferret's
+  ``Benchmark``, ``ReadOutClassifier`` (a base model and a read-out as the classifier ferret
+  calls), tables that work under pandas 3, ``benchmark_texts``.
 """
