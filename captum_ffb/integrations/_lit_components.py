@@ -480,10 +480,10 @@ CLASSIFIER_LAYOUT = layout.LitCanonicalLayout(
 )
 
 LANGUAGE_MODEL_LAYOUT = layout.LitCanonicalLayout(
-    left={"Examples": [_modules.DataTableModule], "Editor": [_modules.DatapointEditorModule]},
+    left={"Examples": [_modules.DataTableModule], "Editor": [_modules.DatapointEditorModule],
+          "Layer maps": [_modules.SalienceMapModule]},
     upper={"Sequence salience": [_modules.SequenceSalienceModule]},
-    lower={"Layer maps": [_modules.SalienceMapModule]},
-    layoutSettings=layout.LayoutSettings(leftWidth=35, mainHeight=60),
+    layoutSettings=layout.LayoutSettings(leftWidth=40),
     description="captum_ffb: NormDecomposition next to LIT's gradients; the layer maps.",
 )
 
