@@ -1,0 +1,143 @@
+"""Driving a LIT page in headless Chromium with selenium, as a person would: pick an example
+or type a text, then read the salience methods' values (shown to 3 significant digits)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+#: ``deepAll(selector, root)``: every match under ``root``, inside shadow roots too (LIT's
+#: modules are web components).
+DEEP_QUERY = """
+window.methodRows = function () {
+  var module = deepAll('salience-map-module')[0];
+  return module ? deepAll('.method-row', module.shadowRoot) : [];
+};
+window.methodRow = function (name) {
+  return methodRows().find(function (r) { return deepAll('expansion-panel', r)[0].label === name; });
+};
+window.deepAll = function (selector, root) {
+  var out = [];
+  (function walk(node) {
+    out.push.apply(out, node.querySelectorAll(selector));
+    node.querySelectorAll('*').forEach(function (el) { if (el.shadowRoot) walk(el.shadowRoot); });
+  })(root || document);
+  return out;
+};
+"""
+
+
+def missing_browser() -> str | None:
+    """Why the browser tests cannot run here, or ``None``."""
+    import importlib.util
+
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install 'captum_ffb[dev]')"
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(path) is None:
+            return f"{path} is missing (apt-get install chromium chromium-driver)"
+    return None
+
+
+def chromium(width: int = 1600, height: int = 1000) -> Any:
+    """A headless Chromium under selenium."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={width},{height}",
+                 "--disable-background-networking", "--no-first-run"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def wait_for(probe: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
+    """``probe()`` once it is truthy; an AssertionError naming ``what`` after ``timeout`` s."""
+    end = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def run_js(driver: Any, script: str, *args: Any) -> Any:
+    return driver.execute_script(DEEP_QUERY + script, *args)
+
+
+def open_lit(driver: Any, url: str, timeout: float = 60) -> None:
+    """Load LIT's page and wait for its data table."""
+    driver.get(url)
+    wait_for(lambda: run_js(driver, "return deepAll('tbody tr').length"), timeout, "LIT's data table")
+
+
+def select_example(driver: Any, index: int, timeout: float = 10) -> None:
+    """Click row ``index`` of the data table (in the Examples tab)."""
+    show_tab(driver, "Examples")
+    wait_for(lambda: run_js(driver, "return deepAll('tbody tr').length") > index, timeout,
+             f"row {index} of the data table")
+    run_js(driver, "deepAll('tbody tr')[arguments[0]].click();", index)
+
+
+def show_tab(driver: Any, name: str) -> None:
+    """Click the tab called ``name``."""
+    clicked = run_js(driver, """
+      var name = arguments[0];
+      var tab = deepAll('.tab').find(function (t) { return t.textContent.trim() === name; });
+      if (tab) tab.click();
+      return !!tab;""", name)
+    assert clicked, f"no tab {name!r}"
+
+
+def enter_text(driver: Any, text: str, timeout: float = 10) -> None:
+    """Type ``text`` into the datapoint editor's first text box and add it as a new example
+    (LIT selects it; the data table lists it under "Show generated")."""
+    show_tab(driver, "Editor")
+    editor = "var editor = deepAll('datapoint-editor-module')[0]; "
+    wait_for(lambda: run_js(driver, editor + "return editor && deepAll('textarea', "
+                                            "editor.shadowRoot).length"), timeout, "the editor")
+    run_js(driver, editor + """
+      var box = deepAll('textarea', editor.shadowRoot)[0];
+      box.value = arguments[0];
+      box.dispatchEvent(new Event('input', {bubbles: true, composed: true}));""", text)
+    button = wait_for(lambda: run_js(driver, editor + """
+      var add = deepAll('button#make', editor.shadowRoot)[0];
+      return add && !add.disabled ? add : null;"""), timeout, "the editor's Add button")
+    button.click()
+
+
+def method_names(driver: Any) -> list[str]:
+    """The salience methods listed by the Salience Maps module, in order."""
+    return run_js(driver, """
+      return methodRows().map(function (r) { return deepAll('expansion-panel', r)[0].label; });""")
+
+
+def expand_method(driver: Any, name: str) -> None:
+    """Open (and so run) the method ``name``'s row."""
+    run_js(driver, """
+      var row = methodRow(arguments[0]);
+      var panel = deepAll('expansion-panel', row)[0];
+      var bar = deepAll('.expansion-header', panel.shadowRoot)[0] || panel;
+      bar.click();""", name)
+
+
+def salience(driver: Any, name: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Method ``name``'s groups as shown: ``(title, [(token, value), ...])`` per group (one,
+    untitled, for most methods), the values as LIT shows them (3 significant digits)."""
+    return run_js(driver, """
+      var row = methodRow(arguments[0]);
+      if (!row) return [];
+      return Array.from(row.querySelectorAll('.tokens-group')).map(function (group) {
+        var title = Array.from(group.querySelectorAll('.tokens-group-title')).map(function (t) {
+          return t.textContent.trim(); });
+        var chips = deepAll('lit-tooltip', group).map(function (t) {
+          return [t.textContent.trim(), t.content]; });
+        return [title.length ? title[0] : '', chips];
+      });""", name)

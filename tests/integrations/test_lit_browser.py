@@ -1,0 +1,200 @@
+"""``captum-ffb lit`` as a user meets it: the server started on a free local port, its page
+driven in headless Chromium (selenium), and the values LIT shows checked against
+NormDecomposition's and the layer maps (LIT shows 3 significant digits)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import torch
+
+from captum_ffb import LayerNormDecomposition, NormDecomposition
+from captum_ffb.models import load_model
+from captum_ffb.text import display_tokens
+from tests.integrations import lit_page
+from tests.models import tiny_task_model, wordpiece_tokenizer
+
+pytestmark = pytest.mark.browser
+
+TEXT = "the cat sat on the mat because it was tired ."
+#: Largest relative difference between a value and LIT's 3 significant digits of it.
+SHOWN = 5.1e-3
+
+
+def _skip_reason() -> str | None:
+    if importlib.util.find_spec("lit_nlp") is None:
+        return "needs lit-nlp: pip install 'captum_ffb[lit]' (the README's install line brings it)"
+    return lit_page.missing_browser()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def browser_ready():
+    reason = _skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def start_lit(argv: list[str], timeout: float) -> tuple[subprocess.Popen, str]:
+    """``captum-ffb lit ARGV`` on a free port of 127.0.0.1, once its page answers."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "captum_ffb.cli", "lit", *argv, "--port",
+                               str(port), "--quiet"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        lit_page.wait_for(lambda: server.poll() is not None or _answers(url), timeout,
+                          "the LIT server", every=0.5)
+    except AssertionError:
+        server.kill()
+        raise
+    if server.poll() is not None:
+        raise AssertionError(f"captum-ffb lit ended: {server.stdout.read()}")
+    return server, url
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def assert_shown(shown: list[tuple[str, str]], tokens: list[str], values: torch.Tensor) -> None:
+    """LIT's chips: the tokens, and each value to LIT's display precision."""
+    assert [token for token, _ in shown] == tokens
+    for (token, text), value in zip(shown, values.tolist()):
+        assert float(text) == pytest.approx(value, rel=SHOWN, abs=1e-12), (token, text, value)
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("models") / "tiny-bert-classifier"
+    tiny_task_model("bert", "sequence_classification").save_pretrained(folder)
+    wordpiece_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def page(classifier_dir, tmp_path_factory):
+    data = tmp_path_factory.mktemp("data") / "texts.txt"
+    data.write_text("the cat sat on the mat .\na dog ran fast\n", encoding="utf-8")
+    server, url = start_lit(["--model", str(classifier_dir), "--data", str(data)], timeout=120)
+    driver = lit_page.chromium()
+    try:
+        lit_page.open_lit(driver, url)
+        yield driver
+    finally:
+        driver.quit()
+        stop(server)
+
+
+def choose_class(driver, index: int) -> None:
+    """Pick class ``index`` in the Salience Maps module's "Class to explain"."""
+    lit_page.run_js(driver, """
+      var module = deepAll('salience-map-module')[0];
+      var select = deepAll('select.salience-target-dropdown', module.shadowRoot).pop();
+      select.selectedIndex = arguments[0];
+      select.dispatchEvent(new Event('change', {bubbles: true, composed: true}));""", index)
+
+
+def test_a_typed_text_shows_our_contributions_for_the_predicted_then_a_chosen_class(
+        page, classifier_dir):
+    names = lit_page.method_names(page)
+    assert names[0] == "NormDecomposition"
+    assert {"LIME", "Grad L2 Norm", "Grad ⋅ Input", "Integrated Gradients",
+            "Layer maps (NormDecomposition)"} <= set(names)
+    loaded = load_model(classifier_dir, task="auto", show_progress=False)
+    ids = loaded.tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0]), loaded.tokenizer)
+    nd = NormDecomposition(loaded.model)
+    with torch.no_grad():
+        logits = loaded.model(ids).logits[0]
+    predicted = int(logits.argmax())
+
+    def ours():
+        groups = lit_page.salience(page, "NormDecomposition")
+        return groups[0][1] if groups and [t for t, _ in groups[0][1]] == tokens else None
+
+    lit_page.enter_text(page, TEXT)
+    shown = lit_page.wait_for(ours, 60, "NormDecomposition's contributions for the typed text")
+    assert_shown(shown, tokens, nd.attribute(ids, target=predicted)[0])
+    other = (predicted + 1) % logits.shape[0]
+    expected = nd.attribute(ids, target=other)[0]
+    choose_class(page, other)
+
+    def updated():
+        now = ours()
+        return now if now and now != shown else None
+
+    assert_shown(lit_page.wait_for(updated, 60, f"the contributions to class {other}"), tokens,
+                 expected)
+
+
+def test_the_layer_maps_show_each_row_of_the_last_layer(page, classifier_dir):
+    loaded = load_model(classifier_dir, task="auto", show_progress=False)
+    lit_page.select_example(page, 0)
+    text = "the cat sat on the mat ."
+    ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
+    tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0]), loaded.tokenizer)
+    lit_page.expand_method(page, "Layer maps (NormDecomposition)")
+
+    def rows():
+        groups = lit_page.salience(page, "Layer maps (NormDecomposition)")
+        return groups if len(groups) == len(tokens) and groups[0][1][0][0] == tokens[0] else None
+
+    groups = lit_page.wait_for(rows, 60, "the layer maps' rows")
+    (maps,) = LayerNormDecomposition(loaded.model, [loaded.blocks[-1]]).attribute(ids, scope=["AtbFfResLn"])
+    matrix = maps["AtbFfResLn"][0]
+    shares = matrix / matrix.sum(-1, keepdim=True)
+    assert [title for title, _ in groups] == [f"{i}: {t}" for i, t in enumerate(tokens)]
+    for (_, shown), row in zip(groups, shares):
+        assert_shown(shown, tokens, row)
+
+
+@pytest.mark.real_weights
+def test_the_bundled_minilm_shows_the_sentiment_heads_contributions():
+    from captum_ffb.evaluation.minilm_head import minilm_sentiment_readout
+    from captum_ffb.integrations.lit import DEFAULT_TEXTS
+
+    server, url = start_lit([], timeout=180)
+    driver = lit_page.chromium()
+    try:
+        lit_page.open_lit(driver, url)
+        lit_page.select_example(driver, 0)
+        shown = lit_page.wait_for(lambda: lit_page.salience(driver, "NormDecomposition"), 60,
+                                  "NormDecomposition's contributions")[0][1]
+    finally:
+        driver.quit()
+        stop(server)
+    loaded = load_model(show_progress=False)
+    ids = loaded.tokenizer(DEFAULT_TEXTS[0], return_tensors="pt")["input_ids"]
+    readout = minilm_sentiment_readout()
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        z = float(readout.value(loaded.model(ids, attention_mask=mask), mask)[0])
+    expected = NormDecomposition(loaded.model).attribute(ids, target=readout,
+                                                         forward_kwargs={"attention_mask": mask})[0]
+    tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0]), loaded.tokenizer)
+    assert_shown(shown, tokens, expected if z > 0 else -expected)  # the predicted class
