@@ -3,8 +3,13 @@ or type a text, then read the salience methods' values (shown to 3 significant d
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -141,3 +146,44 @@ def salience(driver: Any, name: str) -> list[tuple[str, list[tuple[str, str]]]]:
           return [t.textContent.trim(), t.content]; });
         return [title.length ? title[0] : '', chips];
       });""", name)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def start_lit(argv: list[str], timeout: float) -> tuple[subprocess.Popen, str]:
+    """``captum-ffb lit ARGV`` on a free port of 127.0.0.1, once its page answers."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "captum_ffb.cli", "lit", *argv, "--port",
+                               str(port), "--quiet"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_for(lambda: server.poll() is not None or _answers(url), timeout,
+                          "the LIT server", every=0.5)
+    except AssertionError:
+        server.kill()
+        raise
+    if server.poll() is not None:
+        raise AssertionError(f"captum-ffb lit ended: {server.stdout.read()}")
+    return server, url
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()

@@ -5,11 +5,6 @@ NormDecomposition's and the layer maps (LIT shows 3 significant digits)."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
-import subprocess
-import sys
-import urllib.request
 
 import pytest
 import torch
@@ -40,47 +35,6 @@ def browser_ready():
         pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def start_lit(argv: list[str], timeout: float) -> tuple[subprocess.Popen, str]:
-    """``captum-ffb lit ARGV`` on a free port of 127.0.0.1, once its page answers."""
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "captum_ffb.cli", "lit", *argv, "--port",
-                               str(port), "--quiet"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        lit_page.wait_for(lambda: server.poll() is not None or _answers(url), timeout,
-                          "the LIT server", every=0.5)
-    except AssertionError:
-        server.kill()
-        raise
-    if server.poll() is not None:
-        raise AssertionError(f"captum-ffb lit ended: {server.stdout.read()}")
-    return server, url
-
-
-def stop(server: subprocess.Popen) -> None:
-    server.terminate()
-    try:
-        server.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.kill()
-
-
 def assert_shown(shown: list[tuple[str, str]], tokens: list[str], values: torch.Tensor) -> None:
     """LIT's chips: the tokens, and each value to LIT's display precision."""
     assert [token for token, _ in shown] == tokens
@@ -100,14 +54,14 @@ def classifier_dir(tmp_path_factory):
 def page(classifier_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("data") / "texts.txt"
     data.write_text("the cat sat on the mat .\na dog ran fast\n", encoding="utf-8")
-    server, url = start_lit(["--model", str(classifier_dir), "--data", str(data)], timeout=120)
+    server, url = lit_page.start_lit(["--model", str(classifier_dir), "--data", str(data)], timeout=120)
     driver = lit_page.chromium()
     try:
         lit_page.open_lit(driver, url)
         yield driver
     finally:
         driver.quit()
-        stop(server)
+        lit_page.stop(server)
 
 
 def choose_class(driver, index: int) -> None:
@@ -178,7 +132,7 @@ def test_the_bundled_minilm_shows_the_sentiment_heads_contributions():
     from captum_ffb.evaluation.minilm_head import minilm_sentiment_readout
     from captum_ffb.integrations.lit import DEFAULT_TEXTS
 
-    server, url = start_lit([], timeout=180)
+    server, url = lit_page.start_lit([], timeout=180)
     driver = lit_page.chromium()
     try:
         lit_page.open_lit(driver, url)
@@ -187,7 +141,7 @@ def test_the_bundled_minilm_shows_the_sentiment_heads_contributions():
                                   "NormDecomposition's contributions")[0][1]
     finally:
         driver.quit()
-        stop(server)
+        lit_page.stop(server)
     loaded = load_model(show_progress=False)
     ids = loaded.tokenizer(DEFAULT_TEXTS[0], return_tensors="pt")["input_ids"]
     readout = minilm_sentiment_readout()
