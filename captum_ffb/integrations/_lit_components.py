@@ -81,6 +81,20 @@ def _text_of(example: JsonDict) -> str:
 # models
 
 
+def class_labels(loaded: LoadedModel) -> list[str]:
+    """The class names of a sequence classifier (its ``id2label``), or the bundled sentiment
+    head's two; a one-line ValueError for any other model."""
+    if loaded.task == "sequence_classification":
+        config = loaded.model.config
+        return [str(config.id2label.get(k, k)) for k in range(config.num_labels)]
+    if loaded.task == "base" and sentiment_readout_for(loaded.model) is not None:
+        return list(SENTIMENT_LABELS)
+    if loaded.task == "base":
+        raise ValueError("a base model has no classes to explain: LIT needs a sequence "
+                         "classifier, a causal LM or the bundled all-MiniLM-L6-v2")
+    raise ValueError(f"a classifier is needed here; this model is a {loaded.task}")
+
+
 class ClassifierModel(lit_model.BatchedModel):
     r"""A sequence classifier, or the bundled all-MiniLM-L6-v2 with its sentiment head, as a
     LIT model: class probabilities, tokens, and the input embeddings with the gradients of
@@ -98,17 +112,7 @@ class ClassifierModel(lit_model.BatchedModel):
         self.loaded = loaded
         self.batch_size = batch_size
         self.readout = sentiment_readout_for(loaded.model) if loaded.task == "base" else None
-        if loaded.task == "base" and self.readout is None:
-            raise ValueError("a base model has no classes to explain: LIT needs a sequence "
-                             "classifier, a causal LM or the bundled all-MiniLM-L6-v2")
-        if loaded.task not in ("base", "sequence_classification"):
-            raise ValueError(f"ClassifierModel needs a classifier; this model is a {loaded.task}")
-        if self.readout is not None:
-            self.labels = list(SENTIMENT_LABELS)
-        else:
-            names = getattr(loaded.model.config, "id2label", None) or {}
-            count = NormDecomposition(loaded.model).head.output.weight.shape[0]
-            self.labels = [str(names.get(k, k)) for k in range(count)]
+        self.labels = class_labels(loaded)
 
     @classmethod
     def init_spec(cls) -> None:
@@ -154,11 +158,11 @@ class ClassifierModel(lit_model.BatchedModel):
         ids, mask = ids.to(device), mask.to(device)
         with torch.no_grad():
             embeddings = self.loaded.model.get_input_embeddings()(ids)
-        lengths = mask.sum(1).tolist()
+        real = mask.bool()
         for row, ex in enumerate(inputs):  # integrated gradients passes its own embeddings
             given = ex.get("token_embs")
-            if given is not None and len(given) == lengths[row]:
-                embeddings[row, : lengths[row]] = torch.as_tensor(np.asarray(given)).to(embeddings)
+            if given is not None and len(given) == int(real[row].sum()):
+                embeddings[row, real[row]] = torch.as_tensor(np.asarray(given)).to(embeddings)
         embeddings.requires_grad_(True)
         with torch.enable_grad():
             logits = self.class_logits(embeddings, mask)
@@ -172,14 +176,12 @@ class ClassifierModel(lit_model.BatchedModel):
                          else logits.softmax(-1)).detach()
         out = []
         for row in range(len(inputs)):
-            n = lengths[row]
-            real = mask[row].bool()
-            pieces = tokenizer.convert_ids_to_tokens(ids[row, real].tolist())
+            pieces = tokenizer.convert_ids_to_tokens(ids[row, real[row]].tolist())
             out.append({
                 "tokens": display_tokens(pieces, tokenizer),
                 "probas": probabilities[row].cpu().numpy(),
-                "token_embs": embeddings[row, real].detach().cpu().numpy()[:n],
-                "token_grads": gradients[row, real].cpu().numpy()[:n],
+                "token_embs": embeddings[row, real[row]].detach().cpu().numpy(),
+                "token_grads": gradients[row, real[row]].cpu().numpy(),
             })
         return out
 
@@ -342,7 +344,7 @@ class TextDataset(lit_dataset.Dataset):
             spec = {"prompt": lit_types.TextSegment(), "target": lit_types.TextSegment(required=False)}
             examples = [{"prompt": t, "target": ""} for t in texts]
         else:
-            vocab = ClassifierModel(loaded).labels
+            vocab = class_labels(loaded)
             spec = {"text": lit_types.TextSegment(),
                     "label": lit_types.CategoryLabel(vocab=vocab, required=False)}
             examples = [{"text": t, "label": vocab[y] if y is not None and 0 <= y < len(vocab) else ""}
@@ -402,7 +404,8 @@ class NormDecompositionSalience(lit_components.Interpreter):
 class LayerMapsSalience(lit_components.Interpreter):
     r"""Layer maps (captum_ffb, LayerNormDecomposition): how each token's vector after one
     layer, at one scope, is made of the input tokens, ``‖F_i(x_j)‖``; one row per token i
-    (shares of the row by default). Pick the layer and the scope in the settings.
+    (shares of the row by default). Pick the layer and the scope in the settings: the layers
+    from the last, the scopes from the whole layer back to the attention block.
 
     Args:
         loaded (LoadedModel): the model whose layers and scopes are offered.
@@ -412,12 +415,9 @@ class LayerMapsSalience(lit_components.Interpreter):
         from captum_ffb.attr import LayerNormDecomposition
 
         self.loaded = loaded
-        self.layers = [str(k) for k in range(len(loaded.blocks))]
-        self.scopes = list(LayerNormDecomposition(loaded.model, [loaded.blocks[-1]]).scopes)
-
-    def description(self) -> str:
-        return (inspect_doc(self) + f"\nScopes: {', '.join(self.scopes)} (the last is the whole "
-                "layer).")
+        # LIT's settings open on each list's first entry: the default goes first
+        self.layers = [str(k) for k in reversed(range(len(loaded.blocks)))]
+        self.scopes = list(reversed(LayerNormDecomposition(loaded.model, [loaded.blocks[-1]]).scopes))
 
     def is_compatible(self, model: lit_model.Model, dataset: lit_dataset.Dataset) -> bool:
         del dataset
@@ -426,9 +426,9 @@ class LayerMapsSalience(lit_components.Interpreter):
 
     def config_spec(self) -> lit_types.Spec:
         return {
-            LAYER_KEY: lit_types.CategoryLabel(vocab=self.layers, default=self.layers[-1],
+            LAYER_KEY: lit_types.CategoryLabel(vocab=self.layers, default=self.layers[0],
                                                required=False),
-            SCOPE_KEY: lit_types.CategoryLabel(vocab=self.scopes, default=self.scopes[-1],
+            SCOPE_KEY: lit_types.CategoryLabel(vocab=self.scopes, default=self.scopes[0],
                                                required=False),
             NORMALIZE_KEY: lit_types.Boolean(default=True, required=False),
         }
@@ -457,13 +457,6 @@ class LayerMapsSalience(lit_components.Interpreter):
         layer, scope = int(config[LAYER_KEY]), str(config[SCOPE_KEY])
         shares = config[NORMALIZE_KEY] not in (False, "false", "False", 0)
         return [self.rows(_text_of(ex), layer, scope, shares) for ex in inputs]
-
-
-def inspect_doc(obj: Any) -> str:
-    """The first paragraph of ``obj``'s docstring, on one line."""
-    import inspect
-
-    return " ".join((inspect.getdoc(obj) or "").split("\n\n")[0].split())
 
 
 # ---------------------------------------------------------------------------------------

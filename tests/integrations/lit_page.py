@@ -133,6 +133,27 @@ def expand_method(driver: Any, name: str) -> None:
       bar.click();""", name)
 
 
+def apply_settings(driver: Any, name: str, choices: dict[str, str]) -> None:
+    """In method ``name``'s settings (⚙), pick each dropdown's option and press Apply (which
+    runs the method again)."""
+    missing = run_js(driver, """
+      var controls = deepAll('lit-interpreter-controls', methodRow(arguments[0]))[0];
+      var choices = arguments[1], missing = [];
+      Object.keys(choices).forEach(function (field) {
+        var holder = deepAll('.control-holder', controls.shadowRoot).find(function (h) {
+          return h.querySelector('.control-name').textContent.trim().replace(/^[*]/, '') === field; });
+        var select = holder && holder.querySelector('select');
+        var index = select ? Array.from(select.options).findIndex(function (o) {
+          return o.textContent.trim() === choices[field]; }) : -1;
+        if (index < 0) { missing.push(field); return; }
+        select.selectedIndex = index;
+        select.dispatchEvent(new Event('change', {bubbles: true, composed: true}));
+      });
+      if (!missing.length) deepAll('button.filled-button', controls.shadowRoot)[0].click();
+      return missing;""", name, choices)
+    assert not missing, f"no such settings of {name}: {missing}"
+
+
 def salience(driver: Any, name: str) -> list[tuple[str, list[tuple[str, str]]]]:
     """Method ``name``'s groups as shown: ``(title, [(token, value), ...])`` per group (one,
     untitled, for most methods), the values as LIT shows them (3 significant digits)."""

@@ -142,8 +142,8 @@ def test_layer_maps_rows_are_the_layer_maps(classifier):
     interpreter = ffb_lit.LayerMapsSalience(classifier)
     (model,) = ffb_lit.lit_models(classifier, "tiny").values()
     assert interpreter.is_compatible(model, None)
-    assert interpreter.layers == ["0", "1"]
-    assert interpreter.scopes == ["Atb", "AtbFf", "AtbFfRes", "AtbFfResLn"]
+    assert interpreter.layers == ["1", "0"]  # LIT's settings open on the first: the default
+    assert interpreter.scopes == ["AtbFfResLn", "AtbFfRes", "AtbFf", "Atb"]
     config = interpreter.config_spec()
     assert (config[components.LAYER_KEY].default, config[components.SCOPE_KEY].default) == ("1", "AtbFfResLn")
     ids = _ids(classifier)

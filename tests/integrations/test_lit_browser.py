@@ -106,24 +106,32 @@ def test_a_typed_text_shows_our_contributions_for_the_predicted_then_a_chosen_cl
                  expected)
 
 
-def test_the_layer_maps_show_each_row_of_the_last_layer(page, classifier_dir):
+def test_the_layer_maps_show_each_row_at_the_picked_layer_and_scope(page, classifier_dir):
     loaded = load_model(classifier_dir, task="auto", show_progress=False)
     lit_page.select_example(page, 0)
     text = "the cat sat on the mat ."
     ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
     tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0]), loaded.tokenizer)
-    lit_page.expand_method(page, "Layer maps (NormDecomposition)")
+    name = "Layer maps (NormDecomposition)"
 
-    def rows():
-        groups = lit_page.salience(page, "Layer maps (NormDecomposition)")
-        return groups if len(groups) == len(tokens) and groups[0][1][0][0] == tokens[0] else None
+    def rows(previous=None):
+        groups = lit_page.salience(page, name)
+        ready = len(groups) == len(tokens) and groups[0][1][0][0] == tokens[0]
+        return groups if ready and groups != previous else None
 
-    groups = lit_page.wait_for(rows, 60, "the layer maps' rows")
-    (maps,) = LayerNormDecomposition(loaded.model, [loaded.blocks[-1]]).attribute(ids, scope=["AtbFfResLn"])
-    matrix = maps["AtbFfResLn"][0]
-    shares = matrix / matrix.sum(-1, keepdim=True)
-    assert [title for title, _ in groups] == [f"{i}: {t}" for i, t in enumerate(tokens)]
-    for (_, shown), row in zip(groups, shares):
+    def expected(layer, scope):
+        (maps,) = LayerNormDecomposition(loaded.model, [loaded.blocks[layer]]).attribute(ids, scope=[scope])
+        matrix = maps[scope][0]
+        return matrix / matrix.sum(-1, keepdim=True)
+
+    lit_page.expand_method(page, name)
+    default = lit_page.wait_for(rows, 60, "the layer maps' rows")  # the last layer, whole
+    assert [title for title, _ in default] == [f"{i}: {t}" for i, t in enumerate(tokens)]
+    for (_, shown), row in zip(default, expected(-1, "AtbFfResLn")):
+        assert_shown(shown, tokens, row)
+    lit_page.apply_settings(page, name, {"Layer": "0", "Scope": "AtbFf"})
+    picked = lit_page.wait_for(lambda: rows(default), 60, "the rows of layer 0 at AtbFf")
+    for (_, shown), row in zip(picked, expected(0, "AtbFf")):
         assert_shown(shown, tokens, row)
 
 
