@@ -208,3 +208,43 @@ def stop(server: subprocess.Popen) -> None:
         server.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.kill()
+
+
+# --- LIT's Sequence Salience module (causal LMs) ---------------------------------------------
+
+SEQUENCE = "var module = deepAll('sequence-salience-module')[0]; "
+CHIPS = SEQUENCE + "var chips = deepAll('sequence-salience-chips', module.shadowRoot)[0]; "
+
+
+def choose_response(driver: Any, timeout: float = 120) -> str:
+    """Choose the model's own continuation as the sequence to explain; its text."""
+    options = SEQUENCE + "var options = deepAll('.interstitial-target-option', module.shadowRoot); "
+    text = wait_for(lambda: run_js(driver, options + "return options.length >= 2 && "
+                                                     "options[options.length - 1].textContent.trim()"),
+                    timeout, "the model's continuation")
+    run_js(driver, options + "options[options.length - 1].click();")
+    return text
+
+
+def press(driver: Any, label: str) -> None:
+    """Press the Sequence Salience button labelled ``label`` (a granularity or a method)."""
+    pressed = run_js(driver, SEQUENCE + """
+      var label = arguments[0];
+      var button = deepAll('button', module.shadowRoot).find(function (b) {
+        return b.textContent.trim() === label; });
+      if (button) button.click();
+      return !!button;""", label)
+    assert pressed, f"no button {label!r} in Sequence Salience"
+
+
+def sequence_chips(driver: Any) -> list[tuple[str, str]]:
+    """The segments Sequence Salience shows, with their values as shown."""
+    return run_js(driver, CHIPS + """
+      if (!chips) return [];
+      return deepAll('lit-tooltip', chips.shadowRoot).map(function (t) {
+        return [t.textContent, t.content]; });""")
+
+
+def click_chip(driver: Any, index: int) -> None:
+    """Click segment ``index``: it becomes the target to explain."""
+    run_js(driver, CHIPS + "deepAll('.salient-token', chips.shadowRoot)[arguments[0]].click();", index)

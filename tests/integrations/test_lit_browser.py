@@ -160,3 +160,40 @@ def test_the_bundled_minilm_shows_the_sentiment_heads_contributions():
                                                          forward_kwargs={"attention_mask": mask})[0]
     tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0]), loaded.tokenizer)
     assert_shown(shown, tokens, expected if z > 0 else -expected)  # the predicted class
+
+
+def test_a_causal_lm_explains_the_clicked_next_token_in_sequence_salience(tmp_path):
+    from tests.models import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "tiny-gpt2", "gpt2", byte_level=True)
+    data = tmp_path / "prompts.txt"
+    prompt = "the cat sat on the"
+    data.write_text(prompt + "\n", encoding="utf-8")
+    server, url = lit_page.start_lit(["--model", str(folder), "--data", str(data)], timeout=120)
+    driver = lit_page.chromium()
+    try:
+        lit_page.open_lit(driver, url)
+        lit_page.select_example(driver, 0)
+        lit_page.choose_response(driver)
+        lit_page.press(driver, "Tokens")
+        lit_page.press(driver, "norm_decomposition")
+        n = len(prompt.split())
+        lit_page.wait_for(lambda: len(lit_page.sequence_chips(driver)) > n, 30, "the tokens")
+        lit_page.click_chip(driver, n)  # the continuation's first token: the predicted one
+
+        def explained():
+            chips = lit_page.sequence_chips(driver)
+            return chips if any(float(value) != 0 for _, value in chips[:n]) else None
+
+        chips = lit_page.wait_for(explained, 60, "NormDecomposition in Sequence Salience")
+    finally:
+        driver.quit()
+        lit_page.stop(server)
+    loaded = load_model(folder, task="auto", show_progress=False)
+    ids = loaded.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        predicted = int(loaded.model(ids).logits[0, -1].argmax())
+    expected = NormDecomposition(loaded.model).attribute(ids, target=predicted)[0]
+    assert [token.strip() for token, _ in chips[:n]] == prompt.split()
+    for (token, text), value in zip(chips[:n], expected.tolist()):
+        assert float(text) == pytest.approx(value, rel=SHOWN, abs=1e-12), (token, text, value)
