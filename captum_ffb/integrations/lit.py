@@ -139,7 +139,7 @@ def build_app(loaded: LoadedModel, data: str | os.PathLike | None = None,
 
 
 def serve(app: Any, host: str = "127.0.0.1", port: int = 5432, quiet: bool = False) -> None:
-    r"""Serve ``app`` until interrupted (a threaded werkzeug server, on ``host`` only).
+    r"""Serve ``app`` until Ctrl+C (a threaded werkzeug server, on ``host`` only).
 
     Args:
         app: from :func:`build_app`.
@@ -150,14 +150,17 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 5432, quiet: bool = Fal
     from werkzeug.serving import make_server
 
     server = make_server(host, port, app, threaded=True)
-    if not quiet:
-        print(f"LIT is ready at http://{host}:{server.port} (Ctrl+C stops it)", file=sys.stderr,
-              flush=True)
     try:
-        server.serve_forever()
+        if not quiet:
+            print(f"LIT is ready at http://{host}:{server.port} (Ctrl+C stops it)",
+                  file=sys.stderr, flush=True)
+        server.serve_forever()  # werkzeug's: it returns on Ctrl+C
+    except KeyboardInterrupt:
+        pass
     finally:
         server.server_close()
-
+    if not quiet:
+        print("LIT stopped", file=sys.stderr)
 
 __all__ = [
     "DEFAULT_EXAMPLES",

@@ -71,3 +71,40 @@ def test_a_base_model_without_a_head_is_refused_before_its_weights_load(one_line
     assert one_line(["lit", "--model", str(base_dir), "--port", "0"]) == (
         "a base model has nothing to explain in LIT: give a sequence classifier, a causal LM "
         "or the bundled all-MiniLM-L6-v2")
+
+
+@needs_lit
+def test_the_server_answers_on_127_0_0_1_and_stops_on_ctrl_c(tmp_path):
+    """``--port 0``: a free port, printed once the server is ready; its page and LIT's metadata
+    answer there; Ctrl+C ends it with exit code 0."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.models import tiny_task_model, wordpiece_tokenizer
+
+    folder = tmp_path / "tiny-bert-classifier"
+    tiny_task_model("bert", "sequence_classification").save_pretrained(folder)
+    wordpiece_tokenizer().save_pretrained(folder)
+    server = subprocess.Popen([sys.executable, "-m", "captum_ffb.cli", "lit", "--model", str(folder),
+                               "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("LIT is ready at "):
+            line = server.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        url = lines[-1].split()[4]
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url, timeout=30) as page:
+            assert b"<lit-app>" in page.read()
+        with urllib.request.urlopen(url + "/get_info", timeout=30) as info:
+            assert "NormDecomposition" in json.loads(info.read())["interpreters"]
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 0
+        assert server.stderr.read().strip().splitlines()[-1] == "LIT stopped"
+    finally:
+        if server.poll() is None:
+            server.kill()
