@@ -32,21 +32,6 @@ from captum_ffb.text import display_tokens, text_maps
 JsonDict = dict[str, Any]
 Method = TypeVar("Method", bound=Callable[..., Any])
 
-#: One model call at a time: LIT's server answers requests in threads, and the decomposition
-#: hooks the model's attention while it records a forward pass.
-MODEL_LOCK = threading.RLock()
-
-
-def one_at_a_time(method: Method) -> Method:
-    """``method`` run under :data:`MODEL_LOCK`."""
-
-    @wraps(method)
-    def locked(*args: Any, **kwargs: Any) -> Any:
-        with MODEL_LOCK:
-            return method(*args, **kwargs)
-
-    return locked  # type: ignore[return-value]
-
 #: The config key through which LIT's "Salience Maps" module passes the class to explain.
 TARGET_INFO_KEY = "_salience_target"
 #: Our interpreters' names in LIT.
@@ -61,6 +46,21 @@ LM_FIELD = "norm_decomposition"
 LM_FIELD_AFTER_FIRST = "norm_decomposition_after_first"
 #: The bundled sentiment head's two classes (class 1: positive, the head's logit ``z``).
 SENTIMENT_LABELS = ("negative", "positive")
+
+#: One model call at a time: LIT's server answers requests in threads, and the decomposition
+#: hooks the model's attention while it records a forward pass.
+MODEL_LOCK = threading.RLock()
+
+
+def one_at_a_time(method: Method) -> Method:
+    """``method`` run under :data:`MODEL_LOCK`."""
+
+    @wraps(method)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with MODEL_LOCK:
+            return method(*args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 def unwrap(model: lit_model.Model) -> lit_model.Model:
@@ -256,9 +256,9 @@ class SequenceSalienceModel(lit_model.BatchedModel):
     """
 
     def __init__(self, loaded: LoadedModel):
-        self.loaded = loaded
         from lit_nlp.examples.prompt_debugging import transformers_lms  # warns: no TensorFlow
 
+        self.loaded = loaded
         if not hasattr(loaded.model, "framework"):  # LIT reads it; transformers 5 removed it
             loaded.model.framework = "pt"
         self.gradients = transformers_lms.HFSalienceModel(model=loaded.model,
