@@ -2,4 +2,7 @@
 
 - :mod:`captum_ffb.integrations.inseq`: ``register()`` adds ``"norm_decomposition"`` and
   ``"norm_decomposition_forward"`` to inseq's attribution methods.
+- :mod:`captum_ffb.integrations.lit`: ``build_app()`` and ``serve()`` run LIT with our
+  salience interpreters (NormDecomposition, the layer maps) next to LIT's own; the LIT
+  classes themselves (models, dataset, interpreters) for your own LIT server.
 """
