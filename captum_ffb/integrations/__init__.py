@@ -7,4 +7,7 @@
 - :mod:`captum_ffb.integrations.ferret`: ``NormDecompositionExplainer`` for ferret's
   ``Benchmark``, ``ReadOutClassifier`` (a base model and a read-out as the classifier ferret
   calls), tables that work under pandas 3, ``benchmark_texts``.
+- :mod:`captum_ffb.integrations.lit`: ``build_app()`` and ``serve()`` run LIT with our
+  salience interpreters (NormDecomposition, the layer maps) next to LIT's own; the LIT
+  classes themselves (models, dataset, interpreters) for your own LIT server.
 """

@@ -1,0 +1,115 @@
+"""``captum-ffb lit``: our methods in LIT, the Learning Interpretability Tool, next to its own."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from captum_ffb.cli._common import UsageError
+
+DEFAULT_PORT = 5432
+
+EXAMPLES = f"""\
+examples:
+  captum-ffb lit
+      the bundled all-MiniLM-L6-v2 with its sentiment head and a few example sentences, at
+      http://127.0.0.1:{DEFAULT_PORT}: pick an example (or type one in the Editor tab) and read
+      NormDecomposition's contributions next to LIME and LIT's gradient methods
+  captum-ffb lit --data rotten_tomatoes --port 8080
+      the first 200 held-out Rotten Tomatoes snippets, with their labels
+  captum-ffb lit --model ./my-classifier --data reviews.csv
+      a sequence classifier and the texts of a file (.txt, .jsonl, .csv or .tsv)
+  captum-ffb lit --model ./SmolLM2
+      a causal LM: LIT's Sequence Salience module, with NormDecomposition next to its
+      gradients (click the target tokens to explain)
+
+views (Salience Maps module, or Sequence Salience for causal LMs):
+  NormDecomposition  the exact contribution of every token to the logit of the class chosen
+                     in "Class to explain" (the predicted class first); with the bias they
+                     add up to the logit; shown in logit units (settings: or as shares)
+  Layer maps         one layer's token-to-token map at one scope (settings: layer, scope),
+                     one row per token: how that token's vector is made of the input tokens
+LIT's page loads its fonts from fonts.googleapis.com; offline its icons show as words.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "lit",
+        help="a LIT server with NormDecomposition and the layer maps next to LIME and gradients",
+        description=(
+            "Start LIT (the Learning Interpretability Tool, pip install 'captum_ffb[lit]') on a "
+            "model and some texts, with our salience methods next to LIT's own."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
+                        help="a sequence classifier or causal LM folder (config.json, or a .gguf "
+                        "file); the bundled all-MiniLM-L6-v2 with its sentiment head by default")
+    parser.add_argument("--data", default=None, metavar="FILE",
+                        help="rotten_tomatoes (the held-out snippets) or a .txt, .jsonl, .csv or "
+                        ".tsv file; a few example sentences by default")
+    parser.add_argument("--examples", type=int, default=200, metavar="N",
+                        help="how many texts of --data to show (default 200)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
+                        help=f"the port (default {DEFAULT_PORT}; 0: a free one)")
+    parser.add_argument("--host", default="127.0.0.1", metavar="ADDR",
+                        help="the address to serve on (default 127.0.0.1, this machine only)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser.set_defaults(run=run)
+
+
+def _check_port(host: str, port: int) -> None:
+    """A one-line error, before any weights load, when ``host:port`` cannot be served."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {port}")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise UsageError(f"cannot serve on {host}:{port}: {error.strerror or error} "
+                             "(choose another --port)") from None
+
+
+def _quiet_logs() -> None:
+    """LIT's own messages below errors (absl), and no line per request (werkzeug)."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
+
+def run(args: argparse.Namespace) -> int:
+    from captum_ffb.integrations import lit as ffb_lit
+    from captum_ffb.models import load_model, model_config, task_from_config
+
+    try:
+        ffb_lit.require_lit()
+    except ImportError as error:
+        raise UsageError(str(error)) from None
+    if args.examples < 1:
+        raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    _check_port(args.host, args.port)
+    if args.data is not None:
+        from captum_ffb.text import read_texts
+
+        read_texts(args.data, n=1)  # a missing or empty file fails before the weights load
+    _quiet_logs()
+    config = model_config(args.model)
+    task = task_from_config(config)
+    if task == "base":
+        from captum_ffb.evaluation.minilm_head import fits_minilm_head
+
+        if not fits_minilm_head(config):
+            raise UsageError("a base model has nothing to explain in LIT: give a sequence "
+                             "classifier, a causal LM or the bundled all-MiniLM-L6-v2")
+    if not args.quiet:
+        print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
+    app = ffb_lit.build_app(loaded, args.data, args.examples)
+    ffb_lit.serve(app, args.host, args.port, quiet=args.quiet)
+    return 0
