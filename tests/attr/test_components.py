@@ -66,15 +66,31 @@ def test_experts_are_components():
     assert shared.select(r"^block\.0\.ff\.shared_expert$")
 
 
-def _hook_outputs(modules: dict[str, nn.Module]) -> tuple[dict[str, torch.Tensor], list]:
+def _captured(model: nn.Module, ids: torch.Tensor, outputs: dict[str, nn.Module],
+              inputs: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """One forward pass of ``model``: the outputs of the modules in ``outputs`` and the first
+    inputs of those in ``inputs``, by name."""
     seen: dict[str, torch.Tensor] = {}
 
-    def keep(name):
+    def keep_output(name):
         def hook(module, args, output):
             seen[name] = (output[0] if isinstance(output, tuple) else output).detach()
         return hook
 
-    return seen, [module.register_forward_hook(keep(name)) for name, module in modules.items()]
+    def keep_input(name):
+        def hook(module, args):
+            seen[name] = args[0].detach()
+        return hook
+
+    handles = [m.register_forward_hook(keep_output(name)) for name, m in outputs.items()]
+    handles += [m.register_forward_pre_hook(keep_input(name)) for name, m in inputs.items()]
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
 
 
 def _frozen_norm(norm: nn.Module, real: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
@@ -98,24 +114,16 @@ def test_a_writers_column_is_its_own_direct_logit(name):
     for index, layer in enumerate(layers):
         writers[f"block.{index}.attention"] = layer.self_attn if name == "llama" else layer.attn
         writers[f"block.{index}.ff"] = layer.mlp
-    seen, handles = _hook_outputs({**writers, "final": final})
-    final_input: list[torch.Tensor] = []
-    handles.append(final.register_forward_pre_hook(lambda m, a: final_input.append(a[0].detach())))
     ids = token_ids(batch=1)
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen = _captured(model, ids, writers, {"final_input": final})
     token = 7
     found = NormDecomposition(model).attribute_components(ids, target=token)
     row = model.get_output_embeddings().weight[token]
-    real_row = final_input[0][:, -1]
+    real_row = seen["final_input"][:, -1]
     totals = found.component_totals()[0]
     with torch.no_grad():
-        for component, module_name in ((c, c) for c in writers):
-            direct = (_frozen_norm(final, real_row, seen[module_name][:, -1]) * row).sum()
+        for component in writers:
+            direct = (_frozen_norm(final, real_row, seen[component][:, -1]) * row).sum()
             torch.testing.assert_close(totals[found.components.index(component)], direct, atol=1e-5, rtol=1e-4)
 
 
@@ -123,21 +131,13 @@ def test_post_ln_writer_reads_through_later_norms():
     """Post-LN: the last FF writer's direct logit passes the block's norm and the head."""
     model = tiny_task_model("opt-post-ln")
     layer = model.model.decoder.layers[-1]
-    seen, handles = _hook_outputs({"ff": layer.fc2})
-    norm_input: list[torch.Tensor] = []
-    handles.append(layer.final_layer_norm.register_forward_pre_hook(lambda m, a: norm_input.append(a[0].detach())))
     ids = token_ids(batch=1)
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        for handle in handles:
-            handle.remove()
+    seen = _captured(model, ids, {"ff": layer.fc2}, {"norm_input": layer.final_layer_norm})
     found = NormDecomposition(model).attribute_components(ids, target=5)
     last = len(model.model.decoder.layers) - 1
     row = model.get_output_embeddings().weight[5]
     width = model.config.hidden_size
-    real, written = (t.reshape(1, -1, width)[:, -1] for t in (norm_input[0], seen["ff"]))  # OPT flattens rows
+    real, written = (t.reshape(1, -1, width)[:, -1] for t in (seen["norm_input"], seen["ff"]))  # OPT flattens rows
     with torch.no_grad():
         direct = (_frozen_norm(layer.final_layer_norm, real, written) * row).sum()
     total = found.component_totals()[0, found.components.index(f"block.{last}.ff")]

@@ -11,33 +11,10 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.cli import main
-from captum_ffb.models import load_model, model_config, task_from_config
-from tests.models import save_tiny, save_tiny_lm, tiny_task_model, wordpiece_tokenizer
+from captum_ffb.models import load_model
+from tests.models import load_saved, save_tiny_lm
 
 TEXT = "the cat sat on the mat because"
-
-
-@pytest.fixture(scope="module")
-def lm_dir(tmp_path_factory):
-    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def classifier_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models") / "tiny-bert-classifier"
-    tiny_task_model("bert", "sequence_classification").save_pretrained(folder)
-    wordpiece_tokenizer().save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    return save_tiny("bert", tmp_path_factory.mktemp("models") / "tiny-bert")
-
-
-def _load(folder):
-    config = model_config(str(folder))
-    return load_model(str(folder), show_progress=False, config=config, task=task_from_config(config))
 
 
 def _run(argv, out):
@@ -52,7 +29,7 @@ def _error(capsys, argv):
 
 def _own_logits(folder, text):
     """The test's own forward pass of the saved model (loaded with its head)."""
-    loaded = _load(folder)
+    loaded = load_saved(folder)
     ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         return loaded, ids, loaded.model(ids).logits[0]
@@ -124,7 +101,7 @@ def test_classifier_explains_the_predicted_class_or_a_chosen_one(classifier_dir,
 
 def test_base_model_gives_the_whole_model_maps(base_dir, tmp_path):
     data = _run([TEXT, "--model", str(base_dir), "--format", "json,html"], tmp_path / "out")
-    loaded = _load(base_dir)
+    loaded = load_saved(base_dir)
     ids = loaded.tokenizer(TEXT, return_tensors="pt")["input_ids"]
     assert data["task"] == "base" and data["outputs"] == []
     expected = NormDecomposition(loaded.model).maps(ids)[0]
@@ -149,7 +126,7 @@ def test_png_has_two_scales(lm_dir, tmp_path):
     from captum_ffb.explain import explain_text
     from captum_ffb.viz import plot_contributions
 
-    explanation = explain_text(TEXT, _load(lm_dir), maps=False)
+    explanation = explain_text(TEXT, load_saved(lm_dir), maps=False)
     figure = plot_contributions(explanation)
     assert len(figure.axes) >= 2
     figure.savefig(tmp_path / "e.png", dpi=40)
@@ -177,7 +154,7 @@ def test_byte_level_tokens_are_shown_as_text(bpe_lm_dir, tmp_path, capsys):
     assert '" cat": value' in printed and "Ġ" not in printed and "Ċ" not in printed
     page = (out / "explanation.html").read_text(encoding="utf-8")
     assert "Ġ" not in page and "Ċ" not in page
-    figure = plot_contributions(explain_text(text, _load(bpe_lm_dir), target=" cat", maps=False))
+    figure = plot_contributions(explain_text(text, load_saved(bpe_lm_dir), target=" cat", maps=False))
     ticks = [t.get_text() for ax in figure.axes for t in ax.get_xticklabels()]
     assert "because" in ticks and not any("Ġ" in t or "Ċ" in t for t in ticks)
     assert "Ġ" not in figure.texts[0].get_text()  # the suptitle names the target
@@ -219,7 +196,7 @@ def test_corpus_mode_writes_one_line_per_text_and_resumes(lm_dir, tmp_path):
     assert main(argv) == 0
     lines = [json.loads(line) for line in (out / "explanations.jsonl").read_text().splitlines()]
     assert [line["text"] for line in lines] == texts
-    loaded = _load(lm_dir)
+    loaded = load_saved(lm_dir)
     for line in lines:
         ids = loaded.tokenizer(line["text"], return_tensors="pt")["input_ids"]
         with torch.no_grad():
@@ -245,7 +222,7 @@ def test_corpus_mode_skips_blank_and_too_long_lines_and_keeps_line_indices(lm_di
     assert f"3 texts explained; 3 skipped, listed in {out / 'skipped.csv'}" in capsys.readouterr().out
     explained = [json.loads(x) for x in (out / "explanations.jsonl").read_text().splitlines()]
     assert [(x["index"], x["text"]) for x in explained] == [(k, lines[k]) for k in (0, 4, 5)]
-    n_long = len(_load(lm_dir).tokenizer(long)["input_ids"])
+    n_long = len(load_saved(lm_dir).tokenizer(long)["input_ids"])
     assert n_long > 64
     with (out / "skipped.csv").open(newline="") as f:
         assert list(csv.reader(f)) == [["line", "reason", "detail"], ["2", "empty", ""], ["3", "empty", ""],

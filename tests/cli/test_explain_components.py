@@ -10,34 +10,10 @@ import torch
 
 from captum_ffb.cli import main
 from captum_ffb.explain import explain_text
-from captum_ffb.models import load_model, model_config, task_from_config
 from captum_ffb.readouts import BinaryDirection
-from tests.models import save_tiny, save_tiny_lm, tiny_task_model, wordpiece_tokenizer
+from tests.models import load_saved
 
 TEXT = "the cat sat on the mat because"
-
-
-@pytest.fixture(scope="module")
-def lm_dir(tmp_path_factory):
-    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def classifier_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models") / "tiny-bert-classifier"
-    tiny_task_model("bert", "sequence_classification").save_pretrained(folder)
-    wordpiece_tokenizer().save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    return save_tiny("bert", tmp_path_factory.mktemp("models") / "tiny-bert")
-
-
-def _load(folder):
-    config = model_config(str(folder))
-    return load_model(str(folder), show_progress=False, config=config, task=task_from_config(config))
 
 
 def _adds_up(table: dict) -> None:
@@ -100,14 +76,14 @@ def test_no_components_unless_asked(lm_dir, tmp_path):
 
 
 def test_a_classifier_and_a_base_model_with_a_read_out(classifier_dir, base_dir):
-    explanation = explain_text(TEXT, _load(classifier_dir), class_index=2, maps=False, components="block")
+    explanation = explain_text(TEXT, load_saved(classifier_dir), class_index=2, maps=False, components="block")
     table = explanation.components
     assert table.components[0] == "embeddings" and table.components[-1] == "head"
     assert float(table.value[0]) == pytest.approx(float(explanation.values[0]), abs=1e-5)
     _adds_up(explanation.to_dict()["components"])
     # a base model reads through its read-out (Post-LN: the norms' β are components too)
     readout = BinaryDirection(torch.randn(32, generator=torch.Generator().manual_seed(0)), "mean", 0.25)
-    explanation = explain_text(TEXT, _load(base_dir), readout=readout, maps=False, components="sublayer")
+    explanation = explain_text(TEXT, load_saved(base_dir), readout=readout, maps=False, components="sublayer")
     table = explanation.components
     assert "block.0.norm1" in table.components and table.tokens == [explanation.labels]
     assert float(table.value[0]) == pytest.approx(float(explanation.values[0]), abs=1e-5)
@@ -116,11 +92,11 @@ def test_a_classifier_and_a_base_model_with_a_read_out(classifier_dir, base_dir)
 
 def test_library_refusals(lm_dir, base_dir):
     with pytest.raises(ValueError, match="^--components explains one output; leave out --generate$"):
-        explain_text(TEXT, _load(lm_dir), generate=2, components="sublayer")
+        explain_text(TEXT, load_saved(lm_dir), generate=2, components="sublayer")
     with pytest.raises(ValueError, match="has no read-out"):
-        explain_text(TEXT, _load(base_dir), components="sublayer")
+        explain_text(TEXT, load_saved(base_dir), components="sublayer")
     with pytest.raises(ValueError, match="granularity must be one of block, sublayer, head"):
-        explain_text(TEXT, _load(lm_dir), components="rows")
+        explain_text(TEXT, load_saved(lm_dir), components="rows")
 
 
 def test_command_line_refusals_come_before_the_weights(lm_dir, base_dir, tmp_path, one_line, no_weights):

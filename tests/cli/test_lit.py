@@ -9,7 +9,6 @@ import socket
 import pytest
 
 from captum_ffb.cli import main
-from tests.models import save_tiny
 
 
 def test_help_names_the_views_and_the_offline_caveat(capsys):
@@ -58,11 +57,6 @@ def test_a_port_in_use_is_refused_before_the_weights_load(one_line, no_model):
         message = one_line(["lit", "--port", str(port)])
     assert message.startswith(f"cannot serve on 127.0.0.1:{port}: ")
     assert message.endswith("(choose another --port)")
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    return save_tiny("bert", tmp_path_factory.mktemp("models") / "tiny-bert")
 
 
 @needs_lit

@@ -16,7 +16,7 @@ from captum_ffb.evaluation.evaluate import PROTOCOLS, evaluate, read_texts
 from captum_ffb.evaluation.methods import METHODS, resolve_methods
 from captum_ffb.evaluation.tasks import EvaluationTask
 from captum_ffb.models import load_model
-from tests.models import save_tiny_lm, tiny_task_model, wordpiece_tokenizer
+from tests.models import tiny_task_model, wordpiece_tokenizer
 from tests.requirements import needs_scattertext
 
 TEXTS = [
@@ -35,11 +35,6 @@ def classifier_dir(tmp_path_factory):
     tiny_task_model("bert", "sequence_classification", num_labels=2).save_pretrained(folder)
     wordpiece_tokenizer().save_pretrained(folder)
     return folder
-
-
-@pytest.fixture(scope="module")
-def lm_dir(tmp_path_factory):
-    return save_tiny_lm(tmp_path_factory.mktemp("models") / "llama")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from captum_ffb import LayerNormDecomposition, NormDecomposition
 from captum_ffb.models import load_model
 from captum_ffb.text import display_tokens
 from tests.integrations import lit_page
-from tests.models import tiny_task_model, wordpiece_tokenizer
 
 pytestmark = pytest.mark.browser
 
@@ -40,14 +39,6 @@ def assert_shown(shown: list[tuple[str, str]], tokens: list[str], values: torch.
     assert [token for token, _ in shown] == tokens
     for (token, text), value in zip(shown, values.tolist()):
         assert float(text) == pytest.approx(value, rel=SHOWN, abs=1e-12), (token, text, value)
-
-
-@pytest.fixture(scope="module")
-def classifier_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("models") / "tiny-bert-classifier"
-    tiny_task_model("bert", "sequence_classification").save_pretrained(folder)
-    wordpiece_tokenizer().save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
