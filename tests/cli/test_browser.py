@@ -177,7 +177,9 @@ window.addEventListener("load", function () {
 """
 
 
-def test_explanation_page_toggle_and_block_slider(tmp_path):
+def _drive_explain_page(tmp_path, driver: str, *options: str) -> tuple[dict, object]:
+    """``captum-ffb explain`` on a tiny LM into ``tmp_path/out`` (with ``options``), its page
+    opened in Chromium with the ``driver`` script: what the script found, and the out folder."""
     if CHROMIUM is None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail("CI must run the browser test: Chromium is not installed")
@@ -187,14 +189,18 @@ def test_explanation_page_toggle_and_block_slider(tmp_path):
     model = save_tiny_lm(tmp_path / "model")
     out = tmp_path / "out"
     assert main(["explain", "the cat sat on the mat because", "--model", str(model), "--out", str(out),
-                 "--format", "html,json", "--quiet"]) == 0
+                 "--format", "html,json", *options, "--quiet"]) == 0
     driven = tmp_path / "driven.html"
     driven.write_text((out / "explanation.html").read_text(encoding="utf-8").replace(
-        "</body>", EXPLAIN_DRIVER + "</body>"), encoding="utf-8")
+        "</body>", driver + "</body>"), encoding="utf-8")
     dom = _chromium("--virtual-time-budget=5000", "--dump-dom", driven.as_uri(), tmp_path=tmp_path).stdout
     found = re.search(r'<pre id="ffb-result">(.*?)</pre>', dom, re.S)
     assert found and found.group(1), "the page's script did not run"
-    r = json.loads(html.unescape(found.group(1)))
+    return json.loads(html.unescape(found.group(1))), out
+
+
+def test_explanation_page_toggle_and_block_slider(tmp_path):
+    r, out = _drive_explain_page(tmp_path, EXPLAIN_DRIVER)
     saved = json.loads((out / "explanation.json").read_text())
     assert r["labels"] == saved["labels"]
     # the colour legend under the output: its scale is the largest |contribution|
@@ -239,23 +245,7 @@ window.addEventListener("load", function () {
 
 
 def test_explanation_page_components_tab(tmp_path):
-    if CHROMIUM is None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail("CI must run the browser test: Chromium is not installed")
-        pytest.skip("Chromium is not installed")
-    from tests.models import save_tiny_lm
-
-    model = save_tiny_lm(tmp_path / "model")
-    out = tmp_path / "out"
-    assert main(["explain", "the cat sat on the mat because", "--model", str(model), "--out", str(out),
-                 "--format", "html,json", "--components", "--quiet"]) == 0
-    driven = tmp_path / "driven.html"
-    driven.write_text((out / "explanation.html").read_text(encoding="utf-8").replace(
-        "</body>", COMPONENTS_DRIVER + "</body>"), encoding="utf-8")
-    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", driven.as_uri(), tmp_path=tmp_path).stdout
-    found = re.search(r'<pre id="ffb-result">(.*?)</pre>', dom, re.S)
-    assert found and found.group(1), "the page's script did not run"
-    r = json.loads(html.unescape(found.group(1)))
+    r, out = _drive_explain_page(tmp_path, COMPONENTS_DRIVER, "--components")
     table = json.loads((out / "explanation.json").read_text())["components"]
     n, m = len(table["tokens"]), len(table["components"])
     assert r["hiddenAtFirst"] == "none" and r["shown"] == ["", "none"]
