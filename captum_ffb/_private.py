@@ -1,7 +1,7 @@
 """Every use of a private name of transformers or Captum, in one place.
 
 Each access is one small function, with the library version it was checked against
-(transformers 5.23.0, captum 0.9.0). When one of them breaks after an upgrade, this module
+(transformers 5.0.0 to 5.24.0, captum 0.8.0 to 0.9.0; see :mod:`captum_ffb.versions`). When one of them breaks after an upgrade, this module
 is the only one to change.
 """
 
@@ -19,19 +19,19 @@ from torch import nn
 # --------------------------------------------------------------------------- transformers
 def has_attention_implementation(config: Any) -> bool:
     """Whether ``config`` is a transformers config that selects an attention implementation."""
-    # transformers 5.23.0: PretrainedConfig keeps the choice in ``_attn_implementation_internal``.
+    # transformers 5.24.0: PretrainedConfig keeps the choice in ``_attn_implementation_internal``.
     return hasattr(config, "_attn_implementation_internal")
 
 
 def get_attention_implementation(config: Any) -> str | None:
     """The attention implementation ``config`` selects (``None``: the default)."""
-    # transformers 5.23.0: the ``_attn_implementation`` property returns this field.
+    # transformers 5.24.0: the ``_attn_implementation`` property returns this field.
     return config._attn_implementation_internal
 
 
 def effective_attention_implementation(config: Any) -> str | None:
     """The attention implementation a model with ``config`` runs (the default resolved)."""
-    # transformers 5.23.0: the ``_attn_implementation`` property of PretrainedConfig.
+    # transformers 5.24.0: the ``_attn_implementation`` property of PretrainedConfig.
     return getattr(config, "_attn_implementation", None)
 
 
@@ -41,15 +41,27 @@ def set_attention_implementation(config: Any, name: str | None) -> None:
     The public ``model.set_attn_implementation`` validates against the model and recurses into
     sub-configs; the decompositions switch one config at a time and restore it afterwards.
     """
-    # transformers 5.23.0: the field behind ``PretrainedConfig._attn_implementation``.
+    # transformers 5.24.0: the field behind ``PretrainedConfig._attn_implementation``.
     config._attn_implementation_internal = name
 
 
 def model_eager_attention(module: nn.Module) -> Callable | None:
     """The eager attention function of the modeling file that defines ``module``'s class
     (its rotary embeddings, grouped-query heads and soft-capping), or ``None``."""
-    # transformers 5.23.0: each modeling file defines a module-level ``eager_attention_forward``.
+    # transformers 5.24.0: each modeling file defines a module-level ``eager_attention_forward``.
     return getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+
+
+def private_attention_method(module: nn.Module, name: str | None) -> str | None:
+    """``name`` where ``module`` computes its attention probabilities in that method of its own
+    (``(query, key, value, attention_mask) → (output, probabilities)``) because its modeling
+    file offers no public ``AttentionInterface``; ``None`` where it does (always preferred) or
+    the method is missing."""
+    # transformers 5.0.0 to 5.23.0: GPT-J's ``GPTJAttention._attn``; 5.24.0 moved GPT-J to the
+    # attention interface and removed ``_attn``.
+    if name is None or model_eager_attention(module) is not None:
+        return None
+    return name if callable(getattr(module, name, None)) else None
 
 
 @contextlib.contextmanager
@@ -59,7 +71,7 @@ def hidden_gguf_progress_bar() -> Iterator[None]:
     It is a plain ``tqdm`` that ``transformers.utils.logging.disable_progress_bar`` does not
     reach; it is replaced by a disabled one inside the block.
     """
-    # transformers 5.23.0: ``modeling_gguf_pytorch_utils`` calls its module-level ``tqdm``.
+    # transformers 5.24.0: ``modeling_gguf_pytorch_utils`` calls its module-level ``tqdm``.
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
     bar = gguf_utils.tqdm

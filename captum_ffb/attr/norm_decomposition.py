@@ -808,9 +808,10 @@ class NormDecomposition(Attribution):
             return kwargs, targets
         if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
             return kwargs, targets
-        keep = torch.stack([t.positions for t in targets], dim=1)  # (B, T)
-        index = torch.arange(len(targets), device=keep.device)
-        moved = [replace(t, positions=index[k].expand(keep.shape[0])) for k, t in enumerate(targets)]
+        # One 1-D tensor of positions, kept for every row: every transformers 5 release reads
+        # it the same way (a per-row 2-D tensor is understood from 5.21 on only).
+        keep, index = torch.unique(torch.stack([t.positions for t in targets], dim=1), return_inverse=True)
+        moved = [replace(t, positions=index[:, k]) for k, t in enumerate(targets)]
         return {**kwargs, "logits_to_keep": keep}, moved
 
     def _logit_target(self, output_layer: Tensor, target: HeadTarget, rules) -> Tensor:

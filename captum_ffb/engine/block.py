@@ -15,10 +15,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from captum_ffb._private import model_eager_attention, private_attention_method
 from captum_ffb.architectures.moe import GatedWeights, MoEAdapter
 from captum_ffb.architectures.paths import has_path, resolve
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.engine.capture import BlockCapture, BlockWatch
+from captum_ffb.versions import UnsupportedVersionError
 
 #: A real tensor: ``(role, "input" | "output")``. Besides the watched roles: ``"block"`` is
 #: the block itself; ``"ff_input"`` the FF's input (of its first projection, or of the MoE
@@ -138,12 +140,32 @@ def watched_modules(module: nn.Module, spec: ArchitectureSpec) -> dict[str, nn.M
     }
 
 
+def attention_method(attention: nn.Module, spec: ArchitectureSpec) -> str | None:
+    """The method of ``attention`` to record its probabilities from (the spec's
+    ``attention_method``), or ``None`` where its modeling file calls transformers' public
+    ``AttentionInterface``, which is always preferred (GPT-J: ``_attn`` up to transformers
+    5.23, the interface from 5.24 on).
+
+    Raises:
+        UnsupportedVersionError: the module offers neither.
+    """
+    method = private_attention_method(attention, spec.attention_method)
+    if method is None and spec.attention_method is not None and model_eager_attention(attention) is None:
+        raise UnsupportedVersionError(
+            getattr(config_of(attention), "model_type", None),
+            f"{type(attention).__name__} neither calls transformers' attention interface nor has "
+            f"the method {spec.attention_method!r}",
+        )
+    return method
+
+
 def block_watch(module: nn.Module, spec: ArchitectureSpec, next_norm: nn.Module | None = None) -> BlockWatch:
     """What :func:`~captum_ffb.engine.capture.capture` must record of one block."""
     roles = watched_modules(module, spec)
     if next_norm is not None:
         roles["next_norm"] = next_norm
-    return BlockWatch(module, roles, [resolve(module, spec.attention)], spec.attention_method)
+    attention = resolve(module, spec.attention)
+    return BlockWatch(module, roles, [attention], attention_method(attention, spec))
 
 
 @dataclass
@@ -194,10 +216,11 @@ class Block:
     def probs(self) -> Tensor:
         """Attention probabilities of the block's self-attention ``(B, H, n, n)``."""
         if not self.capture.probs:
-            raise RuntimeError(
-                "no attention probabilities were recorded for this layer: its attention does "
-                "not call transformers' AttentionInterface (name the method that returns them "
-                "in the spec's attention_method)"
+            raise UnsupportedVersionError(
+                getattr(self.config, "model_type", None),
+                f"{type(resolve(self.module, self.spec.attention)).__name__} recorded no attention "
+                "probabilities: it does not call transformers' attention interface (a spec names "
+                "the method that returns them in attention_method)",
             )
         return self.cast(self.capture.probs[0])
 

@@ -34,7 +34,14 @@ from torch import Tensor, nn
 from captum_ffb.architectures.activations import activation_function
 from captum_ffb.architectures.moe import MoEAdapter
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
-from captum_ffb.engine.block import _columns, config_of, has_path, norm_parameters, resolve
+from captum_ffb.engine.block import (
+    _columns,
+    attention_method,
+    config_of,
+    has_path,
+    norm_parameters,
+    resolve,
+)
 from captum_ffb.engine.capture import (
     attention_function,
     attention_implementation,
@@ -505,8 +512,10 @@ def linearise(
     try:
         hooks.leaf_input(blocks[0])
         for index, block in enumerate(blocks):
-            if spec.attention_method is not None:
-                methods.setdefault(spec.attention_method, []).append(resolve(block, spec.attention))
+            attention = resolve(block, spec.attention)
+            method = attention_method(attention, spec)
+            if method is not None:
+                methods.setdefault(method, []).append(attention)
             hooks.block(block, index)
         hooks.norm(final_norm)
         hooks.head(head_steps)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from captum_ffb.engine.block import Block, norm_parameters, resolve
+from captum_ffb.engine.block import Block, attention_method, norm_parameters, resolve
 from captum_ffb.engine.capture import (
     AttentionCall,
     attention_implementation,
@@ -124,7 +124,7 @@ def _replay(block: Block, module: nn.Module, call: AttentionCall, hidden: Tensor
     handles = [norm.register_forward_hook(_frozen_norm_hook(norm, call.norm_inputs[name], block, copies))
                for name, norm in norms.items() if name in call.norm_inputs]
     try:
-        with torch.no_grad(), _projecting(module, block.spec.attention_method) as store:
+        with torch.no_grad(), _projecting(module, attention_method(module, block.spec)) as store:
             module(*args, **kwargs)
     finally:
         for handle in handles:

@@ -53,6 +53,20 @@ def test_the_modeling_file_eager_attention():
     assert _private.model_eager_attention(torch.nn.Linear(2, 2)) is None
 
 
+def test_the_private_attention_method_only_where_no_interface_exists():
+    from tests.models import TINY_MODELS
+
+    llama = TINY_MODELS["llama"].build().layers[0].self_attn
+    assert _private.private_attention_method(llama, None) is None
+    assert _private.private_attention_method(llama, "forward") is None  # it has the interface
+    gptj = TINY_MODELS["gptj"].build().h[0].attn
+    if _private.model_eager_attention(gptj) is None:  # transformers before 5.24
+        assert _private.private_attention_method(gptj, "_attn") == "_attn"
+        assert _private.private_attention_method(gptj, "_no_such_method") is None
+    else:
+        assert _private.private_attention_method(gptj, "_attn") is None
+
+
 def test_the_gguf_progress_bar_is_hidden_then_restored():
     import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
