@@ -16,6 +16,8 @@ from captum_ffb.rules import GatedIGActivation, IGActivation
 from tests.models import TINY_MODELS, capture_references, token_ids
 
 NAMES = sorted(TINY_MODELS)
+#: every family's layer maps: part of the smoke run on the lowest supported versions (.ci/run)
+pytestmark = pytest.mark.smoke
 
 
 @pytest.fixture(scope="module", params=NAMES)

@@ -20,6 +20,7 @@ def _real_logits(model, ids, **kwargs) -> torch.Tensor:
         return model(input_ids=ids, **kwargs).logits
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("name, task", CASES)
 def test_complete_against_the_real_output_and_both_routes_agree(name, task):
     model = tiny_task_model(name, task)
@@ -57,6 +58,7 @@ def test_causal_zeros_and_target_position(name):
     torch.testing.assert_close(negative, contributions)
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("name, side", [("gpt2", "right"), ("llama", "left"), ("qwen2", "right"),
                                         ("bert", "right")])
 def test_padding_and_batch_invariance(name, side):
