@@ -30,7 +30,7 @@ views (Salience Maps module, or Sequence Salience for causal LMs):
                      add up to the logit; shown in logit units (settings: or as shares)
   Layer maps         one layer's token-to-token map at one scope (settings: layer, scope),
                      one row per token: how that token's vector is made of the input tokens
-LIT's page loads its fonts from fonts.googleapis.com; offline its icons show as words.
+LIT's page is served with its icon fonts from this package: it asks no other host.
 """
 
 
@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "lit",
         help="a LIT server with NormDecomposition and the layer maps next to LIME and gradients",
         description=(
-            "Start LIT (the Learning Interpretability Tool, pip install 'captum_ffb[lit]') on a "
+            "Start LIT (the Learning Interpretability Tool; pip install 'captum_ffb[lit]' && "
+            "pip install --no-deps lit-nlp==1.3.1) on a "
             "model and some texts, with our salience methods next to LIT's own."
         ),
         epilog=EXAMPLES,

@@ -25,6 +25,7 @@ from lit_nlp.examples.prompt_debugging.constants import INPUT_SPEC as PROMPT_SPE
 from captum_ffb.attr import NormDecomposition
 from captum_ffb.evaluation.minilm_head import sentiment_readout_for
 from captum_ffb.explain import explain_text
+from captum_ffb.integrations._lit_offline import OfflineFonts
 from captum_ffb.models import LoadedModel
 from captum_ffb.readouts import NextToken
 from captum_ffb.text import display_tokens, text_maps
@@ -484,9 +485,9 @@ LAYOUTS = {"captum_ffb": CLASSIFIER_LAYOUT, "captum_ffb_lm": LANGUAGE_MODEL_LAYO
 
 
 def build_app(loaded: LoadedModel, models: dict[str, lit_model.Model],
-              datasets: dict[str, lit_dataset.Dataset]) -> lit_app.LitApp:
-    """LIT's application with our interpreters next to its defaults (see
-    :func:`captum_ffb.integrations.lit.build_app`)."""
+              datasets: dict[str, lit_dataset.Dataset]) -> OfflineFonts:
+    """LIT's application with our interpreters next to its defaults, its page served without
+    outside requests (see :func:`captum_ffb.integrations.lit.build_app`)."""
     import os
 
     import lit_nlp
@@ -496,7 +497,7 @@ def build_app(loaded: LoadedModel, models: dict[str, lit_model.Model],
                     **core.default_interpreters(models), LAYER_MAPS: LayerMapsSalience(loaded)}
     layout_name = "captum_ffb_lm" if loaded.task == "causal_lm" else "captum_ffb"
     client = os.path.join(os.path.dirname(lit_nlp.__file__), "client", "build", "default")
-    return lit_app.LitApp(models, datasets, interpreters=interpreters,
-                          layouts={layout_name: LAYOUTS[layout_name]},
-                          default_layout=layout_name, client_root=client,
-                          page_title="captum_ffb in LIT")
+    return OfflineFonts(lit_app.LitApp(models, datasets, interpreters=interpreters,
+                                       layouts={layout_name: LAYOUTS[layout_name]},
+                                       default_layout=layout_name, client_root=client,
+                                       page_title="captum_ffb in LIT"))

@@ -21,7 +21,8 @@ with its sentiment head (two classes, the head's logit ``z`` read as ``(−z, z)
 :func:`lit_dataset` wraps texts (a file or the held-out Rotten Tomatoes snippets);
 :func:`serve` runs the application on ``127.0.0.1``. ``captum-ffb lit`` does all three.
 
-lit-nlp is an optional dependency (``pip install "captum_ffb[lit]"``): nothing of it is
+lit-nlp is an optional dependency (``pip install "captum_ffb[lit]"`` for what it imports, then
+``pip install --no-deps lit-nlp==1.3.1``, whose ``numpy<2`` would break Ray): nothing of it is
 loaded until one of these functions, or one of the LIT classes named in :data:`LIT_CLASSES`
 (``from captum_ffb.integrations.lit import NormDecompositionSalience``), is used.
 """
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from captum_ffb.models import LoadedModel
 
 #: How to install what the integration needs.
-INSTALL = "pip install 'captum_ffb[lit]'"
+INSTALL = "pip install 'captum_ffb[lit]' && pip install --no-deps lit-nlp==1.3.1"
 #: The LIT classes of :mod:`captum_ffb.integrations._lit_components`, importable from here.
 LIT_CLASSES = (
     "ClassifierModel",

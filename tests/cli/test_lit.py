@@ -28,7 +28,7 @@ def test_without_lit_one_line_names_the_extra(one_line, no_model, monkeypatch):
                           f"missing): {lit.INSTALL}")
 
     monkeypatch.setattr(lit, "require_lit", missing)
-    assert one_line(["lit"]).endswith("pip install 'captum_ffb[lit]'")
+    assert one_line(["lit"]).endswith("pip install 'captum_ffb[lit]' && pip install --no-deps lit-nlp==1.3.1")
 
 
 needs_lit = pytest.mark.skipif(

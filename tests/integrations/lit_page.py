@@ -48,8 +48,9 @@ def missing_browser() -> str | None:
     return None
 
 
-def chromium(width: int = 1600, height: int = 1000) -> Any:
-    """A headless Chromium under selenium."""
+def chromium(width: int = 1600, height: int = 1000, log_requests: bool = False) -> Any:
+    """A headless Chromium under selenium (``log_requests``: keep the performance log, which
+    :func:`requested_urls` reads)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -58,7 +59,33 @@ def chromium(width: int = 1600, height: int = 1000) -> Any:
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", f"--window-size={width},{height}",
                  "--disable-background-networking", "--no-first-run"):
         options.add_argument(flag)
+    if log_requests:
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def requested_urls(driver: Any) -> set[str]:
+    """Every URL the page asked for since the last call (a driver made with ``log_requests``)."""
+    import json
+
+    urls = set()
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            urls.add(message["params"]["request"]["url"])
+    return urls
+
+
+#: The elements drawn in an icon font, with their text and width against their font size.
+ICONS = """
+return deepAll('*').filter(function (el) {
+  var family = getComputedStyle(el).fontFamily;
+  return /Material Icons/.test(family) && el.childElementCount === 0 && el.textContent.trim()
+    && el.getBoundingClientRect().width > 0;
+}).map(function (el) {
+  return [el.textContent.trim(), el.getBoundingClientRect().width,
+          parseFloat(getComputedStyle(el).fontSize)];
+});"""
 
 
 def wait_for(probe: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:

@@ -23,7 +23,7 @@ def test_importing_the_integration_does_not_import_lit():
     code = ("import sys, captum_ffb.integrations.lit as m; "
             "print('lit_nlp' in sys.modules, m.INSTALL)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "pip", "install", "'captum_ffb[lit]'"]
+    assert out.stdout.strip() == "False pip install 'captum_ffb[lit]' && pip install --no-deps lit-nlp==1.3.1"
 
 
 def test_without_lit_one_line_names_the_extra():
@@ -39,10 +39,10 @@ def test_without_lit_one_line_names_the_extra():
     assert len(lines) == 2
     for line in lines:
         assert line.startswith("the LIT integration needs lit-nlp")
-        assert line.endswith("pip install 'captum_ffb[lit]'")
+        assert line.endswith("pip install 'captum_ffb[lit]' && pip install --no-deps lit-nlp==1.3.1")
 
 
-pytest.importorskip("lit_nlp.app", reason="needs lit-nlp: pip install 'captum_ffb[lit]' "
+pytest.importorskip("lit_nlp.app", reason="needs lit-nlp: pip install --no-deps lit-nlp==1.3.1 "
                     "(the README's install line brings it with --no-deps)")
 
 from lit_nlp.lib import caching  # noqa: E402

@@ -46,9 +46,10 @@ def page(classifier_dir, tmp_path_factory):
     data = tmp_path_factory.mktemp("data") / "texts.txt"
     data.write_text("the cat sat on the mat .\na dog ran fast\n", encoding="utf-8")
     server, url = lit_page.start_lit(["--model", str(classifier_dir), "--data", str(data)], timeout=120)
-    driver = lit_page.chromium()
+    driver = lit_page.chromium(log_requests=True)
     try:
         lit_page.open_lit(driver, url)
+        driver.lit_url = url
         yield driver
     finally:
         driver.quit()
@@ -188,3 +189,23 @@ def test_a_causal_lm_explains_the_clicked_next_token_in_sequence_salience(tmp_pa
     assert [token.strip() for token, _ in chips[:n]] == prompt.split()
     for (token, text), value in zip(chips[:n], expected.tolist()):
         assert float(text) == pytest.approx(value, rel=SHOWN, abs=1e-12), (token, text, value)
+
+
+def test_the_page_asks_nothing_outside_and_draws_its_icons(page):
+    """Offline the icons come from the package's own fonts: every request stays on the
+    server's address, and each icon is one glyph (about its font size wide), not its name."""
+    page.refresh()
+    lit_page.open_lit(page, page.lit_url)
+    lit_page.wait_for(lambda: page.execute_script(
+        "return document.fonts.status === 'loaded' && document.fonts.check('24px \"Material Icons\"')"),
+        30, "the icon font")
+    requested = lit_page.requested_urls(page)
+    assert any(url.startswith(page.lit_url) for url in requested)
+    assert any(url.endswith("/captum_ffb_static/material-icons.woff2") for url in requested)
+    outside = sorted(url for url in requested
+                     if not url.startswith((page.lit_url, "data:", "blob:", "about:")))
+    assert outside == []
+    icons = lit_page.run_js(page, lit_page.ICONS)
+    assert len(icons) >= 3
+    as_words = [(name, width, size) for name, width, size in icons if width > 1.6 * size]
+    assert not as_words, as_words
