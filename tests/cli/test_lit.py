@@ -11,12 +11,12 @@ import pytest
 from captum_ffb.cli import main
 
 
-def test_help_names_the_views_and_the_offline_caveat(capsys):
+def test_help_names_the_views_and_that_it_works_offline(capsys):
     with pytest.raises(SystemExit):
         main(["lit", "--help"])
     text = capsys.readouterr().out
     for needle in ("examples:", "captum-ffb lit --data rotten_tomatoes", "--model", "--port",
-                   "127.0.0.1", "NormDecomposition", "Layer maps", "fonts.googleapis.com"):
+                   "127.0.0.1", "NormDecomposition", "Layer maps", "icon fonts from this package"):
         assert needle in text
 
 
