@@ -162,23 +162,45 @@ class SoftmaxLinearisation:
         return out
 
 
-class _LinearisedScores(torch.autograd.Function):
-    """Zero in value (its input is a zero-valued deviation); the gradient is ``Lᵀ g``, with
-    ``L`` rebuilt from the saved real scores during the backward pass (no per-step tensors
-    are kept)."""
+class _ScoreCredit(torch.autograd.Function):
+    """The rule's linear map as a gradient: zero in value (nothing is computed forward);
+    backward, for each chunk of query rows, the scores are rebuilt from the saved queries and
+    keys and the gradients of the values, queries and keys formed directly, so that no
+    ``n × n`` tensor outlives its chunk and nothing of size ``n²`` is kept between the
+    passes."""
 
     @staticmethod
-    def forward(ctx, deviation: Tensor, scores: Tensor, allowed: Tensor, rule, softcap) -> Tensor:
-        ctx.save_for_backward(scores, allowed)
-        ctx.rule = rule
-        ctx.softcap = softcap
-        return torch.zeros_like(deviation)
+    def forward(ctx, query: Tensor, key: Tensor, value: Tensor, allowed: Tensor, scaling: float,
+                softcap: float | None, rule: ScoreCreditingAttention) -> Tensor:
+        ctx.save_for_backward(query, key, value, allowed)
+        ctx.scaling, ctx.softcap, ctx.rule = scaling, softcap, rule
+        return query.new_zeros(*query.shape[:-1], value.shape[-1])
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        scores, allowed = ctx.saved_tensors
-        linear, _ = ctx.rule.softmax_map(scores, allowed, None, ctx.softcap)
-        return linear.transpose(grad), None, None, None, None
+        query, key, value, allowed = ctx.saved_tensors
+        rule, scaling, softcap = ctx.rule, ctx.scaling, ctx.softcap
+        batch, heads, n, _ = query.shape
+        keys = key.shape[2]
+        grad_query = torch.zeros_like(query)
+        grad_key = torch.zeros_like(key)
+        grad_value = torch.zeros_like(value)
+        per_row = batch * heads * keys * query.dtype.itemsize * (8 + 2 * rule.steps)
+        size = max(1, min(n, _CHUNK_BYTES // max(per_row, 1)))
+        for first in range(0, n, size):
+            rows = slice(first, min(n, first + size))
+            q, g = query[:, :, rows], grad[:, :, rows]
+            raw = torch.matmul(q, key.transpose(-1, -2)) * scaling
+            permitted = allowed[:, :, rows].expand_as(raw)
+            probs = masked_softmax(_capped(raw, softcap)[0], permitted)
+            uniform = masked_softmax(torch.zeros_like(raw), permitted)
+            linear, rest = rule.softmax_map(raw, permitted, probs, softcap)
+            coefficients, _ = rule._with_remainder(rule.value_coefficients(probs, uniform), rest)
+            grad_value += torch.matmul(coefficients.transpose(-1, -2), g)
+            scores = linear.transpose(torch.matmul(g, value.transpose(-1, -2))).mul_(0.25 * scaling)
+            grad_query[:, :, rows] = torch.matmul(scores, key)
+            grad_key += torch.matmul(scores.transpose(-1, -2), q)
+        return grad_query, grad_key, grad_value, None, None, None, None
 
 
 class ScoreCreditingAttention(Rule):
@@ -192,6 +214,8 @@ class ScoreCreditingAttention(Rule):
 
     role = "attention"
     credits_scores = True
+    #: softmax rows the linearisation keeps per quadrature point (memory of the backward pass)
+    steps = 1
 
     def value_coefficients(self, probs: Tensor, uniform: Tensor) -> Tensor:  # pragma: no cover
         raise NotImplementedError
@@ -209,9 +233,17 @@ class ScoreCreditingAttention(Rule):
         raw = torch.matmul(query, key.transpose(-1, -2)) * scores.scaling
         allowed = scores.allowed.expand_as(raw)
         uniform = masked_softmax(torch.zeros_like(raw), allowed)
-        coefficients = self.value_coefficients(probs, uniform)
         linear, rest = self.softmax_map(raw, allowed, probs, scores.softcap)
+        coefficients, rest = self._with_remainder(self.value_coefficients(probs, uniform), rest)
         return query, key, groups, coefficients, linear, rest
+
+    def _with_remainder(self, coefficients: Tensor, rest: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Where the rule hands the linearisation's remainder to the players
+        (``remainder_to_values``), ``½ e`` joins the values' coefficients: ``½ e·V`` is then
+        carried by each player's share of the values, through the frozen probabilities."""
+        if rest is None or not getattr(self, "remainder_to_values", False):
+            return coefficients, rest
+        return coefficients + 0.5 * rest, None
 
     def __call__(
         self,
@@ -288,17 +320,7 @@ class ScoreCreditingAttention(Rule):
         dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
         groups = query.shape[1] // key.shape[1]
         q, k, v = query.to(dtype), _repeat(key.to(dtype), groups), _repeat(value.to(dtype), groups)
-        q_real, k_real, v_real = q.detach(), k.detach(), v.detach()
-        with torch.no_grad():
-            raw = torch.matmul(q_real, k_real.transpose(-1, -2)) * scaling
-            allowed = allowed.expand_as(raw)
-            capped, _ = _capped(raw, softcap)
-            probs = masked_softmax(capped, allowed)
-            coefficients = self.value_coefficients(probs, masked_softmax(torch.zeros_like(raw), allowed))
-        deviation = (0.5 * scaling) * (torch.matmul(q - q_real, k_real.transpose(-1, -2))
-                                       + torch.matmul(q_real, (k - k_real).transpose(-1, -2)))
-        mapped = _LinearisedScores.apply(deviation, raw, allowed, self, softcap)
-        out = torch.matmul(coefficients, v - v_real) + 0.5 * torch.matmul(mapped, v_real)
+        out = _ScoreCredit.apply(q, k, v, allowed, float(scaling), softcap, self)
         return out.to(query.dtype)
 
 
@@ -316,24 +338,38 @@ class IGAttention(ScoreCreditingAttention):
     bilinear ``α·V`` with baseline ``(u, 0)``, ``u`` the uniform attention over the allowed
     keys); the scores' share is carried through the softmax by ``J̃ = ∫₀¹ J(t·s) dt``
     (``J̃·s = α − u`` for the exact integral) and split evenly onto queries and keys.
-    Complete up to the quadrature error of ``J̃·s``, which the convergence delta shows.
+    Complete up to the quadrature error of ``J̃·s``, which the convergence delta shows; with
+    ``exact=True`` that error, ``r = α − u − J̃_q·s̄`` (computed from the real pass), is handed
+    to the tokens through the frozen probabilities (the values get ``½(α + u + r)``), so the
+    rule is complete at any number of points.
 
     Args:
         n_steps (int): Gauss–Legendre points for ``J̃`` (the error falls geometrically; sharp
                     attention, with a wide spread of scores in a row, needs more).
+        exact (bool): hand the quadrature error to the tokens (see above).
 
     Examples::
 
         >>> nd = NormDecomposition(model, rules={"attention": IGAttention(n_steps=32)})
+        >>> nd = NormDecomposition(model, rules={"attention": IGAttention(n_steps=4, exact=True)})
     """
 
-    def __init__(self, n_steps: int = 32) -> None:
+    def __init__(self, n_steps: int = 32, exact: bool = False) -> None:
         if n_steps < 1:
             raise ValueError("n_steps must be at least 1")
         self.n_steps = int(n_steps)
+        self.exact = bool(exact)
 
     def __repr__(self) -> str:
-        return f"IGAttention(n_steps={self.n_steps})"
+        return f"IGAttention(n_steps={self.n_steps}{', exact=True' if self.exact else ''})"
+
+    @property
+    def remainder_to_values(self) -> bool:
+        return self.exact
+
+    @property
+    def steps(self) -> int:  # type: ignore[override]
+        return self.n_steps
 
     def value_coefficients(self, probs: Tensor, uniform: Tensor) -> Tensor:
         return 0.5 * (probs + uniform)
@@ -346,7 +382,12 @@ class IGAttention(ScoreCreditingAttention):
             capped, slope = _capped(t * scores, softcap)
             steps.append(softmax(capped))
             slopes.append(slope)
-        return SoftmaxLinearisation(weights, steps, slopes), None
+        linear = SoftmaxLinearisation(weights, steps, slopes)
+        if not self.exact:
+            return linear, None
+        if probs is None:
+            probs = softmax(_capped(scores, softcap)[0])
+        return linear, probs * allowed - softmax(torch.zeros_like(scores)) - linear.apply(scores)
 
 
 class AttnLRPAttention(ScoreCreditingAttention):
@@ -375,3 +416,22 @@ class AttnLRPAttention(ScoreCreditingAttention):
         probs = probs * allowed
         linear = SoftmaxLinearisation([1.0], [probs], [slope])
         return linear, probs - linear.apply(scores)
+
+
+class CompleteAttnLRPAttention(AttnLRPAttention):
+    r"""AttnLRP's attention rule with nothing owed to no token: the part of the probabilities
+    its linearised softmax leaves, ``e = α − J(s̄)·s̄``, is handed to the tokens through the
+    frozen probabilities (``½ e·V`` split as the values are), instead of to the bias player.
+
+    The values get ``½α + ½e = α − ½ J(s̄)·s̄`` and the scores ``½ J(s̄)·s`` through the real
+    values ``V̄``; the two add up to ``α·V`` exactly, so on a model without bias terms the
+    tokens own the whole output (``Σ_j c_j`` = the explained value, reference zero). Where
+    attention is saturated (``J(s̄) ≈ 0``) it is the paper's frozen rule; where it is flat,
+    AttnLRP's.
+
+    Examples::
+
+        >>> nd = NormDecomposition(model, rules={"attention": CompleteAttnLRPAttention()})
+    """
+
+    remainder_to_values = True
