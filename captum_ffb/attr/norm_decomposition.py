@@ -39,13 +39,17 @@ from captum_ffb.engine.components import (
 from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.whole import (
+    REFERENCES,
     HeadTarget,
     element_wise_rule,
     head_forward,
+    is_centered,
     player_start,
     propagate,
     reference_inputs,
     resolve_head,
+    shared_mean,
+    visible_positions,
 )
 from captum_ffb.readouts import (
     ClassLogit,
@@ -87,6 +91,11 @@ class ExplainedReadOuts:
     forward_delta: Tensor | None = field(default=None)
 
 
+#: What the players are measured from by default (see :meth:`NormDecomposition.attribute`):
+#: each token from the mean of the input's tokens, that mean's own output shared back to them.
+DEFAULT_REFERENCE = "centered"
+
+
 class NormDecomposition(Attribution):
     r"""Exact contributions of a model's input tokens to one of its outputs.
 
@@ -95,10 +104,12 @@ class NormDecomposition(Attribution):
     logit of a token at a position, a contrast of two logits, a direction read from pooled
     hidden states) is written exactly as ``Σ_j c_j + c_bias``, one ``c_j`` per input
     position (the first block's input vectors are the players) and one for everything owed
-    to no token. The rules (:func:`~captum_ffb.rules.whole_model_rules`) are the paper's,
-    except attention: :class:`~captum_ffb.rules.AttnLRPAttention` credits the tokens that
-    decide where attention goes (queries and keys) as well as the values moved; the paper's
-    frozen probabilities are ``rules={"attention": Attention()}``. With the coefficients of
+    to no token. The rules (:func:`~captum_ffb.rules.whole_model_rules`) are the paper's
+    (frozen attention probabilities); :class:`~captum_ffb.rules.AttnLRPAttention` and the other
+    rules that also credit queries and keys are one argument away. By default each token is
+    measured from the mean of the input's tokens and that mean's own output is shared back to
+    the tokens it is made of (``reference="centered"``), so the tokens own the whole output
+    but for the model's own bias terms (``c_bias``). With the coefficients of
     each rule taken from the real forward pass (norm scales, activation and softmax
     coefficients), the model is linear in the players, so ``c_j`` costs one backward pass (``route="backward"``), and equals the forward propagation of the
     decompositions through every block (``route="forward"``, which also gives whole-model
@@ -130,6 +141,9 @@ class NormDecomposition(Attribution):
                     them (about one more forward pass, memory of one block).
         dtype (torch.dtype): the forward route's precision (float32 by default).
         show_progress (bool): a progress bar over blocks (forward route).
+        reference (str, int or Tensor): what the players are measured from when a call does
+                    not say (see :meth:`attribute`): ``"centered"`` by default, ``"zero"``
+                    for the paper's.
 
     Examples::
 
@@ -150,6 +164,7 @@ class NormDecomposition(Attribution):
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         dtype: torch.dtype = torch.float32,
         show_progress: bool = False,
+        reference: str | int | Tensor = DEFAULT_REFERENCE,
     ) -> None:
         model = find_model(forward_func)
         if model is None:
@@ -169,6 +184,10 @@ class NormDecomposition(Attribution):
         self.memory_budget = int(memory_budget)
         self.dtype = dtype
         self.show_progress = show_progress
+        if isinstance(reference, str) and reference not in REFERENCES:
+            raise ValueError(f"reference must be one of {REFERENCES}, a token id or a tensor, got {reference!r}")
+        #: what the players are measured from when a call does not say (see :meth:`attribute`)
+        self.reference = reference
         self._precision_warned = False
 
     def has_convergence_delta(self) -> bool:
@@ -194,7 +213,7 @@ class NormDecomposition(Attribution):
         rules: Mapping[str, Callable] | None = None,
         return_bias: bool = False,
         players: Sequence[int] | None = None,
-        reference: str | int | Tensor | None = "zero",
+        reference: str | int | Tensor | None = None,
     ) -> Any:
         r"""Signed contributions ``(batch, n)`` of the input positions to ``target``.
 
@@ -232,13 +251,18 @@ class NormDecomposition(Attribution):
                         The propagation is linear in the players, so parts computed apart
                         (on other workers) add up to the whole; every part carries the whole
                         bias player (``[]``: the bias player alone).
-            reference (str, int or Tensor): what each player is measured from:
+            reference (str, int or Tensor, optional): what each player is measured from
+                        (``None``: the instance's ``reference``, :data:`DEFAULT_REFERENCE`):
                         ``c_j = L_j(x_j − r_j)`` with ``L_j`` the frozen model's linear map
                         of position ``j``, and ``Σ_j L_j(r_j)`` added to the bias player
-                        (completeness is kept). ``"zero"`` (default): ``r = 0``; ``"mean"``:
-                        each row's mean first-block input over its real tokens (a token
-                        counts by how it differs from the average token, e.g. the attention
-                        sink no longer gets credit for being a large vector); a token id: the
+                        (completeness is kept). ``"zero"``: ``r = 0`` (the paper's);
+                        ``"mean"``: each row's mean first-block input over its real tokens (a
+                        token counts by how it differs from the average token, e.g. the
+                        attention sink no longer gets credit for being a large vector);
+                        ``"centered"`` (default): the mean of the positions the output sees,
+                        with the mean's own output ``Σ_j L_j(x̄)`` shared back to the tokens
+                        it averages (token ``k`` gets ``(1/|V|) Σ_j L_j(x_k)`` more), so the
+                        bias player keeps only the model's own bias terms; a token id: the
                         first-block input of that token at each position; a tensor ``(d,)``,
                         ``(n, d)`` or ``(batch, n, d)``.
 
@@ -249,6 +273,7 @@ class NormDecomposition(Attribution):
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         chosen = self._rules(rules)
+        reference = self.reference if reference is None else reference
         args = forward_arguments(inputs, additional_forward_args)
         kwargs = dict(forward_kwargs or {})
         if target is None:
@@ -298,7 +323,7 @@ class NormDecomposition(Attribution):
         target_position: int | Tensor | None = None,
         granularity: str = "sublayer",
         rules: Mapping[str, Callable] | None = None,
-        reference: str | int | Tensor | None = "zero",
+        reference: str | int | Tensor | None = None,
     ) -> ComponentAttribution:
         r"""Which components, acting on which tokens, wrote the read-out: the exact table
         ``C[j, c]`` of direct effects with ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``.
@@ -325,6 +350,7 @@ class NormDecomposition(Attribution):
         check_granularity(granularity)
         chosen = self._rules(rules)
         check_linear_rules(chosen)
+        reference = self.reference if reference is None else reference
         args = forward_arguments(inputs, additional_forward_args)
         kwargs = dict(forward_kwargs or {})
         ids = args[0]
@@ -357,7 +383,8 @@ class NormDecomposition(Attribution):
                 if progress is not None:
                     progress.update(len(blocks))
                 for part in parts:
-                    start = player_start(x, groups, part, token_mask, reference_x)
+                    start = player_start(x, groups, part, token_mask, reference_x,
+                                         self._shared(reference, token_mask, head_target))
                     sums, _ = propagate_components(blocks, self.chain, chosen, start, paths, granularity,
                                                    self.memory_budget, progress, prepare)
                     names, found, found_bias = stacked(sums, len(part), like)
@@ -385,6 +412,7 @@ class NormDecomposition(Attribution):
         route: str = "backward",
         rules: Mapping[str, Callable] | None = None,
         return_bias: bool = False,
+        reference: str | int | Tensor | None = None,
     ) -> Any:
         r"""Contributions to several outputs of one sequence from one forward pass: the
         logit of ``targets[t]`` at ``positions[t]`` for every ``t`` (teacher forcing: a
@@ -394,8 +422,8 @@ class NormDecomposition(Attribution):
             input_ids (Tensor): ``(1, n)`` or ``(n,)`` token ids of one sequence.
             targets (Tensor or list[int]): ``(T,)`` token ids (or classes).
             positions (Tensor or list[int]): ``(T,)`` the position whose output gives each.
-            forward_kwargs, return_convergence_delta, route, rules, return_bias: see
-                        :meth:`attribute`.
+            forward_kwargs, return_convergence_delta, route, rules, return_bias, reference:
+                        see :meth:`attribute`.
 
         Returns:
             contributions ``(T, n)``, then the bias ``(T,)`` and the delta ``(T,)`` if asked.
@@ -416,14 +444,15 @@ class NormDecomposition(Attribution):
         token_mask = self._token_mask(kwargs, ids)
         chosen = self._rules(rules)
         heads = [self._target(int(t), int(p), token_mask) for t, p in zip(tokens, where)]
+        reference = self.reference if reference is None else reference
         if route == "backward":
-            answers = self._backward((ids,), kwargs, heads, chosen)
+            answers = self._backward((ids,), kwargs, heads, chosen, reference)
             if return_bias or return_convergence_delta:
-                answers = self._with_bias_alone(answers, (ids,), kwargs, heads, chosen)
+                answers = self._with_bias_alone(answers, (ids,), kwargs, heads, chosen, reference)
         else:
             n = ids.shape[1]
             groups = torch.arange(n, device=ids.device)[None]
-            answers = self._forward((ids,), kwargs, heads, chosen, groups, n)
+            answers = self._forward((ids,), kwargs, heads, chosen, groups, n, reference=reference)
         contributions = torch.cat([c for c, _, _ in answers]) * token_mask.to(self.dtype)
         bias = torch.cat([b for _, b, _ in answers])
         out: list[Any] = [contributions]
@@ -444,6 +473,7 @@ class NormDecomposition(Attribution):
         maps: bool = False,
         check: bool = False,
         rules: Mapping[str, Callable] | None = None,
+        reference: str | int | Tensor | None = None,
     ) -> ExplainedReadOuts:
         r"""Contributions, bias and delta of several read-outs of one batch, with the
         whole-model maps and the forward route's check if asked, in at most two passes of
@@ -460,6 +490,8 @@ class NormDecomposition(Attribution):
             maps (bool): also the whole-model maps (see :meth:`maps`).
             check (bool): on the backward route, also the forward route's contributions.
             rules (dict, optional): role → rule for this call.
+            reference (str, int or Tensor, optional): as in :meth:`attribute` (the maps are
+                        always of every position from zero).
 
         Returns:
             ExplainedReadOuts
@@ -469,6 +501,8 @@ class NormDecomposition(Attribution):
         if not readouts:
             raise ValueError("give at least one read-out")
         chosen = self._rules(rules)
+        reference = self.reference if reference is None else reference
+        zero = reference is None or (isinstance(reference, str) and reference == "zero")
         args = (input_ids,)
         kwargs = dict(forward_kwargs or {})
         token_mask = self._token_mask(kwargs, input_ids)
@@ -480,12 +514,16 @@ class NormDecomposition(Attribution):
         resolved = [as_readout(r, self.task).resolve(outputs, mask) for r in readouts]
         targets = [self._target(r, None, token_mask) for r in resolved]
         whole, found = None, None
-        if maps or check or route == "forward":
-            whole, found = self._propagate(captured, args, kwargs, targets, chosen, groups, n, maps=maps)
+        if maps or check or route == "forward":  # the maps ride along where the players are from zero
+            whole, found = self._propagate(captured, args, kwargs, targets, chosen, groups, n,
+                                           maps=maps and zero, reference=reference)
+        if maps and not zero:
+            _, found = self._propagate(captured, args, kwargs, targets, chosen, groups, n, maps=True)
         if route == "backward":
-            alone, _ = self._propagate(captured, args, kwargs, targets, chosen, groups, n, players=[])
+            alone, _ = self._propagate(captured, args, kwargs, targets, chosen, groups, n, players=[],
+                                       reference=reference)
             answers = [(c, b.to(c.dtype), real) for (c, _, real), (_, b, _)
-                       in zip(self._backward(args, kwargs, targets, chosen), alone)]
+                       in zip(self._backward(args, kwargs, targets, chosen, reference), alone)]
         else:
             answers = whole
         contributions = torch.cat([c for c, _, _ in answers]) * token_mask.repeat(len(targets), 1).to(self.dtype)
@@ -609,6 +647,13 @@ class NormDecomposition(Attribution):
         """The reference inputs ``(B, n, d)`` (``None`` for zero); see :meth:`attribute`."""
         return reference_inputs(reference, x, token_mask, lambda token: self._token_inputs(token, args, kwargs))
 
+    def _shared(self, reference: Any, token_mask: Tensor, target: HeadTarget) -> Tensor | None:
+        """For the centred reference, the ``(B, n)`` positions whose mean the players are
+        measured from: those the explained output sees (:func:`visible_positions`)."""
+        if not is_centered(reference):
+            return None
+        return visible_positions(token_mask, target.positions, self.spec.is_causal(self.config))
+
     def _token_inputs(self, token: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         """The first block's input for the inputs with every token id replaced by ``token``
         (same positions, masks and other arguments); the model stops at the first block."""
@@ -665,13 +710,21 @@ class NormDecomposition(Attribution):
             size = self._group_size(x, rules)
             parts = [chosen_players[first:first + size] for first in range(0, n, size)]
             found = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
+        real = self._token_mask(kwargs, args[0])
+        if is_centered(reference) and len(targets) > 1:
+            seen = [self._shared(reference, real, target) for target in targets]
+            if any(not torch.equal(seen[0], other) for other in seen[1:]):  # one start per target
+                answers = [self._propagate(captured, args, kwargs, [target], rules, groups, n_groups,
+                                           players, reference)[0][0] for target in targets]
+                return answers, None
+        shared = self._shared(reference, real, targets[0]) if targets else None
         progress = self._progress(len(blocks) * len(parts))
         contributions = [None] * len(targets)
         biases = [None] * len(targets)
         try:
             with torch.no_grad():
                 for part in parts:
-                    start = player_start(x, groups, part, token_mask, r)
+                    start = player_start(x, groups, part, token_mask, r, shared)
                     for index, last in enumerate(propagate(blocks, self.chain, rules, start,
                                                            self.memory_budget, progress,
                                                            self._replay if light else None)):
@@ -715,7 +768,9 @@ class NormDecomposition(Attribution):
         head = self.head
         warn_if_padded_without_mask(args, kwargs, self.config)
         self._warn_if_reduced_precision()
-        kwargs, targets = self._keep_needed_logits(kwargs, targets)
+        token_mask = self._token_mask(kwargs, args[0])
+        shares = [self._shared(reference, token_mask, target) for target in targets]  # before the
+        kwargs, targets = self._keep_needed_logits(kwargs, targets)  # positions index the kept logits
         if "use_cache" not in kwargs and "use_cache" in inspect.signature(self.model.forward).parameters:
             kwargs["use_cache"] = False  # no key/value cache to fill (nor to grow on a recomputation)
         watch = {} if head.output is None else {"output": head.output}
@@ -727,7 +782,9 @@ class NormDecomposition(Attribution):
                            head.linearised_steps(), watch, self._recompute(args)) as frozen:
                 output = self.model(*args, **kwargs)
                 x = frozen.inputs.detach()
-                r = self._reference(reference, x.to(self.dtype), self._token_mask(kwargs, args[0]), args, kwargs)
+                centered = is_centered(reference)
+                r = None if centered else self._reference(reference, x.to(self.dtype), token_mask, args, kwargs)
+                inputs = x
                 if r is not None:
                     x = x - r.to(x.dtype)
                 for k, target in enumerate(targets):
@@ -737,7 +794,13 @@ class NormDecomposition(Attribution):
                         value = self._logit_target(frozen.outputs["output"], target, rules)
                     (gradient,) = torch.autograd.grad(value.sum(), frozen.inputs,
                                                       retain_graph=k + 1 < len(targets))
-                    contributions = (gradient * x).sum(-1).to(self.dtype)
+                    if centered:  # from the mean of the positions seen, whose output is shared back: ḡ·x_k
+                        seen = shares[k].to(inputs.dtype)
+                        mean = torch.einsum("bn,bnd->bd", seen, inputs) / seen.sum(1, keepdim=True).clamp_min(1)
+                        contributions = ((gradient * (inputs - mean[:, None])).sum(-1)
+                                         + shared_mean(gradient, inputs, seen)).to(self.dtype)
+                    else:
+                        contributions = (gradient * x).sum(-1).to(self.dtype)
                     value = value.detach().to(self.dtype)
                     real = self._real_value(output, target).detach()
                     answers.append((contributions, value - contributions.sum(-1), real))

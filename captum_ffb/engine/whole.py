@@ -117,11 +117,16 @@ def element_wise_rule(rules: Mapping[str, Callable]) -> Callable:
 
 # --------------------------------------------------------------------------- players
 def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: Tensor | None,
-                 reference: Tensor | None = None) -> Decomposition:
+                 reference: Tensor | None = None, shared: Tensor | None = None) -> Decomposition:
     r"""The decomposition of the first block's input over the chosen players.
 
     ``F[b, i, k] = x[b, i] − r[b, i]`` if position ``i`` belongs to player ``players[k]``,
     else 0, and ``b[b, i] = r[b, i]`` (the reference, owed to no player; zero by default).
+    With ``shared`` (the ``"centered"`` reference: a ``(B, n)`` mask of the positions the
+    explained output sees, ``V``), the players are measured from their mean over ``V``, ``x̄``,
+    and that mean is theirs: at every position of ``V``, player ``k`` also holds
+    ``(1/|V|) Σ_{i ∈ k ∩ V} x[b, i]``, its part of the mean; the bias player starts at 0
+    (``reference`` is not used).
 
     Args:
         x (Tensor): the first block's input ``(B, n, d)``.
@@ -130,10 +135,13 @@ def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: 
         token_mask (Tensor, optional): ``(B, n)``; padded positions belong to no player.
         reference (Tensor, optional): ``(B, n, d)`` the reference input ``r`` of the real
                     positions (see :func:`reference_inputs`).
+        shared (Tensor, optional): ``(B, n)`` the positions the centred reference averages.
     """
     ids = torch.as_tensor(list(players), dtype=torch.long, device=x.device)
     n = x.shape[1]
     bias = torch.zeros_like(x)
+    if shared is not None:
+        return _centered_start(x, groups, ids, token_mask, shared)
     if reference is not None:
         bias = reference.to(x.dtype).expand_as(x)
         if token_mask is not None:
@@ -152,8 +160,48 @@ def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: 
     return Decomposition(terms, bias.clone(), token_mask, player_mask=player_mask)
 
 
+def _centered_start(x: Tensor, groups: Tensor, ids: Tensor, token_mask: Tensor | None,
+                    visible: Tensor) -> Decomposition:
+    """``F[b, i, k] = [i ∈ k] (x_i − v_i x̄) + v_i (1/|V|) Σ_{i' ∈ k ∩ V} x_i'``, ``v`` the mask of
+    ``V`` and ``x̄`` the mean over ``V`` (see :func:`player_start`)."""
+    real = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device) if token_mask is None \
+        else token_mask.to(x.dtype)
+    seen = visible.to(x.dtype) * real
+    count = seen.sum(1).clamp_min(1)
+    mean = torch.einsum("bn,bnd->bd", seen, x) / count[:, None]
+    member = (groups[:, :, None] == ids[None, None, :]) & real[:, :, None].bool()  # (B, n, P)
+    share = torch.einsum("bnp,bnd->bpd", member.to(x.dtype) * seen[:, :, None], x) / count[:, None, None]
+    own = x - seen[:, :, None] * mean[:, None, :]
+    terms = own[:, :, None, :] * member[..., None].to(x.dtype) + seen[:, :, None, None] * share[:, None, :, :]
+    return Decomposition(terms, torch.zeros_like(x), token_mask, player_mask=member.any(dim=1))
+
+
+def visible_positions(token_mask: Tensor, positions: Tensor | None, causal: bool) -> Tensor:
+    """``(B, n)`` the real positions an output read at ``positions`` (``(B,)``; ``None``:
+    pooled) sees: those up to it in a causal model, all of them otherwise."""
+    if positions is None or not causal:
+        return token_mask
+    n = token_mask.shape[1]
+    return token_mask * (torch.arange(n, device=token_mask.device)[None, :] <= positions[:, None]).to(token_mask.dtype)
+
+
+def shared_mean(gradient: Tensor, inputs: Tensor, visible: Tensor) -> Tensor:
+    """``(B, n)``: ``(1/|V|) Σ_{j ∈ V} L_j(x_k) = ḡ·x_k`` at each position ``k`` of ``V`` (``ḡ``
+    the mean gradient over ``V``): each token's part of the output of the mean input, the
+    backward route's counterpart of the centred start (:func:`player_start`)."""
+    seen = visible.to(gradient.dtype)
+    mean_gradient = torch.einsum("bn,bnd->bd", seen, gradient) / seen.sum(1, keepdim=True).clamp_min(1)
+    return torch.einsum("bd,bnd->bn", mean_gradient, inputs.to(gradient.dtype)) * seen
+
+
 #: The reference inputs :func:`reference_inputs` understands by name.
-REFERENCES = ("zero", "mean")
+REFERENCES = ("zero", "mean", "centered")
+
+
+def is_centered(reference: Any) -> bool:
+    """Whether ``reference`` names the centred reference: players measured from the mean of
+    the real positions' inputs, that mean's output shared back to the tokens it averages."""
+    return isinstance(reference, str) and reference == "centered"
 
 
 def reference_inputs(reference: str | int | Tensor | None, x: Tensor, token_mask: Tensor | None,
@@ -162,8 +210,8 @@ def reference_inputs(reference: str | int | Tensor | None, x: Tensor, token_mask
     ``Σ_j L_j(r_j)`` goes to the bias player), or ``None`` for zero.
 
     Args:
-        reference (str, int or Tensor, optional): ``"zero"`` (or ``None``); ``"mean"``, each
-                    row's mean first-block input over its real tokens; a token id, the
+        reference (str, int or Tensor, optional): ``"zero"`` (or ``None``); ``"mean"`` (and
+                    ``"centered"``), each row's mean first-block input over its real tokens; a token id, the
                     first-block input the model gives that token at each position
                     (``token_inputs`` computes it); a tensor ``(d,)``, ``(n, d)`` or
                     ``(B, n, d)``.
@@ -175,7 +223,7 @@ def reference_inputs(reference: str | int | Tensor | None, x: Tensor, token_mask
     if reference is None or (isinstance(reference, str) and reference == "zero"):
         return None
     if isinstance(reference, str):
-        if reference != "mean":
+        if reference not in ("mean", "centered"):
             raise ValueError(f"reference must be one of {REFERENCES}, a token id or a tensor, got {reference!r}")
         weights = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device) if token_mask is None \
             else token_mask.to(x.dtype)

@@ -23,6 +23,7 @@ from captum_ffb.rules.activation import (
 from captum_ffb.rules.attention import Attention
 from captum_ffb.rules.attention_scores import (
     AttnLRPAttention,
+    CompleteAttnLRPAttention,
     IGAttention,
     ScoreCreditingAttention,
     ScorePath,
@@ -37,6 +38,7 @@ __all__ = [
     "ROLES",
     "Attention",
     "AttnLRPAttention",
+    "CompleteAttnLRPAttention",
     "IGAttention",
     "ScoreCreditingAttention",
     "ScorePath",
@@ -79,14 +81,18 @@ def default_rules(norm: str = "layer_norm") -> dict[str, Rule]:
 
 
 def whole_model_rules(norm: str = "layer_norm") -> dict[str, Rule]:
-    """The whole-model default (:class:`~captum_ffb.NormDecomposition`): the paper's rules,
-    with :class:`AttnLRPAttention` for attention, so that queries and keys are credited too.
+    """The whole-model default rules (:class:`~captum_ffb.NormDecomposition`): the paper's
+    rules for every role (frozen attention probabilities), the same as the layer maps'.
 
-    Chosen on a selection set of held-out snippets (``results/faithfulness/select_rules.py``):
-    it won the most protocols across the three tasks; the paper's frozen attention stays
-    available by name (``rules={"attention": Attention()}``), and the layer maps keep it.
+    The whole model's default also measures the players from the input's mean token, that
+    mean's output shared back to the tokens (``reference="centered"``, see
+    :meth:`~captum_ffb.NormDecomposition.attribute`); with it, these rules ranked annotated
+    evidence best of the complete candidates and kept the sentiment protocols
+    (``results/evidence``). AttnLRP's attention stays available by name
+    (``rules={"attention": AttnLRPAttention()}``: it owes the softmax's linearisation remainder
+    to no token), as do :class:`CompleteAttnLRPAttention` and :class:`IGAttention`.
     """
-    return {**default_rules(norm), "attention": AttnLRPAttention()}
+    return default_rules(norm)
 
 
 def attnlrp_rules(model: Any = None) -> dict[str, Rule]:

@@ -39,17 +39,19 @@ def test_complete_and_both_routes_agree(name, rule):
 
 
 @pytest.mark.parametrize("name", ["llama", "bert"])
-def test_whole_model_default_is_attnlrp_attention(name):
+def test_whole_model_default_is_the_papers_rules_from_the_centred_reference(name):
     task = "causal_lm" if TINY_MODELS[name].causal else "sequence_classification"
     model = tiny_task_model(name, task)
     ids = token_ids()
     nd = NormDecomposition(model)
-    assert isinstance(nd.rules["attention"], AttnLRPAttention)
+    assert isinstance(nd.rules["attention"], Attention) and nd.reference == "centered"
     default = nd.attribute(ids, target=1)
+    papers = NormDecomposition(model, rules={"attention": Attention()}).attribute(ids, target=1, reference="centered")
     lrp = NormDecomposition(model, rules={"attention": AttnLRPAttention()}).attribute(ids, target=1)
-    frozen = NormDecomposition(model, rules={"attention": Attention()}).attribute(ids, target=1)
-    torch.testing.assert_close(default, lrp, atol=0, rtol=0)
-    assert float((default - frozen).abs().max()) > 1e-6 * float(frozen.abs().max())
+    zero = nd.attribute(ids, target=1, reference="zero")
+    torch.testing.assert_close(default, papers, atol=0, rtol=0)
+    for other in (lrp, zero):
+        assert float((default - other).abs().max()) > 1e-6 * float(other.abs().max())
 
 
 @pytest.mark.parametrize("name, side", [("llama", "left"), ("gemma2", "right"), ("qwen3", "left"), ("gpt2", "right"),

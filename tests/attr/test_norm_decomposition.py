@@ -152,7 +152,8 @@ def test_one_block_model_equals_the_layer_decomposition_contracted_with_the_head
         ratio = torch.tanh(pre) / pre  # the IG closed form of tanh (tanh(0) = 0)
         per_token = ((first @ model.bert.pooler.dense.weight.t()) * ratio) @ model.classifier.weight[1]
     # the layer maps keep the paper's frozen attention; the whole model does so when asked
-    got = NormDecomposition(model, rules={"attention": Attention()}).attribute(ids, target=1, route="forward")
+    got = NormDecomposition(model, rules={"attention": Attention()}, reference="zero").attribute(
+        ids, target=1, route="forward")
     torch.testing.assert_close(got[0], per_token, atol=1e-6, rtol=1e-5)
 
 
