@@ -26,14 +26,26 @@ examples:
   captum-ffb evaluate --model ./SmolLM2 --task next-token --max-tokens 24 \\
       --methods decomposition,attnlrp,integrated_gradients,random --option integrated_gradients.n_steps=20
   captum-ffb evaluate --model ./SmolLM2 --task sentiment --protocol abpc --engine ray --workers 2
+  captum-ffb evaluate --model ./SmolLM2 --task evidence --n 100
+      known answers: the annotated evidence of 100 held-out pairs per bundled subset (BLiMP
+      agreement and licensing, IOI), ranked by each method next to the position-only controls
+  captum-ffb evaluate --model ./SmolLM2 --task next-token --protocol eraser,schemes --keep-first \
+      --methods decomposition,recency,previous_token,random
+      the removal protocols with the first position never perturbed, under three removal schemes
 
-methods: decomposition, decomposition_no_ff, decomposition_linearised, attention_last,
+methods: decomposition (and its rule variants decomposition_*), attention_last,
   attention_mean, rollout, norm_rollout, saliency, input_x_gradient, integrated_gradients,
   feature_ablation, shapley_value_sampling, kernel_shap, lime, attnlrp (Llama family; needs
-  an lxt environment: bash <captum_ffb>/evaluation/peers/setup_lxt.sh), random; or all
+  an lxt environment: bash <captum_ffb>/evaluation/peers/setup_lxt.sh), random, and the
+  position-only controls recency, previous_token, first_token; or all
 protocols: decompx (top K % replaced by [MASK], AOPC and accuracy), eraser (comprehensiveness
   and sufficiency, 1/5/10/20/50 % deleted), abpc (embeddings zeroed, area between the
-  least- and most-relevant-first curves); or all
+  least- and most-relevant-first curves); all (= these three); schemes (ERASER's scores with
+  tokens deleted, zeroed or replaced by unk, and Kendall's tau between the methods' rankings)
+task evidence: --data is a CSV with one_prefix_prefix, one_prefix_word_good,
+  one_prefix_word_bad, target (default: the bundled subsets); --n counts pairs per subset;
+  --split heldout|selection|all; --copy N adds N copy-task sequences per length; scores: MRR,
+  top-1 and share of the evidence; no protocol applies
 
 files written to --out: results.csv, results.md, results.json, curves.png, report.html,
 skipped.csv (texts left out: blank, longer than --max-tokens or than the model takes) and
@@ -52,17 +64,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
                         help="a model folder or name (default: the bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--task", required=True, choices=("next-token", "sentiment"),
-                        help="next-token (a causal LM's predicted token) or sentiment (a prompt "
-                        "for causal LMs, the class of a classifier, the bundled head of MiniLM)")
-    parser.add_argument("--data", default="rotten_tomatoes", metavar="FILE|rotten_tomatoes",
-                        help="texts: rotten_tomatoes (labelled held-out snippets), or a .txt, "
-                        ".jsonl or .csv file (text[, label])")
+    parser.add_argument("--task", required=True, choices=("next-token", "sentiment", "evidence"),
+                        help="next-token (a causal LM's predicted token), sentiment (a prompt "
+                        "for causal LMs, the class of a classifier, the bundled head of MiniLM) "
+                        "or evidence (a causal LM's contrast between a good and a bad next word, "
+                        "scored against the annotated evidence)")
+    parser.add_argument("--data", default=None, metavar="FILE|rotten_tomatoes",
+                        help="texts: rotten_tomatoes (labelled held-out snippets, the default), "
+                        "or a .txt, .jsonl or .csv file (text[, label]); for --task evidence a "
+                        "CSV of annotated pairs or bundled subset names (default: all bundled)")
+    parser.add_argument("--split", default="heldout", choices=("heldout", "selection", "all"),
+                        help="--task evidence: which rows of the bundled data (default heldout; "
+                        "selection is what the defaults were chosen on)")
+    parser.add_argument("--copy", type=int, default=0, metavar="N",
+                        help="--task evidence: add N copy-task sequences per length (default 0)")
+    parser.add_argument("--keep-first", action="store_true",
+                        help="never perturb an example's first position (the attention sink)")
     parser.add_argument("--methods", default=DEFAULT_METHODS, metavar="LIST",
                         help=f"comma list of methods, or all (default: {DEFAULT_METHODS})")
     parser.add_argument("--protocol", default="all", metavar="LIST",
-                        help="comma list of decompx, eraser, abpc, or all (default)")
-    parser.add_argument("--n", type=int, default=300, help="how many texts (default 300)")
+                        help="comma list of decompx, eraser, abpc, schemes, or all (default: "
+                        "decompx, eraser, abpc)")
+    parser.add_argument("--n", type=int, default=None,
+                        help="how many texts (default 300; --task evidence: pairs per subset, "
+                        "default 100)")
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
                         help="skip texts of more than N tokens")
     parser.add_argument("--batch-size", type=int, default=16, help="examples per batch / shard")
@@ -103,29 +128,62 @@ def run(args: argparse.Namespace) -> int:
     from captum_ffb.evaluation.evaluate import evaluate, resolve_protocols
     from captum_ffb.evaluation.methods import resolve_methods
 
+    evidence = args.task == "evidence"
+    if evidence and args.methods == DEFAULT_METHODS:
+        from captum_ffb.evaluation.evidence import DEFAULT_METHODS as EVIDENCE_METHODS
+
+        args.methods = EVIDENCE_METHODS
     methods = resolve_methods(args.methods)
     protocols = resolve_protocols(args.protocol)
     options = parse_options(args.option, methods)
-    if args.n < 1:
-        raise UsageError(f"--n must be at least 1, got {args.n}")
+    n = args.n if args.n is not None else (100 if evidence else 300)
+    if n < 1:
+        raise UsageError(f"--n must be at least 1, got {n}")
     if args.max_tokens is not None and args.max_tokens < 2:
         raise UsageError(f"--max-tokens must be at least 2, got {args.max_tokens}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.copy < 0:
+        raise UsageError(f"--copy must be 0 or more, got {args.copy}")
+    if not evidence and (args.copy or args.split != "heldout"):
+        raise UsageError("--copy and --split apply to --task evidence only")
+    if evidence and (args.protocol != "all" or args.keep_first or args.max_tokens is not None):
+        raise UsageError("--task evidence scores ranks of the evidence: --protocol, --keep-first "
+                         "and --max-tokens do not apply")
     device = resolve_device(args.device)  # before the model loads
     engine, engine_settings = engine_options(args)
     check_out_dir(args.out)
-    summary = evaluate(args.model, args.task, args.data, methods, protocols, args.out, n=args.n,
-                       max_tokens=args.max_tokens, batch_size=args.batch_size, options=options,
+    if evidence:
+        return _run_evidence(args, methods, options, n, device, engine, engine_settings)
+    summary = evaluate(args.model, args.task, args.data or "rotten_tomatoes", methods, protocols, args.out,
+                       n=n, max_tokens=args.max_tokens, batch_size=args.batch_size, options=options,
                        engine=engine, engine_options=engine_settings, overwrite=args.overwrite,
-                       show_progress=not args.quiet, seed=args.seed, device=str(device))
+                       show_progress=not args.quiet, seed=args.seed, device=str(device),
+                       keep_first=args.keep_first)
     if not args.quiet:
-        from captum_ffb.evaluation.report import markdown_table
+        from captum_ffb.evaluation.report import markdown_table, scheme_text
 
         print(f"{summary['n']} examples of {args.task} on {summary['model']}"
               + (f"; model accuracy {summary['accuracy']:.3f}" if summary["accuracy"] is not None else ""))
-        print(markdown_table(summary))
+        print(markdown_table(summary) + scheme_text(summary))
         if summary["skipped"]:
             print(f"{len(summary['skipped'])} texts skipped, listed in {args.out}/skipped.csv")
+        print(f"written to {args.out}", file=sys.stderr)
+    return 0
+
+
+def _run_evidence(args: argparse.Namespace, methods: list[str], options: dict[str, dict[str, Any]],
+                  n: int, device: Any, engine: str, engine_settings: dict[str, Any]) -> int:
+    from captum_ffb.evaluation.evidence import evaluate_evidence, evidence_table
+
+    summary = evaluate_evidence(args.model, args.data, methods, args.out, split=args.split, n=n,
+                                copy=args.copy, batch_size=args.batch_size, options=options,
+                                engine=engine, engine_options=engine_settings, overwrite=args.overwrite,
+                                show_progress=not args.quiet, seed=args.seed, device=str(device))
+    if not args.quiet:
+        skipped = sum(summary["skipped"].values())
+        print(f"{summary['n']} evidence pairs on {summary['model']} ({skipped} left out: "
+              f"{', '.join(f'{why} {count}' for why, count in summary['skipped'].items()) or 'none'})")
+        print(evidence_table(summary))
         print(f"written to {args.out}", file=sys.stderr)
     return 0

@@ -15,6 +15,13 @@ Protocols (definitions in :mod:`captum_ffb.evaluation.metrics`):
   tokens deleted, on the predicted class's probability, averaged over the bins.
 * ``abpc``: input embeddings of the players zeroed most and least relevant first, on the
   predicted class's logit, at 0, 20, …, 100 % of the players; the area between the curves.
+* ``schemes`` (not in ``all``): ERASER's comprehensiveness and sufficiency under each way of
+  taking a token out (:data:`SCHEMES`: deleted, its input embedding zeroed, replaced by the
+  ``unk``/mask token), and Kendall's τ between the methods' rankings under each pair of
+  schemes: a protocol whose schemes disagree does not separate the methods.
+
+``keep_first`` leaves every example's first position unperturbed (the attention sink of
+causal LMs, which have no BOS token in front: SmolLM2).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from captum_ffb.evaluation.metrics import (
     abpc,
     decompx_aopc,
     eraser_faithfulness,
+    kendall_tau,
 )
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
@@ -46,14 +54,18 @@ from captum_ffb.readouts import PromptContrast
 from captum_ffb.text import read_rows
 from captum_ffb.text import read_texts as read_texts  # where it was first defined
 
-#: The protocols, in the order of the report.
-PROTOCOLS = ("decompx", "eraser", "abpc")
+#: The protocols, in the order of the report; ``all`` means the first three.
+PROTOCOLS = ("decompx", "eraser", "abpc", "schemes")
+#: The ways of taking a token out that ``schemes`` compares: name → ``perturb``'s name.
+SCHEMES = {"delete": "remove", "zero": "zero_embedding", "unk": "replace"}
 #: ABPC's grid: fractions of the players zeroed.
 ABPC_FRACTIONS = tuple(k / 5 for k in range(6))
 
 
 def resolve_protocols(names: str | Sequence[str]) -> list[str]:
-    """Protocol names from a comma list (``all`` = every one)."""
+    """Protocol names from a comma list (``all`` = decompx, eraser and abpc)."""
+    if names == "all" or (not isinstance(names, str) and list(names) == ["all"]):
+        return list(PROTOCOLS[:3])
     return resolve_names(names, PROTOCOLS, "protocol")
 
 
@@ -104,6 +116,7 @@ class EvaluationJob:
     labels: tuple[str, str] | None = None
     precomputed: str | None = None
     seed: int = 0
+    keep_first: bool = False
     shard_version: int = 1
 
     def fingerprint(self) -> dict[str, Any]:
@@ -111,6 +124,8 @@ class EvaluationJob:
                     "protocols": self.protocols, "batch_size": self.batch_size,
                     "options": self.options, "template": self.template, "labels": self.labels,
                     "seed": self.seed}
+        if self.keep_first:  # only when set, so that earlier runs keep their fingerprint
+            settings["keep_first"] = True
         return {**settings, "examples": len(self.examples),
                 "fingerprint": fingerprint_of(settings, [(e.ids, e.players, e.label) for e in self.examples])}
 
@@ -121,7 +136,7 @@ class EvaluationJob:
     def setup(self) -> Any:
         torch.manual_seed(self.seed)
         loaded = self.source.load()
-        task = EvaluationTask(loaded, self.task, self.template, self.labels)
+        task = EvaluationTask(loaded, self.task, self.template, self.labels, keep_first=self.keep_first)
         pre = None
         if self.precomputed:
             data = np.load(self.precomputed, allow_pickle=False)
@@ -178,6 +193,13 @@ class EvaluationJob:
                 out[f"{name}.abpc"] = r.abpc.cpu().numpy()
                 out[f"{name}.morf"] = r.morf.scores.cpu().numpy()
                 out[f"{name}.lerf"] = r.lerf.scores.cpu().numpy()
+            if "schemes" in self.protocols:
+                for scheme, perturbation in SCHEMES.items():
+                    r = eraser_faithfulness(probabilities, b.input_ids, b.attention_mask, attr, b.protected,
+                                            perturbation=perturbation, token_id=task.replacement_id,
+                                            pad_token_id=task.pad_id, padding_side=task.padding_side, **common)
+                    out[f"{name}.comprehensiveness_{scheme}"] = r.aopc_comprehensiveness.cpu().numpy()
+                    out[f"{name}.sufficiency_{scheme}"] = r.aopc_sufficiency.cpu().numpy()
         return out
 
 
@@ -265,6 +287,7 @@ def evaluate(
     labels: tuple[str, str] | None = None,
     stop_after: int | None = None,
     device: str = "cpu",
+    keep_first: bool = False,
 ) -> dict[str, Any]:
     r"""Evaluate ``methods`` on ``task`` under ``protocols``; write the run into ``out``.
 
@@ -287,6 +310,7 @@ def evaluate(
         template, labels: a causal LM's sentiment prompt and label tokens.
         stop_after (int, optional): stop after this many batches (to test resuming).
         device (str): where the model runs (here and in every worker).
+        keep_first (bool): never perturb an example's first position (nor count it).
 
     Returns:
         dict: the summary (see :func:`summarise`), also written to ``out/results.json``.
@@ -314,7 +338,7 @@ def evaluate(
     head = task_from_config(config)
     source = ModelSource(name=model, task=head, device=device)
     loaded = source.load()
-    evaluation_task = EvaluationTask(loaded, task, template, labels)
+    evaluation_task = EvaluationTask(loaded, task, template, labels, keep_first=keep_first)
     examples, skipped = select_examples(evaluation_task, texts, text_labels, n, max_tokens)
     if not examples:
         raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else "")
@@ -334,7 +358,7 @@ def evaluate(
             _attnlrp_relevance(evaluation_task, examples, path, str(model), batch_size)
         precomputed = str(path)
     job = EvaluationJob(source, task, examples, chosen, protocol_names, batch_size,
-                        options or {}, template, labels, precomputed, seed)
+                        options or {}, template, labels, precomputed, seed, keep_first)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, stop_after=stop_after, description="evaluating",
                      engine_options=engine_options)
@@ -342,7 +366,8 @@ def evaluate(
     summary.update(model=loaded.name, model_type=loaded.model_type, task=task,
                    data=str(data), examples=len(examples), max_tokens=max_tokens,
                    options={m: {**METHODS[m].options, **(options or {}).get(m, {})} for m in chosen},
-                   labelled=task != "next-token" and all(y is not None for y in gold), engine=engine)
+                   labelled=task != "next-token" and all(y is not None for y in gold), engine=engine,
+                   keep_first=keep_first)
     from captum_ffb.evaluation.report import write_report
 
     summary["skipped"] = [asdict(s) for s in skipped]
@@ -392,7 +417,28 @@ def _method_summary(shards: list[dict[str, np.ndarray]], method: str, protocols:
         row["abpc"], row["abpc_sem"] = _mean_sem(scores("abpc"))
         curves["abpc_morf"] = np.nanmean(scores("morf"), 0).tolist()
         curves["abpc_lerf"] = np.nanmean(scores("lerf"), 0).tolist()
+    if "schemes" in protocols:
+        for scheme in SCHEMES:
+            for score in ("comprehensiveness", "sufficiency"):
+                key = f"{score}_{scheme}"
+                row[key], row[f"{key}_sem"] = _mean_sem(scores(key))
     return row, curves
+
+
+def scheme_agreement(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    r"""Kendall's τ between the methods' rankings under each pair of :data:`SCHEMES`, for
+    comprehensiveness and sufficiency (``"comprehensiveness delete~zero"`` → τ): near 1 the
+    schemes order the methods alike; near 0 the protocol does not separate them."""
+    out: dict[str, float] = {}
+    names = list(SCHEMES)
+    for score in ("comprehensiveness", "sufficiency"):
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                x = torch.tensor([r[f"{score}_{a}"] for r in rows], dtype=torch.float64)
+                y = torch.tensor([r[f"{score}_{b}"] for r in rows], dtype=torch.float64)
+                finite = torch.isfinite(x) & torch.isfinite(y)
+                out[f"{score} {a}~{b}"] = float(kendall_tau(x[finite], y[finite])) if finite.sum() > 1 else float("nan")
+    return out
 
 
 def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
@@ -420,6 +466,8 @@ def summarise(shards: list[dict[str, np.ndarray]], methods: Sequence[str],
                                       next_token_with_labels=task == "next-token" and bool(known.any()))
         summary["rows"].append(row)
         summary["curves"][method] = curves
+    if "schemes" in protocols:
+        summary["scheme_tau"] = scheme_agreement(summary["rows"])
     ig = next((r for r in summary["rows"] if r["method"] == "integrated_gradients"), None)
     for row in summary["rows"]:
         row["cost_vs_ig"] = (row["seconds_per_example"] / ig["seconds_per_example"]

@@ -4,7 +4,7 @@ Every method explains the same scalar: the logit of the class the model predicts
 :mod:`~captum_ffb.evaluation.tasks`). Signed methods keep their sign (the protocols rank by
 value, most relevant = largest); attention-style methods are non-negative.
 
-* ``decomposition``: :class:`~captum_ffb.attr.NormDecomposition`, backward route;
+* ``decomposition``: :class:`~captum_ffb.attr.NormDecomposition`'s default, backward route;
   ``decomposition_no_ff`` with the "FF owed to no token" rules; ``decomposition_linearised``
   with the linearised activation rules (gradient × input inside the FF, not complete).
 * ``attention_last`` / ``attention_mean``: the head-averaged attention of the read-out row
@@ -21,6 +21,8 @@ value, most relevant = largest); attention-style methods are non-negative.
 * ``attnlrp``: the real ``lxt`` package in its own environment (Llama family), precomputed by
   the caller and passed in through ``precomputed``.
 * ``random``: uniform noise seeded by the example's index.
+* ``recency``, ``previous_token``, ``first_token``: position-only controls (no model): the
+  latest token first; only the token before the prediction; only the first token.
 """
 
 from __future__ import annotations
@@ -83,16 +85,28 @@ def _frozen_attention_rules() -> dict[str, Any]:
     return {"attention": Attention()}
 
 
-def _ig_attention_rules(n_steps: int = 32) -> dict[str, Any]:
+def _ig_attention_rules(n_steps: int = 32, exact: bool = False) -> dict[str, Any]:
     from captum_ffb.rules import IGAttention
 
-    return {"attention": IGAttention(n_steps=int(n_steps))}
+    return {"attention": IGAttention(n_steps=int(n_steps), exact=bool(exact))}
 
 
 def _lrp_attention_rules() -> dict[str, Any]:
     from captum_ffb.rules import AttnLRPAttention
 
     return {"attention": AttnLRPAttention()}
+
+
+def _complete_lrp_attention_rules() -> dict[str, Any]:
+    from captum_ffb.rules import CompleteAttnLRPAttention
+
+    return {"attention": CompleteAttnLRPAttention()}
+
+
+def _complete_attnlrp_rule_set(model: Any = None) -> dict[str, Any]:
+    from captum_ffb.rules import CompleteAttnLRPAttention, attnlrp_rules
+
+    return {**attnlrp_rules(model), "attention": CompleteAttnLRPAttention()}
 
 
 def _attnlrp_rule_set(model: Any = None) -> dict[str, Any]:
@@ -317,6 +331,25 @@ def _attnlrp(task, batch, target, options):
     return out
 
 
+def _position(kind: str) -> MethodFn:
+    """A position-only control (no model): ``recency`` scores each real token by its position
+    (the latest highest), ``previous_token`` marks the last real token, ``first_token`` the
+    first one; a method that does no better than these has learnt nothing but position."""
+
+    def run(task, batch, target, options):
+        mask = batch.attention_mask
+        order = (mask.cumsum(1) - 1).float() * mask  # 0 … count − 1 over the real tokens
+        last = order.max(1, keepdim=True).values
+        if kind == "recency":
+            out = order + 1
+        elif kind == "previous_token":
+            out = (order == last).float()
+        else:
+            out = (order == 0).float()
+        return out * mask
+    return run
+
+
 def _random(task, batch, target, options):
     out = torch.zeros(batch.input_ids.shape)
     seed = int(options.get("seed", 0))
@@ -328,16 +361,23 @@ def _random(task, batch, target, options):
 
 #: Every method, in the order of the tables.
 METHODS: dict[str, MethodInfo] = {
-    "decomposition": MethodInfo(_decomposition(None), {"reference": "zero"},
-                                description="NormDecomposition, its default rules (AttnLRPAttention)"),
+    "decomposition": MethodInfo(_decomposition(None), {"reference": "centered"},
+                                description="NormDecomposition, its default (the paper's rules, players "
+                                "centred on the input's mean token)"),
     "decomposition_frozen": MethodInfo(_decomposition(_frozen_attention_rules), {"reference": "zero"},
                                        description="NormDecomposition, the paper's frozen attention"),
     "decomposition_ig_attention": MethodInfo(_decomposition(_ig_attention_rules),
-                                             {"n_steps": 32, "reference": "zero"},
+                                             {"n_steps": 32, "exact": False, "reference": "zero"},
                                              description="NormDecomposition, IGAttention"),
     "decomposition_lrp_attention": MethodInfo(_decomposition(_lrp_attention_rules),
                                               {"reference": "zero"},
                                               description="NormDecomposition, AttnLRPAttention"),
+    "decomposition_complete_lrp_attention": MethodInfo(
+        _decomposition(_complete_lrp_attention_rules), {"reference": "zero"},
+        description="NormDecomposition, CompleteAttnLRPAttention (AttnLRP's remainder to the tokens)"),
+    "decomposition_complete_attnlrp_rules": MethodInfo(
+        _decomposition(_complete_attnlrp_rule_set), {"reference": "zero"},
+        description="NormDecomposition, AttnLRP's rules for every role with CompleteAttnLRPAttention"),
     "decomposition_attnlrp_rules": MethodInfo(_decomposition(_attnlrp_rule_set), {"reference": "zero"},
                                               description="NormDecomposition, AttnLRP's rules for "
                                               "every role (= lxt)"),
@@ -346,13 +386,25 @@ METHODS: dict[str, MethodInfo] = {
                                             description="decomposition_frozen, players from the "
                                             "mean input vector"),
     "decomposition_ig_attention_mean": MethodInfo(_decomposition(_ig_attention_rules),
-                                                  {"n_steps": 32, "reference": "mean"},
+                                                  {"n_steps": 32, "exact": False, "reference": "mean"},
                                                   description="decomposition_ig_attention, players "
                                                   "from the mean input vector"),
     "decomposition_lrp_attention_mean": MethodInfo(_decomposition(_lrp_attention_rules),
                                                    {"reference": "mean"},
                                                    description="decomposition_lrp_attention, "
                                                    "players from the mean input vector"),
+    "decomposition_complete_lrp_attention_mean": MethodInfo(
+        _decomposition(_complete_lrp_attention_rules), {"reference": "mean"},
+        description="decomposition_complete_lrp_attention, players from the mean input vector"),
+    "decomposition_lrp_attention_centered": MethodInfo(
+        _decomposition(_lrp_attention_rules), {"reference": "centered"},
+        description="decomposition_lrp_attention, players centred on the input's mean token"),
+    "decomposition_complete_lrp_attention_centered": MethodInfo(
+        _decomposition(_complete_lrp_attention_rules), {"reference": "centered"},
+        description="decomposition_complete_lrp_attention, players centred on the input's mean token"),
+    "decomposition_ig_attention_centered": MethodInfo(
+        _decomposition(_ig_attention_rules), {"n_steps": 4, "exact": True, "reference": "centered"},
+        description="IGAttention(4, exact=True), players centred on the input's mean token"),
     "decomposition_no_ff": MethodInfo(_decomposition(_no_ff_rules),
                                       description="NormDecomposition, FF owed to no token"),
     "decomposition_linearised": MethodInfo(_decomposition(_linearised_rules),
@@ -378,7 +430,14 @@ METHODS: dict[str, MethodInfo] = {
                        description="Captum Lime"),
     "attnlrp": MethodInfo(_attnlrp, peer=True, description="AttnLRP (lxt)"),
     "random": MethodInfo(_random, description="uniform noise"),
+    "recency": MethodInfo(_position("recency"), description="position only: the latest token first"),
+    "previous_token": MethodInfo(_position("previous_token"),
+                                 description="position only: the token before the prediction"),
+    "first_token": MethodInfo(_position("first_token"),
+                              description="position only: the first token (the attention sink)"),
 }
+#: The methods that look at positions only (controls for every next-token table).
+POSITION_CONTROLS = ("recency", "previous_token", "first_token")
 
 
 def resolve_names(names: str | Sequence[str], known: Sequence[str], what: str) -> list[str]:

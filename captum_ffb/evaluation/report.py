@@ -19,6 +19,10 @@ COLUMNS = (
     ("comprehensiveness", "comprehensiveness", "higher"),
     ("sufficiency", "sufficiency", "lower"),
     ("abpc", "ABPC", "higher"),
+    *((f"{score}_{scheme}", f"{heading} ({scheme})", better)
+      for scheme in ("delete", "zero", "unk")
+      for score, heading, better in (("comprehensiveness", "comprehensiveness", "higher"),
+                                     ("sufficiency", "sufficiency", "lower"))),
     ("seconds_per_example", "s / example", None),
     ("cost_vs_ig", "cost / IG", None),
     ("peak_mb", "peak extra MB", None),
@@ -79,6 +83,20 @@ def _html_table(summary: dict[str, Any]) -> tuple[str, str]:
     return header, body
 
 
+def scheme_text(summary: dict[str, Any]) -> str:
+    """Kendall's τ between the methods' rankings under each pair of removal schemes (empty
+    without the ``schemes`` protocol)."""
+    tau = summary.get("scheme_tau")
+    if not tau:
+        return ""
+    lines = ["", "Kendall's τ between the methods' rankings under two ways of taking tokens out "
+             "(1: the same order; 0: unrelated):", "", "| scores | schemes | τ |", "|---|---|---:|"]
+    for key, value in tau.items():
+        score, pair = key.split(" ", 1)
+        lines.append(f"| {score} | {pair.replace('~', ' vs ')} | {_fmt(value)} |")
+    return "\n".join(lines) + "\n"
+
+
 def _heading(summary: dict[str, Any]) -> str:
     accuracy = summary.get("accuracy")
     parts = [f"model {summary.get('model')} ({summary.get('model_type')})", f"task {summary.get('task')}",
@@ -86,6 +104,8 @@ def _heading(summary: dict[str, Any]) -> str:
              f"{summary['players_mean']:.1f} perturbable tokens on average"]
     if accuracy is not None:
         parts.append(f"model accuracy {accuracy:.3f}")
+    if summary.get("keep_first"):
+        parts.append("first position kept")
     return "; ".join(parts)
 
 
@@ -139,7 +159,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
         writer.writerows(summary["rows"])
     written.append(path)
     table = markdown_table(summary)
-    written.append(write_text(folder / "results.md", f"{_heading(summary)}\n\n{table}\n"))
+    written.append(write_text(folder / "results.md", f"{_heading(summary)}\n\n{table}\n{scheme_text(summary)}"))
     image = ""
     try:
         figure = plot_curves(summary)

@@ -76,17 +76,20 @@ class EvaluationTask:
         readout (ReadOut, optional): a base model's read-out with classes (e.g. a
                     :class:`~captum_ffb.readouts.BinaryDirection`); by default the bundled
                     sentiment head where the model fits it.
+        keep_first (bool): the first position of every example is never a player (a
+                    control for the attention sink of causal LMs).
     """
 
     def __init__(self, loaded: LoadedModel, kind: str, template: str | None = None,
-                 labels: tuple[str, str] | None = None, readout: ReadOut | None = None) -> None:
+                 labels: tuple[str, str] | None = None, readout: ReadOut | None = None,
+                 keep_first: bool = False) -> None:
         from captum_ffb.attr import NormDecomposition
         from captum_ffb.evaluation.data import SENTIMENT_LABELS, SENTIMENT_TEMPLATE, label_token_ids
         from captum_ffb.evaluation.minilm_head import sentiment_readout_for
 
         if kind not in EVALUATION_TASKS:
             raise ValueError(f"unknown task {kind!r}; choose from {', '.join(EVALUATION_TASKS)}")
-        self.loaded, self.kind = loaded, kind
+        self.loaded, self.kind, self.keep_first = loaded, kind, keep_first
         self.model = loaded.model
         parameter = next(self.model.parameters(), None)
         #: the model's device: batches are made there
@@ -153,6 +156,8 @@ class EvaluationTask:
             encoded = tok(text, return_special_tokens_mask=True)
             ids = list(encoded["input_ids"])
             players = [not s for s in encoded["special_tokens_mask"]]
+        if self.keep_first and players:
+            players[0] = False
         return Example(tuple(int(i) for i in ids), tuple(players), label, index)
 
     def batch(self, examples: list[Example]) -> Batch:

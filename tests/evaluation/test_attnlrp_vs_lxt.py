@@ -96,7 +96,7 @@ def test_same_model_in_both_environments(lxt_run):
 @pytest.mark.parametrize("route", ["backward", "forward"])
 def test_attnlrp_rules_reproduce_lxt(lxt_run, route):
     model, examples, relevances, _ = lxt_run
-    nd = NormDecomposition(model, rules=attnlrp_rules(model))
+    nd = NormDecomposition(model, rules=attnlrp_rules(model), reference="zero")  # lxt's relevance: from zero
     for example, theirs in zip(examples, relevances):
         assert _relative_gap(_ours(nd, example, route), theirs) < 1e-4
 
@@ -106,7 +106,8 @@ def test_the_comparison_tells_rule_sets_apart(lxt_run):
     from lxt, and AttnLRP's attention rule alone (with the default IG rule on the gated
     feed-forward instead of the uniform split) is off by more than rounding."""
     model, examples, relevances, _ = lxt_run
-    frozen = NormDecomposition(model, rules={"attention": Attention()})
-    attention_only = NormDecomposition(model, rules={"attention": attnlrp_rules(model)["attention"]})
+    frozen = NormDecomposition(model, rules={"attention": Attention()}, reference="zero")
+    attention_only = NormDecomposition(model, rules={"attention": attnlrp_rules(model)["attention"]},
+                                       reference="zero")
     assert max(_relative_gap(_ours(frozen, e), r) for e, r in zip(examples, relevances)) > 1e-2
     assert max(_relative_gap(_ours(attention_only, e), r) for e, r in zip(examples, relevances)) > 3e-4

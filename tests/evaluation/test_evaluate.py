@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from captum_ffb.cli import main
-from captum_ffb.evaluation.evaluate import PROTOCOLS, evaluate, read_texts
+from captum_ffb.evaluation.evaluate import PROTOCOLS, evaluate, read_texts, resolve_protocols
 from captum_ffb.evaluation.methods import METHODS, resolve_methods
 from captum_ffb.evaluation.tasks import EvaluationTask
 from captum_ffb.models import load_model
@@ -270,7 +270,8 @@ def test_integrated_gradients_batches_its_steps_as_asked(lm_dir, tmp_path, monke
 
 
 def test_names_and_data_files(tmp_path):
-    assert resolve_methods("all") == list(METHODS) and list(PROTOCOLS) == ["decompx", "eraser", "abpc"]
+    assert resolve_methods("all") == list(METHODS) and list(PROTOCOLS) == ["decompx", "eraser", "abpc", "schemes"]
+    assert resolve_protocols("all") == ["decompx", "eraser", "abpc"]
     path = tmp_path / "t.csv"
     path.write_text("text,label\nthe cat,1\na dog,0\n")
     assert read_texts(path) == (["the cat", "a dog"], [1, 0])
