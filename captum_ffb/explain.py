@@ -7,8 +7,10 @@ bundled sentiment head). On request it also splits the first explained output ov
 × components (:meth:`~captum_ffb.attr.NormDecomposition.attribute_components`). It returns
 an :class:`Explanation` that the CLI, the figures and the HTML view consume.
 
-The **first-token share** of a row of contributions ``c`` is ``|c_0| / Σ_j |c_j|`` over the
-real positions: the part of the attribution that lands on the first position (where causal
+The **token share** of an explained output is ``Σ_j c_j / value``: how much of the output the
+tokens own (1 on a model without bias terms; the rest is the model's own bias terms, the bias
+player). The **first-token share** of a row of contributions ``c`` is ``|c_0| / Σ_j |c_j|`` over
+the real positions: the part of the attribution that lands on the first position (where causal
 models park attention, the "attention sink"); ``first_token`` is the signed ``c_0``.
 """
 
@@ -32,6 +34,13 @@ from captum_ffb.text import check_text, display_tokens, encode_text
 MAPS_UP_TO = 256
 #: Longest input (tokens) for which the backward route is checked against the forward route.
 CHECK_UP_TO = 64
+
+
+def token_share(contributions: Tensor, values: Tensor) -> Tensor:
+    """The token share ``Σ_j c_j / value`` of every row of ``(rows, n)`` contributions and
+    ``(rows,)`` values (NaN where a value is 0)."""
+    values = values.to(contributions.dtype)
+    return contributions.sum(dim=1) / torch.where(values != 0, values, torch.full_like(values, float("nan")))
 
 
 def first_token_share(contributions: Tensor) -> Tensor:
@@ -107,6 +116,10 @@ class Explanation:
         """``|c_0| / Σ_j |c_j|`` per explained output ``(steps,)`` (0 where all are 0)."""
         return first_token_share(self.contributions)
 
+    def token_share(self) -> Tensor:
+        """``Σ_j c_j / value`` per explained output ``(steps,)``: how much of it the tokens own."""
+        return token_share(self.contributions, self.values)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of everything explained."""
         out: dict[str, Any] = {
@@ -114,12 +127,15 @@ class Explanation:
             "task": self.task, "explained": self.explained, "route": self.route,
             "tokens": self.tokens, "labels": self.labels, "prompt_length": self.prompt_length,
             "first_token_share_definition": "|c_0| / sum_j |c_j| over the input positions",
+            "token_share_definition": "sum_j c_j / value: the part of the value the tokens own",
             "outputs": [
                 {
                     "target": target,
                     "target_label": self.target_labels[t] if t < len(self.target_labels) else target,
                     "value": float(self.values[t]),
+                    "tokens": float(self.contributions[t].sum()),
                     "bias": float(self.bias[t]),
+                    "token_share": _finite(float(self.token_share()[t])),
                     "convergence_delta": float(self.delta[t]),
                     "first_token": float(self.contributions[t, 0]),
                     "first_token_share": float(self.first_token_share()[t]),
@@ -135,6 +151,10 @@ class Explanation:
         if self.components is not None:
             out["components"] = self.components.to_dict()
         return out
+
+
+def _finite(value: float) -> float | None:
+    return value if value == value and abs(value) != float("inf") else None
 
 
 def _single_token(tokenizer: Any, text: str) -> int:

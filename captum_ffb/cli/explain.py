@@ -180,9 +180,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
               f"{explanation.explained}")
         for t, target in enumerate(explanation.target_labels):
-            print(f'  "{target}": value {float(explanation.values[t]):.4f}, bias '
-                  f"{float(explanation.bias[t]):.4f}, delta {float(explanation.delta[t]):.1e}, "
-                  f"first-token share {float(explanation.first_token_share()[t]):.0%}")
+            print(f'  "{target}": value {float(explanation.values[t]):.4f} = Σ tokens '
+                  f"{float(explanation.contributions[t].sum()):.4f} + bias {float(explanation.bias[t]):.4f} "
+                  f"(token share {_percent(float(explanation.token_share()[t]))}), delta "
+                  f"{float(explanation.delta[t]):.1e}, first-token share "
+                  f"{float(explanation.first_token_share()[t]):.0%}")
         if explanation.check is not None:
             print(f"  checked against the forward route: its delta "
                   f"{explanation.check['forward_route_delta']:.1e}, largest relative difference "
@@ -236,3 +238,8 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
                                                 f"{path.with_name('skipped.csv')}" if skipped else ""))
         print(path)
     return 0
+
+
+def _percent(share: float) -> str:
+    """A token share as a percentage ("–" where the value is 0)."""
+    return "–" if share != share else f"{share:.0%}"

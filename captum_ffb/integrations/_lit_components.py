@@ -38,6 +38,8 @@ TARGET_INFO_KEY = "_salience_target"
 #: Our interpreters' names in LIT.
 NORM_DECOMPOSITION = "NormDecomposition"
 LAYER_MAPS = "Layer maps (NormDecomposition)"
+#: The salience field with ``value = Σ tokens + bias`` and the token share.
+OUTPUT_FIELD = "value = Σ tokens + bias"
 #: How the contributions are shown: as they are, or as shares of their absolute sum.
 RAW, SHARES = "logit units", "shares of Σ|c|"
 VALUES_KEY = "Values"
@@ -191,13 +193,21 @@ class ClassifierModel(lit_model.BatchedModel):
         """The tokens of ``text`` and their exact contributions to the logit of class
         ``class_index`` (the predicted class when ``None``), from
         :func:`~captum_ffb.explain.explain_text`."""
+        labels, contributions, _, _ = self.explained(text, class_index)
+        return labels, contributions
+
+    def explained(self, text: str, class_index: int | None) -> tuple[list[str], torch.Tensor, float, float]:
+        """As :meth:`contributions`, with the logit and the bias player: ``(tokens,
+        contributions, value, bias)``, ``value = Σ contributions + bias``."""
         if self.readout is None:
             explanation = explain_text(text, self.loaded, class_index=class_index, maps=False)
-            return explanation.labels, explanation.contributions[0]
+            return (explanation.labels, explanation.contributions[0], float(explanation.values[0]),
+                    float(explanation.bias[0]))
         explanation = explain_text(text, self.loaded, maps=False)  # the head's logit z
         chosen = class_index if class_index is not None else int(float(explanation.values[0]) > 0)
         sign = 1.0 if chosen == 1 else -1.0  # class 0's logit is −z
-        return explanation.labels, sign * explanation.contributions[0]
+        return (explanation.labels, sign * explanation.contributions[0], sign * float(explanation.values[0]),
+                sign * float(explanation.bias[0]))
 
 
 class GenerationModel(lit_model.BatchedModel):
@@ -366,7 +376,8 @@ class TextDataset(lit_dataset.Dataset):
 
 class NormDecompositionSalience(lit_components.Interpreter):
     """NormDecomposition (captum_ffb): the exact contribution of every token to the logit of
-    the class to explain; the contributions and the bias player add up to the logit. Shown in
+    the class to explain; the contributions and the bias player add up to the logit (the line
+    below the tokens: value = Σ tokens + bias, and the token share Σ tokens / value). Shown in
     logit units (settings: or as shares of their absolute sum)."""
 
     def is_compatible(self, model: lit_model.Model, dataset: lit_dataset.Dataset) -> bool:
@@ -380,7 +391,8 @@ class NormDecompositionSalience(lit_components.Interpreter):
         }
 
     def meta_spec(self) -> lit_types.Spec:
-        return {"text": lit_types.TokenSalience(autorun=True, signed=True)}
+        return {"text": lit_types.TokenSalience(autorun=True, signed=True),
+                OUTPUT_FIELD: lit_types.TokenSalience(autorun=True, signed=True)}
 
     def run(self, inputs: list[JsonDict], model: lit_model.Model, dataset: lit_dataset.Dataset,
             model_outputs: list[JsonDict] | None = None,
@@ -395,11 +407,19 @@ class NormDecompositionSalience(lit_components.Interpreter):
         shares = config.get(VALUES_KEY) == SHARES
         results = []
         for ex in inputs:
-            tokens, c = classifier.contributions(ex["text"], None if index is None else int(index))
-            if shares:
-                c = c / c.abs().sum().clamp_min(1e-30)
-            results.append({"text": dtypes.TokenSalience(tokens, c.cpu().numpy())})
+            tokens, c, value, bias = classifier.explained(ex["text"], None if index is None else int(index))
+            results.append({"text": dtypes.TokenSalience(tokens, (c / c.abs().sum().clamp_min(1e-30) if shares
+                                                                  else c).cpu().numpy()),
+                            OUTPUT_FIELD: output_line(float(c.sum()), value, bias)})
         return results
+
+
+def output_line(tokens: float, value: float, bias: float) -> dtypes.TokenSalience:
+    """``value = Σ tokens + bias`` and the token share (``Σ tokens / value``) as a line of
+    LIT chips, shown under the tokens' (each chip's value is the term's own)."""
+    share = "–" if value == 0 else f"{tokens / value:.0%}"
+    words = [f"value {value:.4f}", f"= Σ tokens {tokens:.4f}", f"+ bias {bias:.4f}", f"(token share {share})"]
+    return dtypes.TokenSalience(words, np.array([value, tokens, bias, 0.0]))
 
 
 class LayerMapsSalience(lit_components.Interpreter):

@@ -94,8 +94,8 @@ def contributions_table(explanation: Explanation) -> Any:
 
 
 def summary_markdown(explanation: Explanation) -> str:
-    """What was explained and, per output, ``value = Σ contributions + bias`` with the
-    convergence delta and the first-token share, as Markdown."""
+    """What was explained and, per output, ``value = Σ tokens + bias`` with the token share
+    (``Σ tokens / value``), the convergence delta and the first-token share, as Markdown."""
     text = explanation.text if len(explanation.text) <= 200 else explanation.text[:197] + "..."
     text = re.sub(r"([\\`*_\[\]<>|~#])", r"\\\1", text)  # shown as typed, not as Markdown
     lines = [f"“{text}”: {len(explanation.tokens)} tokens on **{explanation.model_name}** "
@@ -103,14 +103,15 @@ def summary_markdown(explanation: Explanation) -> str:
     if explanation.steps == 0:
         lines.append("\nThis base model has no output to explain: see its maps in *Layer maps*.")
         return "\n".join(lines)
-    shares = explanation.first_token_share()
-    lines += ["", "| output | value | Σ contributions | bias | delta | first-token share |",
-              "|---|---|---|---|---|---|"]
+    shares, owned = explanation.first_token_share(), explanation.token_share()
+    lines += ["", "| output | value | Σ tokens | bias | token share | delta | first-token share |",
+              "|---|---|---|---|---|---|---|"]
     for t, label in enumerate(explanation.target_labels):
         total = float(explanation.contributions[t].sum())
+        share = float(owned[t])
         lines.append(f"| `{label}` | {float(explanation.values[t]):.4f} | {total:.4f} | "
-                     f"{float(explanation.bias[t]):.4f} | {float(explanation.delta[t]):.1e} | "
-                     f"{float(shares[t]):.0%} |")
+                     f"{float(explanation.bias[t]):.4f} | {'–' if share != share else f'{share:.0%}'} | "
+                     f"{float(explanation.delta[t]):.1e} | {float(shares[t]):.0%} |")
     return "\n".join(lines)
 
 

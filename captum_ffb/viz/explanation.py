@@ -44,10 +44,11 @@ def _title(explanation: Explanation, step: int | None = None) -> str:
     if explanation.steps == 0:
         return what
     t = 0 if step is None else step
+    share = float(explanation.token_share()[t])
     return (f"{what}\n\"{explanation.target_labels[t]}\": value {float(explanation.values[t]):.3f} "
-            f"= Σ contributions + bias {float(explanation.bias[t]):.3f} "
-            f"(delta {float(explanation.delta[t]):.1e}); first-token share "
-            f"{float(explanation.first_token_share()[t]):.0%}")
+            f"= Σ tokens {float(explanation.contributions[t].sum()):.3f} + bias {float(explanation.bias[t]):.3f} "
+            f"(token share {'–' if share != share else f'{share:.0%}'}; delta {float(explanation.delta[t]):.1e}); "
+            f"first-token share {float(explanation.first_token_share()[t]):.0%}")
 
 
 def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
@@ -245,8 +246,10 @@ function drawRows(){
     const div = document.createElement('div');
     const head = document.createElement('p');
     head.className = 'meta';
-    head.textContent = '\u201c' + o.target + '\u201d: value ' + o.value.toFixed(4) + ' = Σ contributions + bias ' +
-      o.bias.toFixed(4) + ' (delta ' + o.convergence_delta.toExponential(1) + '); first token ' +
+    head.textContent = '\u201c' + o.target + '\u201d: value ' + o.value.toFixed(4) + ' = Σ tokens ' +
+      o.tokens.toFixed(4) + ' + bias ' + o.bias.toFixed(4) + ' (token share ' +
+      (o.token_share === null ? '–' : (100 * o.token_share).toFixed(0) + '%') +
+      '; delta ' + o.convergence_delta.toExponential(1) + '); first token ' +
       o.first_token.toFixed(4) + ', first-token share ' + (100 * o.first_token_share).toFixed(0) + '%';
     div.appendChild(head);
     div.appendChild(legend(scale, skip));

@@ -52,6 +52,9 @@ def test_next_token_contributions_add_up_to_the_real_logit(lm_dir, tmp_path):
     c = torch.tensor(out["contributions"]).abs()
     assert out["first_token_share"] == pytest.approx(float(c[0] / c.sum()), rel=1e-5)
     assert out["first_token"] == out["contributions"][0]
+    # the token share: the part of the value the tokens own, next to the bias
+    assert out["tokens"] == pytest.approx(sum(out["contributions"]), rel=1e-6)
+    assert out["token_share"] == pytest.approx(out["tokens"] / out["value"], rel=1e-5)
     assert data["forward_route_check"]["largest_relative_difference_between_routes"] < 1e-4
     assert len(data["maps"]) == 2 and len(data["maps"][0]) == len(data["tokens"])
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [

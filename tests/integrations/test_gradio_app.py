@@ -67,6 +67,8 @@ def test_a_causal_lm_explains_the_token_asked_for(lm):
     torch.testing.assert_close(torch.tensor(table['"mat"'].tolist(), dtype=torch.float64),
                                expected.contributions[0].double(), atol=1e-6, rtol=0)
     assert "the next token 'mat'" in summary and f"{float(expected.values[0]):.4f}" in summary
+    share = float(expected.contributions[0].sum() / expected.values[0])
+    assert "| token share |" in summary and f"| {share:.0%} |" in summary
     assert figure.size[0] > 200 and image.size[0] > 200
     assert maps.layers == list(range(len(lm.blocks))) and maps.text == TEXT
     for frame in (page, view):  # whole pages in isolated frames

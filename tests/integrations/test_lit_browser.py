@@ -81,11 +81,19 @@ def test_a_typed_text_shows_our_contributions_for_the_predicted_then_a_chosen_cl
 
     def ours():
         groups = lit_page.salience(page, "NormDecomposition")
-        return groups[0][1] if groups and [t for t, _ in groups[0][1]] == tokens else None
+        return next((chips for _, chips in groups if [t for t, _ in chips] == tokens), None)
 
     lit_page.enter_text(page, TEXT)
     shown = lit_page.wait_for(ours, 60, "NormDecomposition's contributions for the typed text")
-    assert_shown(shown, tokens, nd.attribute(ids, target=predicted)[0])
+    contributions, bias = nd.attribute(ids, target=predicted, return_bias=True)
+    assert_shown(shown, tokens, contributions[0])
+    # the line under the tokens: value = Σ tokens + bias, and the token share
+    line = dict(lit_page.salience(page, "NormDecomposition"))["value = Σ tokens + bias"]
+    value, total = float(logits[predicted]), float(contributions[0].sum())
+    assert [word.split(" ")[0] for word, _ in line] == ["value", "=", "+", "(token"]
+    for (_, shown_value), expected_value in zip(line, (value, total, float(bias[0]))):
+        assert float(shown_value) == pytest.approx(expected_value, rel=SHOWN, abs=1e-6)
+    assert line[3][0] == f"(token share {total / value:.0%})"
     other = (predicted + 1) % logits.shape[0]
     expected = nd.attribute(ids, target=other)[0]
     choose_class(page, other)
