@@ -1,15 +1,18 @@
-"""Cost of the attention rules on the one-backward-pass route, measured in one run.
+"""Cost of the whole-model rules on the one-backward-pass route, measured in one run.
 
 Run from the repository root::
 
     python benchmarks/attention_rules.py          # writes benchmarks/ATTENTION_RULES.md and .json
     python benchmarks/attention_rules.py --quick  # n = 32 only, a smoke test
 
-SmolLM2-135M-Instruct, next-token attribution (``NormDecomposition``, backward route) with the
-default rules (``AttnLRPAttention``), the paper's frozen-probability rule and ``IGAttention``
-(``--n-steps`` and 8 points) at n = 128 and 512, against one plain forward + backward pass of the model (loss = the target logit,
-gradients of every parameter). Each time is the best of ``--repeat`` runs, interleaved so
-that every method sees the same machine state.
+SmolLM2-135M-Instruct, next-token attribution (``NormDecomposition``, backward route): the
+default (the paper's rules, players centred on the input's mean token), the paper's rules from
+zero, ``AttnLRPAttention`` (the previous default), ``CompleteAttnLRPAttention`` and
+``IGAttention(4, exact=True)``, at n = 128, 512 and 2048, against one plain forward + backward
+pass of the model (loss = the target logit, gradients of every parameter). Each time is the
+best of ``--repeat`` runs, interleaved so that every method sees the same machine state. At
+n = 2048 each method also runs once in a process of its own, which reports its peak resident
+memory (``ru_maxrss``) with the model loaded.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import argparse
 import datetime
 import json
 import platform
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +32,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+#: name → (the attention rule from captum_ffb.rules, reference); ``None``: the default's.
+METHODS = {
+    "default (paper's rules, centred)": (None, None),
+    "paper's rules, from zero": (lambda r: r.Attention(), "zero"),
+    "AttnLRPAttention (previous default)": (lambda r: r.AttnLRPAttention(), "zero"),
+    "CompleteAttnLRPAttention": (lambda r: r.CompleteAttnLRPAttention(), "zero"),
+    "IGAttention(4, exact=True)": (lambda r: r.IGAttention(4, exact=True), "zero"),
+}
+
 
 def load_smollm2():
     from captum_ffb.models import load_model, smollm2_dir
@@ -34,40 +48,56 @@ def load_smollm2():
     return load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False)
 
 
+def runs_for(model, n: int) -> tuple[dict, torch.Tensor]:
+    from captum_ffb import NormDecomposition
+    from captum_ffb import rules as r
+
+    ids = torch.randint(100, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    with torch.no_grad():
+        token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
+
+    def plain():
+        model.zero_grad(set_to_none=True)
+        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
+
+    runs = {"forward + backward": plain}
+    for name, (rule, reference) in METHODS.items():
+        rules = None if rule is None else {"attention": rule(r)}
+        nd = NormDecomposition(model, rules=rules)
+        runs[name] = (lambda nd=nd, reference=reference: nd.attribute(ids, target=token, reference=reference))
+    return runs, ids
+
+
+def one(name: str, n: int) -> None:
+    """In a process of its own: one method at ``n``, print seconds and peak RSS (bytes)."""
+    torch.set_num_threads(1)
+    model = load_smollm2().model
+    runs, _ = runs_for(model, n)
+    start = time.perf_counter()
+    runs[name]()
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--n-steps", type=int, default=32)
+    parser.add_argument("--one", nargs=2, metavar=("NAME", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    from captum_ffb import NormDecomposition
-    from captum_ffb.rules import Attention, IGAttention
-
-    loaded = load_smollm2()
-    model = loaded.model
-    sizes = [32] if args.quick else [128, 512]
-    methods = {"default (AttnLRPAttention)": None, "frozen Attention() (paper)": Attention(),
-               f"IGAttention(n_steps={args.n_steps})": IGAttention(args.n_steps),
-               "IGAttention(n_steps=8)": IGAttention(8)}
+    if args.one:
+        one(args.one[0], int(args.one[1]))
+        return
+    torch.set_num_threads(1)
+    model = load_smollm2().model
+    sizes = [32] if args.quick else [128, 512, 2048]
     rows = []
     for n in sizes:
-        ids = torch.randint(100, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
-        with torch.no_grad():
-            token = int(model(ids).logits[0, -1].argmax())
-
-        def plain(ids=ids, token=token):
-            model.zero_grad(set_to_none=True)
-            model(ids, logits_to_keep=1).logits[0, -1, token].backward()
-
-        runs = {"forward + backward": plain}
-        for name, rule in methods.items():
-            nd = NormDecomposition(model, rules=None if rule is None else {"attention": rule})
-            runs[name] = (lambda nd=nd, ids=ids, token=token: nd.attribute(ids, target=token))
+        runs, _ = runs_for(model, n)
         best = {name: float("inf") for name in runs}
         for fn in runs.values():
             fn()  # warm
-        for _ in range(args.repeat):
+        for _ in range(args.repeat if n < 2048 else 1):
             for name, fn in runs.items():
                 start = time.perf_counter()
                 fn()
@@ -76,20 +106,33 @@ def main() -> None:
         for name, seconds in best.items():
             rows.append({"n": n, "method": name, "seconds": seconds,
                          "ratio_to_forward_backward": seconds / best["forward + backward"]})
-            print(f"n={n:4d} {name:28s} {seconds:7.3f} s  ratio {seconds / best['forward + backward']:.2f}",
+            print(f"n={n:4d} {name:38s} {seconds:8.3f} s  ratio {seconds / best['forward + backward']:.2f}",
+                  flush=True)
+    memory = []
+    if not args.quick:
+        for name in ["forward + backward", *METHODS]:
+            done = subprocess.run([sys.executable, __file__, "--one", name, "2048"], capture_output=True,
+                                  text=True, check=True)
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+            memory.append({"n": 2048, "method": name, **found})
+            print(f"alone n=2048 {name:38s} {found['seconds']:8.3f} s  peak {found['peak_rss'] / 2**30:.2f} GB",
                   flush=True)
     if args.quick:
         return
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
             "processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "repeat": args.repeat}
-    (ROOT / "benchmarks" / "ATTENTION_RULES.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = ["# Attention rules: cost on the backward route (SmolLM2-135M, next token)", "",
+    (ROOT / "benchmarks" / "ATTENTION_RULES.json").write_text(
+        json.dumps({"meta": meta, "rows": rows, "alone": memory}, indent=2))
+    lines = ["# Whole-model rules: cost on the backward route (SmolLM2-135M, next token)", "",
              f"Measured {meta['date']} on {meta['processor']}, {meta['threads']} thread"
-             f"{'s' if meta['threads'] != 1 else ''}, torch "
-             f"{meta['torch']}, best of {args.repeat}; by `python benchmarks/attention_rules.py`.", "",
-             "| n | method | seconds | ratio to one forward + backward |", "|---|---|---|---|"]
+             f"{'s' if meta['threads'] != 1 else ''}, torch {meta['torch']}, best of {args.repeat} "
+             f"(one run at n = 2048); by `python benchmarks/attention_rules.py`.", "",
+             "| n | method | seconds | ratio to one forward + backward |", "|---|---|---:|---:|"]
     lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.3f} | {r['ratio_to_forward_backward']:.2f} |" for r in rows]
+    lines += ["", "Each alone in a process of its own at n = 2048 (the model loaded; peak resident memory):", "",
+              "| method | seconds | peak resident memory (GB) |", "|---|---:|---:|"]
+    lines += [f"| {m['method']} | {m['seconds']:.1f} | {m['peak_rss'] / 2**30:.2f} |" for m in memory]
     (ROOT / "benchmarks" / "ATTENTION_RULES.md").write_text("\n".join(lines) + "\n")
 
 

