@@ -199,8 +199,8 @@ def explain_text(
                     for base models, and for inputs up to :data:`MAPS_UP_TO` tokens.
         readout (ReadOut, optional): what a base model's output is read as
                     (:mod:`captum_ffb.readouts`); by default the bundled sentiment head
-                    where the model fits it (:func:`~captum_ffb.evaluation.minilm_head.
-                    sentiment_readout_for`), else only the maps are explained.
+                    where the model fits it (:func:`~captum_ffb.readouts.
+                    default_readout`), else only the maps are explained.
         components (str, optional): also split the explained output over tokens ×
                     components at this granularity, ``"block"``, ``"sublayer"`` or ``"head"``
                     (see :meth:`NormDecomposition.attribute_components`; one more pass of
@@ -209,7 +209,7 @@ def explain_text(
     Returns:
         Explanation
     """
-    from captum_ffb.evaluation.minilm_head import fits_minilm_head
+    from captum_ffb.readouts import fits_minilm_head
 
     check_text(text)
     loaded = model or load_model(show_progress=False)
@@ -348,14 +348,14 @@ def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, reado
                   common: dict[str, Any]) -> tuple[Explanation, ReadOut | None]:
     """The whole-model maps, and a read-out of the hidden states when there is one (the
     bundled sentiment head where the model fits it), with that read-out."""
-    from captum_ffb.evaluation.minilm_head import sentiment_readout_for
+    from captum_ffb.readouts import default_readout
 
     tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
     explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, loaded.tokenizer),
                               explained="the whole-model token-to-token maps",
                               contributions=torch.zeros(0, ids.shape[1]))
     bundled = readout is None
-    readout = sentiment_readout_for(loaded.model) if bundled else readout
+    readout = default_readout(loaded.model) if bundled else readout
     if readout is None:
         if maps:
             with torch.no_grad():
@@ -479,11 +479,11 @@ def explain_corpus(
     Returns:
         Path: the ``explanations.jsonl`` file.
     """
-    from captum_ffb.analysis.corpus import skip_reason, write_skipped
-    from captum_ffb.evaluation.minilm_head import fits_minilm_head
+    from captum_ffb.corpus import skip_reason, write_skipped
     from captum_ffb.jobs.job import ModelSource, run_job
     from captum_ffb.models import load_tokenizer, max_length_of, model_config, task_from_config
     from captum_ffb.outputs import atomic_open, check_out_dir, to_json
+    from captum_ffb.readouts import fits_minilm_head
 
     if not texts:
         raise ValueError("the corpus has no texts")

@@ -1,16 +1,13 @@
 """Maps for a piece of text: tokenise, decompose the chosen layers, keep tokens and deltas.
 
-This is what the CLI, the figures, the HTML view and the exports consume.
+This is what the CLI, the figures, the HTML view and the exports consume. Reading texts from
+files is :mod:`captum_ffb.corpus` (``read_rows``, ``read_texts``; still importable from here).
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -238,66 +235,11 @@ def text_maps(
     return out
 
 
-# ---------------------------------------------------------------------------------------
-# texts from files
+def __getattr__(name: str) -> Any:
+    """``read_rows`` and ``read_texts`` moved to :mod:`captum_ffb.corpus` (0.3); still
+    importable from here."""
+    if name in ("read_rows", "read_texts"):
+        from captum_ffb import corpus  # allowed: a sibling, reached only through these names
 
-
-def read_rows(data: str | os.PathLike) -> tuple[list[str], list[int | None]]:
-    r"""Every text and label of ``data`` in order, blank ones included (as ``""``), so that
-    position ``k`` is the ``k``-th line of a ``.txt`` or ``.jsonl`` file, or the ``k``-th row
-    of a ``.csv`` / ``.tsv`` (see :func:`read_texts` for the formats)."""
-    if str(data) == "rotten_tomatoes":
-        from captum_ffb.evaluation.data import rotten_tomatoes_split
-
-        split = rotten_tomatoes_split("heldout")
-        return list(split.texts), list(split.labels)
-    path = Path(data)
-    if not path.is_file():
-        raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
-    suffix = path.suffix.lower()
-    if suffix == ".txt":
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-        labels: list[Any] = [None] * len(texts)
-    elif suffix == ".jsonl":
-        rows = [json.loads(line) if line.strip() else {"text": ""}
-                for line in path.read_text(encoding="utf-8").splitlines()]
-        if any(not isinstance(r, dict) or "text" not in r for r in rows):
-            raise ValueError(f"--data {data}: every line needs a \"text\"")
-        texts, labels = [r["text"] for r in rows], [r.get("label") for r in rows]
-    elif suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
-        if rows and "text" not in rows[0]:
-            raise ValueError(f"--data {data}: no 'text' column")
-        texts = [r["text"] or "" for r in rows]
-        labels = [int(r["label"]) if r.get("label") not in (None, "") else None for r in rows]
-    else:
-        raise ValueError(f"--data {data}: use a .txt, .jsonl, .csv or .tsv file, or rotten_tomatoes")
-    return texts, [None if v is None else int(v) for v in labels]
-
-
-def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = None,
-               max_tokens: int | None = None) -> tuple[list[str], list[int | None]]:
-    r"""Texts and labels: ``"rotten_tomatoes"`` (the labelled held-out split, see
-    :mod:`captum_ffb.evaluation.data`), or a file: ``.txt`` (one text per line, no labels),
-    ``.jsonl`` (``{"text": ..., "label": ...}``) or ``.csv`` / ``.tsv`` (columns ``text`` and
-    optionally ``label``); blank texts are left out (:func:`read_rows` keeps them).
-
-    Args:
-        data (str or PathLike): the source.
-        n (int, optional): keep the first ``n`` (after the length filter).
-        tokenizer (optional): counts tokens for ``max_tokens``.
-        max_tokens (int, optional): skip texts longer than this (the tokenizer's tokens).
-    """
-    rows, gold = read_rows(data)
-    keep = [k for k, text in enumerate(rows) if text.strip()]
-    texts, labels = [rows[k] for k in keep], [gold[k] for k in keep]
-    if max_tokens is not None:
-        lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
-        keep = [k for k, length in enumerate(lengths) if length <= max_tokens]
-        texts, labels = [texts[k] for k in keep], [labels[k] for k in keep]
-    if n is not None:
-        texts, labels = texts[:n], labels[:n]
-    if not texts:
-        raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else ""))
-    return texts, labels
+        return getattr(corpus, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

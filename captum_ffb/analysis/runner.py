@@ -25,7 +25,15 @@ import torch
 from torch import Tensor, nn
 
 from captum_ffb.analysis.corpus import PreparedSequence, SkippedLine, prepare_sequences
-from captum_ffb.analysis.stats import (
+from captum_ffb.architectures import get_architecture
+from captum_ffb.attr import LayerNormDecomposition
+from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
+from captum_ffb.engine.positions import pad_sequences
+from captum_ffb.jobs import ModelSource, run_job
+from captum_ffb.jobs.job import fingerprint_of
+from captum_ffb.models import LoadedModel
+from captum_ffb.outputs import check_out_dir
+from captum_ffb.stats import (
     PairTable,
     contextualization_change,
     correlations,
@@ -35,14 +43,6 @@ from captum_ffb.analysis.stats import (
     smallest_dims,
     spearman,
 )
-from captum_ffb.architectures import get_architecture
-from captum_ffb.attr import LayerNormDecomposition
-from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
-from captum_ffb.engine.positions import pad_sequences
-from captum_ffb.jobs import ModelSource, run_job
-from captum_ffb.jobs.job import fingerprint_of
-from captum_ffb.models import LoadedModel
-from captum_ffb.outputs import check_out_dir
 
 __all__ = ["AnalysisConfig", "Measure", "analyze_corpus", "is_causal", "measures_for"]
 

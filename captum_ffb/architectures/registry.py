@@ -111,3 +111,15 @@ def get_chain(name: str) -> Any:
     if name not in _CHAINS:
         raise ValueError(f"unknown chain {name!r}; registered: {', '.join(registered_chains())}")
     return _CHAINS[name]
+
+
+def model_type_of(*roots: Any) -> str | None:
+    """The ``config.model_type`` of the first of ``roots`` (or their sub-modules) with one."""
+    for root in roots:
+        if root is None:
+            continue
+        for module in root.modules():
+            model_type = getattr(getattr(module, "config", None), "model_type", None)
+            if model_type:
+                return model_type
+    return None

@@ -148,9 +148,3 @@ class ComponentAttribution:
             out["tokens"] = list(self.tokens[row])
         return out
 
-    def plot(self, row: int = 0, **kwargs: Any) -> Any:
-        """A tokens × components heat map of one row (see
-        :func:`captum_ffb.viz.plot_components`)."""
-        from captum_ffb.viz.components import plot_components
-
-        return plot_components(self, row=row, **kwargs)

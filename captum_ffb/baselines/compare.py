@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb.analysis import stats
+from captum_ffb import stats
 from captum_ffb.outputs import write_text
 
 
@@ -66,7 +66,7 @@ def _pearson(a: Tensor, b: Tensor) -> float:
 
 def spearman(a: Tensor, b: Tensor) -> float:
     """Spearman's ρ of two tensors, flattened (NaN when either is constant); see
-    :func:`captum_ffb.analysis.stats.spearman`."""
+    :func:`captum_ffb.stats.spearman`."""
     return stats.spearman(a.double().flatten().numpy(), b.double().flatten().numpy())
 
 

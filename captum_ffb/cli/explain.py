@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_components(generate: int, task: str, config: object) -> None:
     """The refusals of ``--components`` that need no weights."""
-    from captum_ffb.evaluation.minilm_head import fits_minilm_head
+    from captum_ffb.readouts import fits_minilm_head
 
     if generate:
         raise UsageError("--components explains one output; leave out --generate")
@@ -216,8 +216,8 @@ def _print_components(table: ComponentAttribution, count: int = 5) -> None:
 
 
 def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
+    from captum_ffb.corpus import read_rows
     from captum_ffb.explain import explain_corpus
-    from captum_ffb.text import read_rows
 
     for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate),
                         ("--components", args.components)):

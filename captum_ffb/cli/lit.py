@@ -96,14 +96,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     _check_port(args.host, args.port)
     if args.data is not None:
-        from captum_ffb.text import read_texts
+        from captum_ffb.corpus import read_texts
 
         read_texts(args.data, n=1)  # a missing or empty file fails before the weights load
     _quiet_logs()
     config = model_config(args.model)
     task = task_from_config(config)
     if task == "base":
-        from captum_ffb.evaluation.minilm_head import fits_minilm_head
+        from captum_ffb.readouts import fits_minilm_head
 
         if not fits_minilm_head(config):
             raise UsageError("a base model has nothing to explain in LIT: give a sequence "

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from captum_ffb.architectures import get_architecture, supported_architectures
+from captum_ffb.architectures import get_architecture, model_type_of, supported_architectures  # noqa: F401  (re-exported)
 from captum_ffb.architectures.spec import ArchitectureSpec
 from captum_ffb.engine.block import has_path, resolve
 
@@ -17,18 +17,6 @@ def find_model(forward_func: Callable | nn.Module) -> nn.Module | None:
         return forward_func
     owner = getattr(forward_func, "__self__", None)
     return owner if isinstance(owner, nn.Module) else None
-
-
-def model_type_of(*roots: nn.Module | None) -> str | None:
-    """The ``config.model_type`` of the first of ``roots`` (or their sub-modules) with one."""
-    for root in roots:
-        if root is None:
-            continue
-        for module in root.modules():
-            model_type = getattr(getattr(module, "config", None), "model_type", None)
-            if model_type:
-                return model_type
-    return None
 
 
 def base_model_of(model: nn.Module) -> nn.Module:

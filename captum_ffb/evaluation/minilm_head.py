@@ -1,4 +1,5 @@
-"""A logistic-regression sentiment head on mean-pooled all-MiniLM-L6-v2 embeddings.
+"""Training the logistic-regression sentiment head on mean-pooled all-MiniLM-L6-v2 embeddings
+(its run-time part, loading and the read-out, is in :mod:`captum_ffb.readouts`).
 
 The head reads the mean of MiniLM's last hidden state over the real tokens (every position
 with ``attention_mask == 1``, ``[CLS]`` and ``[SEP]`` included, as sentence-transformers
@@ -19,11 +20,8 @@ weight, the bias, the accuracies and how it was made.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
-from functools import lru_cache
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +29,17 @@ import torch
 from torch import Tensor, nn
 
 from captum_ffb.engine.positions import pad_sequences
-from captum_ffb.readouts import BinaryDirection, mean_pool
+from captum_ffb.readouts import (  # the bundled head's run-time part, importable from here as before
+    ARTEFACT,
+    POOLING,
+    MiniLMSentimentHead,
+    fits_minilm_head,
+    load_minilm_sentiment_head,
+    mean_pool,
+    minilm_sentiment_logit,
+    minilm_sentiment_readout,
+    sentiment_readout_for,
+)
 
 __all__ = [
     "ARTEFACT",
@@ -49,132 +57,10 @@ __all__ = [
     "train_head",
 ]
 
-#: The bundled head.
-ARTEFACT = Path(__file__).with_name("data") / "minilm_rt_sentiment.json"
 #: Share of the training split (its end, in split order) used to choose ``λ``.
 VALIDATION_FRACTION = 0.2
 #: The L2 strengths tried, half a decade apart (penalty ``λ/2 ‖w‖²`` on the mean log-loss).
 L2_GRID = tuple(10.0 ** (k / 2) for k in range(-12, 1))
-
-POOLING = (
-    "mean of the last hidden state over positions with attention_mask == 1 "
-    "([CLS] and [SEP] included), no normalisation; logit = weight . pooled + bias"
-)
-
-
-class MiniLMSentimentHead(nn.Module):
-    r"""Logistic-regression head on mean-pooled hidden states: ``forward`` gives the logit of
-    the positive class.
-
-    Args:
-        weight (Tensor): ``(d,)``.
-        bias (float): the intercept.
-        info (dict, optional): how the head was made (the artefact's other fields).
-    """
-
-    def __init__(self, weight: Tensor, bias: float, info: dict[str, Any] | None = None):
-        super().__init__()
-        if weight.dim() != 1:
-            raise ValueError(f"weight must be a vector; got shape {tuple(weight.shape)}")
-        self.linear = nn.Linear(weight.shape[0], 1, dtype=weight.dtype)
-        with torch.no_grad():
-            self.linear.weight.copy_(weight.unsqueeze(0))
-            self.linear.bias.fill_(float(bias))
-        self.info = dict(info or {})
-
-    def direction(self) -> BinaryDirection:
-        """The head as a read-out: a :class:`~captum_ffb.Direction` with mean pooling and its
-        bias, whose value is the positive class's logit (two classes ``(−z, z)``)."""
-        return BinaryDirection(self.linear.weight[0].detach(), pooling="mean",
-                               bias=float(self.linear.bias.detach()))
-
-    def forward(self, hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
-        """The logit ``(batch,)`` from the last hidden state ``(batch, n, d)`` and the mask."""
-        pooled = mean_pool(hidden_states, attention_mask).to(self.linear.weight.dtype)
-        return self.linear(pooled).squeeze(-1)
-
-
-def load_minilm_sentiment_head(
-    path: str | Path | None = None, dtype: torch.dtype = torch.float32
-) -> MiniLMSentimentHead:
-    r"""The sentiment head saved by :func:`train_head` (the bundled one by default), in eval
-    mode with frozen parameters.
-
-    Args:
-        path (str or Path, optional): a JSON artefact; :data:`ARTEFACT` by default.
-        dtype (torch.dtype): the parameters' dtype.
-    """
-    source = Path(path) if path is not None else ARTEFACT
-    data = json.loads(source.read_text(encoding="utf-8"))
-    missing = {"weight", "bias"} - set(data)
-    if missing:
-        raise ValueError(f"{source} is not a head artefact: no {', '.join(sorted(missing))}")
-    weight = torch.tensor(data["weight"], dtype=torch.float64).to(dtype)
-    info = {k: v for k, v in data.items() if k not in ("weight", "bias")}
-    head = MiniLMSentimentHead(weight, float(data["bias"]), info).eval()
-    head.requires_grad_(False)
-    return head
-
-
-@lru_cache(maxsize=1)
-def _bundled_head() -> MiniLMSentimentHead:
-    return load_minilm_sentiment_head()
-
-
-def minilm_sentiment_readout() -> BinaryDirection:
-    """The bundled sentiment head as a read-out (see :meth:`MiniLMSentimentHead.direction`)."""
-    return _bundled_head().direction()
-
-
-#: The configuration of all-MiniLM-L6-v2, the encoder the bundled head was trained on.
-MINILM_CONFIG = {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6,
-                 "num_attention_heads": 12, "intermediate_size": 1536, "vocab_size": 30522}
-
-
-def fits_minilm_head(config: Any) -> bool:
-    """Whether a base model with this configuration is one the bundled head reads: a BERT
-    shaped as all-MiniLM-L6-v2 (:data:`MINILM_CONFIG`), the encoder it was trained on."""
-    return all(getattr(config, key, None) == value for key, value in MINILM_CONFIG.items())
-
-
-def sentiment_readout_for(model: nn.Module) -> BinaryDirection | None:
-    """The bundled sentiment head's read-out when ``model`` is a base model it fits, else
-    ``None``."""
-    from captum_ffb.architectures.heads import task_of
-
-    if task_of(model) != "base" or not fits_minilm_head(getattr(model, "config", None)):
-        return None
-    return minilm_sentiment_readout()
-
-
-def minilm_sentiment_logit(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    head: MiniLMSentimentHead | None = None,
-) -> Tensor:
-    r"""The head's positive-class logit for a batch: MiniLM's last hidden state, mean-pooled
-    over the real tokens, through the head.
-
-    Args:
-        model (nn.Module): all-MiniLM-L6-v2 (``AutoModel``, no task head).
-        input_ids (Tensor): ``(batch, n)``.
-        attention_mask (Tensor): ``(batch, n)``, 1 on real tokens.
-        head (MiniLMSentimentHead, optional): the bundled head by default.
-
-    Returns:
-        Tensor of shape ``(batch,)``.
-    """
-    head = head if head is not None else _bundled_head()
-    hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    if hidden.shape[-1] != head.linear.in_features:
-        raise ValueError(
-            f"the model's hidden size {hidden.shape[-1]} is not the head's "
-            f"{head.linear.in_features}"
-        )
-    pooled = mean_pool(hidden, attention_mask)
-    return head.linear(pooled.to(head.linear.weight.dtype)).squeeze(-1).to(hidden.dtype)
-
 
 def pooled_embeddings(
     model: nn.Module, tokenizer: Any, texts: Sequence[str], batch_size: int = 64

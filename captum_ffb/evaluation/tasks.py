@@ -85,7 +85,7 @@ class EvaluationTask:
                  keep_first: bool = False) -> None:
         from captum_ffb.attr import NormDecomposition
         from captum_ffb.evaluation.data import SENTIMENT_LABELS, SENTIMENT_TEMPLATE, label_token_ids
-        from captum_ffb.evaluation.minilm_head import sentiment_readout_for
+        from captum_ffb.readouts import default_readout
 
         if kind not in EVALUATION_TASKS:
             raise ValueError(f"unknown task {kind!r}; choose from {', '.join(EVALUATION_TASKS)}")
@@ -113,7 +113,7 @@ class EvaluationTask:
         elif self.nd.task == "sequence_classification":
             readout = ClassLogit()
         elif readout is None:
-            readout = sentiment_readout_for(self.model)
+            readout = default_readout(self.model)
             if readout is None:
                 raise ValueError("sentiment on a base model needs the bundled all-MiniLM-L6-v2 "
                                  "(its sentiment head), a sequence classifier or a causal LM")

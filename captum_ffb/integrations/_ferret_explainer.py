@@ -48,7 +48,7 @@ class NormDecompositionExplainer(BaseExplainer):
     NAME = "NormDecomposition"
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
-        from captum_ffb.integrations.ferret import ReadOutClassifier
+        from captum_ffb.integrations._readout_classifier import ReadOutClassifier
 
         super().__init__(model, tokenizer)
         self.readout_model = model if isinstance(model, ReadOutClassifier) else None

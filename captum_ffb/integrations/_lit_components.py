@@ -23,11 +23,10 @@ from lit_nlp.components import core
 from lit_nlp.examples.prompt_debugging.constants import INPUT_SPEC as PROMPT_SPEC
 
 from captum_ffb.attr import NormDecomposition
-from captum_ffb.evaluation.minilm_head import sentiment_readout_for
 from captum_ffb.explain import explain_text
 from captum_ffb.integrations._lit_offline import OfflineFonts
 from captum_ffb.models import LoadedModel
-from captum_ffb.readouts import NextToken
+from captum_ffb.readouts import NextToken, default_readout
 from captum_ffb.text import display_tokens, text_maps
 
 JsonDict = dict[str, Any]
@@ -90,7 +89,7 @@ def class_labels(loaded: LoadedModel) -> list[str]:
     if loaded.task == "sequence_classification":
         config = loaded.model.config
         return [str(config.id2label.get(k, k)) for k in range(config.num_labels)]
-    if loaded.task == "base" and sentiment_readout_for(loaded.model) is not None:
+    if loaded.task == "base" and default_readout(loaded.model) is not None:
         return list(SENTIMENT_LABELS)
     if loaded.task == "base":
         raise ValueError("a base model has no classes to explain: LIT needs a sequence "
@@ -114,7 +113,7 @@ class ClassifierModel(lit_model.BatchedModel):
     def __init__(self, loaded: LoadedModel, batch_size: int = 16):
         self.loaded = loaded
         self.batch_size = batch_size
-        self.readout = sentiment_readout_for(loaded.model) if loaded.task == "base" else None
+        self.readout = default_readout(loaded.model) if loaded.task == "base" else None
         self.labels = class_labels(loaded)
 
     @classmethod

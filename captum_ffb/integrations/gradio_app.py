@@ -141,11 +141,11 @@ class AppEvents:
 
     def __init__(self, loaded: LoadedModel):
         from captum_ffb.architectures.heads import task_of
-        from captum_ffb.evaluation.minilm_head import fits_minilm_head
+        from captum_ffb.readouts import default_readout
 
         self.loaded = loaded
         self.task = task_of(loaded.model)
-        self.has_output = self.task != "base" or fits_minilm_head(loaded.model.config)
+        self.has_output = default_readout(loaded.model) is not None
         names = getattr(loaded.model.config, "id2label", None) or {}
         classes = int(getattr(loaded.model.config, "num_labels", 0) or 0)
         self.class_choices = [("predicted", -1)] + [(f"{k}: {names.get(k, k)}", k) for k in range(classes)]

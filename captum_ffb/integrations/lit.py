@@ -111,8 +111,8 @@ def lit_dataset(loaded: LoadedModel, data: str | os.PathLike | None = None,
         limit (int, optional): keep the first ``limit`` texts.
     """
     require_lit()
+    from captum_ffb.corpus import read_texts
     from captum_ffb.integrations import _lit_components as components
-    from captum_ffb.text import read_texts
 
     if data is None:
         texts: list[str] = list(DEFAULT_TEXTS)

@@ -41,7 +41,7 @@ class PlayerSplitJob:
         return [[k] for k in range(len(self.parts))]
 
     def setup(self) -> Any:
-        from captum_ffb import NormDecomposition
+        from captum_ffb.attr import NormDecomposition
 
         loaded = self.model.load()
         options = {} if self.memory_budget is None else {"memory_budget": self.memory_budget}

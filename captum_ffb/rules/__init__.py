@@ -113,9 +113,9 @@ def attnlrp_rules(model: Any = None) -> dict[str, Rule]:
     owed to the bias player, so ``Σ_j c_j + c_bias`` is still the real output.
 
     Args:
-        model (nn.Module or str, optional): the model (or its ``model_type``) whose roles
-                    and norm kind to use; default: a Llama-style decoder (RMSNorm, gated
-                    feed-forward).
+        model (nn.Module, str or ArchitectureSpec, optional): the model (or its
+                    ``model_type``, or its family's spec) whose roles and norm kind to use;
+                    default: a Llama-style decoder (RMSNorm, gated feed-forward).
 
     Examples::
 
@@ -124,13 +124,15 @@ def attnlrp_rules(model: Any = None) -> dict[str, Rule]:
     """
     norm, gated, element_wise = "rms_norm", True, False
     if model is not None:
-        from captum_ffb.architectures import get_architecture
-        from captum_ffb.engine.model import model_type_of
+        from captum_ffb.architectures import ArchitectureSpec, get_architecture, model_type_of
 
-        model_type = model if isinstance(model, str) else model_type_of(model)
-        if model_type is None:
-            raise ValueError("cannot tell the model's family: give its model_type")
-        spec = get_architecture(model_type)
+        if isinstance(model, ArchitectureSpec):
+            spec = model
+        else:
+            model_type = model if isinstance(model, str) else model_type_of(model)
+            if model_type is None:
+                raise ValueError("cannot tell the model's family: give its model_type")
+            spec = get_architecture(model_type)
         norm = spec.norm
         gated = spec.moe is not None or spec.ff_gate is not None
         element_wise = spec.ff_in is not None and spec.ff_gate is None
@@ -145,3 +147,4 @@ def attnlrp_rules(model: Any = None) -> dict[str, Rule]:
     if element_wise:
         rules["activation"] = IGActivation()
     return rules
+
