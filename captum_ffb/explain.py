@@ -16,6 +16,7 @@ models park attention, the "attention sink"); ``first_token`` is the signed ``c_
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,7 @@ def _single_token(tokenizer: Any, text: str) -> int:
 
 def explain_text(
     text: str,
-    model: LoadedModel | None = None,
+    model: LoadedModel | str | None = None,
     target: str | None = None,
     class_index: int | None = None,
     generate: int = 0,
@@ -176,9 +177,12 @@ def explain_text(
     maps: bool | None = None,
     readout: ReadOut | None = None,
     components: str | None = None,
+    show_progress: bool = False,
 ) -> Explanation:
     r"""Explain ``text`` on ``model`` (the bundled all-MiniLM-L6-v2 by default).
 
+    The request is checked once, here, before any weights load (from the model's
+    configuration when ``model`` is a name or folder, see :func:`check_request`).
     The model runs twice: once recording the forward route (the real values, the predicted
     output, the bias player, the maps and, on inputs of up to :data:`CHECK_UP_TO` tokens,
     the forward route's check), once for the backward route (not on the forward route).
@@ -187,7 +191,8 @@ def explain_text(
 
     Args:
         text (str): the input.
-        model (LoadedModel, optional): from :func:`captum_ffb.models.load_model`.
+        model (LoadedModel or str, optional): from :func:`captum_ffb.models.load_model`, or
+                    a model folder or name to load (after the request is checked).
         target (str, optional): a causal LM's next token to explain, as text (one token);
                     the predicted one by default.
         class_index (int, optional): a sequence classifier's class; the predicted one by
@@ -205,19 +210,24 @@ def explain_text(
                     components at this granularity, ``"block"``, ``"sublayer"`` or ``"head"``
                     (see :meth:`NormDecomposition.attribute_components`; one more pass of
                     the model); not with ``generate``, and a base model needs a read-out.
+        show_progress (bool): when ``model`` is loaded here, say so on stderr and show the
+                    weights' progress bar.
 
     Returns:
         Explanation
     """
-    from captum_ffb.readouts import fits_minilm_head
+    from captum_ffb.models import model_config
 
-    check_text(text)
-    loaded = model or load_model(show_progress=False)
+    if isinstance(model, LoadedModel):
+        check_request(model.model.config, text, target, class_index, generate, components, readout)
+        loaded = model
+    else:
+        config = model_config(model)
+        task = check_request(config, text, target, class_index, generate, components, readout)
+        if show_progress:
+            print(f"loading {model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
+        loaded = load_model(model, show_progress=show_progress, config=config, task=task)
     nd = NormDecomposition(loaded.model)
-    _check_options(nd.task, target, class_index, generate, readout)
-    if components is not None:
-        _check_components(components, generate, nd.task == "base" and readout is None
-                          and not fits_minilm_head(getattr(loaded.model, "config", None)))
     ids = encode_text(text, loaded)["input_ids"]
     ids = ids.to(next(loaded.model.parameters()).device)
     n_prompt = ids.shape[1]
@@ -238,8 +248,25 @@ def explain_text(
     return explanation
 
 
-def _check_options(task: str, target: str | None, class_index: int | None, generate: int,
-                   readout: ReadOut | None) -> None:
+def check_request(config: Any, text: str | None = None, target: str | None = None,
+                  class_index: int | None = None, generate: int = 0, components: str | None = None,
+                  readout: ReadOut | None = None) -> str:
+    r"""Check an explain request against a model's configuration, before any weights load;
+    return the model's task. Every refusal of ``explain`` is made here, once (the command line
+    only turns the ``ValueError`` into its one line).
+
+    Args:
+        config: the model's configuration (:func:`~captum_ffb.models.model_config`).
+        text, target, class_index, generate, components, readout: as for :func:`explain_text`.
+    """
+    from captum_ffb.architectures import get_architecture
+    from captum_ffb.models import task_from_config
+    from captum_ffb.readouts import fits_minilm_head
+
+    if text is not None:
+        check_text(text)
+    get_architecture(getattr(config, "model_type", None)).check_config(config)
+    task = task_from_config(config)
     if target is not None and task != "causal_lm":
         raise ValueError("--target names a next token: it needs a causal LM")
     if class_index is not None and task != "sequence_classification":
@@ -251,15 +278,14 @@ def _check_options(task: str, target: str | None, class_index: int | None, gener
     if readout is not None and task != "base":
         raise ValueError("a read-out is chosen for a base model; a model with a head explains "
                          "its next token or class")
-
-
-def _check_components(granularity: str, generate: int, nothing_to_explain: bool) -> None:
-    check_granularity(granularity)
-    if generate:
-        raise ValueError("--components explains one output; leave out --generate")
-    if nothing_to_explain:
-        raise ValueError("--components needs an output to explain: this base model has no read-out "
-                         "(the bundled sentiment head fits only all-MiniLM-L6-v2)")
+    if components is not None:
+        check_granularity(components)
+        if generate:
+            raise ValueError("--components explains one output; leave out --generate")
+        if task == "base" and readout is None and not fits_minilm_head(config):
+            raise ValueError("--components needs an output to explain: this base model has none "
+                             "(the bundled sentiment head fits only all-MiniLM-L6-v2)")
+    return task
 
 
 def _run(nd: NormDecomposition, sequence: Tensor, readouts: list[ReadOut], route: str, maps: bool,

@@ -13,7 +13,6 @@ from captum_ffb.cli._common import (
     engine_options,
     resolve_device,
 )
-from captum_ffb.outputs import check_out_dir
 
 DEFAULT_OUT = "captum_ffb_evaluate"
 DEFAULT_METHODS = "decomposition,attention_last,rollout,input_x_gradient,integrated_gradients,random"
@@ -141,8 +140,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--n must be at least 1, got {n}")
     if args.max_tokens is not None and args.max_tokens < 2:
         raise UsageError(f"--max-tokens must be at least 2, got {args.max_tokens}")
-    if args.batch_size < 1:
-        raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.copy < 0:
         raise UsageError(f"--copy must be 0 or more, got {args.copy}")
     if not evidence and (args.copy or args.split != "heldout"):
@@ -150,9 +147,8 @@ def run(args: argparse.Namespace) -> int:
     if evidence and (args.protocol != "all" or args.keep_first or args.max_tokens is not None):
         raise UsageError("--task evidence scores ranks of the evidence: --protocol, --keep-first "
                          "and --max-tokens do not apply")
-    device = resolve_device(args.device)  # before the model loads
+    device = resolve_device(args.device)  # before the model loads (evaluate checks --out and --batch-size)
     engine, engine_settings = engine_options(args)
-    check_out_dir(args.out)
     if evidence:
         return _run_evidence(args, methods, options, n, device, engine, engine_settings)
     summary = evaluate(args.model, args.task, args.data or "rotten_tomatoes", methods, protocols, args.out,

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from captum_ffb.cli._common import (
     UsageError,
     add_device_option,
     add_engine_options,
-    check_model_options,
     engine_options,
     resolve_device,
 )
@@ -116,8 +114,6 @@ def _formats(value: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from captum_ffb.explain import explain_text
-    from captum_ffb.models import load_model, model_config, task_from_config
-    from captum_ffb.text import check_text
 
     if (args.text is None) == (args.data is None):
         raise UsageError("give either a TEXT or --data FILE")
@@ -128,11 +124,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--engine ray is for the corpus mode (--data FILE)")
     if args.device != "cpu":
         raise UsageError("--device is for the corpus mode (--data FILE); one TEXT runs on the cpu")
-    check_text(args.text)
     formats = _formats(args.format)
     if args.generate is not None and args.generate < 1:
         raise UsageError(f"--generate must be at least 1, got {args.generate}")
-    generate = args.generate or 0
     out = check_out_dir(args.out)
     if "png" in formats:
         try:
@@ -140,23 +134,11 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise UsageError("PNG figures need matplotlib: pip install 'captum_ffb[viz]' "
                              "(or --format html,json)") from None
-    config = model_config(args.model)
-    check_model_options(config)
-    task = task_from_config(config)
-    if args.target is not None and task != "causal_lm":
-        raise UsageError("--target names a next token: it needs a causal LM")
-    if args.class_index is not None and task != "sequence_classification":
-        raise UsageError("--class needs a sequence classifier")
-    if generate and task != "causal_lm":
-        raise UsageError("--generate needs a causal LM")
-    if args.components is not None:
-        _check_components(generate, task, config)
-    if not args.quiet:
-        print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
-    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
-    explanation = explain_text(args.text, loaded, target=args.target, class_index=args.class_index,
-                               generate=generate, route=args.route,
-                               maps=False if args.no_maps else None, components=args.components)
+    # the request is checked by explain_text, once, from the configuration, before the weights load
+    explanation = explain_text(args.text, args.model, target=args.target, class_index=args.class_index,
+                               generate=args.generate or 0, route=args.route,
+                               maps=False if args.no_maps else None, components=args.components,
+                               show_progress=not args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "json" in formats:
@@ -196,17 +178,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_components(generate: int, task: str, config: object) -> None:
-    """The refusals of ``--components`` that need no weights."""
-    from captum_ffb.readouts import fits_minilm_head
-
-    if generate:
-        raise UsageError("--components explains one output; leave out --generate")
-    if task == "base" and not fits_minilm_head(config):
-        raise UsageError("--components needs an output to explain: this base model has none "
-                         "(the bundled sentiment head fits only all-MiniLM-L6-v2)")
-
-
 def _print_components(table: ComponentAttribution, count: int = 5) -> None:
     """The ``count`` largest entries of :func:`explain_text`'s table (its tokens are set)."""
     tokens = table.tokens[0]
@@ -225,8 +196,7 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
             raise UsageError(f"{flag} is for one TEXT; the corpus mode explains each text's prediction")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-    check_out_dir(args.out)
-    device = resolve_device(args.device)  # before the model loads
+    device = resolve_device(args.device)  # before the model loads (explain_corpus checks --out)
     texts, _ = read_rows(args.data)  # blank lines are skipped, listed in skipped.csv
     path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
                           engine=engine, engine_options=settings, overwrite=args.overwrite,

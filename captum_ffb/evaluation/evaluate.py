@@ -319,7 +319,7 @@ def evaluate(
     chosen = resolve_methods(methods)
     protocol_names = resolve_protocols(protocols)
     if batch_size < 1:
-        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
     for method, settings in (options or {}).items():
         for key in settings:
             check_option(method, key)

@@ -410,6 +410,8 @@ def evaluate_evidence(
     from captum_ffb.models import model_config, task_from_config
 
     chosen = resolve_methods(methods)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
     for method, settings in (options or {}).items():
         for key in settings:
             check_option(method, key)

@@ -93,8 +93,10 @@ def test_a_classifier_and_a_base_model_with_a_read_out(classifier_dir, base_dir)
 def test_library_refusals(lm_dir, base_dir):
     with pytest.raises(ValueError, match="^--components explains one output; leave out --generate$"):
         explain_text(TEXT, load_saved(lm_dir), generate=2, components="sublayer")
-    with pytest.raises(ValueError, match="has no read-out"):
+    with pytest.raises(ValueError, match="needs an output to explain: this base model has none"):
         explain_text(TEXT, load_saved(base_dir), components="sublayer")
+    with pytest.raises(ValueError, match="needs an output to explain"):  # checked before loading
+        explain_text(TEXT, str(base_dir), components="sublayer")
     with pytest.raises(ValueError, match="granularity must be one of block, sublayer, head"):
         explain_text(TEXT, load_saved(lm_dir), components="rows")
 
