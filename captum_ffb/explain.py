@@ -216,10 +216,12 @@ def explain_text(
     Returns:
         Explanation
     """
+    from captum_ffb.architectures.heads import task_of
     from captum_ffb.models import model_config
 
     if isinstance(model, LoadedModel):
-        check_request(model.model.config, text, target, class_index, generate, components, readout)
+        check_request(model.model.config, text, target, class_index, generate, components, readout,
+                      task=task_of(model.model))
         loaded = model
     else:
         config = model_config(model)
@@ -250,7 +252,7 @@ def explain_text(
 
 def check_request(config: Any, text: str | None = None, target: str | None = None,
                   class_index: int | None = None, generate: int = 0, components: str | None = None,
-                  readout: ReadOut | None = None) -> str:
+                  readout: ReadOut | None = None, task: str | None = None) -> str:
     r"""Check an explain request against a model's configuration, before any weights load;
     return the model's task. Every refusal of ``explain`` is made here, once (the command line
     only turns the ``ValueError`` into its one line).
@@ -258,6 +260,8 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
     Args:
         config: the model's configuration (:func:`~captum_ffb.models.model_config`).
         text, target, class_index, generate, components, readout: as for :func:`explain_text`.
+        task (str, optional): the model's task when it is known (a loaded model's own head);
+                    else read from ``config``.
     """
     from captum_ffb.architectures import get_architecture
     from captum_ffb.models import task_from_config
@@ -266,7 +270,7 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
     if text is not None:
         check_text(text)
     get_architecture(getattr(config, "model_type", None)).check_config(config)
-    task = task_from_config(config)
+    task = task or task_from_config(config)
     if target is not None and task != "causal_lm":
         raise ValueError("--target names a next token: it needs a causal LM")
     if class_index is not None and task != "sequence_classification":

@@ -39,7 +39,7 @@ from torch.nn import functional
 
 from captum_ffb.architectures.heads import task_of
 from captum_ffb.engine.positions import real_positions
-from captum_ffb.engine.whole import HeadTarget, ResolvedHead
+from captum_ffb.engine.whole import HeadTarget, ResolvedHead, element_wise_rule
 
 #: The poolings a :class:`Direction` takes by name (or a position).
 POOLINGS = ("mean", "cls", "first", "last")
@@ -550,3 +550,47 @@ def default_readout(model: nn.Module) -> ReadOut | None:
     if task == "sequence_classification":
         return ClassLogit()
     return sentiment_readout_for(model)
+
+
+# ---------------------------------------------------------------------------------------
+# a resolved target's value in the model's output
+
+
+def _pool(hidden: Tensor, target: HeadTarget) -> Tensor:
+    if target.positions is not None:
+        return hidden.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, hidden.shape[-1]))[:, 0]
+    return torch.einsum("bi,bid->bd", target.pooling.to(hidden.dtype), hidden)
+
+
+def target_value(head: ResolvedHead, output: Any, target: HeadTarget, dtype: torch.dtype = torch.float32,
+                 hidden: Tensor | None = None) -> Tensor:
+    """``(B,)`` the value of a resolved target (:meth:`ReadOut.head_target`) in the model's own
+    output: ``Σ_k coef_k · logit_k`` at its position, or a base model's direction on its pooled
+    hidden states."""
+    if head.task == "base":
+        hidden = output_hidden_states(output) if hidden is None else hidden
+        pooled = _pool(hidden.to(dtype), target)
+        return (pooled[:, None] * target.weights).sum(-1)[:, 0] + target.biases[:, 0]
+    logits = output_logits(output).to(dtype)
+    if logits.dim() == 3:
+        logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
+    return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
+
+
+def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: HeadTarget, rules: Any) -> Tensor:
+    """``Σ_k coef_k · logit_k`` read from the output layer's output with its graph (the
+    one-backward-pass route); a final soft-capping passes through the activation rule's
+    frozen slope."""
+    logits = output_layer
+    if logits.dim() == 3:
+        logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
+    chosen = logits.gather(1, target.indices)
+    if head.softcap is not None:
+        cap = float(head.softcap)
+
+        def softcap(t: Tensor) -> Tensor:
+            return cap * torch.tanh(t / cap)
+
+        slope = element_wise_rule(rules).slope(softcap, chosen.detach().float()).to(chosen.dtype)
+        chosen = softcap(chosen.detach()) + (chosen - chosen.detach()) * slope
+    return (chosen * target.coefficients.to(chosen.dtype)).sum(-1)

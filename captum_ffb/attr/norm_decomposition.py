@@ -41,7 +41,6 @@ from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.whole import (
     REFERENCES,
     HeadTarget,
-    element_wise_rule,
     head_forward,
     is_centered,
     player_start,
@@ -57,8 +56,8 @@ from captum_ffb.readouts import (
     NextToken,
     ReadOut,
     as_readout,
-    output_hidden_states,
-    output_logits,
+    linearised_target_value,
+    target_value,
 )
 from captum_ffb.rules import is_linear_in_players, whole_model_rules
 
@@ -289,14 +288,9 @@ class NormDecomposition(Attribution):
         head_target = self._target(target, target_position, token_mask)
         if players is not None and route != "forward":
             raise ValueError("players= splits the forward route; use route='forward'")
-        if route == "backward":
-            answers = self._backward(args, kwargs, [head_target], chosen, reference)
-            if return_bias or return_convergence_delta:
-                answers = self._with_bias_alone(answers, args, kwargs, [head_target], chosen, reference)
-            ((contributions, bias, real),) = answers
-        else:
-            ((contributions, bias, real),) = self._forward(args, kwargs, [head_target], chosen,
-                                                           groups, n_groups, players, reference)
+        ((contributions, bias, real),) = self._route(args, kwargs, [head_target], chosen, reference, route,
+                                                     groups, n_groups, players,
+                                                     with_bias=return_bias or return_convergence_delta)
         if route == "backward":  # per position: add up each group's
             contributions = contributions * token_mask.to(contributions.dtype)
             per_group = torch.zeros(ids.shape[0], n_groups, dtype=contributions.dtype,
@@ -395,7 +389,7 @@ class NormDecomposition(Attribution):
         finally:
             if progress is not None:
                 progress.close()
-        real = self._real_value(recorded.output, head_target)
+        real = target_value(self.head, recorded.output, head_target, self.dtype)
         delta = (table.sum((1, 2)) + bias.sum(-1) - real).abs()
         index = groups[..., None].expand(-1, -1, table.shape[-1])
         expanded = table.gather(1, index) * token_mask[..., None].to(table.dtype)
@@ -445,21 +439,15 @@ class NormDecomposition(Attribution):
         chosen = self._rules(rules)
         heads = [self._target(int(t), int(p), token_mask) for t, p in zip(tokens, where)]
         reference = self.reference if reference is None else reference
-        if route == "backward":
-            answers = self._backward((ids,), kwargs, heads, chosen, reference)
-            if return_bias or return_convergence_delta:
-                answers = self._with_bias_alone(answers, (ids,), kwargs, heads, chosen, reference)
-        else:
-            n = ids.shape[1]
-            groups = torch.arange(n, device=ids.device)[None]
-            answers = self._forward((ids,), kwargs, heads, chosen, groups, n, reference=reference)
-        contributions = torch.cat([c for c, _, _ in answers]) * token_mask.to(self.dtype)
-        bias = torch.cat([b for _, b, _ in answers])
+        n = ids.shape[1]
+        answers = self._route((ids,), kwargs, heads, chosen, reference, route,
+                              torch.arange(n, device=ids.device)[None], n,
+                              with_bias=return_bias or return_convergence_delta)
+        contributions, bias, real = self._stacked(answers, token_mask)
         out: list[Any] = [contributions]
         if return_bias:
             out.append(bias)
         if return_convergence_delta:
-            real = torch.cat([r for _, _, r in answers])
             out.append((contributions.sum(1) + bias - real).abs())
         return out[0] if len(out) == 1 else tuple(out)
 
@@ -519,16 +507,9 @@ class NormDecomposition(Attribution):
                                            maps=maps and zero, reference=reference)
         if maps and not zero:
             _, found = self._propagate(captured, args, kwargs, targets, chosen, groups, n, maps=True)
-        if route == "backward":
-            alone, _ = self._propagate(captured, args, kwargs, targets, chosen, groups, n, players=[],
-                                       reference=reference)
-            answers = [(c, b.to(c.dtype), real) for (c, _, real), (_, b, _)
-                       in zip(self._backward(args, kwargs, targets, chosen, reference), alone)]
-        else:
-            answers = whole
-        contributions = torch.cat([c for c, _, _ in answers]) * token_mask.repeat(len(targets), 1).to(self.dtype)
-        bias = torch.cat([b for _, b, _ in answers])
-        real = torch.cat([r for _, _, r in answers])
+        answers = whole if route == "forward" else self._route(
+            args, kwargs, targets, chosen, reference, route, groups, n, with_bias=True, captured=captured)
+        contributions, bias, real = self._stacked(answers, token_mask)
         result = ExplainedReadOuts(resolved, contributions, bias,
                                    (contributions.sum(1) + bias - real).abs(), outputs, found)
         if whole is not None and (check or route == "forward"):
@@ -632,17 +613,6 @@ class NormDecomposition(Attribution):
         return readout.head_target(self.head, token_mask, self.dtype, position)
 
     # ------------------------------------------------------------------ routes
-    def _real_value(self, output: Any, target: HeadTarget, hidden: Tensor | None = None) -> Tensor:
-        """The target's value in the model's own output."""
-        if self.head.task == "base":
-            hidden = output_hidden_states(output) if hidden is None else hidden
-            pooled = _pool(hidden.to(self.dtype), target)
-            return (pooled[:, None] * target.weights).sum(-1)[:, 0] + target.biases[:, 0]
-        logits = output_logits(output).to(self.dtype)
-        if logits.dim() == 3:
-            logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-        return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
-
     def _reference(self, reference: Any, x: Tensor, token_mask: Tensor | None, args, kwargs) -> Tensor | None:
         """The reference inputs ``(B, n, d)`` (``None`` for zero); see :meth:`attribute`."""
         return reference_inputs(reference, x, token_mask, lambda token: self._token_inputs(token, args, kwargs))
@@ -740,7 +710,7 @@ class NormDecomposition(Attribution):
         finally:
             if progress is not None:
                 progress.close()
-        answers = [(c, b, self._real_value(recorded.output, target))
+        answers = [(c, b, target_value(self.head, recorded.output, target, self.dtype))
                    for c, b, target in zip(contributions, biases, targets)]
         return answers, found
 
@@ -789,9 +759,9 @@ class NormDecomposition(Attribution):
                     x = x - r.to(x.dtype)
                 for k, target in enumerate(targets):
                     if head.task == "base":
-                        value = self._real_value(output, target)
+                        value = target_value(self.head, output, target, self.dtype)
                     else:
-                        value = self._logit_target(frozen.outputs["output"], target, rules)
+                        value = linearised_target_value(self.head, frozen.outputs["output"], target, rules)
                     (gradient,) = torch.autograd.grad(value.sum(), frozen.inputs,
                                                       retain_graph=k + 1 < len(targets))
                     if centered:  # from the mean of the positions seen, whose output is shared back: ḡ·x_k
@@ -802,24 +772,44 @@ class NormDecomposition(Attribution):
                     else:
                         contributions = (gradient * x).sum(-1).to(self.dtype)
                     value = value.detach().to(self.dtype)
-                    real = self._real_value(output, target).detach()
+                    real = target_value(self.head, output, target, self.dtype).detach()
                     answers.append((contributions, value - contributions.sum(-1), real))
         finally:
             self.model.train(training)
         return answers
 
-    def _with_bias_alone(self, answers, args, kwargs, targets: list[HeadTarget], rules,
-                         reference: Any = None):
-        """The backward route's answers with the bias player's contribution computed on its
-        own: the forward route with no other player (one capture and one propagation of
-        ``n`` vectors per block), so that the convergence delta ``|Σ_j c_j + c_bias − real|``
-        checks the backward pass's contributions against an independent computation."""
+    def _route(self, args, kwargs, targets: list[HeadTarget], rules, reference: Any, route: str,
+               groups: Tensor, n_groups: int, players: Sequence[int] | None = None,
+               with_bias: bool = False, captured: Any = None):
+        """The one path of :meth:`attribute`, :meth:`attribute_steps` and :meth:`explain`:
+        ``(contributions per player, bias, real value)`` of each target by ``route``. On the
+        backward route, with ``with_bias``, the bias player's contribution is computed on its
+        own: the forward route with no other player (one capture, or ``captured``, and one
+        propagation of ``n`` vectors per block), so that the convergence delta
+        ``|Σ_j c_j + c_bias − real|`` checks the backward pass against an independent
+        computation."""
+        if route == "forward":
+            if captured is not None:
+                return self._propagate(captured, args, kwargs, targets, rules, groups, n_groups, players,
+                                       reference)[0]
+            return self._forward(args, kwargs, targets, rules, groups, n_groups, players, reference)
+        answers = self._backward(args, kwargs, targets, rules, reference)
+        if not with_bias:
+            return answers
         ids = args[0]
         batch, n = ids.shape
-        groups = torch.arange(n, device=ids.device).expand(batch, n)
-        alone = self._forward(args, kwargs, targets, rules, groups, n, [], reference)
+        positions = torch.arange(n, device=ids.device).expand(batch, n)
+        alone = (self._propagate(captured, args, kwargs, targets, rules, positions, n, [], reference)[0]
+                 if captured is not None else self._forward(args, kwargs, targets, rules, positions, n, [], reference))
         return [(contributions, bias.to(contributions.dtype), real)
                 for (contributions, _, real), (_, bias, _) in zip(answers, alone)]
+
+    def _stacked(self, answers, token_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The answers of several targets, one row each (targets first): contributions
+        ``(T·B, n)`` (zero on padding), bias and real value ``(T·B,)``."""
+        contributions = torch.cat([c for c, _, _ in answers])
+        contributions = contributions * token_mask.repeat(len(answers), 1).to(contributions.dtype)
+        return contributions, torch.cat([b for _, b, _ in answers]), torch.cat([r for _, _, r in answers])
 
     def _warn_if_reduced_precision(self) -> None:
         """Once per instance: a bfloat16 / float16 model's backward-route delta is measured
@@ -877,23 +867,6 @@ class NormDecomposition(Attribution):
         moved = [replace(t, positions=index[:, k]) for k, t in enumerate(targets)]
         return {**kwargs, "logits_to_keep": keep}, moved
 
-    def _logit_target(self, output_layer: Tensor, target: HeadTarget, rules) -> Tensor:
-        """Σ_k coef_k · logit_k read from the output layer's output (with its graph); a final
-        soft-capping is applied through the activation rule's frozen slope."""
-        logits = output_layer
-        if logits.dim() == 3:
-            logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-        chosen = logits.gather(1, target.indices)
-        if self.head.softcap is not None:
-            cap = float(self.head.softcap)
-
-            def softcap(t: Tensor) -> Tensor:
-                return cap * torch.tanh(t / cap)
-
-            slope = element_wise_rule(rules).slope(softcap, chosen.detach().float()).to(chosen.dtype)
-            chosen = softcap(chosen.detach()) + (chosen - chosen.detach()) * slope
-        return (chosen * target.coefficients.to(chosen.dtype)).sum(-1)
-
     def _progress(self, total: int) -> Any:
         if not self.show_progress:
             return None
@@ -901,9 +874,4 @@ class NormDecomposition(Attribution):
 
         return tqdm(total=total, desc="propagating", unit="block")
 
-
-def _pool(hidden: Tensor, target: HeadTarget) -> Tensor:
-    if target.positions is not None:
-        return hidden.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, hidden.shape[-1]))[:, 0]
-    return torch.einsum("bi,bid->bd", target.pooling.to(hidden.dtype), hidden)
 
