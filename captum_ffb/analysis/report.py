@@ -339,6 +339,50 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def _image(figures: dict[str, Path], key: str, caption: str) -> str:
+    """A figure embedded as a data URL (empty when it was not drawn)."""
+    if key not in figures:
+        return ""
+    data = base64.b64encode(figures[key].read_bytes()).decode("ascii")
+    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _change_table(summary: dict[str, Any]) -> str:
+    """Contextualization change per layer and measure, and the mean over layers."""
+    measures = summary["measures"]
+    rows = [[layer["layer"]] + [layer["changes"][k]["mean"] for k in range(len(measures))]
+            for layer in summary["layers"]] + [["mean"] + [a["mean_over_layers"] for a in summary["averages"]]]
+    header = ["layer"] + [f"{m['label']}" + (" (rel.)" if m["kind"] == "relative" else "") for m in measures]
+    return _table(header, rows)
+
+
+def _outlier_rows(layers: list[dict[str, Any]]) -> list[list[Any]]:
+    """γ against |FF out| per layer, the dimensions ignored and FF's change without them."""
+    rows = []
+    for layer in layers:
+        o = layer["outliers"]
+        corr = o.get("gamma_vs_ff_out", {})
+        rows.append([
+            layer["layer"], o["norm"], corr.get("pearson", math.nan),
+            corr.get("spearman", math.nan), " ".join(map(str, o.get("ignored_dims", []))) or "–",
+            _ff_change(layer, "consecutive"), _ff_change(layer, "ablation"),
+            _ff_change(layer, "ablation_random"),
+        ])
+    return rows
+
+
+def _pmi_section(layers: list[dict[str, Any]]) -> str:
+    """FF-amp against PMI, when every layer has it."""
+    if not all("pmi" in layer for layer in layers):
+        return ""
+    return "<h2>FF-amp against PMI</h2>" + _table(
+        ["layer", "Spearman ρ", "pairs", "documents"],
+        [[layer["layer"], layer["pmi"]["spearman"], layer["pmi"]["pairs"], layer["pmi"]["documents"]]
+         for layer in layers],
+    )
+
+
 def _html(summary: dict[str, Any], figures: dict[str, Path], checks: list[dict[str, Any]]) -> str:
     layers = summary["layers"]
     settings = summary["settings"]
@@ -347,32 +391,10 @@ def _html(summary: dict[str, Any], figures: dict[str, Path], checks: list[dict[s
         skipped[s["reason"]] = skipped.get(s["reason"], 0) + 1
 
     def image(key: str, caption: str) -> str:
-        if key not in figures:
-            return ""
-        data = base64.b64encode(figures[key].read_bytes()).decode("ascii")
-        return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-                f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        return _image(figures, key, caption)
 
-    measures = summary["measures"]
-    change_rows = [
-        [layer["layer"]] + [layer["changes"][k]["mean"] for k in range(len(measures))]
-        for layer in layers
-    ] + [["mean"] + [a["mean_over_layers"] for a in summary["averages"]]]
-    change_header = ["layer"] + [
-        f"{m['label']}" + (" (rel.)" if m["kind"] == "relative" else "") for m in measures
-    ]
     norm_rows = [[layer["layer"], layer["norms"]["ff_output"], layer["norms"]["bypassed"],
                   layer["norms"]["bypassed_over_ff"]] for layer in layers]
-    outlier_rows = []
-    for layer in layers:
-        o = layer["outliers"]
-        corr = o.get("gamma_vs_ff_out", {})
-        outlier_rows.append([
-            layer["layer"], o["norm"], corr.get("pearson", math.nan),
-            corr.get("spearman", math.nan), " ".join(map(str, o.get("ignored_dims", []))) or "–",
-            _ff_change(layer, "consecutive"), _ff_change(layer, "ablation"),
-            _ff_change(layer, "ablation_random"),
-        ])
     pair_rows = [
         [layer["layer"], "; ".join(
             f"({p['receiver']}, {p['giver']}) {p['ff_amp']:.3f}×{p['count']}"
@@ -381,13 +403,6 @@ def _html(summary: dict[str, Any], figures: dict[str, Path], checks: list[dict[s
     ]
     check_rows = [[c["finding"], c["criterion"], f"{c['layers_holding']}/{c['layers']}",
                    "yes" if c["holds"] else "no", c["detail"], c["paper"]] for c in checks]
-    pmi = ""
-    if all("pmi" in layer for layer in layers):
-        pmi = "<h2>FF-amp against PMI</h2>" + _table(
-            ["layer", "Spearman ρ", "pairs", "documents"],
-            [[layer["layer"], layer["pmi"]["spearman"], layer["pmi"]["pairs"],
-              layer["pmi"]["documents"]] for layer in layers],
-        )
     masking = (f"{settings['mask_rate_applied']:.0%} of non-special tokens masked "
                f"({summary['masked_tokens']} tokens, seed {settings['seed']})"
                if settings["mask_rate_applied"] > 0 else "no masking")
@@ -417,17 +432,17 @@ The γ compared with FF's outputs is that of the norm that next reads the FF out
 <h2>Contextualization change</h2>
 {image("steps", "Change through each component (consecutive scopes, cf. Fig. 3)")}
 {image("relative", "Change relative to the map before FF (cf. Fig. 6)")}
-{_table(change_header, change_rows)}
+{_change_table(summary)}
 <h2>RES2 against FF</h2>
 {image("norms", "Mean norm of FF's output and of the vector RES2 bypasses (cf. Fig. 7)")}
 {_table(["layer", "‖FF(x)‖", "‖bypassed‖", "ratio"], norm_rows)}
 <h2>LN against FF outliers</h2>
 {image("outliers", "Mean |FF input|, |FF output| per dimension and γ (cf. Fig. 8)")}
 {image("ablation", "FF's change without the smallest-γ dimensions (cf. Fig. 32), and a random control")}
-{_table(["layer", "norm", "Pearson r(γ, |FF out|)", "Spearman ρ", "ignored dims", "+FF", "without small-γ", "without random"], outlier_rows)}
+{_table(["layer", "norm", "Pearson r(γ, |FF out|)", "Spearman ρ", "ignored dims", "+FF", "without small-γ", "without random"], _outlier_rows(layers))}
 <h2>Most FF-amplified pairs (receiver, giver)</h2>
 {_table(["layer", "top pairs: score × count"], pair_rows)}
-{pmi}
+{_pmi_section(layers)}
 <p class="note">Largest relative completeness residual of the decompositions per layer:
 {", ".join(f"{layer['completeness_residual_max']:.1e}" for layer in layers)}.
 All numbers: results.json and the CSV files beside this page.</p>

@@ -477,6 +477,124 @@ def _stats(values: np.ndarray) -> dict[str, float | int]:
     }
 
 
+@dataclass
+class _Totals:
+    """The batch shards put together, in sequence order."""
+
+    seq: np.ndarray
+    order: np.ndarray
+    changes: np.ndarray
+    deltas: np.ndarray
+    n_tokens: np.ndarray
+    tokens: int
+    ff_norm: np.ndarray
+    bypass_norm: np.ndarray
+    ff_out_abs: np.ndarray
+    ff_in_abs: np.ndarray
+
+
+def _totals(shards: Sequence[dict[str, np.ndarray]], count: int) -> _Totals:
+    """Concatenate and order the shards; check they cover every sequence exactly once."""
+    seq = np.concatenate([s["seq"] for s in shards])
+    if np.unique(seq).size != seq.size or seq.size != count:
+        raise RuntimeError("the batch shards do not cover every sequence exactly once")
+    order = np.argsort(seq, kind="stable")
+    tokens = int(sum(int(s["tokens"]) for s in shards))
+    return _Totals(
+        seq, order,
+        np.concatenate([s["changes"] for s in shards])[order],
+        np.concatenate([s["delta"] for s in shards])[order],
+        np.concatenate([s["n_tokens"] for s in shards])[order],
+        tokens,
+        sum(s["ff_norm_sum"] for s in shards) / tokens,
+        sum(s["bypass_norm_sum"] for s in shards) / tokens,
+        sum(s["ff_out_abs_sum"] for s in shards) / tokens,
+        sum(s["ff_in_abs_sum"] for s in shards) / tokens,
+    )
+
+
+def _ff_amp_top(table: PairTable, tokenizer: Any, config: Any, special: set[int]) -> tuple[Any, list[dict[str, Any]]]:
+    """The layer's pairs listed (mean FF-amp, at least ``min_count`` times) and the top ones."""
+    listed = table.means(config.min_count, exclude=special)
+    top = [
+        {"rank": r + 1, "receiver": tokenizer.convert_ids_to_tokens(a),
+         "giver": tokenizer.convert_ids_to_tokens(b), "ff_amp": v, "count": c}
+        for r, (a, b, v, c) in enumerate(listed.top(config.top_k))
+    ]
+    return listed, top
+
+
+def _outliers(run: _Run, index: int, totals: _Totals) -> dict[str, Any]:
+    """LN2's γ against the FF's outputs and inputs, and the dimensions left out (Sec. 5)."""
+    gamma = run.gamma[index]
+    outliers: dict[str, Any] = {"norm": run.following_role[index]}
+    if gamma is not None:
+        g = gamma.double().numpy()
+        dims = run.dims[index].tolist()
+        outliers.update(
+            gamma_vs_ff_out=correlations(g, totals.ff_out_abs[index]),
+            gamma_vs_ff_in=correlations(g, totals.ff_in_abs[index]),
+            ignored_dims=dims,
+            ignored_gamma=[float(g[d]) for d in dims],
+            ignored_ff_out_mean_abs=[float(totals.ff_out_abs[index][d]) for d in dims],
+            random_dims=run.random_dims[index].tolist(),
+            gamma=g.tolist(),
+        )
+    return outliers
+
+
+def _pmi(table: PairTable, config: Any, all_special: set[int], documents: list[list[int]]) -> dict[str, Any]:
+    """Spearman's ρ between a layer's pairs' FF-amp and their PMI over the corpus."""
+    pmi_table = table.means(config.min_count, exclude=all_special)
+    distinct = pmi_table.first != pmi_table.second
+    first, second = pmi_table.first[distinct], pmi_table.second[distinct]
+    values = pmi_table.sums[distinct]
+    pmi = pair_pmi(documents, first, second)
+    finite = np.isfinite(pmi)
+    return {"spearman": spearman(values[finite], pmi[finite]), "pairs": int(finite.sum()),
+            "documents": len(documents)}
+
+
+def _layer(run: _Run, index: int, shards: Sequence[dict[str, np.ndarray]], totals: _Totals,
+           special: set[int], all_special: set[int], pmi_documents: list[list[int]] | None) -> dict[str, Any]:
+    """One layer's entry of the summary."""
+    config, tokenizer = run.config, run.loaded.tokenizer
+    table = PairTable.merge(
+        PairTable(s[f"pairs_{index}_keys"], s[f"pairs_{index}_sums"], s[f"pairs_{index}_counts"])
+        for s in shards
+    )
+    listed, top = _ff_amp_top(table, tokenizer, config, special)
+    measures = [{**asdict(measure), **_stats(totals.changes[:, index, k])} for k, measure in enumerate(run.measures)]
+    ff, bypass = totals.ff_norm[index], totals.bypass_norm[index]
+    layer: dict[str, Any] = {
+        "layer": index + 1,
+        "changes": measures,
+        "ff_amp_top": top,
+        "ff_amp_pairs": len(listed),
+        "norms": {
+            "ff_output": float(ff),
+            "bypassed": float(bypass),
+            "bypassed_over_ff": float(bypass / ff) if ff > 0 else math.nan,
+        },
+        "outliers": _outliers(run, index, totals),
+        "ff_out_mean_abs": totals.ff_out_abs[index].tolist(),
+        "ff_in_mean_abs": totals.ff_in_abs[index].tolist(),
+        "completeness_residual_max": float(totals.deltas[:, index].max()),
+    }
+    if pmi_documents is not None:
+        layer["pmi"] = _pmi(table, config, all_special, pmi_documents)
+    return layer
+
+
+def _averages(run: _Run, layers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each measure's mean over the layers (the finite ones)."""
+    averages = []
+    for k, measure in enumerate(run.measures):
+        finite = [v for v in (layer["changes"][k]["mean"] for layer in layers) if math.isfinite(v)]
+        averages.append({**asdict(measure), "mean_over_layers": float(np.mean(finite)) if finite else math.nan})
+    return averages
+
+
 def summarise(
     run: _Run,
     sequences: Sequence[PreparedSequence],
@@ -487,101 +605,17 @@ def summarise(
     max_tokens: int,
     lines: Sequence[str],
 ) -> dict[str, Any]:
-    """Aggregate the batch shards into the summary dict."""
-    config = run.config
-    tokenizer = run.loaded.tokenizer
-    n_layers = len(run.blocks)
-    seq = np.concatenate([s["seq"] for s in shards])
-    if np.unique(seq).size != seq.size or seq.size != len(sequences):
-        raise RuntimeError("the batch shards do not cover every sequence exactly once")
-    order = np.argsort(seq, kind="stable")
-    changes = np.concatenate([s["changes"] for s in shards])[order]
-    deltas = np.concatenate([s["delta"] for s in shards])[order]
-    n_tokens = np.concatenate([s["n_tokens"] for s in shards])[order]
-    tokens = int(sum(int(s["tokens"]) for s in shards))
-    ff_norm = sum(s["ff_norm_sum"] for s in shards) / tokens
-    bypass_norm = sum(s["bypass_norm_sum"] for s in shards) / tokens
-    ff_out_abs = sum(s["ff_out_abs_sum"] for s in shards) / tokens
-    ff_in_abs = sum(s["ff_in_abs_sum"] for s in shards) / tokens
+    """Aggregate the batch shards into the summary dict: the totals, one entry per layer, the
+    averages over layers and the per-sequence changes."""
+    config, tokenizer = run.config, run.loaded.tokenizer
+    totals = _totals(shards, len(sequences))
     special = set() if config.include_special else set(tokenizer.all_special_ids)
-    all_special = set(tokenizer.all_special_ids)
-
     pmi_documents = None
     if config.pmi:
         documents, _ = prepare_sequences(lines, tokenizer, max_tokens)
-        pmi_documents = [
-            [t for t, s in zip(d.ids, d.special) if not s] for d in documents
-        ]
-
-    layers = []
-    for index in range(n_layers):
-        table = PairTable.merge(
-            PairTable(s[f"pairs_{index}_keys"], s[f"pairs_{index}_sums"], s[f"pairs_{index}_counts"])
-            for s in shards
-        )
-        listed = table.means(config.min_count, exclude=special)
-        top = [
-            {"rank": r + 1, "receiver": tokenizer.convert_ids_to_tokens(a),
-             "giver": tokenizer.convert_ids_to_tokens(b), "ff_amp": v, "count": c}
-            for r, (a, b, v, c) in enumerate(listed.top(config.top_k))
-        ]
-        measures = []
-        for k, measure in enumerate(run.measures):
-            measures.append({**asdict(measure), **_stats(changes[:, index, k])})
-        gamma = run.gamma[index]
-        outliers: dict[str, Any] = {"norm": run.following_role[index]}
-        if gamma is not None:
-            g = gamma.double().numpy()
-            dims = run.dims[index].tolist()
-            outliers.update(
-                gamma_vs_ff_out=correlations(g, ff_out_abs[index]),
-                gamma_vs_ff_in=correlations(g, ff_in_abs[index]),
-                ignored_dims=dims,
-                ignored_gamma=[float(g[d]) for d in dims],
-                ignored_ff_out_mean_abs=[float(ff_out_abs[index][d]) for d in dims],
-                random_dims=run.random_dims[index].tolist(),
-                gamma=g.tolist(),
-            )
-        layer: dict[str, Any] = {
-            "layer": index + 1,
-            "changes": measures,
-            "ff_amp_top": top,
-            "ff_amp_pairs": len(listed),
-            "norms": {
-                "ff_output": float(ff_norm[index]),
-                "bypassed": float(bypass_norm[index]),
-                "bypassed_over_ff": float(bypass_norm[index] / ff_norm[index])
-                if ff_norm[index] > 0 else math.nan,
-            },
-            "outliers": outliers,
-            "ff_out_mean_abs": ff_out_abs[index].tolist(),
-            "ff_in_mean_abs": ff_in_abs[index].tolist(),
-            "completeness_residual_max": float(deltas[:, index].max()),
-        }
-        if pmi_documents is not None:
-            pmi_table = table.means(config.min_count, exclude=all_special)
-            distinct = pmi_table.first != pmi_table.second
-            first, second = pmi_table.first[distinct], pmi_table.second[distinct]
-            values = pmi_table.sums[distinct]
-            pmi = pair_pmi(pmi_documents, first, second)
-            finite = np.isfinite(pmi)
-            layer["pmi"] = {
-                "spearman": spearman(values[finite], pmi[finite]),
-                "pairs": int(finite.sum()),
-                "documents": len(pmi_documents),
-            }
-        layers.append(layer)
-
-    averages = []
-    for k, measure in enumerate(run.measures):
-        per_layer = [layers[i]["changes"][k]["mean"] for i in range(n_layers)]
-        finite = [v for v in per_layer if math.isfinite(v)]
-        averages.append({**asdict(measure), "mean_over_layers": float(np.mean(finite)) if finite else math.nan})
-    per_sequence = {
-        "line": (seq[order] + 1).tolist(),
-        "n_tokens": n_tokens.tolist(),
-        "changes": changes.tolist(),
-    }
+        pmi_documents = [[t for t, s in zip(d.ids, d.special) if not s] for d in documents]
+    layers = [_layer(run, index, shards, totals, special, set(tokenizer.all_special_ids), pmi_documents)
+              for index in range(len(run.blocks))]
     return {
         "model": run.loaded.name,
         "model_type": run.loaded.model_type,
@@ -594,11 +628,15 @@ def summarise(
             **asdict(config), "mask_rate_applied": mask_rate, "max_tokens_applied": max_tokens,
         },
         "sequences": len(sequences),
-        "tokens": tokens,
+        "tokens": totals.tokens,
         "masked_tokens": int(sum(len(s.masked) for s in sequences)),
         "skipped": [asdict(s) for s in skipped],
         "measures": [asdict(m) for m in run.measures],
         "layers": layers,
-        "averages": averages,
-        "per_sequence": per_sequence,
+        "averages": _averages(run, layers),
+        "per_sequence": {
+            "line": (totals.seq[totals.order] + 1).tolist(),
+            "n_tokens": totals.n_tokens.tolist(),
+            "changes": totals.changes.tolist(),
+        },
     }

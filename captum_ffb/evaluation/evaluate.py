@@ -266,6 +266,45 @@ def _attnlrp_relevance(task: EvaluationTask, examples: list[Example], path: Path
     return path
 
 
+def check_methods(methods: str | Sequence[str], batch_size: int,
+                  options: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The methods of an evaluation, checked with their options and the batch size (before any
+    weights load); shared by :func:`evaluate` and the evidence task."""
+    chosen = resolve_methods(methods)
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    for method, settings in (options or {}).items():
+        for key in settings:
+            check_option(method, key)
+    return chosen
+
+
+def check_peer(chosen: Sequence[str], config: Any) -> None:
+    """With ``attnlrp`` among the methods: the model is a Llama and lxt's environment is ready."""
+    if "attnlrp" not in chosen:
+        return
+    from captum_ffb.evaluation.peers import attnlrp_setup_problem
+
+    if config.model_type != "llama":
+        raise ValueError(f"attnlrp runs on the Llama family only (lxt), not {config.model_type}")
+    problem = attnlrp_setup_problem()
+    if problem:
+        raise ValueError(problem)
+
+
+def _usable_examples(task: EvaluationTask, texts: Sequence[str], labels: Sequence[int | None], n: int | None,
+                     max_tokens: int | None, data: Any) -> tuple[list[Example], list[SkippedLine]]:
+    """:func:`select_examples`, with a one-line error when none is left or one has no player."""
+    examples, skipped = select_examples(task, texts, labels, n, max_tokens)
+    if not examples:
+        raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else "")
+                         + f" ({len(skipped)} skipped)")
+    empty = [e.index for e in examples if not any(e.players)]
+    if empty:
+        raise ValueError(f"text {empty[0]} has no token to perturb")
+    return examples, skipped
+
+
 def evaluate(
     model: str | None,
     task: str,
@@ -316,36 +355,18 @@ def evaluate(
     """
     from captum_ffb.models import model_config, task_from_config
 
-    chosen = resolve_methods(methods)
+    chosen = check_methods(methods, batch_size, options)
     protocol_names = resolve_protocols(protocols)
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
-    for method, settings in (options or {}).items():
-        for key in settings:
-            check_option(method, key)
     folder = check_out_dir(out)
     texts, text_labels = read_rows(data)  # a missing or malformed file fails before the model loads
     config = model_config(model)
-    if "attnlrp" in chosen:  # before the weights load
-        from captum_ffb.evaluation.peers import attnlrp_setup_problem
-
-        if config.model_type != "llama":
-            raise ValueError(f"attnlrp runs on the Llama family only (lxt), not {config.model_type}")
-        problem = attnlrp_setup_problem()
-        if problem:
-            raise ValueError(problem)
+    check_peer(chosen, config)  # before the weights load
     head = task_from_config(config)
     source = ModelSource(name=model, task=head, device=device)
     loaded = source.load()
     evaluation_task = EvaluationTask(loaded, task, template, labels, keep_first=keep_first)
-    examples, skipped = select_examples(evaluation_task, texts, text_labels, n, max_tokens)
-    if not examples:
-        raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else "")
-                         + f" ({len(skipped)} skipped)")
+    examples, skipped = _usable_examples(evaluation_task, texts, text_labels, n, max_tokens, data)
     gold = [e.label for e in examples]
-    empty = [e.index for e in examples if not any(e.players)]
-    if empty:
-        raise ValueError(f"text {empty[0]} has no token to perturb")
     folder.mkdir(parents=True, exist_ok=True)
     write_skipped(folder / "skipped.csv", skipped)
     precomputed = None

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods
+from captum_ffb.evaluation.evaluate import check_methods, check_peer
+from captum_ffb.evaluation.methods import METHODS
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
 from captum_ffb.models import LoadedModel
@@ -409,12 +410,7 @@ def evaluate_evidence(
     """
     from captum_ffb.models import model_config, task_from_config
 
-    chosen = resolve_methods(methods)
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
-    for method, settings in (options or {}).items():
-        for key in settings:
-            check_option(method, key)
+    chosen = check_methods(methods, batch_size, options)
     folder = check_out_dir(out)
     rows = read_evidence(data, split, n)  # a missing file or column fails before the model loads
     given = model if isinstance(model, LoadedModel) else None
@@ -425,14 +421,7 @@ def evaluate_evidence(
     config = given.model.config if given is not None else model_config(model)
     if task_from_config(config) != "causal_lm":
         raise ValueError("the evidence task explains next tokens: it needs a causal LM")
-    if "attnlrp" in chosen:
-        from captum_ffb.evaluation.peers import attnlrp_setup_problem
-
-        if config.model_type != "llama":
-            raise ValueError(f"attnlrp runs on the Llama family only (lxt), not {config.model_type}")
-        problem = attnlrp_setup_problem()
-        if problem:
-            raise ValueError(problem)
+    check_peer(chosen, config)
     source = ModelSource(name=model, task="causal_lm", device=device)
     loaded = given if given is not None else source.load()
     examples, skipped = select_evidence(loaded.tokenizer, rows, loaded.max_length)

@@ -84,6 +84,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -129,6 +130,46 @@ FERRET_THRESHOLDS = tuple(np.arange(0.1, 1.1, 0.1).tolist())
 
 # ---------------------------------------------------------------------------------------
 # scoring engine
+
+
+@dataclass(frozen=True)
+class PerturbOptions:
+    r"""The keywords every perturbation metric shares (each metric takes them as ``**options``).
+
+    Attributes:
+        perturbation (str): how tokens are taken out: ``"remove"`` (deleted), ``"replace"``
+                    (by ``token_id``) or ``"zero_embedding"``; each metric names its default.
+        token_id (int, optional): the replacement id for ``"replace"``.
+        target (optional): the class to follow when the scorer returns class scores (default:
+                    the class predicted on the unperturbed input).
+        pad_token_id (int): padding id for ``"remove"``.
+        padding_side (str, optional): padding side for ``"remove"`` (default: inferred).
+        batch_size (int): most rows per scorer call.
+    """
+
+    perturbation: str = "remove"
+    token_id: int | None = None
+    target: Any = None
+    pad_token_id: int = 0
+    padding_side: str | None = None
+    batch_size: int = 64
+
+    @classmethod
+    def of(cls, options: dict[str, Any], perturbation: str | None = None) -> PerturbOptions:
+        """The options given as keywords (a metric's default ``perturbation`` if not given);
+        an unknown keyword is a ``TypeError`` that lists the known ones."""
+        unknown = sorted(set(options) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise TypeError(f"unknown option {unknown[0]!r}; the metrics take "
+                            f"{', '.join(cls.__dataclass_fields__)}")
+        if perturbation is not None and "perturbation" not in options:
+            options = {**options, "perturbation": perturbation}
+        return cls(**options)
+
+    def fields(self) -> tuple[Any, ...]:
+        """``(perturbation, token_id, target, pad_token_id, padding_side, batch_size)``."""
+        return (self.perturbation, self.token_id, self.target, self.pad_token_id, self.padding_side,
+                self.batch_size)
 
 
 def _call(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
@@ -351,13 +392,9 @@ class PerturbationCurve:
 def perturbation_curve(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
                        attributions: Tensor, protected: Tensor | None = None, *,
                        most_relevant_first: bool = True, mode: str = "deletion",
-                       perturbation: str = "zero_embedding", token_id: int | None = None,
                        fractions: Sequence[float] | None = None,
                        counts: Sequence[int] | None = None, rounding: str = "floor",
-                       target: Tensor | Sequence[int] | int | None = None,
-                       pad_token_id: int = 0, padding_side: str | None = None,
-                       batch_size: int = 64,
-                       keep_class_scores: bool = False) -> PerturbationCurve:
+                       keep_class_scores: bool = False, **options: Any) -> PerturbationCurve:
     """Deletion or insertion curve, most or least relevant first.
 
     Args:
@@ -369,23 +406,21 @@ def perturbation_curve(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Ten
         most_relevant_first (bool): MoRF if True, LeRF otherwise.
         mode (str): ``"deletion"`` (perturb the first ``k``) or ``"insertion"`` (keep only
                     the first ``k``).
-        perturbation (str): ``"zero_embedding"``, ``"replace"`` or ``"remove"``.
-        token_id (int, optional): the replacement id for ``"replace"``.
         fractions (Sequence[float], optional): steps as increasing fractions of ``n``.
         counts (Sequence[int], optional): steps as increasing numbers of tokens (clipped to
                     ``n``). With neither, every ``k = 0..n``.
         rounding (str): how ``fractions`` become counts: ``"floor"``, ``"ceil"``, ``"round"``.
-        target (optional): the class to follow when the scorer returns class scores
-                    (default: the class predicted on the unperturbed input).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"`` (default: inferred).
-        batch_size (int): most rows per scorer call.
         keep_class_scores (bool): keep every class's score at every step (for
                     :meth:`PerturbationCurve.accuracy`); only with a class-score scorer.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"zero_embedding"`` unless given.
 
     Returns:
         PerturbationCurve: the curve and the unperturbed score.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "zero_embedding").fields()
     if mode not in ("deletion", "insertion"):
         raise ValueError(f"mode must be 'deletion' or 'insertion', got {mode!r}")
     if fractions is not None and counts is not None:
@@ -518,11 +553,7 @@ def _rationale_scores(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tens
 
 
 def comprehensiveness(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
-                      rationale: Tensor, protected: Tensor | None = None, *,
-                      perturbation: str = "remove", token_id: int | None = None,
-                      target: Tensor | Sequence[int] | int | None = None,
-                      pad_token_id: int = 0, padding_side: str | None = None,
-                      batch_size: int = 64) -> Tensor:
+                      rationale: Tensor, protected: Tensor | None = None, **options: Any) -> Tensor:
     r"""ERASER comprehensiveness ``s(x) - s(x \ r)`` of a hard rationale.
 
     Args:
@@ -532,27 +563,22 @@ def comprehensiveness(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tens
         rationale (Tensor): ``(B, n)`` bool, the rationale ``r`` (protected positions are
                     ignored).
         protected (Tensor, optional): ``(B, n)`` bool, never perturbed.
-        perturbation (str): how ``r`` is taken out (default: deleted).
-        token_id (int, optional): the replacement id for ``"replace"``.
-        target (optional): the class to follow (default: the predicted class).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"``.
-        batch_size (int): most rows per scorer call.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"remove"`` unless given.
 
     Returns:
         Tensor: ``(B,)``.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "remove").fields()
     return _rationale_scores(score_fn, input_ids, attention_mask, rationale, protected, False,
                              perturbation, token_id, target, pad_token_id, padding_side,
                              batch_size)
 
 
-def sufficiency(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
-                rationale: Tensor, protected: Tensor | None = None, *,
-                perturbation: str = "remove", token_id: int | None = None,
-                target: Tensor | Sequence[int] | int | None = None,
-                pad_token_id: int = 0, padding_side: str | None = None,
-                batch_size: int = 64) -> Tensor:
+def sufficiency(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, rationale: Tensor,
+                protected: Tensor | None = None, **options: Any) -> Tensor:
     """ERASER sufficiency ``s(x) - s(r)``: only the rationale (and protected tokens) kept.
 
     Args:
@@ -561,16 +587,15 @@ def sufficiency(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
         attention_mask (Tensor): ``(B, n)``, 1 for real tokens.
         rationale (Tensor): ``(B, n)`` bool, the rationale ``r``.
         protected (Tensor, optional): ``(B, n)`` bool, never perturbed.
-        perturbation (str): how the rest is taken out (default: deleted).
-        token_id (int, optional): the replacement id for ``"replace"``.
-        target (optional): the class to follow (default: the predicted class).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"``.
-        batch_size (int): most rows per scorer call.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"remove"`` unless given.
 
     Returns:
         Tensor: ``(B,)``.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "remove").fields()
     return _rationale_scores(score_fn, input_ids, attention_mask, rationale, protected, True,
                              perturbation, token_id, target, pad_token_id, padding_side,
                              batch_size)
@@ -600,11 +625,7 @@ class EraserResult:
 def eraser_faithfulness(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
                         attributions: Tensor, protected: Tensor | None = None, *,
                         bins: Sequence[float] = ERASER_BINS, rounding: str = "ceil",
-                        divisor: str = "bins", perturbation: str = "remove",
-                        token_id: int | None = None,
-                        target: Tensor | Sequence[int] | int | None = None,
-                        pad_token_id: int = 0, padding_side: str | None = None,
-                        batch_size: int = 64) -> EraserResult:
+                        divisor: str = "bins", **options: Any) -> EraserResult:
     """Comprehensiveness and sufficiency of the top ``k_b`` tokens, aggregated over bins.
 
     Args:
@@ -617,16 +638,15 @@ def eraser_faithfulness(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Te
         rounding (str): ``k_b = rounding(b · n)``; ALTI uses ``"ceil"``.
         divisor (str): ``"bins"`` averages over the bins (ERASER's scorer); ``"bins+1"``
                     divides the sum by ``len(bins) + 1`` (ALTI's evaluation).
-        perturbation (str): how tokens are taken out (default: deleted, as in ALTI).
-        token_id (int, optional): the replacement id for ``"replace"``.
-        target (optional): the class to follow (default: the predicted class).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"``.
-        batch_size (int): most rows per scorer call.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"remove"`` unless given.
 
     Returns:
         EraserResult: per-bin and aggregated scores.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "remove").fields()
     if divisor not in ("bins", "bins+1"):
         raise ValueError(f"divisor must be 'bins' or 'bins+1', got {divisor!r}")
     _check_increasing(bins, "bins")
@@ -674,12 +694,10 @@ class FerretResult:
     aopc_suff: Tensor
 
 
-def ferret_aopc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
-                attributions: Tensor, protected: Tensor | None = None, *,
+def ferret_aopc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, attributions: Tensor,
+                protected: Tensor | None = None, *,
                 thresholds: Sequence[float] = FERRET_THRESHOLDS, only_positive: bool = True,
-                perturbation: str = "remove", token_id: int | None = None,
-                target: Tensor | Sequence[int] | int | None = None, pad_token_id: int = 0,
-                padding_side: str | None = None, batch_size: int = 64) -> FerretResult:
+                **options: Any) -> FerretResult:
     """ferret's AOPC comprehensiveness and sufficiency (``aopc_compr``, ``aopc_suff``).
 
     Args:
@@ -690,16 +708,15 @@ def ferret_aopc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
         protected (Tensor, optional): ``(B, n)`` bool (ferret: the first and last token).
         thresholds (Sequence[float]): fractions of ``n``; ``k = floor(t · n)``.
         only_positive (bool): keep only tokens with positive relevance in a rationale.
-        perturbation (str): how tokens are taken out (default: deleted, as in ferret).
-        token_id (int, optional): the replacement id for ``"replace"``.
-        target (optional): the class to follow (default: the predicted class).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"``.
-        batch_size (int): most rows per scorer call.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"remove"`` unless given.
 
     Returns:
         FerretResult: per-threshold scores and the two AOPCs.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "remove").fields()
     setup = _setup(score_fn, input_ids, attention_mask, attributions, protected, target,
                    perturbation, token_id, padding_side, batch_size)
     ranks, n_tokens = rank_positions(attributions.to(input_ids.device), setup.protected)
@@ -753,11 +770,8 @@ class AbpcResult:
 
 
 def abpc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, attributions: Tensor,
-         protected: Tensor | None = None, *, perturbation: str = "zero_embedding",
-         token_id: int | None = None, fractions: Sequence[float] | None = None,
-         rounding: str = "floor", reduction: str = "trapezoid",
-         target: Tensor | Sequence[int] | int | None = None, pad_token_id: int = 0,
-         padding_side: str | None = None, batch_size: int = 64) -> AbpcResult:
+         protected: Tensor | None = None, *, fractions: Sequence[float] | None = None,
+         rounding: str = "floor", reduction: str = "trapezoid", **options: Any) -> AbpcResult:
     """Area between the least- and most-relevant-first deletion curves (higher is better).
 
     Args:
@@ -766,20 +780,19 @@ def abpc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, attributi
         attention_mask (Tensor): ``(B, n)``, 1 for real tokens.
         attributions (Tensor): ``(B, n)`` relevance per position.
         protected (Tensor, optional): ``(B, n)`` bool, never perturbed nor counted.
-        perturbation (str): default ``"zero_embedding"`` (AttnLRP).
-        token_id (int, optional): the replacement id for ``"replace"``.
         fractions (Sequence[float], optional): the step grid; default one token per step.
         rounding (str): how ``fractions`` become counts.
         reduction (str): ``"trapezoid"`` (area over ``x = k/n``) or ``"mean"`` (mean
                     over the steps of ``LeRF - MoRF``).
-        target (optional): the class to follow (default: the predicted class).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"``.
-        batch_size (int): most rows per scorer call.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"zero_embedding"`` unless given.
 
     Returns:
         AbpcResult: both curves and the ABPC per example.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "zero_embedding").fields()
     if reduction not in ("trapezoid", "mean"):
         raise ValueError(f"reduction must be 'trapezoid' or 'mean', got {reduction!r}")
     curves = [
@@ -803,10 +816,7 @@ def abpc(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, attributi
 
 
 def leave_one_out(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
-                  protected: Tensor | None = None, *, perturbation: str = "remove",
-                  token_id: int | None = None,
-                  target: Tensor | Sequence[int] | int | None = None, pad_token_id: int = 0,
-                  padding_side: str | None = None, batch_size: int = 64) -> Tensor:
+                  protected: Tensor | None = None, **options: Any) -> Tensor:
     r"""The score drop ``s(x) - s(x \ {j})`` when each single token is taken out.
 
     Args:
@@ -814,16 +824,15 @@ def leave_one_out(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
         input_ids (Tensor): ``(B, n)`` token ids.
         attention_mask (Tensor): ``(B, n)``, 1 for real tokens.
         protected (Tensor, optional): ``(B, n)`` bool, positions left alone.
-        perturbation (str): ``"remove"`` (ferret), ``"replace"`` or ``"zero_embedding"``.
-        token_id (int, optional): the replacement id for ``"replace"``.
-        target (optional): the class to follow (default: the predicted class).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"``.
-        batch_size (int): most rows per scorer call.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"remove"`` unless given.
 
     Returns:
         Tensor: ``(B, n)`` float64, 0 at protected positions.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "remove").fields()
     setup = _setup(score_fn, input_ids, attention_mask, None, protected, target, perturbation,
                    token_id, padding_side, batch_size)
     n = input_ids.shape[1]
@@ -872,12 +881,8 @@ def kendall_tau(x: Tensor, y: Tensor, mask: Tensor | None = None) -> Tensor:
     return out[0] if single else out
 
 
-def taucorr_loo(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
-                attributions: Tensor, protected: Tensor | None = None, *,
-                loo: Tensor | None = None, perturbation: str = "remove",
-                token_id: int | None = None,
-                target: Tensor | Sequence[int] | int | None = None, pad_token_id: int = 0,
-                padding_side: str | None = None, batch_size: int = 64) -> Tensor:
+def taucorr_loo(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, attributions: Tensor,
+                protected: Tensor | None = None, *, loo: Tensor | None = None, **options: Any) -> Tensor:
     """ferret's ``taucorr_loo``: Kendall's τ-b between an attribution and leave-one-out.
 
     Args:
@@ -887,16 +892,15 @@ def taucorr_loo(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
         attributions (Tensor): ``(B, n)`` relevance per position.
         protected (Tensor, optional): ``(B, n)`` bool, left out of the comparison.
         loo (Tensor, optional): a precomputed :func:`leave_one_out` to reuse.
-        perturbation (str): for the leave-one-out (default: deletion).
-        token_id (int, optional): the replacement id for ``"replace"``.
-        target (optional): the class to follow (default: the predicted class).
-        pad_token_id (int): padding id for ``"remove"``.
-        padding_side (str, optional): padding side for ``"remove"``.
-        batch_size (int): most rows per scorer call.
+        **options: the keywords every metric shares (:class:`PerturbOptions`: ``perturbation``,
+                    ``token_id``, ``target``, ``pad_token_id``, ``padding_side``, ``batch_size``); ``perturbation`` is
+                    ``"remove"`` unless given.
 
     Returns:
         Tensor: ``(B,)`` τ per example.
     """
+    perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
+        PerturbOptions.of(options, "remove").fields()
     _check_batch(input_ids, attention_mask)
     if tuple(attributions.shape) != tuple(input_ids.shape):
         raise ValueError(

@@ -445,3 +445,13 @@ def test_bad_input_is_rejected():
     with pytest.raises(ValueError, match=r"\(batch,\)"):
         perturbation_curve(lambda i, m, z: torch.zeros(3, 2, 2), ids, mask,
                            torch.zeros(ids.shape), protected)
+
+
+def test_the_shared_options_are_one_object():
+    from captum_ffb.evaluation import PerturbOptions
+
+    assert PerturbOptions.of({}, "zero_embedding").perturbation == "zero_embedding"
+    assert PerturbOptions.of({"perturbation": "remove"}, "zero_embedding").perturbation == "remove"
+    assert PerturbOptions.of({"batch_size": 8}).fields() == ("remove", None, None, 0, None, 8)
+    with pytest.raises(TypeError, match="unknown option 'batchsize'; the metrics take perturbation"):
+        PerturbOptions.of({"batchsize": 8})
