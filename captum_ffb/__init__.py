@@ -33,7 +33,7 @@ from captum_ffb.decomposition import (
 )
 from captum_ffb.engine import Chain
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ArchitectureSpec",
