@@ -243,6 +243,7 @@ def explain_text(
     else:
         explanation, first = _explain_base(nd, loaded, ids, readout, route, want_maps, common)
     if components is not None and first is not None:
+        nd.show_progress = show_progress  # a bar over the blocks (a long prompt takes a while)
         table = nd.attribute_components(ids, target=first, granularity=components,
                                         forward_kwargs={"attention_mask": torch.ones_like(ids)})
         table.tokens = [explanation.labels[:n_prompt]]

@@ -26,14 +26,19 @@ from captum_ffb.engine import (
     model_type_of,
     resolve_rules,
 )
-from captum_ffb.engine.block import config_of
+from captum_ffb.engine.block import Block, config_of, watched_modules
 from captum_ffb.engine.components import (
+    EMBEDDINGS,
+    HEAD,
+    ComponentSums,
     check_granularity,
     check_linear_rules,
     direct_paths,
     head_direct_path,
     iter_groups,
     propagate_components,
+    pull_back_norm,
+    settle_block,
     stacked,
 )
 from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
@@ -318,6 +323,7 @@ class NormDecomposition(Attribution):
         granularity: str = "sublayer",
         rules: Mapping[str, Callable] | None = None,
         reference: str | int | Tensor | None = None,
+        route: str = "backward",
     ) -> ComponentAttribution:
         r"""Which components, acting on which tokens, wrote the read-out: the exact table
         ``C[j, c]`` of direct effects with ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``.
@@ -336,12 +342,20 @@ class NormDecomposition(Attribution):
             granularity (str): ``"block"`` (one component per block), ``"sublayer"``
                         (attention and FF apart; Post-LN norms' β apart) or ``"head"`` (each
                         attention head, each expert of a mixture of experts).
+            route (str): ``"backward"`` (default): one backward pass through the frozen model
+                        per writer, seeded with its direct path at its output (per head: the
+                        heads of a block in one batched pass); ``"forward"``: the forward
+                        route carrying every token's share through every block (the
+                        independent check; a mixture of experts split per expert always
+                        takes it).
 
         Returns:
             ComponentAttribution: ``contributions`` ``(batch, n, C)``, ``bias`` ``(batch, C)``,
             ``components``, ``value``, ``delta``.
         """
         check_granularity(granularity)
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         chosen = self._rules(rules)
         check_linear_rules(chosen)
         reference = self.reference if reference is None else reference
@@ -364,6 +378,9 @@ class NormDecomposition(Attribution):
         x = blocks[0].inputs
         reference_x = self._reference(reference, x, token_mask, args, kwargs)
         prepare = self._replay if light else None
+        if route == "backward" and not (granularity == "head" and any(b.is_moe for b in blocks)):
+            return self._components_backward(args, kwargs, blocks, recorded, head_target, chosen, reference,
+                                             granularity, groups, n_groups, token_mask, prepare)
         size = self._group_size(x, chosen)
         parts = list(iter_groups(range(n_groups), size))
         progress = self._progress(len(blocks) * (len(parts) + 1))
@@ -394,6 +411,105 @@ class NormDecomposition(Attribution):
         index = groups[..., None].expand(-1, -1, table.shape[-1])
         expanded = table.gather(1, index) * token_mask[..., None].to(table.dtype)
         return ComponentAttribution(expanded, bias, names, real, delta, granularity)
+
+    def _components_backward(self, args, kwargs, blocks, recorded, head_target: HeadTarget, rules,
+                             reference: Any, granularity: str, groups: Tensor, n_groups: int,
+                             token_mask: Tensor, prepare: Callable | None) -> ComponentAttribution:
+        """:meth:`attribute_components` on the backward route: the direct paths as for the
+        forward route, then one forward pass of the frozen model and, per writer, the gradient
+        of its direct read-out ``⟨g_c, w_c⟩`` with respect to the players; the writer's bias
+        is what its read-out keeps beyond the tokens' (``⟨g_c, w_c⟩ − Σ_j C[j, c]``)."""
+        x = blocks[0].inputs
+        like = x.to(self.dtype)
+        with torch.no_grad():
+            covector, constant = head_direct_path(self.head, head_target, rules, recorded.tensors,
+                                                  self.spec, self.config, like)
+            paths = direct_paths(blocks, self.chain, rules, covector, constant, prepare)
+        writers = {}
+        for index, block in enumerate(blocks):
+            roles = watched_modules(block.module, self.spec)
+            writers[(index, "attention")] = roles.get("attention_post_norm", roles["attn_out"])
+            writers[(index, "ff")] = roles["ff"]
+        seen = self._shared(reference, token_mask, head_target)
+        r = None if seen is not None else self._reference(reference, like, token_mask, args, kwargs)
+        heads: dict[int, Tensor] = {}
+        hooks = []
+        if granularity == "head":
+            for index, block in enumerate(blocks):
+                out = watched_modules(block.module, self.spec)["attn_out"]
+                hooks.append(out.register_forward_hook(_keep_input(heads, index)))
+        kwargs = dict(kwargs)
+        if self.task == "causal_lm" and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
+            kwargs.setdefault("logits_to_keep", 1)  # the head is read through its direct path
+        sums = ComponentSums()
+        training = self.model.training
+        self.model.eval()
+        progress = self._progress(len(blocks))
+        try:
+            watch = {f"{index}.{name}": module for (index, name), module in writers.items()}
+            with linearise(self.model, self.spec, self.blocks, rules, self.head.final_norm, (), watch) as frozen:
+                self.model(*args, **kwargs)
+                inputs = frozen.inputs
+
+                def split(value: Tensor, grads: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                    """A read-out's tokens (from its gradient) and its bias."""
+                    if grads is None:
+                        (grads,) = torch.autograd.grad(value.sum(), inputs, retain_graph=True)
+                    c = token_contributions(grads.to(self.dtype), inputs.detach().to(self.dtype), r, seen)
+                    return c, value.detach().to(self.dtype) - c.sum(1)
+
+                gradient = paths.embeddings.to(inputs.dtype)
+                emb_value = (gradient * inputs.detach()).sum((1, 2))
+                sums.add(EMBEDDINGS, *split(emb_value, gradient))
+                for index, block in enumerate(blocks):
+                    found = ComponentSums()
+                    for name in ("attention", "ff"):
+                        g = paths.writers[(index, name)]
+                        w = _sequence(frozen.outputs[f"{index}.{name}"], g.shape[0])
+                        found.add(name, *split((w * g.to(w.dtype)).sum((1, 2))))
+                    if granularity == "head":
+                        self._heads_backward(found, blocks[index], heads[index], paths.writers[(index, "attention")],
+                                             rules, split, inputs)
+                    settle_block(sums, found, index, self.chain, paths, granularity, block.is_moe)
+                    if progress is not None:
+                        progress.update(1)
+                sums.add(HEAD, None, paths.constants[HEAD])
+        finally:
+            for hook in hooks:
+                hook.remove()
+            if progress is not None:
+                progress.close()
+            self.model.train(training)
+        names, table, bias = stacked(sums, groups.shape[1], like)
+        table = table * token_mask[..., None].to(table.dtype)
+        per_group = table.new_zeros(table.shape[0], n_groups, table.shape[-1])
+        per_group.scatter_add_(1, groups[..., None].expand_as(table), table)  # the groups are the players
+        table = per_group.gather(1, groups[..., None].expand_as(table)) * token_mask[..., None].to(table.dtype)
+        real = target_value(self.head, recorded.output, head_target, self.dtype)
+        delta = (per_group.sum((1, 2)) + bias.sum(-1) - real).abs()
+        return ComponentAttribution(table, bias, names, real, delta, granularity)
+
+    def _heads_backward(self, found: ComponentSums, block: Block, z: Tensor, covector: Tensor, rules,
+                        split: Callable, inputs: Tensor) -> None:
+        """Each head's direct read-out ``Σ_i ⟨z_h[i] W_O^h, g_i⟩`` (``z`` the output
+        projection's input, ``g`` the covector before any attention post-norm), split over the
+        tokens by one batched backward pass of the block's heads."""
+        raw, _ = pull_back_norm(block, "attention_post_norm", rules, covector)
+        weight = block.projection(self.spec.attention_output)[0].to(z.dtype)  # (H·e, d)
+        n_heads = int(self.config.num_attention_heads)
+        z = _sequence(z, raw.shape[0])
+        per_head = z.reshape(*z.shape[:2], n_heads, -1)  # (B, n, H, e)
+        w_o = weight.reshape(n_heads, -1, weight.shape[-1])  # (H, e, d)
+        folded = torch.einsum("hed,bid->bihe", w_o, raw.to(z.dtype))
+        values = torch.einsum("bihe,bihe->hb", per_head, folded)  # (H, B)
+        try:
+            (grads,) = torch.autograd.grad(values.sum(1), inputs, grad_outputs=torch.eye(n_heads, dtype=values.dtype),
+                                           retain_graph=True, is_grads_batched=True)
+        except RuntimeError:  # a rule whose backward does not batch: one pass per head
+            grads = torch.stack([torch.autograd.grad(values[h].sum(), inputs, retain_graph=True)[0]
+                                 for h in range(n_heads)])
+        for head in range(n_heads):
+            found.add(f"attention.head.{head}", *split(values[head], grads[head]))
 
     @log_usage()
     def attribute_steps(
@@ -875,3 +991,27 @@ class NormDecomposition(Attribution):
         return tqdm(total=total, desc="propagating", unit="block")
 
 
+def token_contributions(gradient: Tensor, inputs: Tensor, reference: Tensor | None, seen: Tensor | None) -> Tensor:
+    """``(B, n)`` each player's contribution from the read-out's gradient at the first block's
+    input: ``⟨g_j, x_j − r_j⟩``, or for the centred reference (``seen``: the positions averaged)
+    ``⟨g_j, x_j − x̄⟩ + ḡ·x_j``."""
+    if seen is not None:
+        seen = seen.to(inputs.dtype)
+        mean = torch.einsum("bn,bnd->bd", seen, inputs) / seen.sum(1, keepdim=True).clamp_min(1)
+        return (gradient * (inputs - mean[:, None])).sum(-1) + shared_mean(gradient, inputs, seen)
+    return (gradient * (inputs if reference is None else inputs - reference.to(inputs.dtype))).sum(-1)
+
+
+def _sequence(tensor: Tensor, batch: int) -> Tensor:
+    """``(B·n, d)`` outputs (some families flatten before the FF) back to ``(B, n, d)``."""
+    return tensor.reshape(batch, -1, tensor.shape[-1]) if tensor.dim() == 2 else tensor
+
+
+def _keep_input(store: dict[int, Tensor], index: int) -> Callable:
+    """A forward hook keeping a module's first input (with its graph) under ``index``."""
+
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if index not in store and args:
+            store[index] = args[0]
+
+    return hook

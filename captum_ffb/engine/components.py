@@ -282,7 +282,7 @@ def propagate_components(
             block = prepare(block)
         found, current = _read_block(block, index, chain, rules, current, paths, granularity,
                                      budget, writers)
-        _settle_block(sums, found, index, chain, paths, granularity, block.is_moe)
+        settle_block(sums, found, index, chain, paths, granularity, block.is_moe)
         if progress is not None:
             progress.update(1)
     sums.add(HEAD, None, paths.constants[HEAD])
@@ -328,7 +328,7 @@ def _read_block(block: Block, index: int, chain: Chain, rules: Mapping[str, Call
     return found, stack_rows(parts)
 
 
-def _settle_block(sums: ComponentSums, found: ComponentSums, index: int, chain: Chain,
+def settle_block(sums: ComponentSums, found: ComponentSums, index: int, chain: Chain,
                   paths: DirectPaths, granularity: str, moe: bool) -> None:
     """A block's direct effects into ``sums`` at the granularity asked, in stream order."""
     block = f"block.{index}"

@@ -55,6 +55,42 @@ def test_components_add_up_on_every_family(name, task):
     assert len(head.select(r"\.head\.\d+$")) == model.config.num_attention_heads * len(head.blocks())
 
 
+ROUTE_CASES = [(name, task, granularity) for name, task in CASES if task == "causal_lm" or name in ("bert", "opt")
+               for granularity in ("block", "sublayer", "head")]
+
+
+@pytest.mark.parametrize("name, task, granularity", ROUTE_CASES)
+def test_the_backward_route_equals_the_forward_route(name, task, granularity):
+    """Every tiny family and granularity, a padded batch, the default (centred) and the
+    paper's reference from zero, and groups of tokens as players: the same table."""
+    model = tiny_task_model(name, task)
+    ids, mask, _, _ = padded_pair("right")
+    groups = torch.tensor([[0, 0, 1, 2, 2, 3, 4], [0, 1, 1, 2, 3, 3, 3]])
+    for reference, feature_mask in (("centered", None), ("zero", groups), ("mean", None)):
+        nd = NormDecomposition(model, reference=reference)
+        kwargs = dict(target=_target(task), granularity=granularity, forward_kwargs={"attention_mask": mask},
+                      feature_mask=feature_mask)
+        forward = nd.attribute_components(ids, route="forward", **kwargs)
+        backward = nd.attribute_components(ids, **kwargs)
+        assert backward.components == forward.components
+        scale = float(forward.contributions.abs().max())
+        assert float((backward.contributions - forward.contributions).abs().max()) < 1e-5 * scale
+        assert float((backward.bias - forward.bias).abs().max()) < 1e-5 * scale
+        torch.testing.assert_close(backward.delta, forward.delta, atol=1e-5 * scale, rtol=0)  # both check
+        assert float(backward.contributions[1, 4:].abs().max()) == 0.0  # padding
+
+
+def test_the_backward_route_with_a_rule_that_credits_scores():
+    from captum_ffb.rules import AttnLRPAttention
+
+    model = tiny_task_model("llama")
+    nd = NormDecomposition(model, rules={"attention": AttnLRPAttention()})
+    for granularity in ("sublayer", "head"):
+        forward = nd.attribute_components(token_ids(), target=5, granularity=granularity, route="forward")
+        backward = nd.attribute_components(token_ids(), target=5, granularity=granularity)
+        torch.testing.assert_close(backward.contributions, forward.contributions, atol=1e-6, rtol=1e-5)
+
+
 def test_experts_are_components():
     model = tiny_task_model("mixtral")
     found = NormDecomposition(model).attribute_components(token_ids(), target=5, granularity="head")
