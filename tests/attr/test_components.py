@@ -71,7 +71,7 @@ def test_the_backward_route_equals_the_forward_route(name, task, granularity):
         kwargs = dict(target=_target(task), granularity=granularity, forward_kwargs={"attention_mask": mask},
                       feature_mask=feature_mask)
         forward = nd.attribute_components(ids, route="forward", **kwargs)
-        backward = nd.attribute_components(ids, **kwargs)
+        backward = nd.attribute_components(ids, route="backward", **kwargs)
         assert backward.components == forward.components
         scale = float(forward.contributions.abs().max())
         assert float((backward.contributions - forward.contributions).abs().max()) < 1e-5 * scale
@@ -87,8 +87,22 @@ def test_the_backward_route_with_a_rule_that_credits_scores():
     nd = NormDecomposition(model, rules={"attention": AttnLRPAttention()})
     for granularity in ("sublayer", "head"):
         forward = nd.attribute_components(token_ids(), target=5, granularity=granularity, route="forward")
-        backward = nd.attribute_components(token_ids(), target=5, granularity=granularity)
+        backward = nd.attribute_components(token_ids(), target=5, granularity=granularity, route="backward")
         torch.testing.assert_close(backward.contributions, forward.contributions, atol=1e-6, rtol=1e-5)
+
+
+def test_the_auto_route_takes_the_cheaper_one():
+    """Few players or many writers (heads): forward; many players: backward; a mixture of
+    experts split per expert: forward. An unknown route is refused."""
+    from captum_ffb.attr.norm_decomposition import component_route
+
+    assert component_route(16, 30, "sublayer", 9, moe=False) == "forward"
+    assert component_route(128, 30, "sublayer", 9, moe=False) == "backward"
+    assert component_route(128, 30, "head", 9, moe=False) == "forward"
+    assert component_route(512, 30, "head", 9, moe=False) == "backward"
+    assert component_route(4096, 30, "head", 9, moe=True) == "forward"
+    with pytest.raises(ValueError, match="route must be one of"):
+        NormDecomposition(tiny_task_model("llama")).attribute_components(token_ids(), target=5, route="sideways")
 
 
 def test_experts_are_components():
