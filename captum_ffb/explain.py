@@ -211,7 +211,7 @@ def explain_text(
                     (see :meth:`NormDecomposition.attribute_components`; one more pass of
                     the model); not with ``generate``, and a base model needs a read-out.
         show_progress (bool): when ``model`` is loaded here, say so on stderr and show the
-                    weights' progress bar.
+                    weights' progress bar; a bar over the component table's passes.
 
     Returns:
         Explanation

@@ -179,15 +179,17 @@ class AppEvents:
                 framed_page(html_view(maps, layer=layer), height=780))
 
     def components(self, text: str, target: str, class_index: int | None,
-                   granularity: str) -> tuple:
-        """The Components tab: the first output split over tokens × components."""
+                   granularity: str, show_progress: bool = False) -> tuple:
+        """The Components tab: the first output split over tokens × components (with
+        ``show_progress``, a bar over the table's passes, which Gradio shows on the tab)."""
         from captum_ffb.explain import explain_text
         from captum_ffb.viz.components import plot_components
 
         gr = import_gradio()
         options = {k: v for k, v in self.options(target, class_index, 0).items() if k != "generate"}
         try:
-            explanation = explain_text(text, self.loaded, components=granularity, maps=False, **options)
+            explanation = explain_text(text, self.loaded, components=granularity, maps=False,
+                                       show_progress=show_progress, **options)
         except ValueError as error:
             raise gr.Error(str(error)) from None
         title = f'"{explanation.target_labels[0]}": {explanation.explained}'
@@ -284,7 +286,13 @@ def build_app(loaded: LoadedModel) -> Any:
                        outputs=[summary, figure, table, page, maps_state, maps_figure, maps_view], **queue)
         explain.click(**request)
         text.submit(**request)
-        split.click(events.components, inputs=[text, target, class_index, granularity],
+
+        def split_with_progress(text: str, target: str, class_index: int | None, granularity: str,
+                                progress: Any = gr.Progress(track_tqdm=True)) -> tuple:  # noqa: B008 (Gradio's way)
+            """A long prompt's table takes a while: Gradio follows its progress bar."""
+            return events.components(text, target, class_index, granularity, show_progress=True)
+
+        split.click(split_with_progress, inputs=[text, target, class_index, granularity],
                     outputs=[components_figure, components_frame], **queue)
         for control in controls:
             control.change(events.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
