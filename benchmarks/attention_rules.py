@@ -12,7 +12,9 @@ zero, ``AttnLRPAttention`` (the previous default), ``CompleteAttnLRPAttention`` 
 pass of the model (loss = the target logit, gradients of every parameter). Each time is the
 best of ``--repeat`` runs, interleaved so that every method sees the same machine state. At
 n = 2048 each method also runs once in a process of its own, which reports its peak resident
-memory (``ru_maxrss``) with the model loaded.
+memory during the run (Linux: the high-water mark is reset after the model has loaded, so the
+loader's own peak does not hide the method's) and that peak less the resident memory before it.
+``--memory-only`` redoes only those rows and keeps the timed rows of the JSON.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import argparse
 import datetime
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -73,16 +74,31 @@ def one(name: str, n: int) -> None:
     torch.set_num_threads(1)
     model = load_smollm2().model
     runs, _ = runs_for(model, n)
+    import gc
+
+    gc.collect()
+    before = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM)
     start = time.perf_counter()
     runs[name]()
     seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    peak = _status_bytes("VmHWM")
+    print(json.dumps({"seconds": seconds, "peak_rss": peak, "added": peak - before}))
+
+
+def _status_bytes(field: str) -> int:
+    """One ``kB`` field of ``/proc/self/status``, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--one", nargs=2, metavar=("NAME", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -92,6 +108,9 @@ def main() -> None:
     model = load_smollm2().model
     sizes = [32] if args.quick else [128, 512, 2048]
     rows = []
+    if args.memory_only:
+        rows = json.loads((ROOT / "benchmarks" / "ATTENTION_RULES.json").read_text())["rows"]
+        sizes = []
     for n in sizes:
         runs, _ = runs_for(model, n)
         best = {name: float("inf") for name in runs}
@@ -115,7 +134,8 @@ def main() -> None:
                                   text=True, check=True)
             found = json.loads(done.stdout.strip().splitlines()[-1])
             memory.append({"n": 2048, "method": name, **found})
-            print(f"alone n=2048 {name:38s} {found['seconds']:8.3f} s  peak {found['peak_rss'] / 2**30:.2f} GB",
+            print(f"alone n=2048 {name:38s} {found['seconds']:8.3f} s  peak {found['peak_rss'] / 2**30:.2f} GB"
+                  f"  added {found['added'] / 2**30:.2f} GB",
                   flush=True)
     if args.quick:
         return
@@ -130,9 +150,11 @@ def main() -> None:
              f"(one run at n = 2048); by `python benchmarks/attention_rules.py`.", "",
              "| n | method | seconds | ratio to one forward + backward |", "|---|---|---:|---:|"]
     lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.3f} | {r['ratio_to_forward_backward']:.2f} |" for r in rows]
-    lines += ["", "Each alone in a process of its own at n = 2048 (the model loaded; peak resident memory):", "",
-              "| method | seconds | peak resident memory (GB) |", "|---|---:|---:|"]
-    lines += [f"| {m['method']} | {m['seconds']:.1f} | {m['peak_rss'] / 2**30:.2f} |" for m in memory]
+    lines += ["", "Each alone in a process of its own at n = 2048 (the model loaded; peak resident memory during "
+              "the run, and that peak less the resident memory before it):", "",
+              "| method | seconds | peak resident memory (GB) | added by the run (GB) |", "|---|---:|---:|---:|"]
+    lines += [f"| {m['method']} | {m['seconds']:.1f} | {m['peak_rss'] / 2**30:.2f} | {m['added'] / 2**30:.2f} |"
+              for m in memory]
     (ROOT / "benchmarks" / "ATTENTION_RULES.md").write_text("\n".join(lines) + "\n")
 
 
