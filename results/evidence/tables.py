@@ -31,8 +31,8 @@ def main() -> None:
 
 
 def _replace(text: str, name: str, table: str) -> str:
-    pattern = re.compile(rf"(<!-- table:{name} -->\n).*?(\n<!-- /table -->)", re.S)
-    return pattern.sub(lambda m: m.group(1) + table + m.group(2), text)
+    pattern = re.compile(rf"(<!-- table:{name} -->\n)(?:.*?\n)?(<!-- /table -->)", re.S)
+    return pattern.sub(lambda m: m.group(1) + table.rstrip("\n") + "\n" + m.group(2), text)
 
 
 if __name__ == "__main__":
