@@ -349,10 +349,10 @@ class NormDecomposition(Attribution):
         ``C[j, c]`` of direct effects with ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``.
 
         Each writer of the residual stream (the embeddings, each attention block or head,
-        each FF block or expert) is decomposed over the tokens by the forward route;
-        ``C[j, c]`` reads token ``j``'s share of writer ``c``'s output through the frozen
-        later norms and the head (the writer's *direct* effect, not its effect through later
-        blocks). Summed over components it gives :meth:`attribute`'s contributions (both
+        each FF block or expert) is read through the frozen later norms and the head (its
+        *direct* effect, not its effect through later blocks), and that read-out is split
+        over the tokens: by its gradient at the players (the backward route) or by carrying
+        every token's share through the blocks (the forward route). Summed over components it gives :meth:`attribute`'s contributions (both
         routes agree); see :class:`~captum_ffb.attr.components.ComponentAttribution`.
 
         Args:
