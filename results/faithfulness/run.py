@@ -1,7 +1,10 @@
 """Rebuild the committed faithfulness results: ``python results/faithfulness/run.py [TASK ...]``.
 
-TASK is ``minilm-sentiment``, ``smollm2-next-token`` or ``smollm2-sentiment`` (default: all
-three, in that order). Each run resumes from its shards in ``<task>/run/``. Every setting is
+TASK is ``minilm-sentiment``, ``smollm2-next-token``, ``smollm2-sentiment`` (the 0.2 runs:
+``decomposition`` there is ``AttnLRPAttention`` from zero), ``smollm2-next-token-0.3`` (the 0.3
+default and the position controls on the same snippets) or ``smollm2-next-token-schemes``
+(ERASER under each removal scheme, the methods' Kendall τ between schemes; 100 snippets)
+(default: all, in that order). Each run resumes from its shards in ``<task>/run/``. Every setting is
 here; the same runs through the command line are printed by ``--print-commands``.
 """
 
@@ -47,6 +50,17 @@ RUNS = {
         methods=f"{RULE_VARIANTS},integrated_gradients,attnlrp,random",
         options={"integrated_gradients": {"n_steps": 20}},
     ),
+    "smollm2-next-token-0.3": dict(
+        model="smollm2", task="next-token", max_tokens=MAX_TOKENS,
+        methods="decomposition,decomposition_complete_lrp_attention_centered,recency,previous_token,first_token",
+        options={},
+    ),
+    "smollm2-next-token-schemes": dict(
+        model="smollm2", task="next-token", max_tokens=MAX_TOKENS, n=100, protocols="schemes",
+        methods="decomposition,decomposition_lrp_attention,decomposition_frozen,integrated_gradients,"
+                "input_x_gradient,attention_last,recency,previous_token,first_token,random",
+        options={"integrated_gradients": {"n_steps": 20}},
+    ),
 }
 
 
@@ -54,8 +68,9 @@ def command(name: str) -> str:
     """The ``captum-ffb evaluate`` line of a run."""
     run = RUNS[name]
     model = "" if run["model"] is None else " --model $SMOL"
-    parts = [f"captum-ffb evaluate --task {run['task']}{model} --data rotten_tomatoes --n {N}",
-             f"--methods {run['methods']}", "--protocol all", f"--out results/faithfulness/{name}"]
+    parts = [f"captum-ffb evaluate --task {run['task']}{model} --data rotten_tomatoes --n {run.get('n', N)}",
+             f"--methods {run['methods']}", f"--protocol {run.get('protocols', 'all')}",
+             f"--out results/faithfulness/{name}"]
     if run["max_tokens"]:
         parts.append(f"--max-tokens {run['max_tokens']}")
     parts += [f"--option {shlex.quote(item)}" for item in option_items(run["options"])]
@@ -72,7 +87,9 @@ def main(argv: list[str]) -> int:
         if run["model"] == "smollm2":
             run["model"] = str(smollm2_dir(required=True))
         print(f"== {name}", flush=True)
-        evaluate(data="rotten_tomatoes", n=N, protocols="all", out=HERE / name, batch_size=16, **run)
+        run.setdefault("n", N)
+        run.setdefault("protocols", "all")
+        evaluate(data="rotten_tomatoes", out=HERE / name, batch_size=16, **run)
     return 0
 
 

@@ -4,8 +4,10 @@ Each task's table is its latest run (``<task>/results.json``) followed by the me
 run did not repeat, taken from the 2026-11-22 run of the same 300 snippets and protocols
 (``<task>/earlier-2026-11-22.csv``) and marked †; their cost / IG is against that run's IG.
 The earlier ``decomposition`` row is left out: it was the paper's frozen rule, rerun as
-``decomposition_frozen`` (a task not rerun yet shows it under that name). The tables replace the text between ``<!-- table:TASK -->`` and
-``<!-- /table -->`` in the README.
+``decomposition_frozen``. In the three 0.2 runs (:data:`RUNS_0_2`) ``decomposition`` was that
+release's default, ``AttnLRPAttention`` from zero, and is shown under that rule's own name,
+``decomposition_lrp_attention``; the 0.3 run's ``decomposition`` is today's default. The tables
+replace the text between ``<!-- table:TASK -->`` and ``<!-- /table -->`` in the README.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from captum_ffb.evaluation.report import markdown_table
 from captum_ffb.outputs import write_text
 
 HERE = Path(__file__).resolve().parent
-TASKS = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment")
+TASKS = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment", "smollm2-next-token-0.3")
+#: runs made when the default was ``AttnLRPAttention`` from zero
+RUNS_0_2 = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment")
 EARLIER = "earlier-2026-11-22.csv"
 MARK = " †"
 
@@ -36,9 +40,8 @@ def rows_of(task: str) -> tuple[list[dict], set[str]]:
     """The table's rows (latest run, then the earlier run's other methods) and the names of
     the earlier ones."""
     latest = json.loads((HERE / task / "results.json").read_text())["rows"]
-    if not any(r["method"] == "decomposition_frozen" for r in latest):
-        # a run from before the default changed: its decomposition was the frozen rule
-        latest = [{**r, "method": "decomposition_frozen"} if r["method"] == "decomposition" else r
+    if task in RUNS_0_2:  # that release's default, under its rule's name
+        latest = [{**r, "method": "decomposition_lrp_attention"} if r["method"] == "decomposition" else r
                   for r in latest]
     done = {r["method"] for r in latest} | {"decomposition"}
     earlier = []
