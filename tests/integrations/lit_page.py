@@ -88,15 +88,18 @@ return deepAll('*').filter(function (el) {
 });"""
 
 
-def wait_for(probe: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    """``probe()`` once it is truthy; an AssertionError naming ``what`` after ``timeout`` s."""
+def wait_for(probe: Callable[[], Any], timeout: float, what: str, every: float = 0.1,
+             seen: Callable[[], Any] | None = None) -> Any:
+    """``probe()`` once it is truthy; an AssertionError naming ``what`` after ``timeout`` s
+    (with ``seen()``, what the page showed instead, when given)."""
     end = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            shown = "" if seen is None else f"; the page showed {seen()!r}"
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{shown}")
         time.sleep(every)
 
 

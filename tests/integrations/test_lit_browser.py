@@ -84,7 +84,9 @@ def test_a_typed_text_shows_our_contributions_for_the_predicted_then_a_chosen_cl
         return next((chips for _, chips in groups if [t for t, _ in chips] == tokens), None)
 
     lit_page.enter_text(page, TEXT)
-    shown = lit_page.wait_for(ours, 60, "NormDecomposition's contributions for the typed text")
+    # the first text typed waits for every method LIT lists (LIME, integrated gradients, ...)
+    shown = lit_page.wait_for(ours, 180, "NormDecomposition's contributions for the typed text",
+                              seen=lambda: lit_page.salience(page, "NormDecomposition"))
     contributions, bias = nd.attribute(ids, target=predicted, return_bias=True)
     assert_shown(shown, tokens, contributions[0])
     # the line under the tokens: value = Σ tokens + bias, and the token share
