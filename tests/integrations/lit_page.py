@@ -138,13 +138,16 @@ def enter_text(driver: Any, text: str, timeout: float = 10) -> None:
     editor = "var editor = deepAll('datapoint-editor-module')[0]; "
     wait_for(lambda: run_js(driver, editor + "return editor && deepAll('textarea', "
                                             "editor.shadowRoot).length"), timeout, "the editor")
-    run_js(driver, editor + """
-      var box = deepAll('textarea', editor.shadowRoot)[0];
-      box.value = arguments[0];
-      box.dispatchEvent(new Event('input', {bubbles: true, composed: true}));""", text)
+    # typed again until it stays: the editor may still be redrawing the page's first selection
     button = wait_for(lambda: run_js(driver, editor + """
+      var box = deepAll('textarea', editor.shadowRoot)[0];
+      if (box.value !== arguments[0]) {
+        box.value = arguments[0];
+        box.dispatchEvent(new Event('input', {bubbles: true, composed: true}));
+        return null;
+      }
       var add = deepAll('button#make', editor.shadowRoot)[0];
-      return add && !add.disabled ? add : null;"""), timeout, "the editor's Add button")
+      return add && !add.disabled ? add : null;""", text), timeout, "the editor's Add button", every=0.3)
     button.click()
 
 
