@@ -3,6 +3,7 @@
 Run from the repository root::
 
     python benchmarks/components.py            # writes benchmarks/COMPONENTS.md and .json
+    python benchmarks/components.py --sizes 128,512,2048 --forward-up-to 128 --memory 512
     python benchmarks/components.py --quick    # n = 32 only, a smoke test
     python benchmarks/components.py --sizes 512 --methods "forward + backward,attribute (backward route),attribute_components (sublayer)"
                                                # some rows only: added to the files' rows of
@@ -12,8 +13,14 @@ SmolLM2-135M-Instruct, the next token's logit: ``NormDecomposition.attribute_com
 the ``"sublayer"`` and ``"head"`` granularities against one plain forward + backward pass of
 the model (loss = the target logit, gradients of every parameter), against ``attribute`` on
 its default (backward) route and against ``attribute`` on the forward route, which
-``attribute_components`` builds on. One thread. Each time is the best of ``--repeat`` runs
-(one by default at n = 512), interleaved so that every method sees the same machine state.
+``attribute_components`` on its default route (``"auto"``: the cheaper one) and on each route
+named (up to ``--forward-up-to`` tokens: the forward route grows as n²) and TransformerLens's direct logit attribution of
+the same model (its bridge over a copy of the model, built once; ``run_with_cache``, then
+``decompose_resid`` or ``stack_head_results`` through ``apply_ln_to_stack``, no token axis).
+One thread. Each time is the best of ``--repeat`` runs, interleaved so that every method sees
+the same machine state. ``--memory N`` also runs each table method alone in a process of its
+own at n = N and reports its peak resident memory during the call (Linux: the high-water mark
+is reset after the model has loaded) and that peak less the memory before it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import datetime
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,11 +39,146 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 METHODS = ["forward + backward", "attribute (backward route)", "attribute (forward route)",
-           "attribute_components (sublayer)", "attribute_components (head)"]
+           "attribute_components (sublayer)", "attribute_components (head)",
+           "attribute_components (sublayer, backward route)", "attribute_components (head, backward route)",
+           "attribute_components (sublayer, forward route)", "attribute_components (head, forward route)",
+           "TransformerLens DLA (sublayer)", "TransformerLens DLA (head)"]
 #: ratio column → the method it divides by (within the same run)
 RATIOS = {"ratio_to_forward_backward": "forward + backward",
           "ratio_to_attribute": "attribute (backward route)",
-          "ratio_to_forward_route": "attribute (forward route)"}
+          "ratio_to_sublayer": "attribute_components (sublayer)"}
+#: runs from here on have the routes (earlier ones: the forward route only)
+ROUTES_SINCE = "2026-11-24T20:00"
+MEMORY_METHODS = ["forward + backward", "attribute (backward route)", "attribute_components (sublayer)",
+                  "attribute_components (head)"]
+
+
+def lens_dla(model: torch.nn.Module, granularity: str):
+    """TransformerLens's direct logit attribution of ``model`` (a bridge over a copy, built
+    here, once), as a function of ``(ids, token)``; ``None`` without ``transformer_lens``."""
+    try:
+        from transformer_lens.model_bridge.sources import build_bridge_from_module
+    except ImportError:
+        return None
+    import copy
+
+    bridge = build_bridge_from_module(copy.deepcopy(model).eval(), type(model).__name__, hf_config=model.config)
+    bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+
+    def run(ids: torch.Tensor, token: int) -> torch.Tensor:
+        with torch.no_grad():
+            _, cache = bridge.run_with_cache(ids)
+            direction = bridge.W_U[:, token] * bridge.ln_final.w
+            if granularity == "head":
+                stack = cache.stack_head_results(layer=-1, pos_slice=-1)
+            else:
+                stack = cache.decompose_resid(layer=-1, pos_slice=-1)
+            return cache.apply_ln_to_stack(stack, layer=-1, pos_slice=-1)[:, 0] @ direction
+
+    return run
+
+
+def runs_for(model, nd, n: int, forward_up_to: int, lens: dict):
+    """The timed functions at ``n`` tokens (random ids, the predicted next token)."""
+    ids = torch.randint(100, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    with torch.no_grad():
+        token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
+
+    def plain():
+        model.zero_grad(set_to_none=True)
+        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
+
+    runs = {
+        "forward + backward": plain,
+        "attribute (backward route)": lambda: nd.attribute(ids, target=token),
+        "attribute (forward route)": lambda: nd.attribute(ids, target=token, route="forward"),
+        "attribute_components (sublayer)": lambda: nd.attribute_components(ids, target=token),
+        "attribute_components (head)": lambda: nd.attribute_components(ids, target=token, granularity="head"),
+        "attribute_components (sublayer, backward route)":
+            lambda: nd.attribute_components(ids, target=token, route="backward"),
+        "attribute_components (head, backward route)":
+            lambda: nd.attribute_components(ids, target=token, granularity="head", route="backward"),
+        "attribute_components (sublayer, forward route)":
+            lambda: nd.attribute_components(ids, target=token, route="forward"),
+        "attribute_components (head, forward route)":
+            lambda: nd.attribute_components(ids, target=token, granularity="head", route="forward"),
+    }
+    if n > forward_up_to:  # the forward routes grow as n²; past them "auto" is the backward route
+        runs = {name: fn for name, fn in runs.items()
+                if "forward route)" not in name and not name.startswith("attribute_components (sublayer, b")
+                and not name.startswith("attribute_components (head, b")}
+    for granularity, fn in lens.items():
+        if fn is not None:
+            runs[f"TransformerLens DLA ({granularity})"] = lambda fn=fn: fn(ids, token)
+    return runs
+
+
+def auto_route(model: torch.nn.Module, name: str, n: int) -> str | None:
+    """The route ``route="auto"`` takes for the table row ``name`` at ``n`` tokens."""
+    from captum_ffb.attr.norm_decomposition import component_route
+
+    if not name.startswith("attribute_components") or "route)" in name:
+        return None
+    granularity = "head" if "(head" in name else "sublayer"
+    config = model.config
+    return component_route(n, int(config.num_hidden_layers), granularity, int(config.num_attention_heads), False)
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def alone(name: str, n: int) -> None:
+    """In a process of its own: one method at ``n``; print seconds, peak and added memory."""
+    import gc
+
+    from captum_ffb import NormDecomposition
+    from captum_ffb.models import load_model, smollm2_dir
+
+    torch.set_num_threads(1)
+    model = load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False).model
+    fn = runs_for(model, NormDecomposition(model, show_progress=False), n, 0, {})[name]
+    gc.collect()
+    before = _status_bytes("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM)
+    start = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - start
+    peak = _status_bytes("VmHWM")
+    print(json.dumps({"seconds": seconds, "peak_rss": peak, "added": peak - before}))
+
+
+def write_markdown(meta: dict, rows: list[dict], memory: list[dict]) -> None:
+    """``benchmarks/COMPONENTS.md`` from the rows of ``COMPONENTS.json``."""
+    lines = ["# Token × component attributions: cost (SmolLM2-135M, next token)", "",
+             f"{meta['threads']} thread, torch {meta['torch']}, best of {meta['repeat']}; by "
+             "`python benchmarks/components.py`. Ratios are taken within one run (the `run` column: "
+             "its start), never across runs. `attribute_components` rows without a route take "
+             "`route=\"auto\"` (the column says which route it chose).", "",
+             "| n | method | auto's route | seconds | × forward + backward | × attribute | × sublayer table | run |",
+             "|---|---|---|---:|---:|---:|---:|---|"]
+
+    def row(r: dict) -> str:
+        return (f"| {r['n']} | {r['method']} | {r.get('route') or ''} | {r['seconds']:.2f} | " + " | ".join(
+            "–" if r.get(key) is None else f"{r[key]:.2f}" for key in RATIOS) + f" | {r['run']} |")
+
+    lines += [row(r) for r in rows if r["run"] >= ROUTES_SINCE]
+    earlier = [r for r in rows if r["run"] < ROUTES_SINCE]
+    if earlier:
+        lines += ["", f"Earlier runs (before {ROUTES_SINCE} `attribute_components` had the forward route "
+                  "only, so its rows there are that route's):", "", *lines[4:6]]
+        lines += [row(r) for r in earlier]
+    if memory:
+        lines += ["", f"Each alone in a process of its own at n = {memory[0]['n']} (the model loaded; peak resident "
+                  "memory during the call, and that peak less the memory before it):", "",
+                  "| method | seconds | peak resident memory (GB) | added by the call (GB) | run |",
+                  "|---|---:|---:|---:|---|"]
+        lines += [f"| {m['method']} | {m['seconds']:.1f} | {m['peak_rss'] / 2**30:.2f} | {m['added'] / 2**30:.2f} "
+                  f"| {m['run']} |" for m in memory]
+    (ROOT / "benchmarks" / "COMPONENTS.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
@@ -43,8 +186,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", default="128,512")
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--forward-up-to", type=int, default=128, help="the forward routes up to this n")
+    parser.add_argument("--memory", type=int, default=None, metavar="N", help="peak memory, each method alone, at n = N")
     parser.add_argument("--methods", default=None, help="comma-separated method names (default: all)")
+    parser.add_argument("--tables-only", action="store_true", help="rewrite COMPONENTS.md from COMPONENTS.json")
+    parser.add_argument("--alone", nargs=2, metavar=("NAME", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.alone:
+        alone(args.alone[0], int(args.alone[1]))
+        return
+    if args.tables_only:
+        found = json.loads((ROOT / "benchmarks" / "COMPONENTS.json").read_text())
+        write_markdown(found["meta"], found["rows"], found["memory"])
+        return
     torch.set_num_threads(1)
 
     from captum_ffb import NormDecomposition
@@ -52,64 +206,53 @@ def main() -> None:
 
     model = load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False).model
     nd = NormDecomposition(model)
+    lens = {granularity: lens_dla(model, granularity) for granularity in ("sublayer", "head")}
     sizes = [32] if args.quick else [int(n) for n in args.sizes.split(",")]
     run = datetime.datetime.now().isoformat(timespec="minutes")
     rows = []
     for n in sizes:
-        ids = torch.randint(100, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
-        with torch.no_grad():
-            token = int(model(ids).logits[0, -1].argmax())
-
-        def plain(ids=ids, token=token):
-            model.zero_grad(set_to_none=True)
-            model(ids, logits_to_keep=1).logits[0, -1, token].backward()
-
-        runs = {
-            "forward + backward": plain,
-            "attribute (backward route)": lambda ids=ids, token=token: nd.attribute(ids, target=token),
-            "attribute (forward route)": lambda ids=ids, token=token: nd.attribute(ids, target=token, route="forward"),
-            "attribute_components (sublayer)": lambda ids=ids, token=token: nd.attribute_components(ids, target=token),
-            "attribute_components (head)":
-                lambda ids=ids, token=token: nd.attribute_components(ids, target=token, granularity="head"),
-        }
+        runs = runs_for(model, nd, n, args.forward_up_to, lens)
         if args.methods:
             chosen = [name.strip() for name in args.methods.split(",")]
-            unknown = [name for name in chosen if name not in runs]
+            unknown = [name for name in chosen if name not in METHODS]
             if unknown:
-                raise SystemExit(f"unknown method {unknown[0]!r}; choose from {', '.join(runs)}")
+                raise SystemExit(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
             runs = {name: fn for name, fn in runs.items() if name in chosen}
         best = {name: float("inf") for name in runs}
-        plain()  # warm
+        for fn in list(runs.values())[:1]:
+            fn()  # warm
         for _ in range(args.repeat):
             for name, fn in runs.items():
                 start = time.perf_counter()
                 fn()
                 best[name] = min(best[name], time.perf_counter() - start)
-                print(f"n={n:4d} {name:34s} {best[name]:8.2f} s", flush=True)
+                print(f"n={n:4d} {name:48s} {best[name]:8.2f} s", flush=True)
         model.zero_grad(set_to_none=True)
         for name, seconds in best.items():
-            rows.append({"n": n, "method": name, "seconds": seconds, "run": run,
+            rows.append({"n": n, "method": name, "seconds": seconds, "run": run, "route": auto_route(model, name, n),
                          **{key: seconds / best[base] if base in best else None
                             for key, base in RATIOS.items()}})
+    memory = []
+    if args.memory and not args.quick:
+        for name in MEMORY_METHODS:
+            done = subprocess.run([sys.executable, __file__, "--alone", name, str(args.memory)],
+                                  capture_output=True, text=True, check=True)
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+            memory.append({"n": args.memory, "method": name, "run": run, **found})
+            print(f"alone n={args.memory} {name:40s} peak {found['peak_rss'] / 2**30:.2f} GB, "
+                  f"added {found['added'] / 2**30:.2f} GB", flush=True)
     if args.quick:
         return
     meta = {"date": datetime.date.today().isoformat(), "machine": platform.platform(),
             "processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "repeat": args.repeat}
     path = ROOT / "benchmarks" / "COMPONENTS.json"
-    kept = json.loads(path.read_text())["rows"] if path.exists() else []
-    rows = sorted([r for r in kept if r["run"] != run] + rows,
-                  key=lambda r: (r["n"], r["run"], METHODS.index(r["method"])))
-    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    lines = ["# Token × component attributions: cost (SmolLM2-135M, next token)", "",
-             f"{meta['threads']} thread, torch {meta['torch']}, best of {args.repeat}; by "
-             "`python benchmarks/components.py`. Ratios are taken within one run (the `run` column: "
-             "its start), never across runs.", "",
-             "| n | method | seconds | × forward + backward | × attribute | × forward route | run |",
-             "|---|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.2f} | " + " | ".join(
-        "–" if r[key] is None else f"{r[key]:.2f}" for key in RATIOS) + f" | {r['run']} |" for r in rows]
-    (ROOT / "benchmarks" / "COMPONENTS.md").write_text("\n".join(lines) + "\n")
+    earlier = json.loads(path.read_text()) if path.exists() else {}
+    kept = [r for r in earlier.get("rows", []) if r["run"] != run and r["method"] in METHODS]
+    rows = sorted(kept + rows, key=lambda r: (r["n"], r["run"], METHODS.index(r["method"])))
+    memory = memory or earlier.get("memory", [])
+    path.write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=2))
+    write_markdown(meta, rows, memory)
 
 
 if __name__ == "__main__":
