@@ -195,6 +195,7 @@ class ClassifierModel(lit_model.BatchedModel):
         labels, contributions, _, _ = self.explained(text, class_index)
         return labels, contributions
 
+    @one_at_a_time
     def explained(self, text: str, class_index: int | None) -> tuple[list[str], torch.Tensor, float, float]:
         """As :meth:`contributions`, with the logit and the bias player: ``(tokens,
         contributions, value, bias)``, ``value = Σ contributions + bias``."""

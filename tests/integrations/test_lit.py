@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -113,6 +114,35 @@ def test_salience_equals_norm_decomposition_for_the_predicted_and_a_chosen_class
     expected = nd.attribute(ids, target=0)[0]
     np.testing.assert_allclose(result["text"].salience, (expected / expected.abs().sum()).numpy(),
                                atol=1e-6)
+
+
+def _held_elsewhere() -> bool:
+    """Whether another thread holds the model lock (it cannot take it now)."""
+    taken = []
+    probe = threading.Thread(target=lambda: taken.append(components.MODEL_LOCK.acquire(blocking=False)))
+    probe.start()
+    probe.join()
+    if taken[0]:
+        components.MODEL_LOCK.release()
+    return not taken[0]
+
+
+def test_every_model_call_of_the_salience_holds_the_model_lock(classifier, monkeypatch):
+    # LIT answers requests in threads: a decomposition hooking the model while another
+    # method runs it mixes their forward passes, so each call must hold the lock.
+    held = []
+    real = components.explain_text
+
+    def watched(*args, **kwargs):
+        held.append(_held_elsewhere())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(components, "explain_text", watched)
+    models = ffb_lit.lit_models(classifier, "tiny")
+    wrapped = caching.CachingModelWrapper(models["tiny"], "tiny")
+    ffb_lit.NormDecompositionSalience().run([{"text": TEXT}], wrapped, None, config={})
+    models["tiny"].contributions(TEXT, None)
+    assert held == [True, True]
 
 
 @pytest.mark.real_weights
