@@ -20,7 +20,8 @@ def test_faithfulness_commands_are_the_runs():
         words = shlex.split(script.command(name))
         assert words[:2] == ["captum-ffb", "evaluate"]
         args = parser.parse_args(words[1:])
-        assert args.task == run["task"] and args.n == script.N
+        assert args.task == run["task"] and args.n == run.get("n", script.N)
+        assert args.protocol == run.get("protocols", "all")
         assert args.model == (None if run["model"] is None else "$SMOL")
         assert args.max_tokens == run["max_tokens"]
         assert args.methods == run["methods"] and args.out == f"results/faithfulness/{name}"
