@@ -110,7 +110,8 @@ def _heading(summary: dict[str, Any]) -> str:
 
 
 def plot_curves(summary: dict[str, Any]) -> Any:
-    """The mean curves of every protocol, one panel each, one line per method."""
+    """The mean curves of every protocol, one panel each, one line per method (``None``
+    when no protocol run has curves: ``schemes`` alone)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,6 +126,8 @@ def plot_curves(summary: dict[str, Any]) -> Any:
         panels.append(("ERASER sufficiency per bin", summary["eraser_bins"], "sufficiency"))
     if any("abpc_morf" in c for c in curves.values()):
         panels.append(("ABPC: logit, MoRF (solid) / LeRF (dashed)", summary["abpc_fractions"], "abpc"))
+    if not panels:
+        return None
     figure, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), squeeze=False)
     colours = plt.get_cmap("tab20")
     for ax, (title, x, key) in zip(axes[0], panels):
@@ -142,6 +145,15 @@ def plot_curves(summary: dict[str, Any]) -> Any:
     figure.suptitle(_heading(summary), fontsize=8)
     figure.tight_layout()
     return figure
+
+
+def _scheme_html(summary: dict[str, Any]) -> str:
+    """:func:`scheme_text` as an HTML table (empty without the ``schemes`` protocol)."""
+    tau = summary.get("scheme_tau")
+    if not tau:
+        return ""
+    cells = "".join(f"<tr><td>{html.escape(key)}</td><td>{value:.3f}</td></tr>" for key, value in tau.items())
+    return f"<h3>Kendall's τ between removal schemes</h3><table><tr><th>scores, schemes</th><th>τ</th></tr>{cells}</table>"
 
 
 def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
@@ -177,6 +189,6 @@ def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
             f"table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;"
             f"text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style></head>"
             f"<body><h2>Faithfulness</h2><p>{html.escape(_heading(summary))}</p>"
-            f"<table><tr>{header}</tr>{rows}</table>{image}</body></html>")
+            f"<table><tr>{header}</tr>{rows}</table>{_scheme_html(summary)}{image}</body></html>")
     written.append(write_text(folder / "report.html", page))
     return written

@@ -298,3 +298,36 @@ def test_each_protocol_alone_through_the_cli(lm_dir, tmp_path, protocol, columns
     for row in rows:
         assert scores & set(row) == columns
     assert (out / "curves.png").stat().st_size > 1000
+
+
+def test_keep_first_never_makes_the_first_position_a_player(lm_dir):
+    loaded = _load(lm_dir, "causal_lm")
+    plain, kept = EvaluationTask(loaded, "next-token"), EvaluationTask(loaded, "next-token", keep_first=True)
+    examples = [(plain.example(t, None, i), kept.example(t, None, i)) for i, (t, _) in enumerate(TEXTS[:3])]
+    for a, b in examples:
+        assert a.players[0] and not b.players[0]
+        assert a.players[1:] == b.players[1:]
+    batch = kept.batch([b for _, b in examples])
+    first = batch.attention_mask.int().argmax(1)  # the first real position of each row
+    assert batch.protected[torch.arange(len(examples)), first].all()
+
+
+def test_removal_schemes_with_the_first_position_kept(lm_dir, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(t for t, _ in TEXTS[:5]) + "\n")
+    out = tmp_path / "schemes"
+    assert main(["evaluate", "--model", str(lm_dir), "--task", "next-token", "--data", str(texts),
+                 "--methods", "decomposition,recency,random", "--protocol", "schemes", "--keep-first",
+                 "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["keep_first"]
+    for row in summary["rows"]:
+        for scheme in ("delete", "zero", "unk"):
+            assert np.isfinite(row[f"comprehensiveness_{scheme}"]) and np.isfinite(row[f"sufficiency_{scheme}"])
+        assert "comprehensiveness" not in row  # eraser itself was not asked for
+    tau = summary["scheme_tau"]
+    assert set(tau) == {f"{score} {pair}" for score in ("comprehensiveness", "sufficiency")
+                        for pair in ("delete~zero", "delete~unk", "zero~unk")}
+    assert all(-1 <= value <= 1 for value in tau.values() if np.isfinite(value))
+    assert "Kendall" in (out / "results.md").read_text() and "Kendall" in (out / "report.html").read_text()
+    assert not (out / "curves.png").exists()  # no protocol with curves was run
