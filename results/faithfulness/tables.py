@@ -18,11 +18,12 @@ import math
 import re
 from pathlib import Path
 
-from captum_ffb.evaluation.report import markdown_table
+from captum_ffb.evaluation.report import markdown_table, scheme_text
 from captum_ffb.outputs import write_text
 
 HERE = Path(__file__).resolve().parent
-TASKS = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment", "smollm2-next-token-0.3")
+TASKS = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment", "smollm2-next-token-0.3",
+         "smollm2-next-token-schemes")
 #: runs made when the default was ``AttnLRPAttention`` from zero
 RUNS_0_2 = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment")
 EARLIER = "earlier-2026-11-22.csv"
@@ -59,7 +60,10 @@ def rows_of(task: str) -> tuple[list[dict], set[str]]:
 
 def table(task: str) -> str:
     rows, marked = rows_of(task)
+    summary = json.loads((HERE / task / "results.json").read_text())
     text = markdown_table({"rows": rows})
+    if scheme_text(summary):
+        text += "\n" + scheme_text(summary).rstrip("\n")
     for method in marked:
         text = text.replace(f"| `{method}` |", f"| `{method}`{MARK} |")
     return text
