@@ -187,6 +187,10 @@ def tiny_models() -> list[TinyModel]:
         Qwen2MoeModel,
         Qwen3Config,
         Qwen3Model,
+        Qwen3MoeConfig,
+        Qwen3MoeModel,
+        Starcoder2Config,
+        Starcoder2Model,
     )
 
     def gptj() -> nn.Module:
@@ -202,6 +206,7 @@ def tiny_models() -> list[TinyModel]:
         TinyModel("mistral", decoder(MistralConfig, MistralModel, sliding_window=4), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("qwen2", decoder(Qwen2Config, Qwen2Model), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("qwen3", decoder(Qwen3Config, Qwen3Model, head_dim=8), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("starcoder2", decoder(Starcoder2Config, Starcoder2Model, sliding_window=4), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("gemma", decoder(GemmaConfig, GemmaModel, head_dim=8, num_key_value_heads=1, hidden_activation="gelu_pytorch_tanh"), lambda m: m.layers, True, llama_refs, final_norm=True),
         # eager, as transformers advises for Gemma 2: before 5.21 it ran sdpa by default, which drops the soft-capping
         TinyModel("gemma2", decoder(Gemma2Config, Gemma2Model, head_dim=8, sliding_window=4, attn_logit_softcapping=5.0, query_pre_attn_scalar=8, attn_implementation="eager"), lambda m: m.layers, True, sandwich_refs, final_norm=True),
@@ -216,6 +221,7 @@ def tiny_models() -> list[TinyModel]:
         TinyModel("olmo2", decoder(Olmo2Config, Olmo2Model), lambda m: m.layers, True, olmo2_refs, final_norm=True),
         TinyModel("mixtral", decoder(MixtralConfig, MixtralModel, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("qwen2_moe", decoder(Qwen2MoeConfig, Qwen2MoeModel, moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("qwen3_moe", decoder(Qwen3MoeConfig, Qwen3MoeModel, head_dim=8, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]), lambda m: m.layers, True, llama_refs, final_norm=True),
     ]
     return modern + [
         TinyModel("bert", _bert_like(BertConfig, BertModel), lambda m: m.encoder.layer, False, POST_LN_REFS),

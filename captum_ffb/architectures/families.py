@@ -119,6 +119,14 @@ register_architecture("llama", LLAMA)
 register_architecture("mistral", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, sliding window"))
 register_architecture("qwen2", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, QKV bias"))
 register_architecture("qwen3", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, QK-norm"))
+register_architecture("starcoder2", _llama_like(
+    "Pre-LN decoder, LayerNorm, GELU MLP (c_fc, c_proj), biases, RoPE, GQA, sliding window",
+    norm="layer_norm",
+    ff_in=Projection("mlp.c_fc"),
+    ff_gate=None,
+    activation="mlp.act",
+    ff_out=Projection("mlp.c_proj"),
+))
 register_architecture(
     "gemma",
     _llama_like("Pre-LN decoder, RMSNorm with weight 1 + w, GeGLU (tanh GELU), RoPE, MQA",
@@ -217,6 +225,12 @@ register_architecture("qwen2_moe", _llama_like(
         shared_expert="mlp.shared_expert",
         shared_expert_gate="mlp.shared_expert_gate",
     ),
+))
+
+register_architecture("qwen3_moe", _llama_like(
+    "Pre-LN decoder, RMSNorm, top-k mixture of SwiGLU experts (dense SwiGLU in mlp-only "
+    "layers), RoPE, GQA, QK-norm",
+    moe=MixtureOfExperts(module="mlp", router="mlp.gate", experts="mlp.experts"),
 ))
 
 # --------------------------------------------------------------------------- Phi-3, OLMo

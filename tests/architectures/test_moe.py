@@ -29,7 +29,7 @@ def _by_hand(moe: MoEAdapter, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "qwen3_moe"])
 def test_the_adapter_reproduces_the_moe_block(name):
     model = _model(name)
     moe = MoEAdapter.of(model.layers[0], get_architecture(name))
