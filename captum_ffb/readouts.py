@@ -579,12 +579,14 @@ def target_value(head: ResolvedHead, output: Any, target: HeadTarget, dtype: tor
 
 def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: HeadTarget, rules: Any) -> Tensor:
     """``Σ_k coef_k · logit_k`` read from the output layer's output with its graph (the
-    one-backward-pass route); a final soft-capping passes through the activation rule's
-    frozen slope."""
+    one-backward-pass route); the head's logit scale applies first, then a final
+    soft-capping passes through the activation rule's frozen slope."""
     logits = output_layer
     if logits.dim() == 3:
         logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
     chosen = logits.gather(1, target.indices)
+    if head.scale is not None:
+        chosen = chosen * head.scale
     if head.softcap is not None:
         cap = float(head.softcap)
 

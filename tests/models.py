@@ -157,6 +157,8 @@ def tiny_models() -> list[TinyModel]:
         return _seeded(factory)
 
     from transformers import (
+        CohereConfig,
+        CohereModel,
         Gemma2Config,
         Gemma2Model,
         Gemma3TextConfig,
@@ -215,6 +217,7 @@ def tiny_models() -> list[TinyModel]:
         TinyModel("gpt_neox-sequential", decoder(GPTNeoXConfig, GPTNeoXModel, rotary_pct=0.5, num_key_value_heads=None, use_parallel_residual=False), lambda m: m.layers, True,
                   {"Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"), "AtbLnFf": ("mlp", "output"), "AtbLnFfRes": ("", "output")}, final_norm=True),
         TinyModel("gptj", _seeded(gptj), lambda m: m.h, True, parallel_refs("attn", "mlp"), final_norm=True),
+        TinyModel("cohere", decoder(CohereConfig, CohereModel, logit_scale=0.5, use_qk_norm=True), lambda m: m.layers, True, parallel_refs("self_attn", "mlp"), final_norm=True),
         TinyModel("phi", decoder(PhiConfig, PhiModel, partial_rotary_factor=0.5, num_key_value_heads=4), lambda m: m.layers, True, parallel_refs("self_attn", "mlp"), final_norm=True),
         TinyModel("phi3", decoder(Phi3Config, Phi3Model, head_dim=8, num_key_value_heads=2, pad_token_id=0), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("olmo", decoder(OlmoConfig, OlmoModel), lambda m: m.layers, True, llama_refs, final_norm=True),

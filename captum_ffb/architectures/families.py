@@ -200,6 +200,26 @@ register_architecture("phi", ArchitectureSpec(
     description="parallel attention and FF sharing one LayerNorm, gelu_new, partial RoPE",
 ))
 
+register_architecture("cohere", ArchitectureSpec(
+    chain="parallel",
+    blocks="layers",
+    final_norm="norm",
+    causal=True,
+    attention="self_attn",
+    value=Projection("self_attn.v_proj"),
+    attention_output=Projection("self_attn.o_proj"),
+    norm1="input_layernorm",
+    norm2="input_layernorm",
+    ff_in=Projection("mlp.up_proj"),
+    ff_gate=Projection("mlp.gate_proj"),
+    activation="mlp.act_fn",
+    ff_out=Projection("mlp.down_proj"),
+    ff_output="mlp",
+    norm="layer_norm",
+    description="parallel attention and SwiGLU FF sharing one LayerNorm without bias, "
+    "interleaved RoPE, GQA, optional QK-norm, scaled logits",
+))
+
 # --------------------------------------------------------------------------- mixtures of experts
 register_architecture("mixtral", ArchitectureSpec(
     chain="pre_ln",

@@ -8,6 +8,7 @@ the task model first, then from its base model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,8 @@ class HeadSpec:
                     model's output embeddings (``get_output_embeddings()``, the LM head).
         softcap (str, optional): the config attribute of a final ``c·tanh(logit / c)``
                     (Gemma 2's ``final_logit_softcapping``).
+        scale (Callable, optional): the factor the model multiplies its logits by, from the
+                    config (Cohere's ``logit_scale``), before any soft-capping.
     """
 
     position: str = "last"
@@ -57,6 +60,7 @@ class HeadSpec:
     layers: tuple[Projection | HeadActivation, ...] = field(default_factory=tuple)
     output: str | None = None
     softcap: str | None = None
+    scale: Callable[[Any], float] | None = None
 
     def __post_init__(self) -> None:
         if self.position not in ("first", "last"):
@@ -178,5 +182,6 @@ register_head("distilbert", "sequence_classification", _DISTILBERT_CLASSIFIER)
 # OPT-350m projects the final hidden states down to the embedding width before the LM head
 # (its base model's output includes the projection too); absent layers are skipped.
 _OPT_PROJECT_OUT = (Projection("decoder.project_out"),)
+register_head("cohere", "causal_lm", HeadSpec(position="last", scale=lambda config: float(config.logit_scale)))
 register_head("opt", "causal_lm", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
 register_head("opt", "base", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))

@@ -51,6 +51,7 @@ class ResolvedHead:
         steps (list): ``("linear", module, projection)`` and ``("activation", fn, None)``.
         output (nn.Module, optional): the output layer (``None`` for a base model).
         softcap (float, optional): the final ``c·tanh(logit / c)``.
+        scale (float, optional): the factor on the logits before any soft-capping.
     """
 
     task: str
@@ -59,6 +60,7 @@ class ResolvedHead:
     steps: list[tuple[str, Any, Projection | None]] = field(default_factory=list)
     output: nn.Module | None = None
     softcap: float | None = None
+    scale: float | None = None
 
     def modules(self) -> dict[str, nn.Module]:
         """Role → module whose input and output the forward route reads."""
@@ -104,7 +106,8 @@ def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
         if not isinstance(output, nn.Linear):
             raise ValueError(f"the output layer of {type(model).__name__} is not a linear layer")
     softcap = getattr(config, head.softcap, None) if head.softcap else None
-    return ResolvedHead(task, head, norm, steps, output, softcap)
+    scale = None if head.scale is None or task != "causal_lm" else float(head.scale(config))
+    return ResolvedHead(task, head, norm, steps, output, softcap, scale)
 
 
 def element_wise_rule(rules: Mapping[str, Callable]) -> Callable:
@@ -361,11 +364,14 @@ def head_forward(
             dec = element_wise_rule(rules)(dec, item, previous[:, None])
     terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], target.weights.to(dtype))
     bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], target.weights.to(dtype)) + target.biases.to(dtype)
+    factor = 1.0 if head.scale is None else head.scale
+    if head.scale is not None:
+        terms, bias = terms * factor, bias * factor
     if head.softcap is not None:
         cap = float(head.softcap)
         pre = (terms.sum(-1) + bias).detach()  # the decomposition's own pre-cap logits
         if target.indices is not None and head.output is not None and ("output", "output") in real:
-            pre = _at(cast(real[("output", "output")]), target.positions, n).gather(1, target.indices)
+            pre = factor * _at(cast(real[("output", "output")]), target.positions, n).gather(1, target.indices)
         scalar = Decomposition(terms.transpose(1, 2)[:, None], bias[:, None], None)  # (B, 1, P, K)
 
         def softcap(t: Tensor) -> Tensor:

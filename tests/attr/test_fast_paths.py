@@ -86,7 +86,7 @@ def _plain_chain(block: Block) -> dict[str, Decomposition]:
 
 
 FAMILIES = ["bert", "gpt2", "llama", "qwen2", "phi", "gptj", "gpt_neox", "gemma2", "mixtral",
-            "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2", "starcoder2"]
+            "qwen2_moe", "qwen3_moe", "phi3", "olmo", "olmo2", "starcoder2", "cohere"]
 #: transformers' grouped expert matmul runs in float32 at most
 MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
 
