@@ -169,6 +169,8 @@ def tiny_models() -> list[TinyModel]:
         GPTJModel,
         GPTNeoXConfig,
         GPTNeoXModel,
+        GraniteConfig,
+        GraniteModel,
         LlamaConfig,
         LlamaModel,
         MistralConfig,
@@ -208,6 +210,7 @@ def tiny_models() -> list[TinyModel]:
         TinyModel("mistral", decoder(MistralConfig, MistralModel, sliding_window=4), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("qwen2", decoder(Qwen2Config, Qwen2Model), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("qwen3", decoder(Qwen3Config, Qwen3Model, head_dim=8), lambda m: m.layers, True, llama_refs, final_norm=True),
+        TinyModel("granite", decoder(GraniteConfig, GraniteModel, residual_multiplier=0.5, embedding_multiplier=2.0, attention_multiplier=0.3, logits_scaling=4.0), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("starcoder2", decoder(Starcoder2Config, Starcoder2Model, sliding_window=4), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("gemma", decoder(GemmaConfig, GemmaModel, head_dim=8, num_key_value_heads=1, hidden_activation="gelu_pytorch_tanh"), lambda m: m.layers, True, llama_refs, final_norm=True),
         # eager, as transformers advises for Gemma 2: before 5.21 it ran sdpa by default, which drops the soft-capping

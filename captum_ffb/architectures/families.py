@@ -119,6 +119,11 @@ register_architecture("llama", LLAMA)
 register_architecture("mistral", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, sliding window"))
 register_architecture("qwen2", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, QKV bias"))
 register_architecture("qwen3", _llama_like("Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA, QK-norm"))
+register_architecture("granite", _llama_like(
+    "Pre-LN decoder, RMSNorm, SwiGLU, RoPE, GQA; branches scaled as they join the residual "
+    "stream (residual_multiplier), scaled embeddings, attention and logits",
+    residual_scale=lambda config: float(config.residual_multiplier),
+))
 register_architecture("starcoder2", _llama_like(
     "Pre-LN decoder, LayerNorm, GELU MLP (c_fc, c_proj), biases, RoPE, GQA, sliding window",
     norm="layer_norm",

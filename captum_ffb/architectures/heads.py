@@ -183,5 +183,6 @@ register_head("distilbert", "sequence_classification", _DISTILBERT_CLASSIFIER)
 # (its base model's output includes the projection too); absent layers are skipped.
 _OPT_PROJECT_OUT = (Projection("decoder.project_out"),)
 register_head("cohere", "causal_lm", HeadSpec(position="last", scale=lambda config: float(config.logit_scale)))
+register_head("granite", "causal_lm", HeadSpec(position="last", scale=lambda config: 1.0 / float(config.logits_scaling)))
 register_head("opt", "causal_lm", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
 register_head("opt", "base", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))

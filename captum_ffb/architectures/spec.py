@@ -85,6 +85,9 @@ class ArchitectureSpec:
         attention_post_norm (str, optional): a norm on the attention output before the
                     residual (Gemma 2's "sandwich" norms, OLMo 2).
         ff_post_norm (str, optional): a norm on the FF output before the residual.
+        residual_scale (Callable, optional): the factor on each branch (attention, FF) as it
+                    joins the residual stream, from the config (Granite's
+                    ``residual_multiplier``); the branches' own outputs stay unscaled.
         moe (MixtureOfExperts, optional): the FF is a sparse mixture of experts (in blocks
                     where the MoE module exists; other blocks use the dense FF paths).
         norm (str): ``"layer_norm"`` or ``"rms_norm"``.
@@ -137,6 +140,7 @@ class ArchitectureSpec:
     norm: str = "layer_norm"
     norm_weight_offset: float = 0.0
     norm_eps: float | None = None
+    residual_scale: Callable[[Any], float] | None = None
     blocks: str | None = None
     final_norm: str | None = None
     causal: bool | ConfigValue | None = None

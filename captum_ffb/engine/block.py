@@ -224,6 +224,12 @@ class Block:
             )
         return self.cast(self.capture.probs[0])
 
+    @property
+    def residual_scale(self) -> float | None:
+        """The factor on each branch as it joins the residual stream (``None``: 1)."""
+        scale = self.spec.residual_scale
+        return None if scale is None else float(scale(self.config))
+
     def has(self, role: str) -> bool:
         """Whether the spec names the module of ``role`` and it exists in this block."""
         return has_path(self.module, getattr(self.spec, role, None))

@@ -153,6 +153,15 @@ def start_of(block: Block, start: Decomposition | None) -> Decomposition:
     return start
 
 
+def joined(block: Block, rules: Rules, branch: Decomposition, skip: Decomposition) -> Decomposition:
+    """The residual stream after ``branch`` joins ``skip``, the branch scaled by the family's
+    :attr:`~captum_ffb.architectures.spec.ArchitectureSpec.residual_scale` when it has one."""
+    scale = block.residual_scale
+    if scale is not None:
+        branch = branch.scale_features(branch.bias.new_full((branch.dim,), scale))
+    return rules["residual"](branch, skip)
+
+
 def norm(block: Block, role: str, rules: Rules, decomposition: Decomposition, rows: Rows = slice(None)) -> Decomposition:
     """The norm playing ``role``, scaled by its real input rows; unchanged when the family
     has no norm in that role (OLMo 2 has no pre-norms)."""
@@ -264,7 +273,7 @@ def ff_rest(block: Block, rules: Rules, projected: State, rows: Rows) -> Decompo
 def _post_ln_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
     x = start_of(block, start)
     attn = attention(block, rules, x)
-    atb = norm(block, "norm1", rules, rules["residual"](attn, x))
+    atb = norm(block, "norm1", rules, joined(block, rules, attn, x))
     return {"Atb": atb, ATTENTION_WRITER: attn, **ff_projections(block, rules, atb)}
 
 
@@ -273,7 +282,7 @@ def _post_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
     yield "Atb", atb
     ff = ff_rest(block, rules, state, rows)
     yield "AtbFf", ff
-    res = rules["residual"](ff, atb)
+    res = joined(block, rules, ff, atb)
     yield "AtbFfRes", res
     yield "AtbFfResLn", norm(block, "norm2", rules, res, rows)
 
@@ -300,7 +309,7 @@ POST_LN = Chain(
 def _pre_ln_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
     x = start_of(block, start)
     attn = attention(block, rules, norm(block, "norm1", rules, x))
-    atb = rules["residual"](attn, x)
+    atb = joined(block, rules, attn, x)
     ln = norm(block, "norm2", rules, atb)
     return {"Atb": atb, "AtbLn": ln, ATTENTION_WRITER: attn, **ff_projections(block, rules, ln)}
 
@@ -311,7 +320,7 @@ def _pre_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
     yield "AtbLn", state["AtbLn"].rows(rows).dense()
     ff = ff_rest(block, rules, state, rows)
     yield "AtbLnFf", ff
-    out = rules["residual"](ff, atb)
+    out = joined(block, rules, ff, atb)
     yield "AtbLnFfRes", out
     if block.next_norm is not None:
         yield NEXT_NORM_SCOPE, norm(block, "next_norm", rules, out, rows)
@@ -340,7 +349,7 @@ PRE_LN = Chain(
 def _parallel_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
     x = start_of(block, start)
     attn = attention(block, rules, norm(block, "norm1", rules, x))
-    atb = rules["residual"](attn, x)
+    atb = joined(block, rules, attn, x)
     ff_input = norm(block, "norm2", rules, x)
     if _compact(ff_input):
         # The FF reads LN2(x) token by token: its whole branch stays token-wise (diagonal).
@@ -354,7 +363,7 @@ def _parallel_local(block: Block, state: State, rows: Rows, rules: Rules):
     yield "Atb", atb
     ff = state["LnFf"].rows(rows).dense() if "LnFf" in state else ff_rest(block, rules, state, rows)
     yield "LnFf", ff
-    yield "AtbLnFfRes", rules["residual"](ff, atb)
+    yield "AtbLnFfRes", joined(block, rules, ff, atb)
 
 
 PARALLEL = Chain(

@@ -137,8 +137,9 @@ def direct_paths(blocks: Sequence[Block], chain: Chain, rules: Mapping[str, Call
         for step in reversed(chain.stream):
             if step.kind == "norm":
                 covector, constants[f"block.{index}.{step.name}"] = pull_back_norm(block, step.name, rules, covector)
-            else:
-                writers[(index, step.name)] = covector
+            else:  # a branch scaled as it joins the stream is read through the scaled covector
+                scale = block.residual_scale
+                writers[(index, step.name)] = covector if scale is None else covector * scale
     return DirectPaths(writers, covector, constants)
 
 
