@@ -76,6 +76,21 @@ POST_LN_REFS = {
 }
 
 
+def _needs_transformers(lowest: tuple[int, ...], factory: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """``factory``, skipping the test where the installed transformers is older than ``lowest``."""
+    def build() -> nn.Module:
+        import transformers
+        from packaging.version import Version
+
+        if Version(transformers.__version__).release < lowest:
+            import pytest
+
+            pytest.skip(f"the family needs transformers >= {'.'.join(map(str, lowest))}")
+        return factory()
+
+    return build
+
+
 def tiny_models() -> list[TinyModel]:
     from transformers import (
         BertConfig,
@@ -95,6 +110,16 @@ def tiny_models() -> list[TinyModel]:
         XLMRobertaConfig,
         XLMRobertaModel,
     )
+
+    def modernbert() -> nn.Module:
+        from transformers import ModernBertConfig, ModernBertModel
+
+        return ModernBertModel(ModernBertConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+            num_attention_heads=4, max_position_embeddings=64, global_attn_every_n_layers=2,
+            local_attention=4, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+            sep_token_id=2, norm_bias=True, mlp_bias=True, attention_bias=True,
+        ))
 
     def distilbert() -> nn.Module:
         return DistilBertModel(DistilBertConfig(
@@ -235,6 +260,9 @@ def tiny_models() -> list[TinyModel]:
         TinyModel("xlm-roberta", _bert_like(XLMRobertaConfig, XLMRobertaModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
         TinyModel("camembert", _bert_like(CamembertConfig, CamembertModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
         TinyModel("electra", _bert_like(ElectraConfig, ElectraModel, embedding_size=32), lambda m: m.encoder.layer, False, POST_LN_REFS),
+        TinyModel("modernbert", _needs_transformers((5, 1), _seeded(modernbert)), lambda m: m.layers, False,
+                  {"Atb": ("mlp_norm", "input"), "AtbLn": ("mlp_norm", "output"), "AtbLnFf": ("mlp", "output"),
+                   "AtbLnFfRes": ("", "output")}, final_norm=True),
         TinyModel("distilbert", _seeded(distilbert), lambda m: m.transformer.layer, False, post_ln_distil),
         TinyModel("gpt2", _seeded(gpt2), lambda m: m.h, True, pre_ln_gpt2, final_norm=True),
         TinyModel("opt", _seeded(opt(True)), lambda m: m.decoder.layers, True, pre_ln_opt, final_norm=True),

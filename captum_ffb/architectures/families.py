@@ -85,6 +85,45 @@ OPT = ArchitectureSpec(
 for _model_type in ("bert", "roberta", "xlm-roberta", "camembert", "electra"):
     register_architecture(_model_type, BERT)
 register_architecture("distilbert", DISTILBERT)
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _modernbert_unsupported(config) -> str | None:
+    """Before transformers 5.1 ModernBERT ran its own attention on unpadded sequences."""
+    from packaging.version import Version
+
+    version = _transformers_version()
+    if Version(version).release < (5, 1):
+        return (f"its attention calls transformers' attention interface only from transformers 5.1 on "
+                f"(installed: {version}); pip install \"transformers>=5.1\"")
+    return None
+
+
+register_architecture("modernbert", ArchitectureSpec(
+    chain="pre_ln",
+    blocks="layers",
+    final_norm="final_norm",
+    causal=False,
+    attention="attn",
+    value=Projection("attn.Wqkv", part=2, parts=3),
+    attention_output=Projection("attn.Wo"),
+    norm1="attn_norm",  # an identity in the first layer: no norm there
+    norm2="mlp_norm",
+    ff_in=Projection("mlp.Wi", part=1, parts=2),
+    ff_gate=Projection("mlp.Wi", part=0, parts=2),
+    activation="mlp.act",
+    ff_out=Projection("mlp.Wo"),
+    ff_output="mlp",
+    norm="layer_norm",
+    unsupported=_modernbert_unsupported,
+    description="Pre-LN encoder (no attention norm in the first layer), LayerNorm, GeGLU from a "
+    "fused Wi, fused Wqkv, RoPE, alternating local and global attention",
+))
 register_architecture("gpt2", GPT2)
 register_architecture("opt", OPT)
 

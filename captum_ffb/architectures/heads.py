@@ -36,6 +36,17 @@ class HeadActivation:
 
 
 @dataclass(frozen=True)
+class HeadNorm:
+    """A norm between the layers of a head (ModernBERT's ``head.norm``), of the family's kind.
+
+    Attributes:
+        path (str): the norm module, from the task model.
+    """
+
+    path: str
+
+
+@dataclass(frozen=True)
 class HeadSpec:
     r"""What follows the blocks in one kind of task model.
 
@@ -45,22 +56,26 @@ class HeadSpec:
                     position, which the user may change).
         final_norm (bool): apply the family's final norm (``ArchitectureSpec.final_norm``)
                     first, when the model has one.
-        layers (tuple): dense layers (:class:`Projection`) and activations
-                    (:class:`HeadActivation`) after the norm, in order.
+        layers (tuple): dense layers (:class:`Projection`), activations
+                    (:class:`HeadActivation`) and norms (:class:`HeadNorm`) after the final
+                    norm, in order.
         output (str, optional): the output layer whose rows are the targets; ``None``: the
                     model's output embeddings (``get_output_embeddings()``, the LM head).
         softcap (str, optional): the config attribute of a final ``c·tanh(logit / c)``
                     (Gemma 2's ``final_logit_softcapping``).
         scale (Callable, optional): the factor the model multiplies its logits by, from the
                     config (Cohere's ``logit_scale``), before any soft-capping.
+        unsupported (Callable, optional): a function of the config returning why this head
+                    cannot be decomposed (``None`` when it can).
     """
 
     position: str = "last"
     final_norm: bool = True
-    layers: tuple[Projection | HeadActivation, ...] = field(default_factory=tuple)
+    layers: tuple[Projection | HeadActivation | HeadNorm, ...] = field(default_factory=tuple)
     output: str | None = None
     softcap: str | None = None
     scale: Callable[[Any], float] | None = None
+    unsupported: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.position not in ("first", "last"):
@@ -179,6 +194,15 @@ for _name in ("roberta", "xlm-roberta", "camembert"):
     register_head(_name, "sequence_classification", _ROBERTA_CLASSIFIER)
 register_head("electra", "sequence_classification", _ELECTRA_CLASSIFIER)
 register_head("distilbert", "sequence_classification", _DISTILBERT_CLASSIFIER)
+register_head("modernbert", "sequence_classification", HeadSpec(
+    position="first",
+    layers=(Projection("head.dense"), HeadActivation(path="head.act"), HeadNorm("head.norm")),
+    output="classifier",
+    unsupported=lambda config: (
+        f"its classifier pools the positions ({config.classifier_pooling!r}); the [CLS] pooling "
+        "('cls') is supported" if getattr(config, "classifier_pooling", "cls") != "cls" else None
+    ),
+))
 # OPT-350m projects the final hidden states down to the embedding width before the LM head
 # (its base model's output includes the projection too); absent layers are skipped.
 _OPT_PROJECT_OUT = (Projection("decoder.project_out"),)

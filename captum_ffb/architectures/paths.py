@@ -28,3 +28,9 @@ def has_path(root: nn.Module, path: str | None) -> bool:
         return resolve(root, path) is not None
     except ValueError:
         return False
+
+
+def is_present(root: nn.Module, path: str | None) -> bool:
+    """Whether ``path`` resolves below ``root`` to something other than an ``nn.Identity``
+    (ModernBERT's first layer has an identity where the others have their attention norm)."""
+    return has_path(root, path) and not isinstance(resolve(root, path), nn.Identity)

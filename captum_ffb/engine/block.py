@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from captum_ffb._private import model_eager_attention, private_attention_method
 from captum_ffb.architectures.moe import GatedWeights, MoEAdapter
-from captum_ffb.architectures.paths import has_path, resolve
+from captum_ffb.architectures.paths import has_path, is_present, resolve
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.engine.capture import BlockCapture, BlockWatch
 from captum_ffb.versions import UnsupportedVersionError
@@ -232,7 +232,7 @@ class Block:
 
     def has(self, role: str) -> bool:
         """Whether the spec names the module of ``role`` and it exists in this block."""
-        return has_path(self.module, getattr(self.spec, role, None))
+        return is_present(self.module, getattr(self.spec, role, None))
 
     def real(self, role: str, which: str = "output") -> Tensor:
         """The real input or output of the module playing ``role`` (e.g. ``"norm2"``), or of

@@ -38,7 +38,7 @@ from captum_ffb.engine.block import (
     _columns,
     attention_method,
     config_of,
-    has_path,
+    is_present,
     norm_parameters,
     resolve,
 )
@@ -374,7 +374,7 @@ class _Hooks:
         credited) and its feed-forward."""
         spec = self.spec
         for role in spec.norm_roles():
-            if has_path(block, getattr(spec, role)):
+            if is_present(block, getattr(spec, role)):
                 self.norm(resolve(block, getattr(spec, role)))
         if self.frozen.attention is not None:
             for inner in inner_norms(resolve(block, spec.attention)).values():
@@ -426,10 +426,12 @@ class _Hooks:
             if kind == "linear":
                 self.add(item.register_forward_hook(_keep_output(store, f"head:{position}")))
                 previous = item
+            elif kind == "norm":  # a norm inside the head (ModernBERT's): its scale frozen
+                self.norm(item)
             elif kind == "activation":
-                following = next((m for k, m in head_steps[position + 1:] if k == "linear"), None)
+                following = next((m for k, m in head_steps[position + 1:] if k in ("linear", "norm")), None)
                 if previous is None or following is None:
-                    raise ValueError("a head activation must sit between two dense layers")
+                    raise ValueError("a head activation must sit between a dense layer and a dense layer or norm")
                 fn = item if callable(item) else activation_function(item)
                 self.add(following.register_forward_pre_hook(
                     _activation_between(store, f"head:{position - 1}", fn, self.frozen.activation)))

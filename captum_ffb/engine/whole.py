@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from captum_ffb.architectures.activations import ACTIVATIONS
-from captum_ffb.architectures.heads import HeadActivation, HeadSpec, get_head, task_of
+from captum_ffb.architectures.heads import HeadActivation, HeadNorm, HeadSpec, get_head, task_of
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.decomposition import Decomposition, TokenwiseDecomposition, stack_rows
 from captum_ffb.engine.block import (
@@ -48,7 +48,8 @@ class ResolvedHead:
         task (str): ``"causal_lm"``, ``"sequence_classification"`` or ``"base"``.
         spec (HeadSpec): the declarative head.
         final_norm (nn.Module, optional): the final norm, when applied.
-        steps (list): ``("linear", module, projection)`` and ``("activation", fn, None)``.
+        steps (list): ``("linear", module, projection)``, ``("activation", fn, None)`` and
+                    ``("norm", module, None)``.
         output (nn.Module, optional): the output layer (``None`` for a base model).
         softcap (float, optional): the final ``c·tanh(logit / c)``.
         scale (float, optional): the factor on the logits before any soft-capping.
@@ -68,7 +69,7 @@ class ResolvedHead:
         if self.final_norm is not None:
             out["final_norm"] = self.final_norm
         for position, (kind, item, _) in enumerate(self.steps):
-            if kind == "linear":
+            if kind in ("linear", "norm"):
                 out[f"head:{position}"] = item
         if self.output is not None:
             out["output"] = self.output
@@ -87,6 +88,9 @@ def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
     config = config_of(model)
     task = task_of(model)
     head = get_head(config.model_type, task)
+    reason = head.unsupported(config) if head.unsupported is not None else None
+    if reason:
+        raise ValueError(f"{type(model).__name__}: {reason}")
     norm = final_norm_of(model, spec) if head.final_norm else None
     steps: list[tuple[str, Any, Projection | None]] = []
     for layer in head.layers:
@@ -95,6 +99,8 @@ def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
             if module is None:
                 continue  # a layer this configuration does not have (OPT's project_out)
             steps.append(("linear", module, layer))
+        elif isinstance(layer, HeadNorm):
+            steps.append(("norm", resolve_in(model, layer.path), None))
         elif isinstance(layer, HeadActivation):
             fn = resolve_in(model, layer.path) if layer.path else ACTIVATIONS.get(layer.function or "")
             if fn is None:
@@ -359,6 +365,12 @@ def head_forward(
         if kind == "linear":
             w, c = projection_weights(item, projection, config)
             dec = rules["linear"](dec, cast(w), None if c is None else cast(c))
+            previous = _at(cast(real[(f"head:{position}", "output")]), target.positions, n)
+        elif kind == "norm":
+            weight, bias, eps = norm_parameters(item, spec, config)
+            real_input = _at(cast(real[(f"head:{position}", "input")]), target.positions, n)
+            dec = rules["norm"](dec, real_input[:, None], None if weight is None else cast(weight),
+                                None if bias is None else cast(bias), eps)
             previous = _at(cast(real[(f"head:{position}", "output")]), target.positions, n)
         else:
             dec = element_wise_rule(rules)(dec, item, previous[:, None])
