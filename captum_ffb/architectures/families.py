@@ -244,24 +244,12 @@ register_architecture("phi", ArchitectureSpec(
     description="parallel attention and FF sharing one LayerNorm, gelu_new, partial RoPE",
 ))
 
-register_architecture("cohere", ArchitectureSpec(
+register_architecture("cohere", _llama_like(
+    "parallel attention and SwiGLU FF sharing one LayerNorm without bias, interleaved RoPE, "
+    "GQA, optional QK-norm, scaled logits",
     chain="parallel",
-    blocks="layers",
-    final_norm="norm",
-    causal=True,
-    attention="self_attn",
-    value=Projection("self_attn.v_proj"),
-    attention_output=Projection("self_attn.o_proj"),
-    norm1="input_layernorm",
     norm2="input_layernorm",
-    ff_in=Projection("mlp.up_proj"),
-    ff_gate=Projection("mlp.gate_proj"),
-    activation="mlp.act_fn",
-    ff_out=Projection("mlp.down_proj"),
-    ff_output="mlp",
     norm="layer_norm",
-    description="parallel attention and SwiGLU FF sharing one LayerNorm without bias, "
-    "interleaved RoPE, GQA, optional QK-norm, scaled logits",
 ))
 
 # --------------------------------------------------------------------------- mixtures of experts
