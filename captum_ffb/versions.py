@@ -36,11 +36,12 @@ def release(version: str) -> tuple[int, ...]:
     return Version(version).release
 
 
-def requirement(distribution: str) -> str:
-    """The requirement that admits the tested range: ``"transformers>=5.0.0,<5.25"``."""
+def requirement(distribution: str, lowest: str | None = None) -> str:
+    """The requirement that admits the tested range: ``"transformers>=5.0.0,<5.25"`` (from
+    ``lowest`` instead of the range's lowest version, when given)."""
     low, high = TESTED[distribution]
     major, minor = release(high)[:2]
-    return f"{distribution}>={low},<{major}.{minor + 1}"
+    return f"{distribution}>={lowest or low},<{major}.{minor + 1}"
 
 
 def tested_range(distribution: str) -> str:
@@ -67,15 +68,18 @@ class UnsupportedVersionError(ValueError):
         family (str): the model family (``config.model_type``).
         change (str): what is no longer where the family's spec expects it.
         distribution (str): the library whose modeling code changed.
+        lowest (str, optional): the lowest version the family works with, when it is above
+                    the tested range's lowest.
     """
 
-    def __init__(self, family: str | None, change: str, distribution: str = "transformers") -> None:
+    def __init__(self, family: str | None, change: str, distribution: str = "transformers",
+                 lowest: str | None = None) -> None:
         version = installed_version(distribution) or "(not installed)"
         where = "outside" if not in_tested_range(distribution, version) else "inside"
         super().__init__(
             f"{family or 'this model'}: {change} in {distribution} {version} ({where} the tested "
             f"range {tested_range(distribution)}); install a tested version "
-            f"(pip install \"{requirement(distribution)}\") "
+            f"(pip install \"{requirement(distribution, lowest)}\") "
             "or report it with the output of `captum-ffb env`"
         )
         self.family = family

@@ -87,23 +87,6 @@ for _model_type in ("bert", "roberta", "xlm-roberta", "camembert", "electra"):
 register_architecture("distilbert", DISTILBERT)
 
 
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__
-
-
-def _modernbert_unsupported(config) -> str | None:
-    """Before transformers 5.1 ModernBERT ran its own attention on unpadded sequences."""
-    from packaging.version import Version
-
-    version = _transformers_version()
-    if Version(version).release < (5, 1):
-        return (f"its attention calls transformers' attention interface only from transformers 5.1 on "
-                f"(installed: {version}); pip install \"transformers>=5.1\"")
-    return None
-
-
 register_architecture("modernbert", ArchitectureSpec(
     chain="pre_ln",
     blocks="layers",
@@ -120,7 +103,7 @@ register_architecture("modernbert", ArchitectureSpec(
     ff_out=Projection("mlp.Wo"),
     ff_output="mlp",
     norm="layer_norm",
-    unsupported=_modernbert_unsupported,
+    transformers_since="5.1.0",  # before, ModernBERT ran its own attention on unpadded sequences
     description="Pre-LN encoder (no attention norm in the first layer), LayerNorm, GeGLU from a "
     "fused Wi, fused Wqkv, RoPE, alternating local and global attention",
 ))

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from captum_ffb import versions
+
 #: A config-dependent value: the value itself, or a function of the model config.
 ConfigValue = Callable[[Any], Any]
 
@@ -106,6 +108,9 @@ class ArchitectureSpec:
                     transformers' ``AttentionInterface``: the name of their method that maps
                     ``(query, key, value, attention_mask)`` to ``(output, probabilities)``
                     (GPT-J's ``"_attn"``).
+        transformers_since (str, optional): the lowest transformers whose modules take the
+                    form this spec describes, when above the tested range's lowest (an older
+                    one is refused with :class:`~captum_ffb.versions.UnsupportedVersionError`).
         unsupported (Callable, optional): a function of the config returning why a model
                     of this family cannot be decomposed (a setting the rules do not cover),
                     or ``None``.
@@ -145,6 +150,7 @@ class ArchitectureSpec:
     final_norm: str | None = None
     causal: bool | ConfigValue | None = None
     attention_method: str | None = None
+    transformers_since: str | None = None
     unsupported: Callable[[Any], str | None] | None = None
     description: str = ""
 
@@ -168,10 +174,17 @@ class ArchitectureSpec:
         return bool(self.causal(config) if callable(self.causal) else self.causal)
 
     def check_config(self, config: Any) -> None:
-        """Raise a clear error when a setting of ``config`` is not supported."""
+        """Raise a clear error when a setting of ``config``, or the installed transformers,
+        is not supported."""
+        model_type = getattr(config, "model_type", "this model")
+        if self.transformers_since is not None:
+            installed = versions.installed_version("transformers")
+            if installed is not None and versions.release(installed) < versions.release(self.transformers_since):
+                raise versions.UnsupportedVersionError(
+                    model_type, f"its modules match its spec from transformers {self.transformers_since} on, not",
+                    lowest=self.transformers_since)
         reason = self.unsupported(config) if self.unsupported is not None else None
         if reason:
-            model_type = getattr(config, "model_type", "this model")
             raise ValueError(f"{model_type} is not supported here: {reason}")
 
     def norm_roles(self) -> list[str]:

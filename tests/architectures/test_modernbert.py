@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captum_ffb import NormDecomposition
-from captum_ffb.architectures import families, get_architecture
+from captum_ffb import NormDecomposition, versions
+from captum_ffb.architectures import get_architecture
 from captum_ffb.engine.model import find_blocks
+from captum_ffb.versions import UnsupportedVersionError
 from tests.models import TINY_MODELS, tiny_task_model, token_ids
 
 
@@ -25,9 +26,9 @@ def test_the_first_layer_has_no_attention_norm_and_the_others_have_one():
 
 def test_older_transformers_are_refused_in_one_line(monkeypatch):
     model = TINY_MODELS["modernbert"].build()
-    monkeypatch.setattr(families, "_transformers_version", lambda: "5.0.0")
-    with pytest.raises(ValueError, match=r"modernbert is not supported here: .*transformers 5\.1 on "
-                                         r"\(installed: 5\.0\.0\)"):
+    monkeypatch.setattr(versions, "installed_version", lambda name: "5.0.0")
+    with pytest.raises(UnsupportedVersionError, match=r"^modernbert: .* from transformers 5\.1\.0 on, not in "
+                                                      r"transformers 5\.0\.0 .*transformers>=5\.1\.0,<"):
         get_architecture("modernbert").check_config(model.config)
 
 
