@@ -112,7 +112,7 @@ def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
         if not isinstance(output, nn.Linear):
             raise ValueError(f"the output layer of {type(model).__name__} is not a linear layer")
     softcap = getattr(config, head.softcap, None) if head.softcap else None
-    scale = None if head.scale is None or task != "causal_lm" else float(head.scale(config))
+    scale = None if head.scale is None else float(head.scale(config))
     return ResolvedHead(task, head, norm, steps, output, softcap, scale)
 
 
@@ -377,8 +377,7 @@ def head_forward(
     terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], target.weights.to(dtype))
     bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], target.weights.to(dtype)) + target.biases.to(dtype)
     factor = 1.0 if head.scale is None else head.scale
-    if head.scale is not None:
-        terms, bias = terms * factor, bias * factor
+    terms, bias = terms * factor, bias * factor
     if head.softcap is not None:
         cap = float(head.softcap)
         pre = (terms.sum(-1) + bias).detach()  # the decomposition's own pre-cap logits

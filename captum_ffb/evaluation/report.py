@@ -89,12 +89,23 @@ def scheme_text(summary: dict[str, Any]) -> str:
     tau = summary.get("scheme_tau")
     if not tau:
         return ""
-    lines = ["", "Kendall's τ between the methods' rankings under two ways of taking tokens out "
-             "(1: the same order; 0: unrelated):", "", "| scores | schemes | τ |", "|---|---|---:|"]
+    lines = ["", f"{SCHEME_CAPTION}:", "", "| scores | schemes | τ |", "|---|---|---:|"]
+    lines += [f"| {score} | {pair} | {_fmt(value)} |" for score, pair, value in _scheme_rows(tau)]
+    return "\n".join(lines) + "\n"
+
+
+#: What the schemes' table shows.
+SCHEME_CAPTION = ("Kendall's τ between the methods' rankings under two ways of taking tokens out "
+                  "(1: the same order; 0: unrelated)")
+
+
+def _scheme_rows(tau: dict[str, float]) -> list[tuple[str, str, float]]:
+    """``(scores, "delete vs zero", τ)`` for each entry of a summary's ``scheme_tau``."""
+    rows = []
     for key, value in tau.items():
         score, pair = key.split(" ", 1)
-        lines.append(f"| {score} | {pair.replace('~', ' vs ')} | {_fmt(value)} |")
-    return "\n".join(lines) + "\n"
+        rows.append((score, pair.replace("~", " vs "), value))
+    return rows
 
 
 def _heading(summary: dict[str, Any]) -> str:
@@ -152,8 +163,10 @@ def _scheme_html(summary: dict[str, Any]) -> str:
     tau = summary.get("scheme_tau")
     if not tau:
         return ""
-    cells = "".join(f"<tr><td>{html.escape(key)}</td><td>{value:.3f}</td></tr>" for key, value in tau.items())
-    return f"<h3>Kendall's τ between removal schemes</h3><table><tr><th>scores, schemes</th><th>τ</th></tr>{cells}</table>"
+    cells = "".join(f"<tr><td>{score}</td><td>{pair}</td><td>{_fmt(value)}</td></tr>"
+                    for score, pair, value in _scheme_rows(tau))
+    return (f"<p>{html.escape(SCHEME_CAPTION)}</p><table><tr><th>scores</th><th>schemes</th><th>τ</th></tr>"
+            f"{cells}</table>")
 
 
 def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
