@@ -303,3 +303,96 @@ register_architecture("olmo2", _llama_like(
     attention_post_norm="post_attention_layernorm",
     ff_post_norm="post_feedforward_layernorm",
 ))
+
+
+# --------------------------------------------------------------------------- encoder–decoders
+def _seq2seq(chain: str, final: str | None, description: str) -> ArchitectureSpec:
+    """BART's block layout (fairseq's), shared by mBART, Marian, M2M100/NLLB and Whisper:
+    the encoder's spec, with the decoder's (its cross-attention ``encoder_attn``) inside."""
+    encoder = ArchitectureSpec(
+        chain=chain,
+        blocks="encoder.layers",
+        final_norm=None if final is None else f"encoder.{final}",
+        causal=False,
+        attention="self_attn",
+        value=Projection("self_attn.v_proj"),
+        attention_output=Projection("self_attn.out_proj"),
+        norm1="self_attn_layer_norm",
+        norm2="final_layer_norm",
+        ff_in=Projection("fc1"),
+        activation="activation_fn",
+        ff_out=Projection("fc2"),
+        description=description,
+    )
+    decoder = replace(
+        encoder,
+        chain=f"{chain}_cross",
+        blocks="decoder.layers",
+        final_norm=None if final is None else f"decoder.{final}",
+        causal=True,
+        cross_attention="encoder_attn",
+        cross_value=Projection("encoder_attn.v_proj"),
+        cross_output=Projection("encoder_attn.out_proj"),
+        cross_norm="encoder_attn_layer_norm",
+    )
+    return replace(encoder, decoder=decoder)
+
+
+register_architecture("bart", _seq2seq("post_ln", None, "Post-LN encoder–decoder, LayerNorm, GELU"))
+register_architecture("marian", _seq2seq(
+    "post_ln", None, "Post-LN encoder–decoder, LayerNorm, SiLU/Swish, sinusoidal positions"))
+register_architecture("mbart", _seq2seq("pre_ln", "layer_norm", "Pre-LN encoder–decoder, LayerNorm, GELU"))
+register_architecture("m2m_100", _seq2seq(
+    "pre_ln", "layer_norm", "Pre-LN encoder–decoder (M2M100, NLLB), LayerNorm, ReLU, sinusoidal positions"))
+register_architecture("whisper", _seq2seq(
+    "pre_ln", "layer_norm", "Pre-LN speech encoder–decoder, LayerNorm, GELU; source players are audio frames"))
+
+
+def _t5(description: str) -> ArchitectureSpec:
+    """T5's blocks: ``layer[0]`` self-attention, (decoder) ``layer[1]`` cross-attention, and
+    the FF last; RMSNorm before each, no biases. The FF is ReLU (``wi``) or gated (``wi_0``,
+    ``wi_1``; T5 v1.1, Flan-T5, mT5, UMT5): the gated layout is the alternative."""
+
+    def feed_forward(layer: int, gated: bool) -> dict:
+        ff = f"layer.{layer}.DenseReluDense"
+        return dict(
+            norm2=f"layer.{layer}.layer_norm",
+            ff_in=Projection(f"{ff}.wi_1" if gated else f"{ff}.wi"),
+            ff_gate=Projection(f"{ff}.wi_0") if gated else None,
+            activation=f"{ff}.act",
+            ff_out=Projection(f"{ff}.wo"),
+        )
+
+    encoder = ArchitectureSpec(
+        chain="pre_ln",
+        blocks="encoder.block",
+        final_norm="encoder.final_layer_norm",
+        causal=False,
+        attention="layer.0.SelfAttention",
+        value=Projection("layer.0.SelfAttention.v"),
+        attention_output=Projection("layer.0.SelfAttention.o"),
+        norm1="layer.0.layer_norm",
+        norm="rms_norm",
+        description=description,
+        **feed_forward(1, gated=False),
+    )
+    decoder = replace(
+        encoder,
+        chain="pre_ln_cross",
+        blocks="decoder.block",
+        final_norm="decoder.final_layer_norm",
+        causal=True,
+        cross_attention="layer.1.EncDecAttention",
+        cross_value=Projection("layer.1.EncDecAttention.v"),
+        cross_output=Projection("layer.1.EncDecAttention.o"),
+        cross_norm="layer.1.layer_norm",
+        **feed_forward(2, gated=False),
+    )
+    decoder = replace(decoder, alternative=replace(decoder, **feed_forward(2, gated=True)))
+    encoder = replace(encoder, alternative=replace(encoder, **feed_forward(1, gated=True)))
+    return replace(encoder, decoder=decoder)
+
+
+for _model_type in ("t5", "mt5", "umt5"):
+    register_architecture(_model_type, _t5(
+        "Pre-LN encoder–decoder, RMSNorm, ReLU or gated GELU, relative position bias, no biases"))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from captum_ffb import versions
+from captum_ffb.architectures.paths import has_path
 
 #: A config-dependent value: the value itself, or a function of the model config.
 ConfigValue = Callable[[Any], Any]
@@ -87,6 +88,19 @@ class ArchitectureSpec:
         attention_post_norm (str, optional): a norm on the attention output before the
                     residual (Gemma 2's "sandwich" norms, OLMo 2).
         ff_post_norm (str, optional): a norm on the FF output before the residual.
+        cross_attention (str, optional): in a decoder block of an encoder–decoder model, the
+                    module that attends to the encoder's output (its probabilities).
+        cross_value (Projection, optional): the cross-attention's value projection (it reads
+                    the encoder's output).
+        cross_output (Projection, optional): the cross-attention's output projection.
+        cross_norm (str, optional): the cross-attention's norm: after it (Post-LN) or before
+                    it (Pre-LN).
+        decoder (ArchitectureSpec, optional): for an encoder–decoder family, the spec of the
+                    decoder's blocks (with the ``cross_*`` fields); this spec then describes
+                    the encoder's blocks.
+        alternative (ArchitectureSpec, optional): the spec for blocks of this family that
+                    lack this spec's FF input projection (T5's gated FF ``wi_0``/``wi_1``
+                    where the original has ``wi``); chosen block by block in :meth:`for_block`.
         residual_scale (Callable, optional): the factor on each branch (attention, FF) as it
                     joins the residual stream, from the config (Granite's
                     ``residual_multiplier``); the branches' own outputs stay unscaled.
@@ -141,6 +155,12 @@ class ArchitectureSpec:
     ff_output: str | None = None
     attention_post_norm: str | None = None
     ff_post_norm: str | None = None
+    cross_attention: str | None = None
+    cross_value: Projection | None = None
+    cross_output: Projection | None = None
+    cross_norm: str | None = None
+    decoder: ArchitectureSpec | None = None
+    alternative: ArchitectureSpec | None = None
     moe: MixtureOfExperts | None = None
     norm: str = "layer_norm"
     norm_weight_offset: float = 0.0
@@ -160,6 +180,25 @@ class ArchitectureSpec:
             raise ValueError("a spec needs ff_in, activation and ff_out, or moe")
         if self.norm not in ("layer_norm", "rms_norm"):
             raise ValueError(f"norm must be 'layer_norm' or 'rms_norm', got {self.norm!r}")
+        if self.cross_attention is not None and (self.cross_value is None or self.cross_output is None):
+            raise ValueError("a spec with cross_attention needs cross_value and cross_output")
+
+    @property
+    def has_cross_attention(self) -> bool:
+        """Whether this spec's blocks attend to an encoder's output (decoder blocks of an
+        encoder–decoder model)."""
+        return self.cross_attention is not None
+
+    def for_block(self, block: Any) -> ArchitectureSpec:
+        """The spec describing ``block``: the decoder's for a decoder block of an
+        encoder–decoder family (it has the decoder's cross-attention), the alternative's
+        for a block without this spec's FF input, else this one."""
+        decoder = self.decoder
+        if decoder is not None and has_path(block, decoder.cross_attention):
+            return decoder.for_block(block)
+        if self.alternative is not None and self.ff_in is not None and not has_path(block, self.ff_in.path):
+            return self.alternative.for_block(block)
+        return self
 
     def chain_name(self, config: Any) -> str:
         """The chain that applies to a model with this ``config``."""
@@ -189,5 +228,5 @@ class ArchitectureSpec:
 
     def norm_roles(self) -> list[str]:
         """The roles of the block's norms that this spec names."""
-        roles = ("norm1", "norm2", "attention_post_norm", "ff_post_norm")
+        roles = ("norm1", "cross_norm", "norm2", "attention_post_norm", "ff_post_norm")
         return [role for role in roles if getattr(self, role) is not None]

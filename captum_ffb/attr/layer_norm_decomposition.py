@@ -110,7 +110,10 @@ class LayerNormDecomposition(LayerAttribution):
                         f"{type(self._model).__name__}"
                     )
         self.model_type = model_type or model_type_of(self._model, *layers)
-        self.spec = get_architecture(self.model_type)
+        family = get_architecture(self.model_type)
+        self.spec = family.for_block(layers[0])
+        if any(family.for_block(module) is not self.spec for module in layers[1:]):
+            raise ValueError("the layers mix encoder and decoder blocks; give blocks of one stack")
         self._config = config_of(self._model, *layers)
         self.chain = chain_for(self.spec, self._config)
         for module in layers:
@@ -307,6 +310,8 @@ class LayerNormDecomposition(LayerAttribution):
     def _check_block(self, module: nn.Module) -> None:
         spec = self.spec
         paths = [spec.attention, spec.value.path, spec.attention_output.path]
+        if spec.has_cross_attention:
+            paths += [spec.cross_attention, spec.cross_value.path, spec.cross_output.path]
         paths += [p for p in (spec.norm1, spec.norm2, spec.attention_post_norm, spec.ff_post_norm)
                   if p is not None]
         moe = spec.moe
@@ -316,6 +321,7 @@ class LayerNormDecomposition(LayerAttribution):
             paths += [spec.ff_in.path, spec.activation, spec.ff_out.path]
             if spec.ff_gate is not None:
                 paths.append(spec.ff_gate.path)
+        paths += [p for p in (spec.cross_norm,) if p is not None]
         for path in paths:
             if not has_path(module, path):
                 raise ValueError(

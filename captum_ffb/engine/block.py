@@ -126,6 +126,9 @@ def watched_modules(module: nn.Module, spec: ArchitectureSpec) -> dict[str, nn.M
         "activation": spec.activation,
         "ff": spec.ff_output or (None if spec.ff_out is None else spec.ff_out.path),
         "value": spec.value.path,
+        "cross_norm": spec.cross_norm,
+        "cross_value": None if spec.cross_value is None else spec.cross_value.path,
+        "cross_out": None if spec.cross_output is None else spec.cross_output.path,
     }
     moe = spec.moe
     if MoEAdapter.of(module, spec) is not None:
@@ -165,7 +168,10 @@ def block_watch(module: nn.Module, spec: ArchitectureSpec, next_norm: nn.Module 
     if next_norm is not None:
         roles["next_norm"] = next_norm
     attention = resolve(module, spec.attention)
-    return BlockWatch(module, roles, [attention], attention_method(attention, spec))
+    modules = [attention]
+    if spec.has_cross_attention:
+        modules.append(resolve(module, spec.cross_attention))
+    return BlockWatch(module, roles, modules, attention_method(attention, spec))
 
 
 @dataclass
@@ -184,6 +190,11 @@ class Block:
         config (Any): the model's config.
         next_norm (nn.Module, optional): the norm that reads this block's output (the next
                     block's first norm, or the model's final norm).
+        source_mask (Tensor, optional): for a decoder block of an encoder–decoder model,
+                    ``(B, n_source)``, 1 for the encoder's real tokens.
+        source (Decomposition, optional): for such a block, a decomposition of the encoder's
+                    output over any source players (the identity over the encoder's output
+                    vectors by default); its players follow the block's own.
     """
 
     module: nn.Module
@@ -193,6 +204,8 @@ class Block:
     token_mask: Tensor | None = None
     config: Any = None
     next_norm: nn.Module | None = None
+    source_mask: Tensor | None = None
+    source: Any = None
 
     def __post_init__(self) -> None:
         if self.config is None:
@@ -223,6 +236,26 @@ class Block:
                 "the method that returns them in attention_method)",
             )
         return self.cast(self.capture.probs[0])
+
+    @property
+    def cross_probs(self) -> Tensor:
+        """Cross-attention probabilities ``(B, H, n, n_source)`` (decoder blocks of an
+        encoder–decoder model)."""
+        if len(self.capture.probs) < 2:
+            raise RuntimeError(
+                "the forward pass recorded no cross-attention: run the encoder–decoder model "
+                "with its source (input_ids) and its target (decoder_input_ids) together"
+            )
+        return self.cast(self.capture.probs[1])
+
+    @property
+    def encoder_output(self) -> Tensor:
+        """The encoder's output vectors the cross-attention read ``(B, n_source, d)``."""
+        return self.real("cross_value", "input")
+
+    def cross_attention_weights(self) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+        """``(W_V, b_V, W_O, b_O)`` of the block's cross-attention."""
+        return (*self.projection(self.spec.cross_value), *self.projection(self.spec.cross_output))
 
     @property
     def residual_scale(self) -> float | None:

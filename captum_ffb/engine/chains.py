@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from captum_ffb.architectures.registry import check_chain_names, register_chain
@@ -381,6 +382,144 @@ PARALLEL = Chain(
     stream=(StreamStep("write", "attention", ATTENTION_WRITER), StreamStep("write", "ff", "LnFf")),
 )
 
-for _chain in (POST_LN, PRE_LN, PARALLEL):
+# --------------------------------------------------------------------------- cross-attention
+#: The state entry where the cross-attention chains keep the cross-attention's output.
+CROSS_WRITER = "cross_attention"
+
+
+def _joined_masks(first: Tensor | None, n_first: int, second: Tensor | None, n_second: int,
+                  like: Tensor) -> Tensor | None:
+    if first is None and second is None:
+        return None
+    batch = like.shape[0]
+    ones = like.new_ones
+    first = ones(batch, n_first) if first is None else first.to(like.dtype)
+    second = ones(batch, n_second) if second is None else second.to(like.dtype)
+    return torch.cat([first, second], dim=1)
+
+
+def source_of(block: Block) -> Decomposition:
+    """The decomposition of the encoder's output the block's cross-attention reads: the
+    block's ``source`` when given, else the identity over the encoder's output vectors."""
+    if block.source is not None:
+        return block.source
+    return Decomposition.identity(block.encoder_output, block.source_mask)
+
+
+def with_source_players(block: Block, decomposition: Decomposition) -> Decomposition:
+    """``decomposition`` (over the block's own players) over the players ``[own | source]``,
+    the source players owning nothing of it yet."""
+    source = source_of(block)
+    dense = decomposition.dense()
+    terms = dense.terms
+    zeros = terms.new_zeros(*terms.shape[:2], source.n_in, terms.shape[-1])
+    players = _joined_masks(dense.player_mask, dense.n_in, source.player_mask, source.n_in, terms)
+    return Decomposition(torch.cat([terms, zeros], dim=2), dense.bias, dense.token_mask, players)
+
+
+def cross_attention(block: Block, rules: Rules, target: Decomposition) -> Decomposition:
+    r"""The cross-attention's output over the players ``[target | source]``.
+
+    With the probabilities frozen, the output at target position ``i`` is
+    ``Σ_s α_is (e_s W_V) W_O``: it reads the encoder's output ``e`` only, so its terms sit on
+    the source players (``target`` gives the rows, mask and number of target players).
+    """
+    source = source_of(block)
+    out = rules["attention"](source, block.cross_probs, *block.cross_attention_weights()).dense()
+    terms = out.terms
+    zeros = terms.new_zeros(*terms.shape[:2], target.n_in, terms.shape[-1])
+    players = _joined_masks(target.player_mask, target.n_in, source.player_mask, source.n_in, terms)
+    return Decomposition(torch.cat([zeros, terms], dim=2), out.bias, target.token_mask, players)
+
+
+def _post_ln_cross_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
+    x = start_of(block, start)
+    attn = attention(block, rules, x)
+    atb = with_source_players(block, norm(block, "norm1", rules, joined(block, rules, attn, x)))
+    cross = cross_attention(block, rules, x)
+    catb = norm(block, "cross_norm", rules, joined(block, rules, cross, atb))
+    return {"Atb": atb, "Cross": cross, "AtbCatb": catb, ATTENTION_WRITER: with_source_players(block, attn),
+            CROSS_WRITER: cross, **ff_projections(block, rules, catb)}
+
+
+def _post_ln_cross_local(block: Block, state: State, rows: Rows, rules: Rules):
+    yield "Atb", state["Atb"].rows(rows)
+    yield "Cross", state["Cross"].rows(rows)
+    catb = state["AtbCatb"].rows(rows)
+    yield "AtbCatb", catb
+    ff = ff_rest(block, rules, state, rows)
+    yield "AtbCatbFf", ff
+    res = joined(block, rules, ff, catb)
+    yield "AtbCatbFfRes", res
+    yield "AtbCatbFfResLn", norm(block, "norm2", rules, res, rows)
+
+
+POST_LN_CROSS = Chain(
+    name="post_ln_cross",
+    scopes=("Atb", "Cross", "AtbCatb", "AtbCatbFf", "AtbCatbFfRes", "AtbCatbFfResLn"),
+    references={
+        "Atb": (("norm1", "output"),),
+        "Cross": (("cross_out", "output"),),
+        "AtbCatb": (("cross_norm", "output"),),
+        "AtbCatbFf": (("ff", "output"),),
+        "AtbCatbFfRes": (("norm2", "input"),),
+        "AtbCatbFfResLn": (("block", "output"),),
+    },
+    mix=_post_ln_cross_mix,
+    local=_post_ln_cross_local,
+    ff_pair=("AtbCatb", "AtbCatbFf"),
+    description="y = LN3(c + FF(c)), c = LN2(z + CROSS(z, e)), z = LN1(x + ATTN(x))",
+)
+
+
+def _pre_ln_cross_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:
+    x = start_of(block, start)
+    attn = attention(block, rules, norm(block, "norm1", rules, x))
+    atb = with_source_players(block, joined(block, rules, attn, x))
+    cross = cross_attention(block, rules, x)
+    catb = joined(block, rules, cross, atb)
+    ln = norm(block, "norm2", rules, catb)
+    return {"Atb": atb, "Cross": cross, "AtbCatb": catb, "AtbCatbLn": ln,
+            ATTENTION_WRITER: with_source_players(block, attn), CROSS_WRITER: cross,
+            **ff_projections(block, rules, ln)}
+
+
+def _pre_ln_cross_local(block: Block, state: State, rows: Rows, rules: Rules):
+    yield "Atb", state["Atb"].rows(rows)
+    yield "Cross", state["Cross"].rows(rows)
+    catb = state["AtbCatb"].rows(rows)
+    yield "AtbCatb", catb
+    yield "AtbCatbLn", state["AtbCatbLn"].rows(rows)
+    ff = ff_rest(block, rules, state, rows)
+    yield "AtbCatbLnFf", ff
+    out = joined(block, rules, ff, catb)
+    yield "AtbCatbLnFfRes", out
+    if block.next_norm is not None:
+        yield CROSS_NEXT_NORM_SCOPE, norm(block, "next_norm", rules, out, rows)
+
+
+#: The Pre-LN cross-attention chain's scope on request: the norm that reads the block's output.
+CROSS_NEXT_NORM_SCOPE = "AtbCatbLnFfResLn"
+
+PRE_LN_CROSS = Chain(
+    name="pre_ln_cross",
+    scopes=("Atb", "Cross", "AtbCatb", "AtbCatbLn", "AtbCatbLnFf", "AtbCatbLnFfRes"),
+    references={
+        "Atb": (("cross_norm", "input"),),
+        "Cross": (("cross_out", "output"),),
+        "AtbCatb": (("norm2", "input"),),
+        "AtbCatbLn": (("norm2", "output"),),
+        "AtbCatbLnFf": (("ff", "output"),),
+        "AtbCatbLnFfRes": (("block", "output"),),
+        CROSS_NEXT_NORM_SCOPE: (("next_norm", "output"),),
+    },
+    mix=_pre_ln_cross_mix,
+    local=_pre_ln_cross_local,
+    ff_pair=("AtbCatbLn", "AtbCatbLnFf"),
+    extra_scopes=(CROSS_NEXT_NORM_SCOPE,),
+    description="y = c + FF(LN3(c)), c = h + CROSS(LN2(h), e), h = x + ATTN(LN1(x))",
+)
+
+for _chain in (POST_LN, PRE_LN, PARALLEL, POST_LN_CROSS, PRE_LN_CROSS):
     register_chain(_chain.name, _chain)
 check_chain_names()  # the families registered before the chains existed

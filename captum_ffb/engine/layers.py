@@ -164,9 +164,19 @@ def capture_layers(
     finally:
         for layer, mode in zip(layers, training):
             layer.train(mode)
-    token_mask = token_mask_of(kwargs.get("attention_mask"), recorded.blocks[0].inputs)
+    first = recorded.blocks[0]
+    source_mask = None
+    if spec.has_cross_attention:
+        # a decoder block: its own tokens are the target's; the encoder's mask is the source's
+        token_mask = token_mask_of(kwargs.get("decoder_attention_mask"), first.inputs)
+        source = first.tensors.get(("cross_value", "input"))
+        if source is not None:
+            source_mask = token_mask_of(kwargs.get("attention_mask"), source)
+    else:
+        token_mask = token_mask_of(kwargs.get("attention_mask"), first.inputs)
     blocks = [
-        Block(layer, spec, record, dtype=dtype, token_mask=token_mask, config=config, next_norm=norm)
+        Block(layer, spec, record, dtype=dtype, token_mask=token_mask, config=config, next_norm=norm,
+              source_mask=source_mask)
         for layer, record, norm in zip(layers, recorded.blocks, following)
     ]
     return blocks, recorded
@@ -203,7 +213,7 @@ def replay_block(block: Block, owners: Sequence[nn.Module] = ()) -> Block:
     finally:
         block.module.train(training)
     return Block(block.module, block.spec, full, block.dtype, block.token_mask, block.config,
-                 block.next_norm)
+                 block.next_norm, block.source_mask, block.source)
 
 
 def reference(block: Block, chain: Chain, scope: str) -> Tensor:
@@ -229,6 +239,8 @@ def row_chunks(block: Block, rows_per_chunk: int | None, budget: int, n_players:
     chunk's dense terms within ``budget`` bytes."""
     batch, n, width = block.capture.inputs.shape
     players = n if n_players is None else n_players
+    if block.spec.has_cross_attention:
+        players += block.encoder_output.shape[1]  # the source players follow the target's
     if rows_per_chunk is None:
         item = torch.finfo(block.dtype).bits // 8
         per_row = batch * players * (2 * ff_width(block) + 8 * width) * item
