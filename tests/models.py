@@ -552,3 +552,114 @@ def induction_gpt2(vocab: int = 16, positions: int = 32, sharpness: float = 30.0
             second.attn.c_proj.weight[output + t, output + t] = 1.0
             model.lm_head.weight[t, output + t] = 10.0
     return model
+
+
+# --------------------------------------------------------------------------- encoder–decoders
+@dataclass(frozen=True)
+class TinySeq2Seq:
+    """A factory for one tiny encoder–decoder (with its LM head) and where its stacks live.
+
+    ``audio``: the source is ``input_features`` (Whisper's log-mel frames), not token ids.
+    """
+
+    name: str
+    build: Callable[[], nn.Module]
+    encoder_blocks: Callable[[nn.Module], nn.ModuleList]
+    decoder_blocks: Callable[[nn.Module], nn.ModuleList]
+    audio: bool = False
+
+
+def _seq2seq_factory(config_cls, model_cls, **extra) -> Callable[[], nn.Module]:
+    def factory() -> nn.Module:
+        config = config_cls(
+            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+            pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2, **extra,
+        )
+        model = model_cls(config)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    module.bias.normal_(0, 0.1)
+        return model
+
+    return _seeded(factory)
+
+
+def _t5_factory(config_cls, model_cls, feed_forward: str) -> Callable[[], nn.Module]:
+    def factory() -> nn.Module:
+        config = config_cls(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+            feed_forward_proj=feed_forward, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+            relative_attention_num_buckets=8, relative_attention_max_distance=16,
+        )
+        return model_cls(config)
+
+    return _seeded(factory)
+
+
+def _whisper() -> nn.Module:
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    config = WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=8, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48,
+        max_source_positions=8, max_target_positions=32, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2, decoder_start_token_id=1,
+    )
+    return WhisperForConditionalGeneration(config)
+
+
+def tiny_seq2seq_models() -> list[TinySeq2Seq]:
+    from transformers import (
+        BartConfig,
+        BartForConditionalGeneration,
+        M2M100Config,
+        M2M100ForConditionalGeneration,
+        MarianConfig,
+        MarianMTModel,
+        MBartConfig,
+        MBartForConditionalGeneration,
+        MT5Config,
+        MT5ForConditionalGeneration,
+        T5Config,
+        T5ForConditionalGeneration,
+        UMT5Config,
+        UMT5ForConditionalGeneration,
+    )
+
+    fairseq = (lambda m: m.model.encoder.layers, lambda m: m.model.decoder.layers)
+    t5 = (lambda m: m.encoder.block, lambda m: m.decoder.block)
+    return [
+        TinySeq2Seq("bart", _seq2seq_factory(BartConfig, BartForConditionalGeneration), *fairseq),
+        TinySeq2Seq("mbart", _seq2seq_factory(MBartConfig, MBartForConditionalGeneration), *fairseq),
+        TinySeq2Seq("marian", _seq2seq_factory(MarianConfig, MarianMTModel), *fairseq),
+        TinySeq2Seq("m2m_100", _seq2seq_factory(M2M100Config, M2M100ForConditionalGeneration), *fairseq),
+        TinySeq2Seq("t5", _t5_factory(T5Config, T5ForConditionalGeneration, "relu"), *t5),
+        TinySeq2Seq("t5-gated", _t5_factory(T5Config, T5ForConditionalGeneration, "gated-gelu"), *t5),
+        TinySeq2Seq("mt5", _t5_factory(MT5Config, MT5ForConditionalGeneration, "gated-gelu"), *t5),
+        TinySeq2Seq("umt5", _t5_factory(UMT5Config, UMT5ForConditionalGeneration, "gated-gelu"), *t5),
+        TinySeq2Seq("whisper", _seeded(_whisper), *fairseq, audio=True),
+    ]
+
+
+TINY_SEQ2SEQ = {model.name: model for model in tiny_seq2seq_models()}
+
+
+def seq2seq_inputs(model: TinySeq2Seq, n_source: int = 7, n_target: int = 5) -> dict[str, torch.Tensor]:
+    """A batch of two: the second source padded on the right by 2 (token sources), the second
+    target padded on the right by 1; as keyword arguments of the model's forward."""
+    generator = torch.Generator().manual_seed(3)
+    target = torch.randint(3, VOCAB, (2, n_target), generator=generator)
+    target_mask = torch.ones_like(target)
+    target[1, -1] = 0
+    target_mask[1, -1] = 0
+    if model.audio:
+        features = torch.randn(2, 8, 16, generator=generator)  # 16 mel frames → 8 source positions
+        return {"input_features": features, "decoder_input_ids": target, "decoder_attention_mask": target_mask}
+    source = torch.randint(3, VOCAB, (2, n_source), generator=generator)
+    source_mask = torch.ones_like(source)
+    source[1, -2:] = 0
+    source_mask[1, -2:] = 0
+    return {"input_ids": source, "attention_mask": source_mask, "decoder_input_ids": target,
+            "decoder_attention_mask": target_mask}

@@ -42,6 +42,9 @@ def register_architecture(
 
 
 def _check_chain(model_type: str, spec: ArchitectureSpec) -> None:
+    for part in (spec.decoder, spec.alternative):
+        if part is not None:
+            _check_chain(model_type, part)
     if isinstance(spec.chain, str) and spec.chain not in _CHAINS:
         raise ValueError(
             f"the spec of {model_type!r} names chain {spec.chain!r}, which is not registered; "

@@ -12,14 +12,21 @@ from captum_ffb.architectures.spec import ArchitectureSpec
 
 def _chain(spec: ArchitectureSpec) -> str:
     if callable(spec.chain):
-        return (spec.chain.__doc__ or spec.chain.__name__).strip()
-    return spec.chain
+        name = (spec.chain.__doc__ or spec.chain.__name__).strip()
+    else:
+        name = spec.chain
+    if spec.decoder is not None:
+        return f"{name} (encoder), {_chain(spec.decoder)} (decoder)"
+    return name
 
 
 def _feed_forward(spec: ArchitectureSpec) -> str:
     if spec.moe is not None:
         return "mixture of gated experts"
-    return "gated (g(A) ⊙ B)" if spec.ff_gate is not None else "element-wise g"
+    kind = "gated (g(A) ⊙ B)" if spec.ff_gate is not None else "element-wise g"
+    if spec.alternative is not None and spec.alternative.ff_gate is not None and spec.ff_gate is None:
+        kind += " or gated"
+    return kind
 
 
 def architectures_rows() -> list[dict[str, str]]:
@@ -48,7 +55,10 @@ def architectures_table() -> str:
         "",
         "Generated from the registry by `python -m captum_ffb.architectures.table`.",
         "Scopes: `post_ln` Atb, AtbFf, AtbFfRes, AtbFfResLn; `pre_ln` Atb, AtbLn, AtbLnFf,",
-        "AtbLnFfRes; `parallel` Atb, LnFf, AtbLnFfRes (see the README).",
+        "AtbLnFfRes; `parallel` Atb, LnFf, AtbLnFfRes; the decoders of encoder–decoders:",
+        "`post_ln_cross` Atb, Cross, AtbCatb, AtbCatbFf, AtbCatbFfRes, AtbCatbFfResLn;",
+        "`pre_ln_cross` Atb, Cross, AtbCatb, AtbCatbLn, AtbCatbLnFf, AtbCatbLnFfRes",
+        "(see docs/encoder_decoder.md).",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),

@@ -241,17 +241,21 @@ class Block:
     def cross_probs(self) -> Tensor:
         """Cross-attention probabilities ``(B, H, n, n_source)`` (decoder blocks of an
         encoder–decoder model)."""
-        if len(self.capture.probs) < 2:
-            raise RuntimeError(
-                "the forward pass recorded no cross-attention: run the encoder–decoder model "
-                "with its source (input_ids) and its target (decoder_input_ids) together"
-            )
+        self._require_cross_attention()
         return self.cast(self.capture.probs[1])
 
     @property
     def encoder_output(self) -> Tensor:
         """The encoder's output vectors the cross-attention read ``(B, n_source, d)``."""
+        self._require_cross_attention()
         return self.real("cross_value", "input")
+
+    def _require_cross_attention(self) -> None:
+        if len(self.capture.probs) < 2 or ("cross_value", "input") not in self.capture.tensors:
+            raise RuntimeError(
+                "the forward pass recorded no cross-attention: run the encoder–decoder model "
+                "with its source (input_ids) and its target (decoder_input_ids) together"
+            )
 
     def cross_attention_weights(self) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
         """``(W_V, b_V, W_O, b_O)`` of the block's cross-attention."""
