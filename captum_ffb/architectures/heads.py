@@ -18,7 +18,7 @@ from captum_ffb.architectures.registry import get_architecture, supported_archit
 from captum_ffb.architectures.spec import Projection
 
 #: Tasks a head can serve, read from the model's class name.
-TASKS = ("causal_lm", "sequence_classification", "base")
+TASKS = ("causal_lm", "sequence_classification", "base", "seq2seq_lm")
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,10 @@ class HeadSpec:
         softcap (str, optional): the config attribute of a final ``c·tanh(logit / c)``
                     (Gemma 2's ``final_logit_softcapping``).
         scale (Callable, optional): the factor the model multiplies its logits by, from the
-                    config (Cohere's ``logit_scale``), before any soft-capping.
+                    config (Cohere's ``logit_scale``, T5's ``d_model ** -0.5`` with tied
+                    embeddings), before any soft-capping.
+        logits_bias (str, optional): a buffer of the task model added to every row of logits
+                    (BART's and Marian's ``final_logits_bias``), where the model has it.
         unsupported (Callable, optional): a function of the config returning why this head
                     cannot be decomposed (``None`` when it can).
     """
@@ -75,6 +78,7 @@ class HeadSpec:
     output: str | None = None
     softcap: str | None = None
     scale: Callable[[Any], float] | None = None
+    logits_bias: str | None = None
     unsupported: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
@@ -90,6 +94,9 @@ CAUSAL_LM = HeadSpec(position="last", softcap="final_logit_softcapping")
 #: The sequence classifier of every decoder family (``GPT2ForSequenceClassification``,
 #: Llama's, ...) unless it registers another.
 DECODER_CLASSIFIER = HeadSpec(position="last", output="score")
+#: The language-model head of every encoder–decoder (on the decoder's last block) unless its
+#: family registers another: the final norm, the output embeddings, ``final_logits_bias``.
+SEQ2SEQ_LM = HeadSpec(position="last", logits_bias="final_logits_bias")
 #: A base model read through a pooling and a direction (see ``captum_ffb.Direction``).
 BASE = HeadSpec(position="last", output=None)
 
@@ -119,6 +126,8 @@ def task_of(model: Any) -> str:
             return "causal_lm"
         if model.endswith("ForSequenceClassification"):
             return "sequence_classification"
+        if model.endswith(("ForConditionalGeneration", "MTModel")):
+            return "seq2seq_lm"
         return "base"
     if isinstance(model, nn.Module):
         return task_of(type(model).__name__)
@@ -151,6 +160,8 @@ def get_head(model_type: str, task: str) -> HeadSpec:
         return _HEADS[(model_type, task)]
     if task == "causal_lm":
         return CAUSAL_LM
+    if task == "seq2seq_lm":
+        return SEQ2SEQ_LM
     if task == "base":
         return BASE
     if task == "sequence_classification" and _is_decoder(model_type):
@@ -210,3 +221,17 @@ register_head("cohere", "causal_lm", HeadSpec(position="last", scale=lambda conf
 register_head("granite", "causal_lm", HeadSpec(position="last", scale=lambda config: 1.0 / float(config.logits_scaling)))
 register_head("opt", "causal_lm", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
 register_head("opt", "base", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
+
+
+def _t5_scale(config: Any) -> float:
+    """T5 and UMT5 rescale the decoder's output by ``d_model ** -0.5`` before the output
+    embeddings when the config says so (``scale_decoder_outputs``; older releases read
+    ``tie_word_embeddings``); mT5 does not rescale."""
+    flag = getattr(config, "scale_decoder_outputs", None)
+    if flag is None:
+        flag = getattr(config, "tie_word_embeddings", True)
+    return float(config.d_model) ** -0.5 if flag else 1.0
+
+
+for _model_type in ("t5", "umt5"):
+    register_head(_model_type, "seq2seq_lm", HeadSpec(position="last", scale=_t5_scale))

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from captum_ffb.architectures import get_architecture
 from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.attr.layer_norm_decomposition import DEFAULT_MEMORY_BUDGET
+from captum_ffb.attr.seq2seq import Seq2SeqExplanation, Seq2SeqRoutes
 from captum_ffb.engine import (
     capture_layers,
     chain_for,
@@ -43,6 +44,7 @@ from captum_ffb.engine.components import (
 )
 from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.linearise import linearise
+from captum_ffb.engine.seq2seq import EncoderDecoder
 from captum_ffb.engine.whole import (
     REFERENCES,
     HeadTarget,
@@ -198,11 +200,21 @@ class NormDecomposition(Attribution):
         self.model_type = model_type or model_type_of(model)
         self.spec = get_architecture(self.model_type)
         self.config = config_of(model)
-        self.chain = chain_for(self.spec, self.config)
-        self.blocks = list(find_blocks(model, self.spec))
-        self.head = resolve_head(model, self.spec)
         self._user_rules = dict(rules or {})
-        self.rules = self._rules(None)
+        #: the encoder–decoder side (``None`` for encoders and decoders)
+        self.seq2seq: Seq2SeqRoutes | None = None
+        if self.spec.decoder is not None:
+            bound = EncoderDecoder.of(model, self.spec)
+            self.seq2seq = Seq2SeqRoutes(self, bound)
+            self.chain = chain_for(self.spec.decoder, self.config)
+            self.blocks = bound.decoder_blocks
+            self.head = bound.head
+            self.rules = self.seq2seq.rules(None)
+        else:
+            self.chain = chain_for(self.spec, self.config)
+            self.blocks = list(find_blocks(model, self.spec))
+            self.head = resolve_head(model, self.spec)
+            self.rules = self._rules(None)
         if memory_budget <= 0:
             raise ValueError("memory_budget must be a positive number of bytes")
         self.memory_budget = int(memory_budget)
@@ -293,9 +305,22 @@ class NormDecomposition(Attribution):
         Returns:
             contributions ``(batch, n)``; with ``return_bias``, ``(contributions, bias)``; with
             ``return_convergence_delta``, the delta last. Padded positions get exactly 0.
+
+        Encoder–decoder models (T5, BART, Marian, ...): ``inputs`` is the source (token ids,
+        or Whisper's ``input_features``), ``forward_kwargs`` holds the target prefix
+        (``decoder_input_ids``, and ``decoder_attention_mask`` for padded targets), ``target``
+        is a token id read at ``target_position`` of the decoder (default: each row's last
+        real one), and the contributions are a pair ``(source (batch, n_source), target
+        (batch, n_target))``: ``Σ source + Σ target + bias = logit``. ``feature_mask`` and
+        ``players`` are not available there; see also :meth:`explain_target` and
+        :meth:`explain_generation`.
         """
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if self.seq2seq is not None:
+            return self.seq2seq.attribute(inputs, target, additional_forward_args, forward_kwargs, feature_mask,
+                                          target_position, return_convergence_delta, route, rules,
+                                          return_bias, players, reference)
         chosen = self._rules(rules)
         reference = self.reference if reference is None else reference
         args = forward_arguments(inputs, additional_forward_args)
@@ -330,6 +355,69 @@ class NormDecomposition(Attribution):
         if return_convergence_delta:
             out.append((per_group.sum(1) + bias - real).abs())
         return out[0] if len(out) == 1 else tuple(out)
+
+    @log_usage()
+    def explain_target(
+        self,
+        inputs: Tensor,
+        decoder_input_ids: Tensor,
+        tokens: Sequence[int] | Tensor,
+        forward_kwargs: dict[str, Any] | None = None,
+        route: str = "backward",
+        rules: Mapping[str, Callable] | None = None,
+        reference: str | None = None,
+    ) -> Seq2SeqExplanation:
+        r"""Encoder–decoders: every token of a forced target explained over the source and
+        the target prefix, from one forward pass.
+
+        Args:
+            inputs (Tensor): the source ``(1, n_source)`` token ids (or ``input_features``).
+            decoder_input_ids (Tensor): ``(1, n_target)`` the decoder's input (its start
+                        token, then the target but its last token).
+            tokens (list[int] or Tensor): the target tokens explained, ``tokens[t]`` at decoder
+                        position ``t`` (usually ``decoder_input_ids[0, 1:]`` and the last one).
+            forward_kwargs (dict, optional): further keyword arguments (``attention_mask``).
+            route, rules, reference: see :meth:`attribute`.
+
+        Returns:
+            :class:`~captum_ffb.attr.seq2seq.Seq2SeqExplanation` (contributions, bias, delta
+            and the source share of each token).
+
+        Examples::
+
+            >>> nd = NormDecomposition(marian)                   # a MarianMTModel
+            >>> src = tokenizer("Hello world", return_tensors="pt").input_ids
+            >>> out = nd.explain_generation(src, max_new_tokens=10)
+            >>> out.source_share                                 # (T,): Σ source / logit
+        """
+        self._require_seq2seq("explain_target")
+        return self.seq2seq.explain_target(inputs, decoder_input_ids, tokens, forward_kwargs, route, rules, reference)
+
+    @log_usage()
+    def explain_generation(
+        self,
+        inputs: Tensor,
+        max_new_tokens: int = 20,
+        forward_kwargs: dict[str, Any] | None = None,
+        route: str = "backward",
+        rules: Mapping[str, Callable] | None = None,
+        reference: str | None = None,
+    ) -> Seq2SeqExplanation:
+        r"""Encoder–decoders: generate greedily from one source, then explain every generated
+        token (see :meth:`explain_target`)."""
+        self._require_seq2seq("explain_generation")
+        return self.seq2seq.generate(inputs, max_new_tokens, forward_kwargs, route, rules, reference)
+
+    def _require_seq2seq(self, name: str) -> None:
+        if self.seq2seq is None:
+            raise ValueError(f"{name} is for encoder–decoder models; {type(self.model).__name__} is not one")
+
+    def _refuse_seq2seq(self, name: str) -> None:
+        if self.seq2seq is not None:
+            raise ValueError(
+                f"{name} is not available for encoder–decoder models yet; use attribute, "
+                "explain_target or explain_generation"
+            )
 
     @log_usage()
     def attribute_components(
@@ -375,6 +463,7 @@ class NormDecomposition(Attribution):
             ComponentAttribution: ``contributions`` ``(batch, n, C)``, ``bias`` ``(batch, C)``,
             ``components``, ``value``, ``delta``.
         """
+        self._refuse_seq2seq("attribute_components")
         check_granularity(granularity)
         if route not in COMPONENT_ROUTES:
             raise ValueError(f"route must be one of {COMPONENT_ROUTES}, got {route!r}")
@@ -568,6 +657,7 @@ class NormDecomposition(Attribution):
         Returns:
             contributions ``(T, n)``, then the bias ``(T,)`` and the delta ``(T,)`` if asked.
         """
+        self._refuse_seq2seq("attribute_steps")
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if self.head.task == "base":
@@ -630,6 +720,7 @@ class NormDecomposition(Attribution):
         Returns:
             ExplainedReadOuts
         """
+        self._refuse_seq2seq("explain")
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if not readouts:
@@ -685,6 +776,7 @@ class NormDecomposition(Attribution):
             return_convergence_delta (bool): also return, per block, the largest completeness
                         residual against the block's real output ``(batch, n_blocks)``.
         """
+        self._refuse_seq2seq("maps")
         chosen = self._rules(rules)
         args = forward_arguments(inputs, additional_forward_args)
         light = self._light(args[0])

@@ -408,7 +408,10 @@ def source_of(block: Block) -> Decomposition:
 
 def with_source_players(block: Block, decomposition: Decomposition) -> Decomposition:
     """``decomposition`` (over the block's own players) over the players ``[own | source]``,
-    the source players owning nothing of it yet."""
+    the source players owning nothing of it yet; unchanged (dense) when the block's
+    ``source`` is given, whose players are then the block's own (a whole model's)."""
+    if block.source is not None:
+        return decomposition.dense()
     source = source_of(block)
     dense = decomposition.dense()
     terms = dense.terms
@@ -418,7 +421,8 @@ def with_source_players(block: Block, decomposition: Decomposition) -> Decomposi
 
 
 def cross_attention(block: Block, rules: Rules, target: Decomposition) -> Decomposition:
-    r"""The cross-attention's output over the players ``[target | source]``.
+    r"""The cross-attention's output over the players ``[target | source]`` (over the
+    block's own players when its ``source`` is given).
 
     With the probabilities frozen, the output at target position ``i`` is
     ``Σ_s α_is (e_s W_V) W_O``: it reads the encoder's output ``e`` only, so its terms sit on
@@ -426,6 +430,8 @@ def cross_attention(block: Block, rules: Rules, target: Decomposition) -> Decomp
     """
     source = source_of(block)
     out = rules["attention"](source, block.cross_probs, *block.cross_attention_weights()).dense()
+    if block.source is not None:  # the source's players are the target's already
+        return Decomposition(out.terms, out.bias, target.token_mask, source.player_mask)
     terms = out.terms
     zeros = terms.new_zeros(*terms.shape[:2], target.n_in, terms.shape[-1])
     players = _joined_masks(target.player_mask, target.n_in, source.player_mask, source.n_in, terms)

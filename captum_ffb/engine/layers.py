@@ -239,7 +239,7 @@ def row_chunks(block: Block, rows_per_chunk: int | None, budget: int, n_players:
     chunk's dense terms within ``budget`` bytes."""
     batch, n, width = block.capture.inputs.shape
     players = n if n_players is None else n_players
-    if block.spec.has_cross_attention:
+    if block.spec.has_cross_attention and block.source is None:
         players += block.encoder_output.shape[1]  # the source players follow the target's
     if rows_per_chunk is None:
         item = torch.finfo(block.dtype).bits // 8

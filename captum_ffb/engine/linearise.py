@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -215,10 +215,13 @@ class Linearisation:
     """Hooks that freeze a model's coefficients for one forward pass (value-preserving).
 
     Build with :func:`linearise`; ``inputs`` then holds the first block's input, a leaf that
-    requires grad, and ``outputs`` the watched modules' outputs with their graphs.
+    requires grad, and ``outputs`` the watched modules' outputs with their graphs. For an
+    encoder–decoder, ``inputs`` is the decoder's first block's input and ``source_inputs``
+    the encoder's.
     """
 
     inputs: Tensor | None = None
+    source_inputs: Tensor | None = None
     outputs: dict[str, Tensor] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
 
@@ -347,16 +350,16 @@ class _Hooks:
     def add(self, handle: Any) -> None:
         self.state._handles.append(handle)
 
-    def leaf_input(self, first_block: nn.Module) -> None:
-        """The first block's input becomes a leaf that requires grad (``state.inputs``)."""
+    def leaf_input(self, first_block: nn.Module, name: str = "inputs") -> None:
+        """The first block's input becomes a leaf that requires grad (``state.<name>``)."""
         state = self.state
 
         def hook(module, args, kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
-            if state.inputs is not None:
+            if getattr(state, name) is not None:
                 return None
             leaf = hidden.detach().requires_grad_(True)
-            state.inputs = leaf
+            setattr(state, name, leaf)
             if args:
                 return (leaf, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": leaf}
@@ -369,10 +372,13 @@ class _Hooks:
             hook = _norm_hook(module, self.spec, self.config, self.frozen.norm if rule is None else rule)
             self.add(module.register_forward_hook(hook, with_kwargs=True))
 
-    def block(self, block: nn.Module, index: int) -> None:
+    def block(self, block: nn.Module, index: int | str) -> None:
         """Freeze one block's norms (and its attention's query/key norms when the scores are
         credited) and its feed-forward."""
-        spec = self.spec
+        spec = self.spec.for_block(block)
+        if spec is not self.spec:  # a decoder block, or the family's other FF layout
+            replace(self, spec=spec).block(block, index)
+            return
         for role in spec.norm_roles():
             if is_present(block, getattr(spec, role)):
                 self.norm(resolve(block, getattr(spec, role)))
@@ -485,6 +491,7 @@ def linearise(
     head_steps: Sequence[tuple[str, Any]] = (),
     watch: Mapping[str, nn.Module] | None = None,
     recompute: bool = False,
+    source: tuple[ArchitectureSpec, Sequence[nn.Module], nn.Module | None] | None = None,
 ) -> Iterator[Linearisation]:
     r"""Freeze the model's coefficients for the forward passes run inside the context.
 
@@ -503,6 +510,9 @@ def linearise(
         recompute (bool): keep no block's intermediate tensors for the backward pass and run
                     each block again during it instead (``torch.utils.checkpoint``): memory of
                     one block instead of all, for about one more forward pass.
+        source (tuple, optional): for an encoder–decoder, the encoder's ``(spec, blocks,
+                    final norm)``: frozen too, its first block's input the leaf
+                    ``source_inputs`` (``blocks`` and ``final_norm`` are then the decoder's).
 
     Yields:
         Linearisation
@@ -513,12 +523,20 @@ def linearise(
     methods: dict[str, list[nn.Module]] = {}
     try:
         hooks.leaf_input(blocks[0])
-        for index, block in enumerate(blocks):
-            attention = resolve(block, spec.attention)
-            method = attention_method(attention, spec)
-            if method is not None:
-                methods.setdefault(method, []).append(attention)
-            hooks.block(block, index)
+        stacks = [(hooks, blocks, "")]
+        if source is not None:
+            source_spec, source_blocks, source_norm = source
+            source_hooks = replace(hooks, spec=source_spec)
+            source_hooks.leaf_input(source_blocks[0], "source_inputs")
+            source_hooks.norm(source_norm)
+            stacks.append((source_hooks, source_blocks, "source."))
+        for stack_hooks, stack_blocks, prefix in stacks:
+            for index, block in enumerate(stack_blocks):
+                attention = resolve(block, stack_hooks.spec.attention)
+                method = attention_method(attention, stack_hooks.spec)
+                if method is not None:
+                    methods.setdefault(method, []).append(attention)
+                stack_hooks.block(block, f"{prefix}{index}")
         hooks.norm(final_norm)
         hooks.head(head_steps)
         hooks.watch(watch or {})
@@ -527,7 +545,8 @@ def linearise(
             if recompute:
                 _warm_up(blocks, spec, frozen)  # cached coefficients: the same work in both passes
                 stack.enter_context(_recomputed(blocks))
-            stack.enter_context(frozen_attention([model, *blocks], methods, frozen.attention))
+            owners = [model, *blocks, *(source[1] if source is not None else ())]
+            stack.enter_context(frozen_attention(owners, methods, frozen.attention))
             stack.enter_context(torch.enable_grad())
             yield state
     finally:
