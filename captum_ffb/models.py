@@ -45,6 +45,11 @@ class LoadedModel:
         return self.model.config.model_type
 
     @property
+    def spec(self) -> Any:
+        """The family's :class:`~captum_ffb.ArchitectureSpec`."""
+        return get_architecture(self.model_type)
+
+    @property
     def blocks(self) -> nn.ModuleList:
         return find_blocks(self.model)
 
@@ -347,6 +352,7 @@ def load_model(
     from transformers import (
         AutoModel,
         AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
         AutoModelForSequenceClassification,
         AutoTokenizer,
     )
@@ -360,7 +366,8 @@ def load_model(
     if task == "auto":
         task = task_from_config(config)
     auto = {"base": AutoModel, "causal_lm": AutoModelForCausalLM,
-            "sequence_classification": AutoModelForSequenceClassification}[task]
+            "sequence_classification": AutoModelForSequenceClassification,
+            "seq2seq_lm": AutoModelForSeq2SeqLM}[task]
     try:
         with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
             tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)

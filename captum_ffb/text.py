@@ -35,6 +35,12 @@ class TextMaps:
         maps (dict): ``layer → scope → (n, n)`` tensor.
         delta (dict): ``layer → scope → completeness residual`` (float).
         causal (bool): whether token ``i`` sees only tokens ``j ≤ i`` (from the family's spec).
+        n_target (int, optional): for an encoder–decoder's decoder layers, how many of
+                    ``tokens`` are the target's (the decoder's input); the rest are the
+                    source's. The maps are then square over ``[target | source]``: rows are
+                    the target's (a decoder block writes no source row; those rows are zero)
+                    and columns both players' (the source columns come through the
+                    cross-attention).
     """
 
     text: str
@@ -50,6 +56,7 @@ class TextMaps:
     maps: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     delta: dict[int, dict[str, float]] = field(default_factory=dict)
     causal: bool = False
+    n_target: int | None = None
 
     def ff_amp(self, layer: int) -> Tensor:
         """The FF-amp map of ``layer``: column-normalised map after FF minus before FF."""
@@ -66,6 +73,7 @@ class TextMaps:
             "chain": self.chain,
             "scopes": list(self.scopes),
             "ff_pair": list(self.ff_pair),
+            "n_target": self.n_target,
             "layers": {
                 str(layer): {
                     "maps": {s: self.maps[layer][s].tolist() for s in self.scopes},
@@ -195,8 +203,13 @@ def text_maps(
     layers: Sequence[int] | str = "all",
     scopes: Sequence[str] | None = None,
     show_progress: bool = False,
+    target: str | None = None,
 ) -> TextMaps:
     r"""Compute the maps of ``text`` for the chosen layers and scopes in one forward pass.
+
+    For an encoder–decoder (T5, BART, Marian, ...), ``text`` is the source and ``target``
+    the target (or ``text`` is ``"SOURCE ||| TARGET"``); the maps are the decoder layers'
+    over the players ``[target | source]`` (see :attr:`TextMaps.n_target`).
 
     Args:
         text (str): the input; not empty, valid UTF-8 (see :func:`check_text`).
@@ -205,9 +218,14 @@ def text_maps(
         layers (list[int] or "all"): layer indices (negative counts from the end).
         scopes (list[str], optional): scope names; all scopes of the chain by default.
         show_progress (bool): show a progress bar.
+        target (str, optional): an encoder–decoder's target text.
     """
     check_text(text)
     loaded = model or load_model()
+    if loaded.spec.decoder is not None:
+        return _pair_maps(text, loaded, layers, scopes, show_progress, target)
+    if target is not None:
+        raise ValueError(f"a target text is for encoder–decoder models; {loaded.model_type} is not one")
     blocks = loaded.blocks
     indices = layer_indices(layers, len(blocks))
     encoded = encode_text(text, loaded)
@@ -231,6 +249,78 @@ def text_maps(
     )
     for i, (maps, delta) in zip(indices, results):
         out.maps[i] = {name: m[0] for name, m in maps.items()}
+        out.delta[i] = {name: float(d[0]) for name, d in delta.items()}
+    return out
+
+
+#: What separates the source from the target in one text for an encoder–decoder.
+PAIR_SEPARATOR = "|||"
+
+
+def split_pair(text: str, target: str | None) -> tuple[str, str]:
+    """``(source, target)`` from ``text`` and ``target``, or from ``"SOURCE ||| TARGET"``."""
+    if target is None:
+        if PAIR_SEPARATOR not in text:
+            raise ValueError(
+                f"an encoder–decoder needs a source and a target: give 'SOURCE {PAIR_SEPARATOR} TARGET' "
+                "(or the target on its own)"
+            )
+        text, target = text.split(PAIR_SEPARATOR, 1)
+    source, target = text.strip(), target.strip()
+    check_text(source)
+    check_text(target)
+    return source, target
+
+
+def encode_pair(source: str, target: str, loaded: LoadedModel) -> tuple[Any, Tensor]:
+    """The encoded source and the decoder's input ids ``(1, n_target)``: the decoder's start
+    token, then the target's tokens."""
+    encoded = encode_text(source, loaded)
+    target_ids = loaded.tokenizer(text_target=target, return_tensors="pt", verbose=False)["input_ids"]
+    start = loaded.model.config.decoder_start_token_id
+    if start is None:
+        raise ValueError(f"{loaded.model_type}'s config has no decoder_start_token_id")
+    return encoded, torch.cat([torch.tensor([[int(start)]]), target_ids], dim=1)
+
+
+def _pair_maps(text: str, loaded: LoadedModel, layers: Sequence[int] | str, scopes: Sequence[str] | None,
+               show_progress: bool, target: str | None) -> TextMaps:
+    """The decoder layers' maps of a source and a target (see :func:`text_maps`)."""
+    from captum_ffb.engine.model import find_blocks
+
+    source, target = split_pair(text, target)
+    encoded, decoder_ids = encode_pair(source, target, loaded)
+    blocks = find_blocks(loaded.model, loaded.spec.decoder)
+    indices = layer_indices(layers, len(blocks))
+    lnd = LayerNormDecomposition(loaded.model, [blocks[i] for i in indices], show_progress=show_progress)
+    names = list(scopes) if scopes else list(lnd.scopes)
+    kwargs = {**{k: v for k, v in encoded.items() if k != "input_ids"}, "decoder_input_ids": decoder_ids}
+    results = lnd.attribute(encoded["input_ids"], scope=names, return_convergence_delta=True, forward_kwargs=kwargs)
+    tokenizer = loaded.tokenizer
+    target_tokens = tokenizer.convert_ids_to_tokens(decoder_ids[0].tolist())
+    source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
+    n_target, n_source = len(target_tokens), len(source_tokens)
+    out = TextMaps(
+        text=f"{source} {PAIR_SEPARATOR} {target}",
+        tokens=target_tokens + source_tokens,
+        model_name=loaded.name,
+        model_type=loaded.model_type,
+        chain=lnd.chain.name,
+        scopes=tuple(n for n in lnd.scopes if n in names),
+        ff_pair=lnd.chain.ff_pair,
+        layers=indices,
+        n_layers=len(blocks),
+        input_ids=decoder_ids[0].tolist() + encoded["input_ids"][0].tolist(),
+        causal=True,
+        n_target=n_target,
+    )
+    for i, (maps, delta) in zip(indices, results):
+        square = {}
+        for name, m in maps.items():
+            full = m.new_zeros(n_target + n_source, n_target + n_source)
+            full[:n_target] = m[0]
+            square[name] = full
+        out.maps[i] = square
         out.delta[i] = {name: float(d[0]) for name, d in delta.items()}
     return out
 

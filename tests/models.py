@@ -663,3 +663,25 @@ def seq2seq_inputs(model: TinySeq2Seq, n_source: int = 7, n_target: int = 5) -> 
     source_mask[1, -2:] = 0
     return {"input_ids": source, "attention_mask": source_mask, "decoder_input_ids": target,
             "decoder_attention_mask": target_mask}
+
+
+def seq2seq_tokenizer():
+    """:func:`causal_tokenizer` that ends every text with ``</s>`` (as translation tokenizers do)."""
+    from tokenizers import processors
+
+    tokenizer = causal_tokenizer()
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", EOS)])
+    return tokenizer
+
+
+def save_tiny_seq2seq(folder: Path, name: str = "marian") -> Path:
+    """The tiny encoder–decoder ``name`` with the tokenizer's special ids (the decoder starts
+    from ``<pad>``, as Marian and T5 do), and :func:`seq2seq_tokenizer`, saved as a folder."""
+    model = TINY_SEQ2SEQ[name].build()
+    for config in (model.config, model.generation_config):
+        config.pad_token_id, config.bos_token_id, config.eos_token_id = PAD, BOS, EOS
+        config.decoder_start_token_id = PAD
+    model.save_pretrained(folder)
+    seq2seq_tokenizer().save_pretrained(folder)
+    return folder

@@ -27,6 +27,10 @@ def check_model_options(
     spec = get_architecture(getattr(config, "model_type", None))
     spec.check_config(config)
     count = getattr(config, "num_hidden_layers", None)
+    if spec.decoder is not None:  # an encoder–decoder's maps are its decoder layers'
+        spec = spec.decoder
+        count = next((getattr(config, k) for k in ("decoder_layers", "num_decoder_layers")
+                      if isinstance(getattr(config, k, None), int)), count)
     if isinstance(count, int) and count > 0 and layers not in (None, "all"):
         for layer in layers:
             if not -count <= layer < count:

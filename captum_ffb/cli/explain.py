@@ -29,6 +29,9 @@ examples:
   captum-ffb explain "The capital of France is" --model ./SmolLM2 --target " Paris"
   captum-ffb explain "Once upon a time" --model ./SmolLM2 --generate 8
   captum-ffb explain "a dull movie" --model ./my-classifier --class 1
+  captum-ffb explain "the cat sat ||| le chat" --model ./my-marian
+      an encoder–decoder: every target token over the source and the target prefix, with its
+      source share (Σ source / logit); without ||| TARGET, --generate N tokens (20 by default)
   captum-ffb explain "The capital of France is" --model ./SmolLM2 --components head
       also split the next token's logit over tokens x components (here each attention head)
   captum-ffb explain --data reviews.txt --model ./SmolLM2 --engine ray --workers 2
@@ -134,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise UsageError("PNG figures need matplotlib: pip install 'captum_ffb[viz]' "
                              "(or --format html,json)") from None
+    if args.model is not None and _is_encoder_decoder(args.model):
+        return _run_seq2seq(args, formats, out)
     # the request is checked by explain_text, once, from the configuration, before the weights load
     explanation = explain_text(args.text, args.model, target=args.target, class_index=args.class_index,
                                generate=args.generate or 0, route=args.route,
@@ -207,6 +212,74 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
         print(f"{explained} texts explained" + (f"; {skipped} skipped, listed in "
                                                 f"{path.with_name('skipped.csv')}" if skipped else ""))
         print(path)
+    return 0
+
+
+def _is_encoder_decoder(model: str) -> bool:
+    from captum_ffb.architectures import get_architecture
+    from captum_ffb.models import model_config
+
+    return get_architecture(model_config(model).model_type).decoder is not None
+
+
+def _run_seq2seq(args: argparse.Namespace, formats: list[str], out) -> int:
+    """An encoder–decoder: every token of the target (``SOURCE ||| TARGET``) or of a greedy
+    generation (``--generate N``, 20 by default) over the source and the target prefix."""
+    from captum_ffb import NormDecomposition
+    from captum_ffb.models import load_model
+    from captum_ffb.text import PAIR_SEPARATOR, encode_pair, encode_text, split_pair
+
+    for flag, value in (("--class", args.class_index), ("--components", args.components),
+                        ("--target", args.target)):
+        if value is not None:
+            raise UsageError(f"{flag} is not for encoder–decoders: give 'SOURCE {PAIR_SEPARATOR} TARGET' "
+                             "or --generate N")
+    forced = PAIR_SEPARATOR in args.text
+    if forced and args.generate is not None:
+        raise UsageError(f"give a target ('SOURCE {PAIR_SEPARATOR} TARGET') or --generate N, not both")
+    loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm")
+    nd = NormDecomposition(loaded.model)
+    tokenizer = loaded.tokenizer
+    if forced:
+        source, target = split_pair(args.text, None)
+        encoded, decoded = encode_pair(source, target, loaded)  # the start token, then the target's
+        explanation = nd.explain_target(encoded["input_ids"], decoded[:, :-1], decoded[0, 1:],
+                                        {"attention_mask": encoded["attention_mask"]}, route=args.route)
+    else:
+        source = args.text.strip()
+        encoded = encode_text(source, loaded)
+        explanation = nd.explain_generation(encoded["input_ids"], max_new_tokens=args.generate or 20,
+                                            route=args.route)
+    source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
+    prefix_tokens = tokenizer.convert_ids_to_tokens(explanation.target_ids.tolist())
+    target_tokens = tokenizer.convert_ids_to_tokens(explanation.tokens.tolist())
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    title = f"{loaded.name}: {source}"
+    if "json" in formats:
+        data = {"model": loaded.name, "model_type": loaded.model_type, "source_text": source,
+                "source_tokens": source_tokens, "target_prefix_tokens": prefix_tokens,
+                "explained_tokens": target_tokens, "source": explanation.source.tolist(),
+                "target": explanation.target.tolist(), "bias": explanation.bias.tolist(),
+                "value": explanation.value.tolist(), "delta": explanation.delta.tolist(),
+                "source_share": explanation.source_share.tolist(), "route": args.route}
+        written.append(write_json(out / "explanation.json", data))
+    if "html" in formats:
+        from captum_ffb.viz.seq2seq import seq2seq_html
+
+        path = out / "explanation.html"
+        path.write_text(seq2seq_html(explanation, source_tokens, prefix_tokens, target_tokens, title), encoding="utf-8")
+        written.append(path)
+    if "png" in formats:
+        from captum_ffb.viz.seq2seq import plot_seq2seq
+
+        figure = plot_seq2seq(explanation, source_tokens, prefix_tokens, target_tokens, title)
+        written.append(save_figure(figure, out / "explanation.png", dpi=150))
+    if not args.quiet:
+        print(f"{loaded.name}: {len(source_tokens)} source tokens; {len(target_tokens)} target tokens explained")
+        print(explanation.table(tokenizer))
+        for path in written:
+            print(path)
     return 0
 
 

@@ -22,6 +22,9 @@ examples:
   captum-ffb maps "Tokyo is the capital of [MASK]." --layer 5 --format png
   captum-ffb maps "She loves math rather than" --model ./my-gpt2 --layer 2 --out gpt2_maps
   captum-ffb maps "Hello world" --scopes Atb AtbFf --format html,json
+  captum-ffb maps "the cat sat ||| le chat" --model ./my-marian
+      an encoder–decoder: SOURCE ||| TARGET; the decoder layers' maps over [target | source]
+      (the cross-attention's own map is scope Cross)
 
 files written to --out:
   maps_layerNN.png  one figure per layer: a panel per scope and the FF-amp difference map
@@ -42,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("text", help="the input text (quote it)")
+    parser.add_argument("text", help="the input text (quote it); for an encoder–decoder, "
+                        "'SOURCE ||| TARGET'")
     parser.add_argument(
         "--model",
         default=None,
@@ -143,7 +147,11 @@ def run(args: argparse.Namespace) -> int:
             print(message, file=sys.stderr, flush=True)
 
     say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
-    loaded = load_model(args.model, show_progress=not args.quiet, config=config)
+    from captum_ffb.architectures import get_architecture
+
+    # an encoder–decoder loads with its LM head (its checkpoint's own layout)
+    task = "seq2seq_lm" if get_architecture(config.model_type).decoder is not None else None
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
     maps = text_maps(args.text, loaded, layers=layers, scopes=scopes, show_progress=not args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     written = []

@@ -31,7 +31,10 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_every_registered_family_has_a_tiny_model():
+    from tests.models import TINY_SEQ2SEQ  # encoder–decoders: tests/encoder_decoder
+
     covered = {name.split("-post-ln")[0].split("-sequential")[0] for name in TINY_MODELS}
+    covered |= {model.build().config.model_type for model in TINY_SEQ2SEQ.values()}
     assert set(supported_architectures()) <= covered
 
 

@@ -1,0 +1,95 @@
+"""Views of an encoder–decoder's explanation (:class:`~captum_ffb.attr.seq2seq.Seq2SeqExplanation`):
+a heat map of target tokens × [source | target prefix] contributions with each token's
+source share, and an offline HTML table of the same."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from captum_ffb.attr.seq2seq import Seq2SeqExplanation
+from captum_ffb.viz.figures import _figure_class, _require_matplotlib
+
+
+def plot_seq2seq(explanation: Seq2SeqExplanation, source_tokens: Sequence[str],
+                 prefix_tokens: Sequence[str], target_tokens: Sequence[str], title: str = "") -> Any:
+    r"""A heat map: one row per explained target token, one column per player (the source's
+    tokens, a gap, then the target prefix's), coloured by the signed contribution on a
+    diverging scale centred on zero; each row is labelled with its source share.
+
+    Args:
+        explanation (Seq2SeqExplanation): from :meth:`NormDecomposition.explain_target` or
+                    :meth:`~captum_ffb.NormDecomposition.explain_generation`.
+        source_tokens, prefix_tokens (list[str]): the players' labels.
+        target_tokens (list[str]): the explained tokens' labels.
+        title (str): the figure's title.
+    """
+    import torch
+
+    _require_matplotlib()
+    if not isinstance(explanation, Seq2SeqExplanation):
+        raise TypeError(f"expected a Seq2SeqExplanation, got {type(explanation).__name__}")
+    steps, n_source = explanation.source.shape
+    if len(source_tokens) != n_source or len(prefix_tokens) != explanation.target.shape[1]:
+        raise ValueError("give one label per source token and per target-prefix token")
+    gap = torch.full((steps, 1), float("nan"))
+    matrix = torch.cat([explanation.source, gap, explanation.target], dim=1).float()
+    bound = float(matrix.nan_to_num(0).abs().max()) or 1.0
+    labels = list(source_tokens) + [""] + list(prefix_tokens)
+    width = max(4.0, 0.32 * len(labels) + 2.5)
+    figure = _figure_class()(figsize=(width, max(2.2, 0.32 * steps + 1.6)))
+    ax = figure.add_subplot(1, 1, 1)
+    image = ax.imshow(matrix.numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto",
+                      interpolation="nearest")
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=8)
+    shares = explanation.source_share.tolist()
+    ax.set_yticks(range(steps), [f"{token}  ({share:.0%} source)" for token, share in zip(target_tokens, shares)],
+                  fontsize=8)
+    ax.axvline(n_source, color="black", linewidth=0.8)
+    ax.set_xlabel("source tokens | target prefix")
+    ax.set_ylabel("explained target token")
+    figure.colorbar(image, ax=ax, fraction=0.046, pad=0.02).ax.tick_params(labelsize=7)
+    ax.set_title(title or "contributions to each target token's logit", fontsize=10)
+    figure.tight_layout()
+    return figure
+
+
+def _cell(value: float, bound: float) -> str:
+    strength = min(1.0, abs(value) / bound) if bound else 0.0
+    colour = f"rgba(178,24,43,{strength:.2f})" if value > 0 else f"rgba(33,102,172,{strength:.2f})"
+    return f'<td style="background:{colour}" title="{value:+.4f}">{value:+.3f}</td>'
+
+
+def seq2seq_html(explanation: Seq2SeqExplanation, source_tokens: Sequence[str], prefix_tokens: Sequence[str],
+                 target_tokens: Sequence[str], title: str = "") -> str:
+    """A self-contained HTML page: one row per explained token (logit, source share, delta)
+    and its contribution from every source and target-prefix token, coloured by sign."""
+    bound = float(max(explanation.source.abs().max(), explanation.target.abs().max())) or 1.0
+    head = "".join(f"<th>{html.escape(t)}</th>" for t in source_tokens)
+    head += '<th class="gap"></th>' + "".join(f"<th>{html.escape(t)}</th>" for t in prefix_tokens)
+    rows = []
+    for step, token in enumerate(target_tokens):
+        cells = "".join(_cell(float(v), bound) for v in explanation.source[step])
+        cells += '<td class="gap"></td>' + "".join(_cell(float(v), bound) for v in explanation.target[step])
+        rows.append(
+            f"<tr><th>{html.escape(token)}</th><td>{float(explanation.value[step]):.4f}</td>"
+            f"<td>{float(explanation.source_share[step]):.1%}</td><td>{float(explanation.delta[step]):.1e}</td>"
+            f"{cells}</tr>")
+    heading = html.escape(title or "Source and target-prefix contributions")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{heading} — captum_ffb</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 20px; color: #222; }}
+table {{ border-collapse: collapse; font-size: 12px; }}
+th, td {{ border: 1px solid #ddd; padding: 2px 5px; text-align: right; }}
+th {{ background: #f4f4f4; }}
+.gap {{ border: none; background: none; width: 8px; }}
+</style></head><body>
+<h1>{heading}</h1>
+<p>Each explained token's logit is exactly Σ source + Σ target prefix + bias (delta: the
+completeness residual). Source share: Σ source / logit. Red raises the logit, blue lowers it.</p>
+<table><thead><tr><th>token</th><th>logit</th><th>source share</th><th>delta</th>{head}</tr></thead>
+<tbody>{''.join(rows)}</tbody></table>
+</body></html>
+"""
