@@ -22,7 +22,10 @@ STEP_SCORES = ("logit", "probability", "bias", "convergence_delta")
 
 class NormDecompositionAttribution(FeatureAttribution):
     r"""inseq method ``"norm_decomposition"``: exact contributions of every prefix token to each
-    generated token's **logit** (``Σ column + bias = logit``), decoder-only models.
+    generated token's **logit** (``Σ column + bias = logit``), decoder-only models; for
+    encoder–decoder models, of every source token (``source_attributions``) and, with
+    ``attribute_target=True``, every target-prefix token (``target_attributions``):
+    ``Σ source column + Σ target column + bias = logit``.
 
     All steps of a sequence come from one teacher-forced forward pass (inseq's "final step"
     methods, like ``"attention"``), so inseq's ``step_scores`` argument is refused; every result
@@ -49,15 +52,12 @@ class NormDecompositionAttribution(FeatureAttribution):
 
     def __init__(self, attribution_model: Any, rules: dict[str, Callable] | None = None, **kwargs: Any) -> None:
         super().__init__(attribution_model, hook_to_model=False)
-        if attribution_model.is_encoder_decoder:
-            raise ValueError(
-                f"{self.method_name} supports decoder-only models; encoder-decoder models "
-                f"({type(attribution_model.model).__name__}) are out of scope"
-            )
         if kwargs:
             raise TypeError(f"{self.method_name} got unexpected arguments: {', '.join(sorted(kwargs))}")
         self.attribute_batch_ids = True
-        self.forward_batch_embeds = False
+        # inseq refuses attribute_target=True to id-attributing methods that forward ids; the
+        # forward here is ours (filtered_attribute_step reads the ids), so say embeddings
+        self.forward_batch_embeds = attribution_model.is_encoder_decoder
         self.is_final_step_method = True
         self.method = NormDecomposition(attribution_model.model, rules=rules)
         self._scores: dict[str, Tensor] = {}
@@ -100,7 +100,11 @@ class NormDecompositionAttribution(FeatureAttribution):
         """The final step: every row of ``batch`` (left-padded prefixes) followed by its
         ``target_ids`` is explained at all its positions at once. ``[b, j, i]`` of the
         ``(B, S, S)`` target attributions is position ``j``'s contribution to the token
-        predicted at position ``i``."""
+        predicted at position ``i`` (encoder–decoders: ``[b, s, i]`` of the ``(B, n_source,
+        S)`` source attributions too)."""
+        if self.attribution_model.is_encoder_decoder:
+            return self._encoder_decoder_step(batch, target_ids, target_attention_mask, attribute_target,
+                                              attribution_args)
         ids = torch.cat([batch.input_ids, target_ids.reshape(-1, 1).to(batch.input_ids.device)], 1)
         last = torch.ones_like(target_ids.reshape(-1, 1)) if target_attention_mask is None \
             else target_attention_mask.reshape(-1, 1)
@@ -124,6 +128,42 @@ class NormDecompositionAttribution(FeatureAttribution):
                 scores[name][b, inputs] = values
         self._scores = scores
         return CoarseFeatureAttributionStepOutput(target_attributions=grid, step_scores={})
+
+    def _encoder_decoder_step(self, batch: Any, target_ids: Tensor, target_attention_mask: Tensor | None,
+                              attribute_target: bool, attribution_args: dict[str, Any]
+                              ) -> FeatureAttributionStepOutput:
+        """Every row's source and forced target explained at once (``explain_target``)."""
+        sources, targets = batch.sources, batch.targets
+        ids = torch.cat([targets.input_ids, target_ids.reshape(-1, 1).to(targets.input_ids.device)], 1)
+        last = torch.ones_like(target_ids.reshape(-1, 1)) if target_attention_mask is None \
+            else target_attention_mask.reshape(-1, 1)
+        mask = torch.cat([targets.attention_mask, last.to(targets.attention_mask.device)], 1).bool()
+        source_mask = sources.attention_mask.bool()
+        rows, length = ids.shape[0], ids.shape[1] - 1
+        source_grid = torch.zeros(rows, sources.input_ids.shape[1], length)
+        target_grid = torch.zeros(rows, length, length)
+        scores = {name: torch.full((rows, length), float("nan")) for name in STEP_SCORES}
+        for b in range(rows):
+            where = mask[b].nonzero()[:, 0]
+            seen = source_mask[b].nonzero()[:, 0]
+            if where.numel() < 2 or seen.numel() == 0:
+                continue
+            real = ids[b, where]
+            out = self.method.explain_target(sources.input_ids[b, seen][None], real[None, :-1], real[1:],
+                                             route=self.route, rules=attribution_args.get("rules"))
+            steps = where[:-1].cpu()
+            source_grid[b, seen.cpu()[:, None], steps[None, :]] = out.source.T
+            target_grid[b, steps[:, None], steps[None, :]] = out.target.T
+            with torch.no_grad():
+                step_logits = self.method.model(sources.input_ids[b, seen][None],
+                                                decoder_input_ids=real[None, :-1]).logits[0].float()
+            probs = torch.softmax(step_logits, -1)[torch.arange(len(real) - 1), real[1:]]
+            for name, values in zip(STEP_SCORES, (out.value, probs, out.bias, out.delta)):
+                scores[name][b, steps] = values
+        self._scores = scores
+        return CoarseFeatureAttributionStepOutput(source_attributions=source_grid,
+                                                  target_attributions=target_grid if attribute_target else None,
+                                                  step_scores={})
 
     def _build_multistep_output_from_single_step(
         self,

@@ -111,13 +111,7 @@ def test_loads_from_a_saved_folder_and_shows(tmp_path):
 
 
 def test_errors(gpt2):
-    from transformers import T5Config, T5ForConditionalGeneration
-
     tokenizer = causal_tokenizer()
-    t5 = T5ForConditionalGeneration(T5Config(vocab_size=60, d_model=16, d_kv=4, d_ff=32, num_layers=1,
-                                             num_heads=2, decoder_start_token_id=0, pad_token_id=0))
-    with pytest.raises(ValueError, match="encoder-decoder models .* are out of scope"):
-        inseq.load_model(t5, "norm_decomposition", tokenizer=tokenizer)
     with pytest.raises(TypeError, match="unexpected arguments: bogus"):
         inseq.load_model(gpt2, "norm_decomposition", tokenizer=tokenizer, bogus=1)
     model = inseq.load_model(gpt2, "norm_decomposition", tokenizer=tokenizer)
@@ -133,3 +127,33 @@ def test_errors(gpt2):
         model.attribute(PROMPT, generated_texts=OUTPUT, rules={"no_such_role": None}, show_progress=False)
     same = model.attribute(PROMPT, generated_texts=OUTPUT, attributed_fn="logit", show_progress=False)
     assert same.info["attributed_fn"] == "logit_fn"
+
+
+@pytest.mark.parametrize("name", ["marian", "t5-gated"])
+def test_encoder_decoder_source_and_target_in_inseqs_layout(tmp_path, name):
+    """``attribute_target=True``: ``[s, step]`` source and ``[j, step]`` target-prefix scores,
+    equal to :meth:`NormDecomposition.explain_target`; each column adds up to the logit."""
+    from tests.models import load_saved, save_tiny_seq2seq
+
+    folder = save_tiny_seq2seq(tmp_path / name, name)
+    loaded = load_saved(folder)
+    model = inseq.load_model(loaded.model, "norm_decomposition", tokenizer=loaded.tokenizer)
+    source, target = "the cat sat on the mat", "the dog run fast"
+    out = model.attribute(source, generated_texts=target, attribute_target=True, show_progress=False)
+    (seq,) = out.sequence_attributions
+    src = seq.source_attributions  # (n_source, steps)
+    tgt = seq.target_attributions  # (n_target, steps)
+    source_ids = loaded.tokenizer(source, return_tensors="pt").input_ids
+    decoder = torch.tensor([[0, *loaded.tokenizer(target).input_ids]])
+    steps = decoder.shape[1] - 1
+    assert src.shape == (source_ids.shape[1], steps) and tgt.shape[1] == steps
+    expected = NormDecomposition(loaded.model).explain_target(source_ids, decoder[:, :-1], decoder[0, 1:])
+    torch.testing.assert_close(src, expected.source.T, atol=1e-5, rtol=1e-4)
+    for step in range(steps):
+        torch.testing.assert_close(tgt[: step + 1, step], expected.target[step, : step + 1], atol=1e-5, rtol=1e-4)
+        column = float(src[:, step].sum() + tgt[: step + 1, step].sum()) + float(seq.step_scores["bias"][step])
+        assert column == pytest.approx(float(seq.step_scores["logit"][step]), abs=1e-5)
+        assert 0 < float(seq.step_scores["probability"][step]) < 1
+    without = model.attribute(source, generated_texts=target, show_progress=False).sequence_attributions[0]
+    assert without.target_attributions is None
+    torch.testing.assert_close(without.source_attributions, src)
