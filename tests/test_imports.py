@@ -13,7 +13,7 @@ import captum_ffb
 #: The floors, bottom up: a room (a top-level module or package of ``captum_ffb``) imports only
 #: rooms of lower floors.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("versions",),                            # the tested versions of what we hook into
+    ("versions", "convert"),                  # the tested versions; converters of model formats
     ("architectures", "decomposition", "_private", "outputs"),  # facts, no maths
     ("rules",),                               # what each component does to a decomposition
     ("engine",),                              # capture, blocks, chains, routes

@@ -55,6 +55,7 @@ from captum_ffb.engine.whole import (
     reference_inputs,
     resolve_head,
     shared_mean,
+    token_contributions,
     visible_positions,
 )
 from captum_ffb.readouts import (
@@ -1111,17 +1112,6 @@ class NormDecomposition(Attribution):
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="propagating", unit="block")
-
-
-def token_contributions(gradient: Tensor, inputs: Tensor, reference: Tensor | None, seen: Tensor | None) -> Tensor:
-    """``(B, n)`` each player's contribution from the read-out's gradient at the first block's
-    input: ``⟨g_j, x_j − r_j⟩``, or for the centred reference (``seen``: the positions averaged)
-    ``⟨g_j, x_j − x̄⟩ + ḡ·x_j``."""
-    if seen is not None:
-        seen = seen.to(inputs.dtype)
-        mean = torch.einsum("bn,bnd->bd", seen, inputs) / seen.sum(1, keepdim=True).clamp_min(1)
-        return (gradient * (inputs - mean[:, None])).sum(-1) + shared_mean(gradient, inputs, seen)
-    return (gradient * (inputs if reference is None else inputs - reference.to(inputs.dtype))).sum(-1)
 
 
 def _chunks(read_outs: Sequence[tuple[int, str, Tensor]], size: int) -> Iterator[Sequence[Any]]:

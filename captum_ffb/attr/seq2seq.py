@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,9 +28,6 @@ from captum_ffb.engine.seq2seq import (
     forward_route,
 )
 from captum_ffb.rules import whole_model_rules
-
-if TYPE_CHECKING:
-    from captum_ffb.attr.norm_decomposition import NormDecomposition
 
 
 @dataclass
@@ -123,7 +120,9 @@ def _positions(kwargs: dict[str, Any], batch: int, position: Any) -> Tensor:
 class Seq2SeqRoutes:
     """The encoder–decoder side of :class:`~captum_ffb.NormDecomposition` (one per instance)."""
 
-    def __init__(self, owner: NormDecomposition, bound: EncoderDecoder) -> None:
+    def __init__(self, owner: Any, bound: EncoderDecoder) -> None:
+        """``owner``: the :class:`~captum_ffb.NormDecomposition` (its rules, reference,
+        budget and precision)."""
         self.owner = owner
         self.bound = bound
 

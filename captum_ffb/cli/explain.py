@@ -225,7 +225,7 @@ def _is_encoder_decoder(model: str) -> bool:
 def _run_seq2seq(args: argparse.Namespace, formats: list[str], out) -> int:
     """An encoder–decoder: every token of the target (``SOURCE ||| TARGET``) or of a greedy
     generation (``--generate N``, 20 by default) over the source and the target prefix."""
-    from captum_ffb import NormDecomposition
+    from captum_ffb.attr import NormDecomposition
     from captum_ffb.models import load_model
     from captum_ffb.text import PAIR_SEPARATOR, encode_pair, encode_text, split_pair
 

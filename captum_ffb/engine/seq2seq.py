@@ -39,6 +39,7 @@ from captum_ffb.engine.whole import (
     reference_inputs,
     resolve_head,
     resolve_in,
+    token_contributions,
     visible_positions,
 )
 from captum_ffb.rules import check_rules
@@ -158,9 +159,7 @@ def check_target_given(kwargs: dict[str, Any]) -> None:
 def _contributions(gradient: Tensor, inputs: Tensor, mask: Tensor | None, reference: Any,
                    visible: Tensor | None) -> Tensor:
     """``⟨g_j, x_j − r_j⟩`` per player (one stack), the centred reference as in the
-    decoder-only models (:func:`~captum_ffb.attr.norm_decomposition.token_contributions`)."""
-    from captum_ffb.attr.norm_decomposition import token_contributions
-
+    decoder-only models (:func:`~captum_ffb.engine.whole.token_contributions`)."""
     real = torch.ones(inputs.shape[:2], device=inputs.device) if mask is None else mask.to(inputs.dtype)
     if is_centered(reference):
         out = token_contributions(gradient, inputs, None, visible)

@@ -203,6 +203,17 @@ def shared_mean(gradient: Tensor, inputs: Tensor, visible: Tensor) -> Tensor:
     return torch.einsum("bd,bnd->bn", mean_gradient, inputs.to(gradient.dtype)) * seen
 
 
+def token_contributions(gradient: Tensor, inputs: Tensor, reference: Tensor | None, seen: Tensor | None) -> Tensor:
+    """``(B, n)`` each player's contribution from the read-out's gradient at the first block's
+    input: ``⟨g_j, x_j − r_j⟩``, or for the centred reference (``seen``: the positions averaged)
+    ``⟨g_j, x_j − x̄⟩ + ḡ·x_j``."""
+    if seen is not None:
+        seen = seen.to(inputs.dtype)
+        mean = torch.einsum("bn,bnd->bd", seen, inputs) / seen.sum(1, keepdim=True).clamp_min(1)
+        return (gradient * (inputs - mean[:, None])).sum(-1) + shared_mean(gradient, inputs, seen)
+    return (gradient * (inputs if reference is None else inputs - reference.to(inputs.dtype))).sum(-1)
+
+
 #: The reference inputs :func:`reference_inputs` understands by name.
 REFERENCES = ("zero", "mean", "centered")
 

@@ -213,11 +213,11 @@ def test_the_model_attention_setting_is_restored():
 
 # ---------------------------------------------------------------------- errors
 def test_unsupported_model_lists_what_is_supported():
-    from transformers import T5Config, T5EncoderModel
+    from transformers import XLNetConfig, XLNetModel
 
-    model = T5EncoderModel(T5Config(vocab_size=60, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=4))
+    model = XLNetModel(XLNetConfig(vocab_size=60, d_model=16, n_layer=1, n_head=4, d_inner=32))
     with pytest.raises(UnsupportedArchitectureError, match="Supported: .*bert.*register_architecture"):
-        LayerNormDecomposition(model, model.encoder.block[0])
+        LayerNormDecomposition(model, model.layer[0])
 
 
 def test_layer_not_in_the_model():

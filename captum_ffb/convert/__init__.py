@@ -1,0 +1,1 @@
+"""Converters of model formats into transformers folders (tools, not run-time dependencies)."""
