@@ -75,6 +75,38 @@ def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
     return output, weights
 
 
+def softmax_hooks(module: nn.Module, on_output: Callable[[Tensor], Tensor]) -> list[Any]:
+    """Hooks that, while ``module`` runs, pass every ``torch.nn.functional.softmax`` result
+    through ``on_output`` (to record it, or to detach it); the function is restored when the
+    module returns or raises. For attention modules whose modeling file computes the
+    probabilities inline, without transformers' attention interface (T5 before transformers
+    5.1's interface)."""
+    saved: list[Callable] = []
+
+    def enter(mod, args, kwargs):
+        original = torch.nn.functional.softmax
+        saved.append(original)
+
+        def softmax(*call_args: Any, **call_kwargs: Any) -> Tensor:
+            return on_output(original(*call_args, **call_kwargs))
+
+        torch.nn.functional.softmax = softmax
+
+    def leave(mod, args, kwargs, output):
+        if saved:
+            torch.nn.functional.softmax = saved.pop()
+
+    return [module.register_forward_pre_hook(enter, with_kwargs=True),
+            module.register_forward_hook(leave, with_kwargs=True, always_call=True)]
+
+
+def computes_probabilities_inline(module: nn.Module, method: str | None) -> bool:
+    """Whether ``module`` neither calls transformers' attention interface (its modeling file
+    has no eager attention function) nor has a spec's attention method: its probabilities are
+    then read from the softmax it calls (:func:`softmax_hooks`)."""
+    return method is None and model_eager_attention(module) is None
+
+
 _registered: set[str] = set()
 
 
@@ -325,6 +357,8 @@ class _Recorder:
             self._watch_attention(module)
             if watch.attention_method is not None:
                 self.methods.setdefault(watch.attention_method, []).append(module)
+            elif computes_probabilities_inline(module, None):
+                self.handles.extend(softmax_hooks(module, self._keep_first_softmax(module)))
         return [id(module) for module in watch.attention]
 
     def watch_module(self, module: nn.Module, tensors: dict, raw: dict, role: str) -> None:
@@ -366,6 +400,18 @@ class _Recorder:
         self.handles.append(module.register_forward_pre_hook(keep_call, with_kwargs=True))
         for name, norm_module in inner_norms(module).items():
             self.handles.append(norm_module.register_forward_pre_hook(keep_norm_input(name)))
+
+    def _keep_first_softmax(self, module: nn.Module) -> Callable[[Tensor], Tensor]:
+        """Keep the first softmax ``module`` computes as its probabilities (no query/key
+        record: rules that credit the scores need the attention interface)."""
+        target = self.attention[id(module)]
+
+        def keep(probabilities: Tensor) -> Tensor:
+            if not target:
+                target.append(probabilities.detach())
+            return probabilities
+
+        return keep
 
     def _recording_method(self, module: nn.Module, original: Callable) -> Callable:
         """``module``'s own attention method (see ``ArchitectureSpec.attention_method``),

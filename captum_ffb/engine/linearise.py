@@ -45,8 +45,10 @@ from captum_ffb.engine.block import (
 from captum_ffb.engine.capture import (
     attention_function,
     attention_implementation,
+    computes_probabilities_inline,
     inner_norms,
     patched_attention_methods,
+    softmax_hooks,
 )
 from captum_ffb.engine.scores import inner_norm_rule
 from captum_ffb.engine.whole import element_wise_rule
@@ -366,6 +368,18 @@ class _Hooks:
 
         self.add(first_block.register_forward_pre_hook(hook, with_kwargs=True))
 
+    def inline_attention(self, block: nn.Module, method: str | None) -> None:
+        """Attention modules computing their probabilities inline (no attention interface,
+        no spec method; cross-attention too): their softmax's output detached."""
+        spec = self.spec
+        modules = [(resolve(block, spec.attention), method)]
+        if spec.has_cross_attention:
+            modules.append((resolve(block, spec.cross_attention), None))
+        for module, own in modules:
+            if computes_probabilities_inline(module, own):
+                for handle in softmax_hooks(module, Tensor.detach):
+                    self.add(handle)
+
     def norm(self, module: nn.Module | None, rule: Any = None) -> None:
         """Freeze a norm's scale (the norm rule's, or ``rule``'s)."""
         if module is not None:
@@ -536,6 +550,7 @@ def linearise(
                 method = attention_method(attention, stack_hooks.spec)
                 if method is not None:
                     methods.setdefault(method, []).append(attention)
+                stack_hooks.inline_attention(block, method)
                 stack_hooks.block(block, f"{prefix}{index}")
         hooks.norm(final_norm)
         hooks.head(head_steps)

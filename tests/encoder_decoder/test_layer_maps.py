@@ -10,6 +10,7 @@ from captum_ffb import LayerNormDecomposition
 from tests.models import TINY_SEQ2SEQ, seq2seq_inputs
 
 FAMILIES = sorted(TINY_SEQ2SEQ)
+pytestmark = pytest.mark.smoke  # every family, also on the lowest supported versions
 
 
 def _run(model, layer, inputs):
