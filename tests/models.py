@@ -254,6 +254,15 @@ def tiny_models() -> list[TinyModel]:
         TinyModel("qwen2_moe", decoder(Qwen2MoeConfig, Qwen2MoeModel, moe_intermediate_size=24, shared_expert_intermediate_size=40, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]), lambda m: m.layers, True, llama_refs, final_norm=True),
         TinyModel("qwen3_moe", decoder(Qwen3MoeConfig, Qwen3MoeModel, head_dim=8, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1]), lambda m: m.layers, True, llama_refs, final_norm=True),
     ]
+    def bloom() -> nn.Module:
+        from transformers import BloomConfig, BloomModel
+
+        return BloomModel(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4,
+                                      pad_token_id=0, bos_token_id=0, eos_token_id=0))
+
+    modern.append(TinyModel("bloom", _seeded(bloom), lambda m: m.h, True, {
+        "Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"),
+        "AtbLnFf": ("mlp.dense_4h_to_h", "output"), "AtbLnFfRes": ("", "output")}, final_norm=True))
     return modern + [
         TinyModel("bert", _bert_like(BertConfig, BertModel), lambda m: m.encoder.layer, False, POST_LN_REFS),
         TinyModel("roberta", _bert_like(RobertaConfig, RobertaModel, pad_token_id=1), lambda m: m.encoder.layer, False, POST_LN_REFS),
@@ -271,6 +280,9 @@ def tiny_models() -> list[TinyModel]:
 
 
 TINY_MODELS = {model.name: model for model in tiny_models()}
+#: Families whose attention computes its probabilities inline (no attention interface): their
+#: queries and keys cannot be read, so rules crediting them are refused (a clear error).
+INLINE_ATTENTION = {"bloom"}
 
 
 def tiny_task_model(name: str, task: str = "causal_lm", num_labels: int = 3) -> nn.Module:

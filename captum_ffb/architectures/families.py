@@ -305,6 +305,34 @@ register_architecture("olmo2", _llama_like(
 ))
 
 
+def _bloom_unsupported(config) -> str | None:
+    """settings whose residual or projections the chains do not follow"""
+    if getattr(config, "apply_residual_connection_post_layernorm", False):
+        return "apply_residual_connection_post_layernorm=True (the residual is the norm's output)"
+    if getattr(config, "pretraining_tp", 1) > 1 and getattr(config, "slow_but_exact", False):
+        return "slow_but_exact=True with pretraining_tp > 1 (projections split into slices)"
+    return None
+
+
+# BLOOM computes its probabilities inline (ALiBi): they are read from its softmax.
+register_architecture("bloom", ArchitectureSpec(
+    chain="pre_ln",
+    blocks="h",
+    final_norm="ln_f",
+    causal=True,
+    attention="self_attention",
+    value=Projection("self_attention.query_key_value", part=2, parts=3, groups="n_head"),
+    attention_output=Projection("self_attention.dense"),
+    norm1="input_layernorm",
+    norm2="post_attention_layernorm",
+    ff_in=Projection("mlp.dense_h_to_4h"),
+    activation="mlp.gelu_impl",
+    ff_out=Projection("mlp.dense_4h_to_h"),
+    unsupported=_bloom_unsupported,
+    description="Pre-LN decoder, LayerNorm, GELU (tanh), fused per-head QKV, ALiBi",
+))
+
+
 # --------------------------------------------------------------------------- encoder–decoders
 def _seq2seq(chain: str, final: str | None, description: str) -> ArchitectureSpec:
     """BART's block layout (fairseq's), shared by mBART, Marian, M2M100/NLLB and Whisper:

@@ -377,6 +377,12 @@ class _Hooks:
             modules.append((resolve(block, spec.cross_attention), None))
         for module, own in modules:
             if computes_probabilities_inline(module, own):
+                if self.frozen.attention is not None:
+                    raise ValueError(
+                        f"{getattr(self.config, 'model_type', 'this model')}'s attention computes its "
+                        "probabilities inline, without transformers' attention interface, so its queries "
+                        "and keys cannot be read: rules that credit them are not available; use the "
+                        "frozen-attention rules (the default)")
                 for handle in softmax_hooks(module, Tensor.detach):
                     self.add(handle)
 

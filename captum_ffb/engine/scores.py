@@ -137,6 +137,16 @@ def _replay(block: Block, module: nn.Module, call: AttentionCall, hidden: Tensor
 def score_path(block: Block) -> ScorePath:
     """The query/key path of ``block``'s attention (see the module documentation)."""
     if not block.capture.attention_calls:
+        from captum_ffb.engine.capture import computes_probabilities_inline
+
+        module = resolve(block.module, block.spec.attention)
+        if computes_probabilities_inline(module, block.spec.attention_method):
+            raise ValueError(
+                f"{getattr(block.config, 'model_type', 'this model')}'s attention computes its probabilities "
+                "inline, without transformers' attention interface, so its queries and keys cannot be "
+                "read: rules that credit them (IGAttention, AttnLRPAttention, ...) are not available; "
+                "use the frozen-attention rules (the default)"
+            )
         raise RuntimeError("the forward pass recorded no queries and keys for this layer")
     call = block.capture.attention_calls[0]
     module = resolve(block.module, block.spec.attention)

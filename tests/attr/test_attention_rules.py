@@ -9,11 +9,20 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.rules import Attention, AttnLRPAttention, CompleteAttnLRPAttention, IGAttention
-from tests.models import TINY_MODELS, padded_pair, tiny_task_model, token_ids
+from tests.models import INLINE_ATTENTION, TINY_MODELS, padded_pair, tiny_task_model, token_ids
 
 RULES = {"ig": lambda: IGAttention(n_steps=16), "attnlrp": AttnLRPAttention,
          "complete_attnlrp": CompleteAttnLRPAttention, "ig_exact": lambda: IGAttention(n_steps=2, exact=True)}
-CASES = [(name, rule) for name in sorted(TINY_MODELS) for rule in RULES]
+CASES = [(name, rule) for name in sorted(TINY_MODELS) if name not in INLINE_ATTENTION for rule in RULES]
+
+
+@pytest.mark.parametrize("name", sorted(INLINE_ATTENTION))
+def test_rules_crediting_queries_and_keys_are_refused_where_they_cannot_be_read(name):
+    model = tiny_task_model(name, "causal_lm")
+    nd = NormDecomposition(model, rules={"attention": AttnLRPAttention()})
+    for route in ("forward", "backward"):
+        with pytest.raises(ValueError, match="computes its probabilities inline"):
+            nd.attribute(token_ids(), target=3, route=route)
 
 
 @pytest.mark.parametrize("name, rule", CASES)
