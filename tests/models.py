@@ -260,6 +260,17 @@ def tiny_models() -> list[TinyModel]:
         return BloomModel(BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4,
                                       pad_token_id=0, bos_token_id=0, eos_token_id=0))
 
+    def deberta_v2() -> nn.Module:
+        from transformers import DebertaV2Config, DebertaV2Model
+
+        return DebertaV2Model(DebertaV2Config(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, type_vocab_size=0, relative_attention=True, position_buckets=8,
+            max_relative_positions=16, pos_att_type=["p2c", "c2p"], position_biased_input=False,
+            norm_rel_ebd="layer_norm", share_att_key=True, pad_token_id=0,
+        ))
+
+    modern.append(TinyModel("deberta-v2", _seeded(deberta_v2), lambda m: m.encoder.layer, False, POST_LN_REFS))
     modern.append(TinyModel("bloom", _seeded(bloom), lambda m: m.h, True, {
         "Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"),
         "AtbLnFf": ("mlp.dense_4h_to_h", "output"), "AtbLnFfRes": ("", "output")}, final_norm=True))
@@ -282,7 +293,7 @@ def tiny_models() -> list[TinyModel]:
 TINY_MODELS = {model.name: model for model in tiny_models()}
 #: Families whose attention computes its probabilities inline (no attention interface): their
 #: queries and keys cannot be read, so rules crediting them are refused (a clear error).
-INLINE_ATTENTION = {"bloom"}
+INLINE_ATTENTION = {"bloom", "deberta-v2"}
 
 
 def tiny_task_model(name: str, task: str = "causal_lm", num_labels: int = 3) -> nn.Module:

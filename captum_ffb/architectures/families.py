@@ -305,6 +305,24 @@ register_architecture("olmo2", _llama_like(
 ))
 
 
+def _deberta_unsupported(config) -> str | None:
+    """a convolution joining the first layer's output (DeBERTa-v2-xlarge's conv_kernel_size)"""
+    if (getattr(config, "conv_kernel_size", 0) or 0) > 0:
+        return "conv_kernel_size > 0 (a convolution joins the first layer's output)"
+    return None
+
+
+# DeBERTa-v2/v3: BERT's layout; the disentangled (content and relative-position) scores only
+# shape the probabilities, which its attention computes inline and are read from its softmax.
+register_architecture("deberta-v2", replace(
+    BERT,
+    causal=False,
+    value=Projection("attention.self.value_proj"),
+    unsupported=_deberta_unsupported,
+    description="Post-LN encoder, LayerNorm, GELU, disentangled attention (DeBERTa-v2/v3)",
+))
+
+
 def _bloom_unsupported(config) -> str | None:
     """settings whose residual or projections the chains do not follow"""
     if getattr(config, "apply_residual_connection_post_layernorm", False):

@@ -217,6 +217,18 @@ register_head("modernbert", "sequence_classification", HeadSpec(
 # OPT-350m projects the final hidden states down to the embedding width before the LM head
 # (its base model's output includes the projection too); absent layers are skipped.
 _OPT_PROJECT_OUT = (Projection("decoder.project_out"),)
+def _deberta_pooler(config: Any) -> str | None:
+    act = getattr(config, "pooler_hidden_act", "gelu")
+    return None if act == "gelu" else f"its pooler's activation {act!r} (gelu is supported)"
+
+
+register_head("deberta-v2", "sequence_classification", HeadSpec(
+    position="first",
+    final_norm=False,
+    layers=(Projection("pooler.dense"), HeadActivation(function="gelu")),
+    output="classifier",
+    unsupported=_deberta_pooler,
+))
 register_head("cohere", "causal_lm", HeadSpec(position="last", scale=lambda config: float(config.logit_scale)))
 register_head("granite", "causal_lm", HeadSpec(position="last", scale=lambda config: 1.0 / float(config.logits_scaling)))
 register_head("opt", "causal_lm", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))

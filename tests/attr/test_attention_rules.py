@@ -18,11 +18,12 @@ CASES = [(name, rule) for name in sorted(TINY_MODELS) if name not in INLINE_ATTE
 
 @pytest.mark.parametrize("name", sorted(INLINE_ATTENTION))
 def test_rules_crediting_queries_and_keys_are_refused_where_they_cannot_be_read(name):
-    model = tiny_task_model(name, "causal_lm")
+    causal = TINY_MODELS[name].causal
+    model = tiny_task_model(name, "causal_lm" if causal else "sequence_classification")
     nd = NormDecomposition(model, rules={"attention": AttnLRPAttention()})
     for route in ("forward", "backward"):
         with pytest.raises(ValueError, match="computes its probabilities inline"):
-            nd.attribute(token_ids(), target=3, route=route)
+            nd.attribute(token_ids(), target=1, route=route)
 
 
 @pytest.mark.parametrize("name, rule", CASES)
