@@ -271,6 +271,30 @@ def tiny_models() -> list[TinyModel]:
         ))
 
     modern.append(TinyModel("deberta-v2", _seeded(deberta_v2), lambda m: m.encoder.layer, False, POST_LN_REFS))
+    def falcon(**layout) -> Callable[[], nn.Module]:
+        def factory() -> nn.Module:
+            from transformers import FalconConfig, FalconModel
+
+            fields = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          pad_token_id=0, bos_token_id=0, eos_token_id=0, bias=True, max_position_embeddings=64)
+            return FalconModel(FalconConfig(**{**fields, **layout}))
+
+        return _seeded(factory)
+
+    falcon_sequential = {"Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"),
+                         "AtbLnFf": ("mlp", "output"), "AtbLnFfRes": ("", "output")}
+    modern += [
+        # Falcon-7B's layout: parallel, one LayerNorm, multi-query, rotary
+        TinyModel("falcon", falcon(parallel_attn=True, multi_query=True, alibi=False), lambda m: m.h, True,
+                  parallel_refs("self_attention.dense", "mlp"), final_norm=True),
+        # Falcon-RW's: sequential Pre-LN, ALiBi, one key/value per head
+        TinyModel("falcon-sequential", falcon(parallel_attn=False, multi_query=False, alibi=True,
+                                              attn_implementation="eager"), lambda m: m.h, True,
+                  falcon_sequential, final_norm=True),
+        # the new architecture (Falcon-40B, Falcon 2): grouped keys/values, two LayerNorms
+        TinyModel("falcon-new", falcon(new_decoder_architecture=True, num_kv_heads=2, alibi=False), lambda m: m.h, True,
+                  parallel_refs("self_attention.dense", "mlp"), final_norm=True),
+    ]
     modern.append(TinyModel("bloom", _seeded(bloom), lambda m: m.h, True, {
         "Atb": ("post_attention_layernorm", "input"), "AtbLn": ("post_attention_layernorm", "output"),
         "AtbLnFf": ("mlp.dense_4h_to_h", "output"), "AtbLnFfRes": ("", "output")}, final_norm=True))
@@ -293,7 +317,7 @@ def tiny_models() -> list[TinyModel]:
 TINY_MODELS = {model.name: model for model in tiny_models()}
 #: Families whose attention computes its probabilities inline (no attention interface): their
 #: queries and keys cannot be read, so rules crediting them are refused (a clear error).
-INLINE_ATTENTION = {"bloom", "deberta-v2"}
+INLINE_ATTENTION = {"bloom", "deberta-v2", "falcon", "falcon-sequential", "falcon-new"}
 
 
 def tiny_task_model(name: str, task: str = "causal_lm", num_labels: int = 3) -> nn.Module:
@@ -358,7 +382,7 @@ def capture_references(model: nn.Module, block: nn.Module, refs: dict[str, tuple
         def hook(mod, args, kwargs, output, key=(path, which)):
             value = (args[0] if args else kwargs["hidden_states"]) if key[1] == "input" else output
             value = value[0] if isinstance(value, tuple) else value
-            found.setdefault(key, value.detach())
+            found.setdefault(key, value.detach().clone())  # a copy: Falcon adds to its MLP's output in place
 
         handles.append(module.register_forward_hook(hook, with_kwargs=True))
     try:

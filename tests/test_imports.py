@@ -13,8 +13,8 @@ import captum_ffb
 #: The floors, bottom up: a room (a top-level module or package of ``captum_ffb``) imports only
 #: rooms of lower floors.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("versions", "convert"),                  # the tested versions; converters of model formats
-    ("architectures", "decomposition", "_private", "outputs"),  # facts, no maths
+    ("versions", "convert", "_private"),      # the tested versions; converters; private names
+    ("architectures", "decomposition", "outputs"),  # facts, no maths
     ("rules",),                               # what each component does to a decomposition
     ("engine",),                              # capture, blocks, chains, routes
     ("models", "readouts"),                   # loading; what is explained (and by default)

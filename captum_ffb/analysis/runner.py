@@ -167,8 +167,8 @@ class _Run:
         self.blocks = list(loaded.blocks)
         parameter = next(self.model.parameters(), None)
         self.device = parameter.device if parameter is not None else torch.device("cpu")
-        self.spec = get_architecture(loaded.model_type)
         self.lnd = LayerNormDecomposition(self.model, self.blocks)
+        self.spec = self.lnd.spec  # the family's layout of these blocks
         chain = self.lnd.chain
         if chain.name not in ("post_ln", "pre_ln"):
             raise ValueError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from captum_ffb._private import effective_attention_implementation
 from captum_ffb.architectures.registry import register_architecture
 from captum_ffb.architectures.spec import ArchitectureSpec, MixtureOfExperts, Projection
 
@@ -321,6 +322,62 @@ register_architecture("deberta-v2", replace(
     unsupported=_deberta_unsupported,
     description="Post-LN encoder, LayerNorm, GELU, disentangled attention (DeBERTa-v2/v3)",
 ))
+
+
+def _falcon_chain(config) -> str:
+    """parallel where parallel_attn (Falcon-7B, every new-architecture model), else pre_ln"""
+    return "parallel" if getattr(config, "parallel_attn", True) else "pre_ln"
+
+
+def _falcon_value_columns(config) -> list[int]:
+    """The value columns of Falcon's fused ``query_key_value``, in its three layouts."""
+    heads = int(config.num_attention_heads)
+    width = int(config.hidden_size) // heads
+    if getattr(config, "new_decoder_architecture", False):  # per key/value group: its queries, k, v
+        groups = int(config.num_kv_heads)
+        per = heads // groups + 2
+        return [g * per * width + (per - 1) * width + c for g in range(groups) for c in range(width)]
+    if getattr(config, "multi_query", False):  # all queries, one key, one value
+        return list(range((heads + 1) * width, (heads + 2) * width))
+    return [h * 3 * width + 2 * width + c for h in range(heads) for c in range(width)]  # per head q, k, v
+
+
+def _falcon_unsupported(config) -> str | None:
+    """a new-architecture model without parallel attention (its blocks are incomplete), and
+    ALiBi under any attention but eager"""
+    if getattr(config, "new_decoder_architecture", False) and not getattr(config, "parallel_attn", True):
+        return "new_decoder_architecture=True with parallel_attn=False"
+    # transformers 5.24.0: with ALiBi, Falcon's sdpa path and its eager path (whose softmax
+    # the decomposition reads) compute different attention (0.08 apart on a tiny model)
+    implementation = effective_attention_implementation(config)
+    if getattr(config, "alibi", False) and implementation not in (None, "eager"):
+        return (f"ALiBi under attn_implementation={implementation!r}: transformers' Falcon computes other "
+                "attention there than in its eager code; load the model with attn_implementation='eager'")
+    return None
+
+
+_FALCON_SEQUENTIAL = ArchitectureSpec(
+    chain=_falcon_chain,
+    blocks="h",
+    final_norm="ln_f",
+    causal=True,
+    attention="self_attention",
+    value=Projection("self_attention.query_key_value", columns=_falcon_value_columns),
+    attention_output=Projection("self_attention.dense"),
+    norm1="input_layernorm",
+    norm2="post_attention_layernorm",
+    ff_in=Projection("mlp.dense_h_to_4h"),
+    activation="mlp.act",
+    ff_out=Projection("mlp.dense_4h_to_h"),
+    unsupported=_falcon_unsupported,
+    description="decoder, LayerNorm, GELU, rotary or ALiBi, multi-query or grouped fused QKV; parallel "
+                "(one or two LayerNorms) or Pre-LN",
+)
+# Its probabilities come from its softmax (its own attention code, run eagerly while recorded);
+# parallel blocks with one shared LayerNorm, and the new architecture's two (ln_attn, ln_mlp).
+register_architecture("falcon", replace(_FALCON_SEQUENTIAL, alternative=replace(
+    _FALCON_SEQUENTIAL, norm2="input_layernorm",
+    alternative=replace(_FALCON_SEQUENTIAL, norm1="ln_attn", norm2="ln_mlp"))))
 
 
 def _bloom_unsupported(config) -> str | None:

@@ -27,14 +27,15 @@ class Projection:
                     taken from every group.
         columns (Callable, optional): for fused projections with unequal parts (Phi-3's
                     ``qkv_proj`` with grouped-query attention): a function of the model
-                    config returning the ``(start, stop)`` output columns to take.
+                    config returning the ``(start, stop)`` output columns to take, or the list
+                    of their indices (Falcon's layouts).
     """
 
     path: str
     part: int = 0
     parts: int = 1
     groups: int | str = 1
-    columns: Callable[[Any], tuple[int, int]] | None = None
+    columns: Callable[[Any], tuple[int, int] | list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,9 @@ class ArchitectureSpec:
                     decoder's blocks (with the ``cross_*`` fields); this spec then describes
                     the encoder's blocks.
         alternative (ArchitectureSpec, optional): the spec for blocks of this family that
-                    lack this spec's FF input projection (T5's gated FF ``wi_0``/``wi_1``
-                    where the original has ``wi``); chosen block by block in :meth:`for_block`.
+                    lack this spec's FF input projection or one of its norms (T5's gated FF
+                    ``wi_0``/``wi_1`` where the original has ``wi``; Falcon's parallel blocks);
+                    chosen block by block in :meth:`for_block`.
         residual_scale (Callable, optional): the factor on each branch (attention, FF) as it
                     joins the residual stream, from the config (Granite's
                     ``residual_multiplier``); the branches' own outputs stay unscaled.
@@ -192,13 +194,18 @@ class ArchitectureSpec:
     def for_block(self, block: Any) -> ArchitectureSpec:
         """The spec describing ``block``: the decoder's for a decoder block of an
         encoder–decoder family (it has the decoder's cross-attention), the alternative's
-        for a block without this spec's FF input, else this one."""
+        for a block without this spec's FF input or norms, else this one."""
         decoder = self.decoder
         if decoder is not None and has_path(block, decoder.cross_attention):
             return decoder.for_block(block)
-        if self.alternative is not None and self.ff_in is not None and not has_path(block, self.ff_in.path):
+        if self.alternative is not None and not self._fits(block):
             return self.alternative.for_block(block)
         return self
+
+    def _fits(self, block: Any) -> bool:
+        """Whether ``block`` has this spec's FF input and norms (the ones it names)."""
+        paths = [self.ff_in.path if self.ff_in is not None else None, self.norm1, self.norm2]
+        return all(has_path(block, path) for path in paths if path is not None)
 
     def chain_name(self, config: Any) -> str:
         """The chain that applies to a model with this ``config``."""

@@ -212,8 +212,9 @@ class NormDecomposition(Attribution):
             self.head = bound.head
             self.rules = self.seq2seq.rules(None)
         else:
-            self.chain = chain_for(self.spec, self.config)
             self.blocks = list(find_blocks(model, self.spec))
+            self.spec = self.spec.for_block(self.blocks[0])  # the family's layout of these blocks
+            self.chain = chain_for(self.spec, self.config)
             self.head = resolve_head(model, self.spec)
             self.rules = self._rules(None)
         if memory_budget <= 0:

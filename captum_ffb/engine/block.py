@@ -38,8 +38,10 @@ _EPS_KEYS = {
 def _columns(projection: Projection, config: Any, width: int) -> tuple[list[int] | slice, int]:
     """Which output columns of a (possibly fused) projection belong to it."""
     if projection.columns is not None:
-        start, stop = projection.columns(config)
-        return slice(start, stop), 1
+        chosen = projection.columns(config)
+        if isinstance(chosen, tuple) and len(chosen) == 2:
+            return slice(*chosen), 1
+        return list(chosen), 1
     if projection.parts == 1:
         return slice(None), 1
     groups = projection.groups

@@ -272,6 +272,10 @@ def _as_sequence(tensor: Tensor, batch: int) -> Tensor:
     return tensor
 
 
+#: Roles whose output :func:`_keep_module` copies (see there).
+_COPIED_OUTPUTS = frozenset({"ff", "ff_out"})
+
+
 def _keep_module(tensors: dict, raw: dict, role: str):
     """A forward hook keeping the first input and output of a module under ``role``."""
 
@@ -283,7 +287,10 @@ def _keep_module(tensors: dict, raw: dict, role: str):
         if isinstance(hidden, Tensor):
             tensors[(role, "input")] = hidden.detach()
         if tensor is not None:
-            tensors[(role, "output")] = tensor.detach()
+            tensor = tensor.detach()
+            # the FF branch's output copied: some blocks add to it in place (Falcon adds the
+            # attention's output to its MLP's); the other roles' outputs are kept as they are
+            tensors[(role, "output")] = tensor.clone() if role in _COPIED_OUTPUTS else tensor
         raw[role] = output
 
     return hook

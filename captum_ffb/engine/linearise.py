@@ -122,7 +122,7 @@ def _frozen_implementation(original: str) -> str:
 
 @contextlib.contextmanager
 def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequence[nn.Module]],
-                     scoring_rule: Any = None) -> Iterator[None]:
+                     scoring_rule: Any = None, eager: bool = False) -> Iterator[None]:
     """Run the models owning ``modules`` with their attention's queries and keys detached
     (or, with a ``scoring_rule``, with that rule's gradient replacement).
 
@@ -133,11 +133,15 @@ def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequenc
                     of their own (see ``ArchitectureSpec.attention_method``): name → modules.
         scoring_rule (ScoreCreditingAttention, optional): an attention rule that credits the
                     scores.
+        eager (bool): freeze the eager implementation whatever the models run (their masks
+                    too): for attention code that computes its probabilities inline and
+                    adds the mask itself (Falcon runs its own eager code under any
+                    implementation name but "sdpa").
     """
     register = _frozen_implementation if scoring_rule is None else _scored_implementation
 
     def replacement(current: str | None) -> str | None:
-        original = current or "eager"
+        original = "eager" if eager else (current or "eager")
         return None if original.startswith((_FROZEN_PREFIX, _SCORED_PREFIX)) else register(original)
 
     def detach_qk(module: nn.Module, original: Callable) -> Callable:
@@ -224,6 +228,7 @@ class Linearisation:
 
     inputs: Tensor | None = None
     source_inputs: Tensor | None = None
+    inline: bool = False
     outputs: dict[str, Tensor] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
 
@@ -251,9 +256,12 @@ def _norm_hook(module: nn.Module, spec: ArchitectureSpec, config: Any, rule: Any
     return hook
 
 
-def _keep_output(store: dict[str, Tensor], key: str):
+def _keep_output(store: dict[str, Tensor], key: str, copy: bool = False):
     def hook(module, args, output):
-        store[key] = output[0] if isinstance(output, tuple) else output
+        kept = output[0] if isinstance(output, tuple) else output
+        # with ``copy``, a copy in the graph: some blocks add to a writer's output in place
+        # (Falcon adds the attention's output to its MLP's)
+        store[key] = kept.clone() if copy else kept
 
     return hook
 
@@ -370,7 +378,8 @@ class _Hooks:
 
     def inline_attention(self, block: nn.Module, method: str | None) -> None:
         """Attention modules computing their probabilities inline (no attention interface,
-        no spec method; cross-attention too): their softmax's output detached."""
+        no spec method; cross-attention too): their softmax's output detached (and the
+        model run with the eager masks, ``state.inline``)."""
         spec = self.spec
         modules = [(resolve(block, spec.attention), method)]
         if spec.has_cross_attention:
@@ -383,6 +392,7 @@ class _Hooks:
                         "probabilities inline, without transformers' attention interface, so its queries "
                         "and keys cannot be read: rules that credit them are not available; use the "
                         "frozen-attention rules (the default)")
+                self.state.inline = True
                 for handle in softmax_hooks(module, Tensor.detach):
                     self.add(handle)
 
@@ -465,7 +475,7 @@ class _Hooks:
     def watch(self, modules: Mapping[str, nn.Module]) -> None:
         """Keep the outputs of ``modules`` (with their graphs) by name."""
         for name, module in modules.items():
-            self.add(module.register_forward_hook(_keep_output(self.state.outputs, name)))
+            self.add(module.register_forward_hook(_keep_output(self.state.outputs, name, copy=True)))
 
 
 @contextlib.contextmanager
@@ -567,7 +577,7 @@ def linearise(
                 _warm_up(blocks, spec, frozen)  # cached coefficients: the same work in both passes
                 stack.enter_context(_recomputed(blocks))
             owners = [model, *blocks, *(source[1] if source is not None else ())]
-            stack.enter_context(frozen_attention(owners, methods, frozen.attention))
+            stack.enter_context(frozen_attention(owners, methods, frozen.attention, eager=state.inline))
             stack.enter_context(torch.enable_grad())
             yield state
     finally:

@@ -91,7 +91,8 @@ def next_norms(model: nn.Module | None, spec: ArchitectureSpec, layers: Sequence
             out.append(None)
         elif index + 1 < len(blocks):
             following = blocks[index + 1]
-            out.append(resolve(following, spec.norm1) if has_path(following, spec.norm1) else None)
+            norm1 = spec.for_block(following).norm1  # the following block's layout (Falcon's)
+            out.append(resolve(following, norm1) if has_path(following, norm1) else None)
         else:
             out.append(final_norm_of(model, spec))
     return out

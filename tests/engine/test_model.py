@@ -70,5 +70,6 @@ def test_final_norm_and_next_norms_from_the_spec(name):
     assert (expected is not None) == tiny.final_norm
     following = next_norms(model, spec, list(blocks))
     assert following[-1] is expected
-    if spec.norm1 is not None:
-        assert following[0] is blocks[1].get_submodule(spec.norm1)
+    norm1 = spec.for_block(blocks[1]).norm1  # the block's layout (Falcon's new architecture: ln_attn)
+    if norm1 is not None:
+        assert following[0] is blocks[1].get_submodule(norm1)
