@@ -464,8 +464,16 @@ class NormDecomposition(Attribution):
         Returns:
             ComponentAttribution: ``contributions`` ``(batch, n, C)``, ``bias`` ``(batch, C)``,
             ``components``, ``value``, ``delta``.
+
+        Encoder–decoders: ``target`` is a token id read at a decoder position (as in
+        :meth:`attribute`), the rows of ``contributions`` are the players ``[target prefix |
+        source]`` and the decoder's components include ``block.<l>.cross_attention`` (and its
+        heads), through which the source enters the decoder's stream; forward route.
         """
-        self._refuse_seq2seq("attribute_components")
+        if self.seq2seq is not None:
+            return self.seq2seq.attribute_components(inputs, target, additional_forward_args, forward_kwargs,
+                                                     feature_mask, target_position, granularity, rules,
+                                                     reference, route)
         check_granularity(granularity)
         if route not in COMPONENT_ROUTES:
             raise ValueError(f"route must be one of {COMPONENT_ROUTES}, got {route!r}")

@@ -19,12 +19,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.engine.capture import forward_arguments
 from captum_ffb.engine.seq2seq import (
     EncoderDecoder,
     Seq2SeqAnswer,
     backward_route,
     check_target_given,
+    components_route,
     forward_route,
 )
 from captum_ffb.rules import whole_model_rules
@@ -183,6 +185,33 @@ class Seq2SeqRoutes:
         if return_convergence_delta:
             out.append((answer.source.sum(-1) + answer.target.sum(-1) + answer.bias - answer.real).abs())
         return out[0] if len(out) == 1 else tuple(out)
+
+    def attribute_components(self, inputs: Any, target: Any, additional_forward_args: Any,
+                             forward_kwargs: dict | None, feature_mask: Any, target_position: Any,
+                             granularity: str, rules: Mapping[str, Callable] | None, reference: Any,
+                             route: str) -> ComponentAttribution:
+        """See :meth:`NormDecomposition.attribute_components` (the encoder–decoder case)."""
+        _refuse("feature_mask", feature_mask)
+        if route == "backward":
+            raise ValueError("encoder–decoders' component tables take the forward route (route='auto' "
+                             "or 'forward')")
+        if route not in ("auto", "forward"):
+            raise ValueError(f"route must be one of auto, forward, backward; got {route!r}")
+        owner = self.owner
+        args = forward_arguments(inputs, additional_forward_args)
+        kwargs = dict(forward_kwargs or {})
+        check_target_given(kwargs)
+        batch = args[0].shape[0]
+        if target is None:
+            raise ValueError("an encoder–decoder's component table explains a token id: give target=")
+        token = _tokens_per_row(target, batch)
+        position = _positions(kwargs, batch, target_position)
+        reference = owner.reference if reference is None else reference
+        names, contributions, bias, real = components_route(
+            self.bound, self.rules(rules), args, kwargs, token, position, reference, granularity,
+            owner.memory_budget, owner.dtype)
+        delta = (contributions.sum(dim=(1, 2)) + bias.sum(1) - real).abs()
+        return ComponentAttribution(contributions, bias, names, real, delta, granularity)
 
     def explain_target(self, inputs: Tensor, decoder_input_ids: Tensor, tokens: Sequence[int] | Tensor,
                        forward_kwargs: dict | None = None, route: str = "backward",

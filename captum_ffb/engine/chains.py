@@ -429,7 +429,8 @@ def cross_attention(block: Block, rules: Rules, target: Decomposition) -> Decomp
     the source players (``target`` gives the rows, mask and number of target players).
     """
     source = source_of(block)
-    out = rules["attention"](source, block.cross_probs, *block.cross_attention_weights()).dense()
+    rule = rules.get(CROSS_WRITER) or rules["attention"]  # a head split of it (components)
+    out = rule(source, block.cross_probs, *block.cross_attention_weights()).dense()
     if block.source is not None:  # the source's players are the target's already
         return Decomposition(out.terms, out.bias, target.token_mask, source.player_mask)
     terms = out.terms
@@ -475,6 +476,9 @@ POST_LN_CROSS = Chain(
     local=_post_ln_cross_local,
     ff_pair=("AtbCatb", "AtbCatbFf"),
     description="y = LN3(c + FF(c)), c = LN2(z + CROSS(z, e)), z = LN1(x + ATTN(x))",
+    stream=(StreamStep("write", "attention", ATTENTION_WRITER), StreamStep("norm", "norm1"),
+            StreamStep("write", "cross_attention", CROSS_WRITER), StreamStep("norm", "cross_norm"),
+            StreamStep("write", "ff", "AtbCatbFf"), StreamStep("norm", "norm2")),
 )
 
 
@@ -524,6 +528,8 @@ PRE_LN_CROSS = Chain(
     ff_pair=("AtbCatbLn", "AtbCatbLnFf"),
     extra_scopes=(CROSS_NEXT_NORM_SCOPE,),
     description="y = c + FF(LN3(c)), c = h + CROSS(LN2(h), e), h = x + ATTN(LN1(x))",
+    stream=(StreamStep("write", "attention", ATTENTION_WRITER),
+            StreamStep("write", "cross_attention", CROSS_WRITER), StreamStep("write", "ff", "AtbCatbLnFf")),
 )
 
 for _chain in (POST_LN, PRE_LN, PARALLEL, POST_LN_CROSS, PRE_LN_CROSS):

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from captum_ffb.decomposition import Decomposition, stack_rows
 from captum_ffb.engine.block import Block
-from captum_ffb.engine.chains import EXPERT_OBSERVER, Chain, norm
+from captum_ffb.engine.chains import CROSS_WRITER, EXPERT_OBSERVER, Chain, norm
 from captum_ffb.engine.layers import row_chunks
 from captum_ffb.engine.whole import HeadTarget, ResolvedHead, head_forward
 from captum_ffb.rules import is_linear_in_players
@@ -272,9 +272,10 @@ def propagate_components(
     block's output decomposition."""
     check_granularity(granularity)
     writers = {step.name: step.source for step in chain.stream if step.kind == "write"}
-    if set(writers) != {"attention", "ff"}:
-        raise ValueError(f"component attributions read an attention and an FF writer; the "
-                         f"{chain.name!r} stream has {', '.join(writers) or 'none'}")
+    if not {"attention", "ff"} <= set(writers) <= {"attention", "cross_attention", "ff"}:
+        raise ValueError(f"component attributions read an attention, an FF and (decoders of "
+                         f"encoder–decoders) a cross-attention writer; the {chain.name!r} stream has "
+                         f"{', '.join(writers) or 'none'}")
     sums = ComponentSums()
     sums.add_read(EMBEDDINGS, start, paths.embeddings)
     current = start
@@ -293,20 +294,23 @@ def propagate_components(
 def _read_block(block: Block, index: int, chain: Chain, rules: Mapping[str, Callable],
                 start: Decomposition, paths: DirectPaths, granularity: str, budget: int,
                 writers: dict[str, str]) -> tuple[ComponentSums, Decomposition]:
-    """One block: its writers read through their covectors (``"attention"``, ``"ff"`` and,
-    per head, ``"attention.head.<h>"``, ``"ff.expert.<e>"``), and its output decomposition."""
+    """One block: its writers read through their covectors (``"attention"``, ``"ff"``, a
+    decoder's ``"cross_attention"`` and, per head, ``"attention.head.<h>"``,
+    ``"cross_attention.head.<h>"``, ``"ff.expert.<e>"``), and its output decomposition."""
     attention_g, ff_g = paths.writers[(index, "attention")], paths.writers[(index, "ff")]
+    cross_g = paths.writers.get((index, "cross_attention"))
     found = ComponentSums()
     block_rules = dict(rules)
-    split = None
+    splits: dict[str, HeadSplit] = {}
     if granularity == "head":
         raw, _ = pull_back_norm(block, "attention_post_norm", rules, attention_g)
-        split = HeadSplit(rules["attention"], raw)
-        block_rules["attention"] = split
+        splits["attention"] = block_rules["attention"] = HeadSplit(rules["attention"], raw)
+        if cross_g is not None:
+            splits["cross_attention"] = block_rules[CROSS_WRITER] = HeadSplit(rules["attention"], cross_g)
     state = chain.mix(block, block_rules, start)
-    if split is not None:
+    for writer, split in splits.items():
         for head in range(split.contributions.shape[-1]):
-            found.add(f"attention.head.{head}", split.contributions[..., head], split.bias[..., head])
+            found.add(f"{writer}.head.{head}", split.contributions[..., head], split.bias[..., head])
     if granularity == "head" and block.is_moe:
         ff_raw, _ = pull_back_norm(block, "ff_post_norm", rules, ff_g)
         zero = ff_g.new_zeros(ff_g.shape[0])
@@ -326,6 +330,8 @@ def _read_block(block: Block, index: int, chain: Chain, rules: Mapping[str, Call
                 parts.append(decomposition.dense())
                 break
         found.add_read("attention", state[writers["attention"]].rows(rows), attention_g[:, rows])
+        if cross_g is not None:
+            found.add_read("cross_attention", state[writers["cross_attention"]].rows(rows), cross_g[:, rows])
     return found, stack_rows(parts)
 
 
@@ -343,7 +349,7 @@ def settle_block(sums: ComponentSums, found: ComponentSums, index: int, chain: C
         if granularity == "block":
             sums.add(block, contributions, bias)
             continue
-        split = granularity == "head" and (writer == "attention" or moe)
+        split = granularity == "head" and (writer in ("attention", "cross_attention") or moe)
         if not split:
             sums.add(f"{block}.{writer}", contributions, bias)
             continue

@@ -266,51 +266,120 @@ def _joint(decomposition: Decomposition, before: int, after: int, before_mask: T
     return Decomposition(terms, dense.bias, dense.token_mask, players)
 
 
+@dataclass
+class _Propagation:
+    """One capture of both stacks and the encoder's decomposition over the source players,
+    ready to start the decoder for any read position."""
+
+    bound: EncoderDecoder
+    decoder: list[Block]
+    tensors: dict
+    output: Any
+    encoded: Decomposition
+    target_inputs: Tensor
+    target_mask: Tensor | None
+    target_players: list[int]
+    source_players: list[int]
+    reference: Any
+
+    @classmethod
+    def of(cls, bound: EncoderDecoder, rules: Mapping[str, Callable], args: tuple[Any, ...],
+           kwargs: dict[str, Any], reference: Any, budget: int, dtype: torch.dtype, players: bool
+           ) -> _Propagation:
+        encoder, decoder, tensors, output = _capture(bound, args, kwargs, dtype)
+        x_source, x_target = encoder[0].inputs, decoder[0].inputs
+        source_mask = encoder[0].token_mask
+        source_ids = torch.arange(x_source.shape[1], device=x_source.device).expand(x_source.shape[0], -1)
+        source_real = source_mask if source_mask is not None else torch.ones_like(source_ids)
+        centered = is_centered(reference)
+        chosen_source = list(range(x_source.shape[1])) if players else []
+        r_source = None if centered else reference_inputs(reference, x_source, source_real)
+        start = player_start(x_source, source_ids, chosen_source, source_mask, r_source,
+                             source_real if centered else None)
+        *_, encoded = propagate(encoder, bound.chain_of(encoder[0].module), rules, start, budget)
+        if bound.encoder_norm is not None:
+            encoded = _norm(rules, bound.encoder_norm, bound.spec, bound.config, encoded,
+                            tensors[("encoder_norm", "input")].to(dtype))
+        chosen_target = list(range(x_target.shape[1])) if players else []
+        return cls(bound, decoder, tensors, output, encoded, x_target, decoder[0].token_mask,
+                   chosen_target, chosen_source, reference)
+
+    @property
+    def chain(self) -> Chain:
+        return self.bound.chain_of(self.decoder[0].module)
+
+    def start(self, position: Tensor) -> Decomposition:
+        """The decoder's first-block input over the players ``[target | source]`` for an output
+        read at ``position`` (the centred reference averages the positions it sees), with
+        every decoder block's ``source`` set to the encoder's decomposition over them."""
+        x = self.target_inputs
+        ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        real = self.target_mask if self.target_mask is not None else torch.ones_like(ids)
+        centered = is_centered(self.reference)
+        r_target = None if centered else reference_inputs(self.reference, x, real)
+        visible = visible_positions(real, position, True) if centered else None
+        target_start = player_start(x, ids, self.target_players, self.target_mask, r_target, visible)
+        mask = None if self.target_mask is None else self.target_mask[:, self.target_players]
+        source = _joint(self.encoded, len(self.target_players), 0, mask, None)
+        for block in self.decoder:
+            block.source = source
+        return _joint(target_start, 0, len(self.source_players), None, self.encoded.player_mask)
+
+    def real(self, position: Tensor, token: Tensor, dtype: torch.dtype) -> Tensor:
+        logits = self.output.logits
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        return logits[rows, position, token].detach().to(dtype)
+
+
 def forward_route(bound: EncoderDecoder, rules: Mapping[str, Callable], args: tuple[Any, ...],
                   kwargs: dict[str, Any], tokens: Tensor, positions: Tensor, reference: Any,
                   budget: int, dtype: torch.dtype = torch.float32, players: bool = True) -> list[Seq2SeqAnswer]:
     """The decompositions carried through both stacks and the head (see the module's text);
     with ``players=False`` only the bias player is carried (the backward route's check)."""
-    encoder, decoder, tensors, output = _capture(bound, args, kwargs, dtype)
-    config = bound.config
-    x_source = encoder[0].inputs
-    x_target = decoder[0].inputs
-    n_source, n_target = x_source.shape[1], x_target.shape[1]
-    source_mask, target_mask = encoder[0].token_mask, decoder[0].token_mask
-    source_ids = torch.arange(n_source, device=x_source.device).expand(x_source.shape[0], -1)
-    target_ids = torch.arange(n_target, device=x_target.device).expand(x_target.shape[0], -1)
-    source_real = source_mask if source_mask is not None else torch.ones_like(source_ids)
-    target_real = target_mask if target_mask is not None else torch.ones_like(target_ids)
-    centered = is_centered(reference)
-    chosen_source = list(range(n_source)) if players else []
-    chosen_target = list(range(n_target)) if players else []
-
-    r_source = None if centered else reference_inputs(reference, x_source, source_real)
-    start = player_start(x_source, source_ids, chosen_source, source_mask, r_source,
-                         source_real if centered else None)
-    *_, encoded = propagate(encoder, bound.chain_of(encoder[0].module), rules, start, budget)
-    if bound.encoder_norm is not None:
-        encoded = _norm(rules, bound.encoder_norm, bound.spec, config, encoded,
-                        tensors[("encoder_norm", "input")].to(dtype))
+    prepared = _Propagation.of(bound, rules, args, kwargs, reference, budget, dtype, players)
+    n_target = len(prepared.target_players)
     answers = []
-    logits = output.logits
-    rows = torch.arange(logits.shape[0], device=logits.device)
     for k in range(tokens.shape[1]):
         position = positions[:, k]
-        r_target = None if centered else reference_inputs(reference, x_target, target_real)
-        visible = visible_positions(target_real, position, True) if centered else None
-        target_start = player_start(x_target, target_ids, chosen_target, target_mask, r_target, visible)
-        target_players = None if target_mask is None else target_mask[:, chosen_target]
-        source_players = _joint(encoded, len(chosen_target), 0, target_players, None)
-        for block in decoder:
-            block.source = source_players
-        start = _joint(target_start, 0, len(chosen_source), None, encoded.player_mask)
-        *_, last = propagate(decoder, bound.chain_of(decoder[0].module), rules, start, budget)
-        share, bias = _head(bound, rules, last, position, tokens[:, k], tensors, dtype)
-        real = logits[rows, position, tokens[:, k]].detach().to(dtype)
-        answers.append(Seq2SeqAnswer(share[:, len(chosen_target):], share[:, :len(chosen_target)], bias,
-                                     share.sum(-1) + bias, real))
+        start = prepared.start(position)
+        *_, last = propagate(prepared.decoder, prepared.chain, rules, start, budget)
+        share, bias = _head(bound, rules, last, position, tokens[:, k], prepared.tensors, dtype)
+        answers.append(Seq2SeqAnswer(share[:, n_target:], share[:, :n_target], bias, share.sum(-1) + bias,
+                                     prepared.real(position, tokens[:, k], dtype)))
     return answers
+
+
+def components_route(bound: EncoderDecoder, rules: Mapping[str, Callable], args: tuple[Any, ...],
+                     kwargs: dict[str, Any], token: Tensor, position: Tensor, reference: Any,
+                     granularity: str, budget: int, dtype: torch.dtype = torch.float32
+                     ) -> tuple[list[str], Tensor, Tensor, Tensor]:
+    """Direct effects on one target logit per row: ``(component names, contributions (B, P,
+    C) over the players [target | source], bias (B, C), the real logit (B,))``. The
+    decoder's writers are its self-attention, cross-attention and FF sublayers (and their
+    heads); the source enters the stream through the cross-attentions, so the writers before
+    the first one owe it nothing."""
+    from captum_ffb.engine.components import (
+        _probe,
+        check_granularity,
+        check_linear_rules,
+        direct_paths,
+        propagate_components,
+        stacked,
+    )
+
+    check_granularity(granularity)
+    check_linear_rules(rules)
+    prepared = _Propagation.of(bound, rules, args, kwargs, reference, budget, dtype, True)
+    like = prepared.decoder[-1].output
+    with torch.enable_grad():  # the logit's covector at the last decoder block's output
+        terms, probe = _probe(*like.shape, like)
+        share, constant = _head(bound, rules, probe, position, token, prepared.tensors, dtype)
+        (covector,) = torch.autograd.grad(share.sum(), terms)
+    paths = direct_paths(prepared.decoder, prepared.chain, rules, covector[:, :, 0].detach(), constant.detach())
+    start = prepared.start(position)
+    sums, _ = propagate_components(prepared.decoder, prepared.chain, rules, start, paths, granularity, budget)
+    names, contributions, bias = stacked(sums, start.n_in, like)
+    return names, contributions, bias, prepared.real(position, token, dtype)
 
 
 def _head(bound: EncoderDecoder, rules: Mapping[str, Callable], last: Decomposition, position: Tensor,
