@@ -413,6 +413,78 @@ def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, reado
 
 
 @dataclass
+@dataclass
+class PairExplanation:
+    r"""An encoder–decoder's explanation of a source and its (forced or generated) target.
+
+    Attributes:
+        model_name (str): the model's name or folder.
+        model_type (str): its Hugging Face ``model_type``.
+        source (str): the source text.
+        source_tokens (list[str]): the source's tokens.
+        prefix_tokens (list[str]): the decoder's input tokens (its start token first).
+        target_tokens (list[str]): the explained tokens, one per decoder position.
+        result (Seq2SeqExplanation): the numbers (contributions, bias, logits, delta, shares).
+        route (str): the route that computed them.
+    """
+
+    model_name: str
+    model_type: str
+    source: str
+    source_tokens: list[str]
+    prefix_tokens: list[str]
+    target_tokens: list[str]
+    result: Any
+    route: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        r = self.result
+        return {"model": self.model_name, "model_type": self.model_type, "source_text": self.source,
+                "source_tokens": self.source_tokens, "target_prefix_tokens": self.prefix_tokens,
+                "explained_tokens": self.target_tokens, "source": r.source.tolist(), "target": r.target.tolist(),
+                "bias": r.bias.tolist(), "value": r.value.tolist(), "delta": r.delta.tolist(),
+                "source_share": r.source_share.tolist(),
+                "source_magnitude_share": r.source_magnitude_share.tolist(), "route": self.route}
+
+
+def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str = "backward",
+                 max_new_tokens: int = 20) -> PairExplanation:
+    r"""Explain an encoder–decoder on ``"SOURCE ||| TARGET"`` (every target token, forced) or on
+    a source alone (``generate`` tokens, greedily; :data:`max_new_tokens` when 0).
+
+    Args:
+        text (str): ``"SOURCE ||| TARGET"`` or the source.
+        loaded (LoadedModel): an encoder–decoder with its LM head.
+        generate (int): how many tokens to generate from a source alone.
+        route (str): ``"backward"`` or ``"forward"``.
+        max_new_tokens (int): the generation's length when ``generate`` is 0.
+    """
+    from captum_ffb.text import PAIR_SEPARATOR, encode_pair, split_pair
+
+    if loaded.spec.decoder is None:
+        raise ValueError(f"{loaded.model_type} is not an encoder–decoder")
+    nd = NormDecomposition(loaded.model)
+    if PAIR_SEPARATOR in text:
+        if generate:
+            raise ValueError(f"give a target ('SOURCE {PAIR_SEPARATOR} TARGET') or a number of tokens to "
+                             "generate, not both")
+        source, target = split_pair(text, None)
+        encoded, decoded = encode_pair(source, target, loaded)  # the start token, then the target's
+        result = nd.explain_target(encoded["input_ids"], decoded[:, :-1], decoded[0, 1:],
+                                   {"attention_mask": encoded["attention_mask"]}, route=route)
+    else:
+        source = text.strip()
+        encoded = encode_text(source, loaded)
+        result = nd.explain_generation(encoded["input_ids"], max_new_tokens=generate or max_new_tokens, route=route)
+    tokenizer = loaded.tokenizer
+    return PairExplanation(
+        loaded.name, loaded.model_type, source,
+        tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist()),
+        tokenizer.convert_ids_to_tokens(result.target_ids.tolist()),
+        tokenizer.convert_ids_to_tokens(result.tokens.tolist()), result, route)
+
+
 class ExplainJob:
     """One explanation per text of a corpus, batched (a :class:`~captum_ffb.jobs.job.Job`).
 

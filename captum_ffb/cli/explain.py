@@ -225,59 +225,39 @@ def _is_encoder_decoder(model: str) -> bool:
 def _run_seq2seq(args: argparse.Namespace, formats: list[str], out) -> int:
     """An encoder–decoder: every token of the target (``SOURCE ||| TARGET``) or of a greedy
     generation (``--generate N``, 20 by default) over the source and the target prefix."""
-    from captum_ffb.attr import NormDecomposition
+    from captum_ffb.explain import explain_pair
     from captum_ffb.models import load_model
-    from captum_ffb.text import PAIR_SEPARATOR, encode_pair, encode_text, split_pair
+    from captum_ffb.text import PAIR_SEPARATOR
 
     for flag, value in (("--class", args.class_index), ("--components", args.components),
                         ("--target", args.target)):
         if value is not None:
             raise UsageError(f"{flag} is not for encoder–decoders: give 'SOURCE {PAIR_SEPARATOR} TARGET' "
                              "or --generate N")
-    forced = PAIR_SEPARATOR in args.text
-    if forced and args.generate is not None:
+    if PAIR_SEPARATOR in args.text and args.generate is not None:
         raise UsageError(f"give a target ('SOURCE {PAIR_SEPARATOR} TARGET') or --generate N, not both")
     loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm")
-    nd = NormDecomposition(loaded.model)
-    tokenizer = loaded.tokenizer
-    if forced:
-        source, target = split_pair(args.text, None)
-        encoded, decoded = encode_pair(source, target, loaded)  # the start token, then the target's
-        explanation = nd.explain_target(encoded["input_ids"], decoded[:, :-1], decoded[0, 1:],
-                                        {"attention_mask": encoded["attention_mask"]}, route=args.route)
-    else:
-        source = args.text.strip()
-        encoded = encode_text(source, loaded)
-        explanation = nd.explain_generation(encoded["input_ids"], max_new_tokens=args.generate or 20,
-                                            route=args.route)
-    source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
-    prefix_tokens = tokenizer.convert_ids_to_tokens(explanation.target_ids.tolist())
-    target_tokens = tokenizer.convert_ids_to_tokens(explanation.tokens.tolist())
+    pair = explain_pair(args.text, loaded, generate=args.generate or 0, route=args.route)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    title = f"{loaded.name}: {source}"
+    title = f"{loaded.name}: {pair.source}"
+    views = (pair.result, pair.source_tokens, pair.prefix_tokens, pair.target_tokens)
     if "json" in formats:
-        data = {"model": loaded.name, "model_type": loaded.model_type, "source_text": source,
-                "source_tokens": source_tokens, "target_prefix_tokens": prefix_tokens,
-                "explained_tokens": target_tokens, "source": explanation.source.tolist(),
-                "target": explanation.target.tolist(), "bias": explanation.bias.tolist(),
-                "value": explanation.value.tolist(), "delta": explanation.delta.tolist(),
-                "source_share": explanation.source_share.tolist(), "route": args.route}
-        written.append(write_json(out / "explanation.json", data))
+        written.append(write_json(out / "explanation.json", pair.to_dict()))
     if "html" in formats:
         from captum_ffb.viz.seq2seq import seq2seq_html
 
         path = out / "explanation.html"
-        path.write_text(seq2seq_html(explanation, source_tokens, prefix_tokens, target_tokens, title), encoding="utf-8")
+        path.write_text(seq2seq_html(*views, title), encoding="utf-8")
         written.append(path)
     if "png" in formats:
         from captum_ffb.viz.seq2seq import plot_seq2seq
 
-        figure = plot_seq2seq(explanation, source_tokens, prefix_tokens, target_tokens, title)
-        written.append(save_figure(figure, out / "explanation.png", dpi=150))
+        written.append(save_figure(plot_seq2seq(*views, title), out / "explanation.png", dpi=150))
     if not args.quiet:
-        print(f"{loaded.name}: {len(source_tokens)} source tokens; {len(target_tokens)} target tokens explained")
-        print(explanation.table(tokenizer))
+        print(f"{loaded.name}: {len(pair.source_tokens)} source tokens; {len(pair.target_tokens)} target "
+              "tokens explained")
+        print(pair.result.table(loaded.tokenizer))
         for path in written:
             print(path)
     return 0

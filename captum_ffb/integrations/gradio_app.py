@@ -198,21 +198,123 @@ class AppEvents:
     def redraw(self, maps: TextMaps | None, layer: int, scopes: list[str], ff_amp: bool,
                normalize: str) -> Any:
         """The Layer maps figure after a change of layer, scopes or options."""
+        return redraw_maps(maps, layer, scopes, ff_amp, normalize)
+
+
+def redraw_maps(maps: TextMaps | None, layer: int, scopes: list[str], ff_amp: bool, normalize: str) -> Any:
+    """A maps figure after a change of layer, scopes or options (``None`` before any maps)."""
+    gr = import_gradio()
+    if maps is None:
+        return None
+    try:
+        return maps_image(maps, layer, scopes, ff_amp, normalize)
+    except ValueError as error:
+        raise gr.Error(str(error)) from None
+
+
+class PairEvents:
+    """The app's events for an encoder–decoder: a source, and its target or a generation."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.loaded = loaded
+
+    def explain(self, text: str, generate: float | None, layer: int, scopes: list[str], ff_amp: bool,
+                normalize: str) -> tuple:
+        """Every target token over the source and the prefix; the decoder's layer maps."""
+        from captum_ffb.explain import explain_pair
+        from captum_ffb.text import PAIR_SEPARATOR, text_maps
+        from captum_ffb.viz.html import framed_page, html_view
+        from captum_ffb.viz.seq2seq import plot_seq2seq
+
         gr = import_gradio()
-        if maps is None:
-            return None
         try:
-            return maps_image(maps, layer, scopes, ff_amp, normalize)
+            pair = explain_pair(text, self.loaded, generate=0 if PAIR_SEPARATOR in text else int(generate or 0))
+            target = text.split(PAIR_SEPARATOR, 1)[1] if PAIR_SEPARATOR in text else \
+                self.loaded.tokenizer.decode(pair.result.tokens, skip_special_tokens=True).strip()
+            maps = text_maps(f"{pair.source} {PAIR_SEPARATOR} {target}", self.loaded) if target.strip() else None
         except ValueError as error:
             raise gr.Error(str(error)) from None
+        views = (pair.result, pair.source_tokens, pair.prefix_tokens, pair.target_tokens)
+        summary = (f"{len(pair.source_tokens)} source tokens on **{pair.model_name}** ({pair.model_type}); each "
+                   "target token's logit = Σ source + Σ target prefix + bias.\n\n" + pair.result.table(self.loaded.tokenizer))
+        return (summary, figure_image(plot_seq2seq(*views)), pair_table(pair), maps,
+                None if maps is None else maps_image(maps, layer, scopes, ff_amp, normalize),
+                None if maps is None else framed_page(html_view(maps, layer=layer), height=780))
+
+
+def pair_table(pair: Any) -> Any:
+    """One row per explained target token: its logit, source share and the contribution of
+    every source and target-prefix token (a pandas DataFrame)."""
+    import pandas as pd
+
+    r = pair.result
+    frame = {"token": list(pair.target_tokens), "logit": r.value.tolist(),
+             "source share": [round(float(v), DECIMALS) for v in r.source_share]}
+    for j, token in enumerate(pair.source_tokens):
+        frame[f"source {j}: {token}"] = [round(float(v), DECIMALS) for v in r.source[:, j]]
+    for j, token in enumerate(pair.prefix_tokens):
+        frame[f"prefix {j}: {token}"] = [round(float(v), DECIMALS) for v in r.target[:, j]]
+    return pd.DataFrame(frame)
 
 
 def scopes_of(loaded: LoadedModel) -> list[str]:
-    """The scopes of a model's blocks, in the order its chain passes them."""
+    """The scopes of a model's blocks (an encoder–decoder's decoder blocks), in the order its
+    chain passes them."""
     from captum_ffb.architectures import get_architecture, get_chain
 
     spec = get_architecture(loaded.model_type)
+    spec = spec.decoder or spec
     return list(get_chain(spec.chain_name(loaded.model.config)).scopes)
+
+
+def _build_pair_app(loaded: LoadedModel) -> Any:
+    """The app for an encoder–decoder (see :func:`build_app`)."""
+    from captum_ffb.engine.model import find_blocks
+
+    gr = import_gradio()
+    events = PairEvents(loaded)
+    n_layers = len(find_blocks(loaded.model, loaded.spec.decoder))
+    scopes = scopes_of(loaded)
+    queue = {"concurrency_id": "model", "concurrency_limit": 1}
+    with gr.Blocks(analytics_enabled=False, title="captum_ffb: which source tokens fed each target token") as app:
+        gr.Markdown(f"## Which source tokens fed each target token\n`{loaded.name}` ({loaded.model_type}, "
+                    "encoder–decoder): type `SOURCE ||| TARGET` to explain a target, or a source alone to "
+                    "generate one; every target token's logit is split exactly over the source and the "
+                    "target prefix.")
+        with gr.Row():
+            text = gr.Textbox(label="Source ||| target (or the source alone)", lines=2, scale=4,
+                              value="the cat sat on the mat ||| the dog", elem_id="ffb-text")
+            with gr.Column(scale=1, min_width=220):
+                generate = gr.Slider(0, MAX_GENERATE, value=10, step=1, elem_id="ffb-generate",
+                                     label="Tokens to generate from a source alone")
+                explain = gr.Button("Explain", variant="primary", elem_id="ffb-explain")
+        with gr.Tabs():
+            with gr.Tab("Contributions", id="contributions"):
+                summary = gr.Markdown(elem_id="ffb-summary")
+                figure = gr.Image(label="Contributions", format="png", interactive=False,
+                                  buttons=IMAGE_BUTTONS, elem_id="ffb-figure")
+                table = gr.Dataframe(label="Contribution of each token to each target token",
+                                     interactive=False, elem_id="ffb-table", max_height=420)
+            with gr.Tab("Decoder layer maps", id="maps"):
+                maps_state = gr.State(None)
+                with gr.Row():
+                    layer = gr.Dropdown(list(range(n_layers)), value=n_layers - 1, label="Layer",
+                                        elem_id="ffb-layer")
+                    scope_picker = gr.CheckboxGroup(scopes, value=scopes, label="Scopes", elem_id="ffb-scopes")
+                    ff_amp = gr.Checkbox(value=True, label="FF-amp panel (after FF − before FF)")
+                    normalize = gr.Radio(list(NORMALIZATIONS), value="raw norms", label="Colour scale")
+                maps_figure = gr.Image(label="Maps over [target | source]", format="png", interactive=False,
+                                       buttons=IMAGE_BUTTONS, elem_id="ffb-maps")
+                with gr.Accordion("Interactive view", open=True):
+                    maps_view = gr.HTML(elem_id="ffb-maps-view")
+        controls = [layer, scope_picker, ff_amp, normalize]
+        request = dict(fn=events.explain, inputs=[text, generate, *controls],
+                       outputs=[summary, figure, table, maps_state, maps_figure, maps_view], **queue)
+        explain.click(**request)
+        text.submit(**request)
+        for control in controls:
+            control.change(redraw_maps, inputs=[maps_state, *controls], outputs=maps_figure)
+    return app
 
 
 def build_app(loaded: LoadedModel) -> Any:
@@ -224,6 +326,8 @@ def build_app(loaded: LoadedModel) -> Any:
     Returns:
         gradio.Blocks
     """
+    if loaded.spec.decoder is not None:
+        return _build_pair_app(loaded)
     gr = import_gradio()
     events = AppEvents(loaded)
     n_layers = len(loaded.blocks)
@@ -341,12 +445,15 @@ __all__ = [
     "DEFAULT_HOST",
     "INSTALL",
     "AppEvents",
+    "PairEvents",
     "build_app",
     "components_table",
     "contributions_table",
     "figure_image",
     "import_gradio",
     "launch",
+    "pair_table",
+    "redraw_maps",
     "scopes_of",
     "summary_markdown",
 ]

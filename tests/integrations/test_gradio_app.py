@@ -127,3 +127,29 @@ def test_without_gradio_one_line_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio raises ImportError
     with pytest.raises(ImportError, match=r"^the Gradio app needs gradio: pip install 'captum_ffb\[app\]'$"):
         gradio_app.import_gradio()
+
+
+@pytest.mark.parametrize("text, generate", [("the cat sat on the mat ||| the dog run", 0), ("the cat sat on the mat", 3)])
+def test_an_encoder_decoder_gets_its_source_and_target_tabs(tmp_path, text, generate):
+    """A Marian: its table holds explain_pair's numbers (a forced target or a generation), its
+    decoder layer maps are drawn, and the app builds."""
+    from captum_ffb.explain import explain_pair
+    from tests.models import load_saved, save_tiny_seq2seq
+
+    loaded = load_saved(save_tiny_seq2seq(tmp_path / "marian", "marian"))
+    scopes = gradio_app.scopes_of(loaded)
+    assert "Cross" in scopes
+    summary, figure, table, maps, maps_figure, view = gradio_app.PairEvents(loaded).explain(
+        text, generate, 1, scopes, True, "raw norms")
+    expected = explain_pair(text, loaded, generate=generate)
+    assert "source share" in summary and figure is not None
+    assert list(table["token"]) == expected.target_tokens
+    torch.testing.assert_close(torch.tensor(table["source share"].tolist(), dtype=torch.float64),
+                               expected.result.source_share.double(), atol=1e-6, rtol=0,
+                               equal_nan=True)  # a logit of exactly 0 (the pad token) has no share
+    first = f"source 0: {expected.source_tokens[0]}"
+    torch.testing.assert_close(torch.tensor(table[first].tolist(), dtype=torch.float64),
+                               expected.result.source[:, 0].double(), atol=1e-6, rtol=0)
+    if maps is not None:
+        assert maps.n_target is not None and maps_figure is not None and "ffbView" in view
+    assert gradio_app.build_app(loaded) is not None
