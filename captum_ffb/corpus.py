@@ -297,3 +297,35 @@ def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = N
     if not texts:
         raise ValueError(f"--data {data}: no texts" + (f" of at most {max_tokens} tokens" if max_tokens else ""))
     return texts, labels
+
+
+#: The sampling rate speech models read (Whisper's).
+AUDIO_RATE = 16000
+
+
+def read_wav(path: str | Path, rate: int = AUDIO_RATE) -> Any:
+    """A WAV file's samples as mono float32 at ``rate`` Hz (a numpy array): 8-, 16- or 32-bit
+    PCM, channels averaged, resampled linearly when recorded at another rate. A one-line
+    ``ValueError`` for a file it cannot read."""
+    import wave
+
+    import numpy as np
+
+    try:
+        with wave.open(str(path), "rb") as file:
+            channels, width, recorded = file.getnchannels(), file.getsampwidth(), file.getframerate()
+            data = file.readframes(file.getnframes())
+    except (OSError, EOFError, wave.Error) as error:
+        raise ValueError(f"cannot read {path} as a WAV file: {error}") from None
+    kinds = {1: (np.uint8, 128.0, 128.0), 2: (np.int16, 0.0, 32768.0), 4: (np.int32, 0.0, 2147483648.0)}
+    if width not in kinds:
+        raise ValueError(f"{path}: {8 * width}-bit samples are not supported (8, 16 or 32-bit PCM)")
+    kind, offset, scale = kinds[width]
+    samples = (np.frombuffer(data, dtype=kind).astype(np.float32) - offset) / scale
+    samples = samples.reshape(-1, channels).mean(axis=1)
+    if recorded != rate and samples.size:
+        times = np.arange(int(round(samples.size * rate / recorded))) / rate
+        samples = np.interp(times, np.arange(samples.size) / recorded, samples).astype(np.float32)
+    if not samples.size:
+        raise ValueError(f"{path} holds no samples")
+    return samples

@@ -449,7 +449,7 @@ class PairExplanation:
 
 
 def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str = "backward",
-                 max_new_tokens: int = 20) -> PairExplanation:
+                 max_new_tokens: int = 20, audio: str | None = None) -> PairExplanation:
     r"""Explain an encoder–decoder on ``"SOURCE ||| TARGET"`` (every target token, forced) or on
     a source alone (``generate`` tokens, greedily; :data:`max_new_tokens` when 0).
 
@@ -459,12 +459,25 @@ def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str =
         generate (int): how many tokens to generate from a source alone.
         route (str): ``"backward"`` or ``"forward"``.
         max_new_tokens (int): the generation's length when ``generate`` is 0.
+        audio (str, optional): a speech model's source, a WAV file; ``text`` is then its
+                    forced target (prompt tokens included), or empty to generate.
     """
-    from captum_ffb.text import PAIR_SEPARATOR, encode_pair, split_pair
+    from captum_ffb.text import PAIR_SEPARATOR, encode_audio, encode_pair, encode_source, split_pair
 
     if loaded.spec.decoder is None:
         raise ValueError(f"{loaded.model_type} is not an encoder–decoder")
     nd = NormDecomposition(loaded.model)
+    if audio is not None:
+        if text.strip():
+            first, _, decoded, labels = encode_source(str(audio), text.strip(), loaded, audio)
+            result = nd.explain_target(first, decoded[:, :-1], decoded[0, 1:], route=route)
+        else:
+            first = encode_audio(audio, loaded)
+            result = nd.explain_generation(first, max_new_tokens=generate or max_new_tokens, route=route)
+            labels = [f"frame {k}" for k in range(result.source.shape[1])]
+        tokens = loaded.tokenizer.convert_ids_to_tokens
+        return PairExplanation(loaded.name, loaded.model_type, str(audio), labels,
+                               tokens(result.target_ids.tolist()), tokens(result.tokens.tolist()), result, route)
     if PAIR_SEPARATOR in text:
         if generate:
             raise ValueError(f"give a target ('SOURCE {PAIR_SEPARATOR} TARGET') or a number of tokens to "

@@ -368,6 +368,12 @@ def load_model(
     auto = {"base": AutoModel, "causal_lm": AutoModelForCausalLM,
             "sequence_classification": AutoModelForSequenceClassification,
             "seq2seq_lm": AutoModelForSeq2SeqLM}[task]
+    if task == "seq2seq_lm":
+        from transformers import AutoModelForSpeechSeq2Seq
+        from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+        if getattr(config, "model_type", None) in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+            auto = AutoModelForSpeechSeq2Seq  # Whisper
     try:
         with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
             tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -204,6 +205,7 @@ def text_maps(
     scopes: Sequence[str] | None = None,
     show_progress: bool = False,
     target: str | None = None,
+    audio: str | Path | None = None,
 ) -> TextMaps:
     r"""Compute the maps of ``text`` for the chosen layers and scopes in one forward pass.
 
@@ -219,11 +221,15 @@ def text_maps(
         scopes (list[str], optional): scope names; all scopes of the chain by default.
         show_progress (bool): show a progress bar.
         target (str, optional): an encoder–decoder's target text.
+        audio (str or Path, optional): a speech encoder–decoder's source, a WAV file (then
+                    ``text`` is the target, which its tokenizer frames with its own prompt).
     """
     check_text(text)
     loaded = model or load_model()
     if loaded.spec.decoder is not None:
-        return _pair_maps(text, loaded, layers, scopes, show_progress, target)
+        return _pair_maps(text, loaded, layers, scopes, show_progress, target, audio)
+    if audio is not None:
+        raise ValueError(f"audio is for speech encoder–decoders (Whisper); {loaded.model_type} is not one")
     if target is not None:
         raise ValueError(f"a target text is for encoder–decoder models; {loaded.model_type} is not one")
     blocks = loaded.blocks
@@ -276,29 +282,67 @@ def encode_pair(source: str, target: str, loaded: LoadedModel) -> tuple[Any, Ten
     """The encoded source and the decoder's input ids ``(1, n_target)``: the decoder's start
     token, then the target's tokens."""
     encoded = encode_text(source, loaded)
+    return encoded, decoder_ids(target, loaded)
+
+
+def decoder_ids(target: str, loaded: LoadedModel) -> Tensor:
+    """The decoder's input ids ``(1, n)`` for a target text: the decoder's start token, then
+    the target's tokens (the start token once: Whisper's tokenizer already puts it first)."""
     target_ids = loaded.tokenizer(text_target=target, return_tensors="pt", verbose=False)["input_ids"]
     start = loaded.model.config.decoder_start_token_id
     if start is None:
         raise ValueError(f"{loaded.model_type}'s config has no decoder_start_token_id")
-    return encoded, torch.cat([torch.tensor([[int(start)]]), target_ids], dim=1)
+    if target_ids.shape[1] and int(target_ids[0, 0]) == int(start):
+        return target_ids
+    return torch.cat([torch.tensor([[int(start)]]), target_ids], dim=1)
+
+
+def encode_audio(path: str | Path, loaded: LoadedModel) -> Tensor:
+    """A WAV file's features ``(1, mel bins, frames)`` for a speech encoder–decoder (Whisper),
+    from the feature extractor saved with the model."""
+    from transformers import AutoFeatureExtractor
+
+    from captum_ffb.corpus import AUDIO_RATE, read_wav
+
+    if loaded.source is None or not Path(loaded.source).is_dir():
+        raise ValueError("audio needs the model's folder (its feature extractor's settings)")
+    extractor = AutoFeatureExtractor.from_pretrained(loaded.source)
+    features = extractor(read_wav(path), sampling_rate=AUDIO_RATE, return_tensors="pt").input_features
+    return features.to(next(loaded.model.parameters()).dtype)
+
+
+def encode_source(source: str, target: str, loaded: LoadedModel, audio: str | Path | None = None
+                  ) -> tuple[Tensor, dict[str, Tensor], Tensor, list[str]]:
+    """``(source input, its keyword arguments, the decoder's ids (1, n_target), the source's
+    labels)``: token ids and mask for a text source; a speech model's features for ``audio``
+    (its labels the encoder's output frames)."""
+    if audio is None:
+        encoded, decoded = encode_pair(source, target, loaded)
+        labels = loaded.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
+        return encoded["input_ids"], {k: v for k, v in encoded.items() if k != "input_ids"}, decoded, labels
+    check_text(target)
+    features = encode_audio(audio, loaded)
+    frames = int(getattr(loaded.model.config, "max_source_positions", features.shape[-1] // 2))
+    return features, {}, decoder_ids(target, loaded), [f"frame {k}" for k in range(frames)]
 
 
 def _pair_maps(text: str, loaded: LoadedModel, layers: Sequence[int] | str, scopes: Sequence[str] | None,
-               show_progress: bool, target: str | None) -> TextMaps:
+               show_progress: bool, target: str | None, audio: str | Path | None = None) -> TextMaps:
     """The decoder layers' maps of a source and a target (see :func:`text_maps`)."""
     from captum_ffb.engine.model import find_blocks
 
-    source, target = split_pair(text, target)
-    encoded, decoder_ids = encode_pair(source, target, loaded)
+    if audio is None:
+        source, target = split_pair(text, target)
+    else:
+        source, target = str(audio), (text if target is None else target).strip()
+    first, extra, decoded, source_tokens = encode_source(source, target, loaded, audio)
     blocks = find_blocks(loaded.model, loaded.spec.decoder)
     indices = layer_indices(layers, len(blocks))
     lnd = LayerNormDecomposition(loaded.model, [blocks[i] for i in indices], show_progress=show_progress)
     names = list(scopes) if scopes else list(lnd.scopes)
-    kwargs = {**{k: v for k, v in encoded.items() if k != "input_ids"}, "decoder_input_ids": decoder_ids}
-    results = lnd.attribute(encoded["input_ids"], scope=names, return_convergence_delta=True, forward_kwargs=kwargs)
-    tokenizer = loaded.tokenizer
-    target_tokens = tokenizer.convert_ids_to_tokens(decoder_ids[0].tolist())
-    source_tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist())
+    kwargs = {**extra, "decoder_input_ids": decoded}
+    results = lnd.attribute(first, scope=names, return_convergence_delta=True, forward_kwargs=kwargs)
+    target_tokens = loaded.tokenizer.convert_ids_to_tokens(decoded[0].tolist())
     n_target, n_source = len(target_tokens), len(source_tokens)
     out = TextMaps(
         text=f"{source} {PAIR_SEPARATOR} {target}",
@@ -310,7 +354,7 @@ def _pair_maps(text: str, loaded: LoadedModel, layers: Sequence[int] | str, scop
         ff_pair=lnd.chain.ff_pair,
         layers=indices,
         n_layers=len(blocks),
-        input_ids=decoder_ids[0].tolist() + encoded["input_ids"][0].tolist(),
+        input_ids=decoded[0].tolist() + (first[0].tolist() if audio is None else []),
         causal=True,
         n_target=n_target,
     )

@@ -32,6 +32,8 @@ examples:
   captum-ffb explain "the cat sat ||| le chat" --model ./my-marian
       an encoder–decoder: every target token over the source and the target prefix, with its
       source share (Σ source / logit); without ||| TARGET, --generate N tokens (20 by default)
+  captum-ffb explain --audio clip.wav --model ./whisper-base --generate 8
+      a speech model: the transcript's tokens over the audio frames and the prefix
   captum-ffb explain "The capital of France is" --model ./SmolLM2 --components head
       also split the next token's logit over tokens x components (here each attention head)
   captum-ffb explain --data reviews.txt --model ./SmolLM2 --engine ray --workers 2
@@ -67,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", nargs="?", default=None, help="the input text (quote it)")
+    parser.add_argument("--audio", default=None, metavar="WAV",
+                        help="speech encoder–decoders (Whisper): the source, a WAV file; TEXT is then "
+                        "the forced transcript (prompt tokens included), or left out to --generate")
     parser.add_argument("--data", default=None, metavar="FILE",
                         help="corpus mode: a .txt file (one text per line), .jsonl or .csv "
                         "(a text column); writes explanations.jsonl")
@@ -118,6 +123,10 @@ def _formats(value: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from captum_ffb.explain import explain_text
 
+    if args.audio is not None:
+        if args.data is not None or args.model is None:
+            raise UsageError("--audio explains one WAV file with a speech encoder–decoder: give --model")
+        args.text = args.text or ""
     if (args.text is None) == (args.data is None):
         raise UsageError("give either a TEXT or --data FILE")
     engine, settings = engine_options(args)
@@ -139,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
                              "(or --format html,json)") from None
     if args.model is not None and _is_encoder_decoder(args.model):
         return _run_seq2seq(args, formats, out)
+    if args.audio is not None:
+        raise UsageError("--audio is for speech encoder–decoders (Whisper)")
     # the request is checked by explain_text, once, from the configuration, before the weights load
     explanation = explain_text(args.text, args.model, target=args.target, class_index=args.class_index,
                                generate=args.generate or 0, route=args.route,
@@ -234,10 +245,15 @@ def _run_seq2seq(args: argparse.Namespace, formats: list[str], out) -> int:
         if value is not None:
             raise UsageError(f"{flag} is not for encoder–decoders: give 'SOURCE {PAIR_SEPARATOR} TARGET' "
                              "or --generate N")
-    if PAIR_SEPARATOR in args.text and args.generate is not None:
-        raise UsageError(f"give a target ('SOURCE {PAIR_SEPARATOR} TARGET') or --generate N, not both")
+    forced = PAIR_SEPARATOR in args.text or (args.audio is not None and args.text.strip())
+    if forced and args.generate is not None:
+        raise UsageError(f"give a target ('SOURCE {PAIR_SEPARATOR} TARGET', or a transcript with --audio) or "
+                         "--generate N, not both")
     loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm")
-    pair = explain_pair(args.text, loaded, generate=args.generate or 0, route=args.route)
+    try:
+        pair = explain_pair(args.text, loaded, generate=args.generate or 0, route=args.route, audio=args.audio)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     out.mkdir(parents=True, exist_ok=True)
     written = []
     title = f"{loaded.name}: {pair.source}"

@@ -48,6 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("text", help="the input text (quote it); for an encoder–decoder, "
                         "'SOURCE ||| TARGET'")
     parser.add_argument(
+        "--audio", default=None, metavar="WAV",
+        help="speech encoder–decoders (Whisper): the source, a WAV file; TEXT is then the target "
+        "(prompt tokens included)",
+    )
+    parser.add_argument(
         "--model",
         default=None,
         metavar="NAME_OR_DIR",
@@ -152,7 +157,11 @@ def run(args: argparse.Namespace) -> int:
     # an encoder–decoder loads with its LM head (its checkpoint's own layout)
     task = "seq2seq_lm" if get_architecture(config.model_type).decoder is not None else None
     loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
-    maps = text_maps(args.text, loaded, layers=layers, scopes=scopes, show_progress=not args.quiet)
+    try:
+        maps = text_maps(args.text, loaded, layers=layers, scopes=scopes, show_progress=not args.quiet,
+                         audio=args.audio)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "json" in formats:

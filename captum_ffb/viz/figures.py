@@ -123,16 +123,18 @@ def plot_maps(
     fig = Figure(figsize=(ncols * size * 1.15, nrows * size + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     font = max(3.0, min(9.0, 26.0 * size / max(n, 1)))
+    # an encoder–decoder's decoder layers: only the target's rows hold values (and labels)
+    shown = getattr(maps, "n_target", None) if isinstance(maps, TextMaps) else None
     for ax, (index, scope) in zip(axes, panels):
         row_label, scope_maps = rows[index]
         if scope:
             matrix = _normalized(scope_maps[scope].detach().float().cpu(), normalize)
-            _heatmap(fig, ax, matrix, labels, font, cmap, vmin=0.0)
+            _heatmap(fig, ax, matrix[:shown], labels, font, cmap, vmin=0.0)
             ax.set_title(f"{row_label}{scope}", fontsize=10)
         else:
             amp = ff_amp_of(scope_maps, pair).cpu()
             bound = float(amp.abs().max()) or 1.0
-            _heatmap(fig, ax, amp, labels, font, amp_cmap, vmin=-bound, vmax=bound)
+            _heatmap(fig, ax, amp[:shown], labels, font, amp_cmap, vmin=-bound, vmax=bound)
             ax.set_title(f"{row_label}FF-amp ({pair[1]} − {pair[0]})", fontsize=10)
     for k, ax in enumerate(axes):
         if k >= len(panels):
@@ -186,12 +188,16 @@ def _heatmap(
     vmin: float,
     vmax: float | None = None,
 ) -> None:
-    image = ax.imshow(matrix.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+    rows = matrix.shape[0]  # fewer than the labels: the first rows only (a decoder's target)
+    image = ax.imshow(matrix.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
+                      aspect="equal" if rows == len(labels) else "auto")
     n = len(labels)
     step = max(1, n // 60)  # past ~60 tokens, label every step-th one
     ticks = list(range(0, n, step))
     ax.set_xticks(ticks, [labels[t] for t in ticks], rotation=90, fontsize=font)
-    ax.set_yticks(ticks, [labels[t] for t in ticks], fontsize=font)
+    row_step = max(1, rows // 60)
+    row_ticks = list(range(0, rows, row_step))
+    ax.set_yticks(row_ticks, [labels[t] for t in row_ticks], fontsize=font)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)

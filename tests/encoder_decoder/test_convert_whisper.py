@@ -75,6 +75,26 @@ def ct2_variables(model) -> dict[str, np.ndarray]:
     return out
 
 
+def test_a_wav_file_is_read_as_mono_16_khz(tmp_path):
+    import wave
+
+    from captum_ffb.corpus import read_wav
+
+    t = np.arange(8000) / 8000  # one second at 8 kHz, stereo: a 440 Hz tone and silence
+    left = (0.5 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)
+    path = tmp_path / "tone.wav"
+    with wave.open(str(path), "wb") as file:
+        file.setnchannels(2)
+        file.setsampwidth(2)
+        file.setframerate(8000)
+        file.writeframes(np.stack([left, np.zeros_like(left)], 1).tobytes())
+    samples = read_wav(path)
+    assert samples.dtype == np.float32 and samples.shape == (16000,)
+    assert abs(float(np.abs(samples).max()) - 0.25) < 0.01  # the channels averaged
+    with pytest.raises(ValueError, match="cannot read"):
+        read_wav(tmp_path / "missing.wav")
+
+
 def test_round_trip_through_ctranslate2s_layout(tmp_path):
     model = TINY_SEQ2SEQ["whisper"].build()
     with torch.no_grad():  # float16-exact weights, so that the round trip is exact
@@ -139,3 +159,28 @@ def test_whisper_base_is_decomposed_exactly(tmp_path_factory):
     assert float((out.delta / largest).max()) < 1e-5
     assert out.source.shape == (ids.shape[1] - 1, 1500)
     assert bool(((out.source_magnitude_share > 0) & (out.source_magnitude_share < 1)).all())
+
+    # the command line on the converted folder, the clip as a WAV file
+    import json
+    import wave
+
+    from captum_ffb.cli import main
+
+    clip = tmp_path_factory.mktemp("clip") / "clip.wav"
+    with wave.open(str(clip), "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes((np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes())
+    transcript = tokenizer.decode(ids[0, 4:], skip_special_tokens=True).strip()  # the words; the tokenizer frames them
+    out = tmp_path_factory.mktemp("cli")
+    assert main(["explain", transcript, "--audio", str(clip), "--model", str(folder), "--out", str(out / "e"),
+                 "--format", "json", "--quiet"]) == 0
+    data = json.loads((out / "e" / "explanation.json").read_text())
+    assert data["explained_tokens"] == tokenizer.convert_ids_to_tokens(tokenizer(text_target=transcript).input_ids[1:])
+    assert len(data["source_tokens"]) == 1500
+    largest = max(max(abs(v) for v in data["source"][t]) for t in range(len(data["value"])))
+    assert max(data["delta"]) < 1e-5 * 1500 * largest
+    assert main(["maps", transcript, "--audio", str(clip), "--model", str(folder), "--layer", "5", "--scopes",
+                 "Cross", "--format", "png", "--out", str(out / "m"), "--quiet", "--dpi", "30"]) == 0
+    assert (out / "m" / "maps_layer05.png").read_bytes()[:4] == b"\x89PNG"
