@@ -413,7 +413,6 @@ def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, reado
 
 
 @dataclass
-@dataclass
 class PairExplanation:
     r"""An encoder–decoder's explanation of a source and its (forced or generated) target.
 
@@ -498,6 +497,7 @@ def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str =
         tokenizer.convert_ids_to_tokens(result.tokens.tolist()), result, route)
 
 
+@dataclass
 class ExplainJob:
     """One explanation per text of a corpus, batched (a :class:`~captum_ffb.jobs.job.Job`).
 
