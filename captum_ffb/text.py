@@ -240,21 +240,27 @@ def text_maps(
     names = list(scopes) if scopes else list(lnd.scopes)
     kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}
     results = lnd.attribute(ids, scope=names, return_convergence_delta=True, forward_kwargs=kwargs)
-    out = TextMaps(
-        text=text,
-        tokens=loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()),
-        model_name=loaded.name,
-        model_type=loaded.model_type,
-        chain=lnd.chain.name,
-        scopes=tuple(n for n in lnd.scopes if n in names),
-        ff_pair=lnd.chain.ff_pair,
-        layers=indices,
-        n_layers=len(blocks),
-        input_ids=ids[0].tolist(),
-        causal=lnd.spec.is_causal(loaded.model.config),
-    )
+    return _collected(results, loaded, lnd, names, indices, len(blocks), text=text,
+                      tokens=loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()), input_ids=ids[0].tolist(),
+                      causal=lnd.spec.is_causal(loaded.model.config))
+
+
+def _collected(results: Any, loaded: LoadedModel, lnd: LayerNormDecomposition, names: Sequence[str],
+               indices: list[int], n_layers: int, **fields: Any) -> TextMaps:
+    """The :class:`TextMaps` of one text from ``lnd.attribute``'s ``(maps, delta)`` per layer;
+    with ``n_target`` among ``fields``, each ``(n_target, P)`` map goes into the first rows of
+    a square ``(P, P)`` one."""
+    out = TextMaps(model_name=loaded.name, model_type=loaded.model_type, chain=lnd.chain.name,
+                   scopes=tuple(n for n in lnd.scopes if n in names), ff_pair=lnd.chain.ff_pair,
+                   layers=indices, n_layers=n_layers, **fields)
     for i, (maps, delta) in zip(indices, results):
-        out.maps[i] = {name: m[0] for name, m in maps.items()}
+        out.maps[i] = {}
+        for name, m in maps.items():
+            square = m[0]
+            if out.n_target is not None:
+                square = m.new_zeros(m.shape[-1], m.shape[-1])
+                square[:out.n_target] = m[0]
+            out.maps[i][name] = square
         out.delta[i] = {name: float(d[0]) for name, d in delta.items()}
     return out
 
@@ -343,30 +349,10 @@ def _pair_maps(text: str, loaded: LoadedModel, layers: Sequence[int] | str, scop
     kwargs = {**extra, "decoder_input_ids": decoded}
     results = lnd.attribute(first, scope=names, return_convergence_delta=True, forward_kwargs=kwargs)
     target_tokens = loaded.tokenizer.convert_ids_to_tokens(decoded[0].tolist())
-    n_target, n_source = len(target_tokens), len(source_tokens)
-    out = TextMaps(
-        text=f"{source} {PAIR_SEPARATOR} {target}",
-        tokens=target_tokens + source_tokens,
-        model_name=loaded.name,
-        model_type=loaded.model_type,
-        chain=lnd.chain.name,
-        scopes=tuple(n for n in lnd.scopes if n in names),
-        ff_pair=lnd.chain.ff_pair,
-        layers=indices,
-        n_layers=len(blocks),
-        input_ids=decoded[0].tolist() + (first[0].tolist() if audio is None else []),
-        causal=True,
-        n_target=n_target,
-    )
-    for i, (maps, delta) in zip(indices, results):
-        square = {}
-        for name, m in maps.items():
-            full = m.new_zeros(n_target + n_source, n_target + n_source)
-            full[:n_target] = m[0]
-            square[name] = full
-        out.maps[i] = square
-        out.delta[i] = {name: float(d[0]) for name, d in delta.items()}
-    return out
+    return _collected(results, loaded, lnd, names, indices, len(blocks), text=f"{source} {PAIR_SEPARATOR} {target}",
+                      tokens=target_tokens + source_tokens,
+                      input_ids=decoded[0].tolist() + (first[0].tolist() if audio is None else []),
+                      causal=True, n_target=len(target_tokens))
 
 
 def __getattr__(name: str) -> Any:
