@@ -60,6 +60,9 @@ class NormLLMAttributionResult(LLMAttributionResult):
         convergence_delta (Tensor): ``(T,)`` ``|Σ contributions + bias − logit|``.
         target_ids (Tensor): ``(T,)`` the output token ids.
         route (str): ``"backward"`` or ``"forward"``.
+        decoder_start_attr (Tensor, optional): ``(T,)`` for an encoder–decoder, the decoder's
+                    start token's contribution (in no prompt or output token; it joins the
+                    sum above). The prompt is then the source.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class NormLLMAttributionResult(LLMAttributionResult):
         convergence_delta: Tensor,
         target_ids: Tensor,
         route: str,
+        decoder_start_attr: Tensor | None = None,
     ) -> None:
         super().__init__(input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr,
                          token_attr=token_attr, output_probs=output_probs, inp=inp)
@@ -92,6 +96,7 @@ class NormLLMAttributionResult(LLMAttributionResult):
         self.convergence_delta = convergence_delta
         self.target_ids = target_ids
         self.route = route
+        self.decoder_start_attr = decoder_start_attr
 
     def __repr__(self) -> str:
         return (f"NormLLMAttributionResult({len(self.output_tokens)} output tokens × "
@@ -104,7 +109,8 @@ BaseLLMAttribution = llm_attribution_base()
 
 class LLMNormAttribution(BaseLLMAttribution):
     r"""Exact attribution of a causal LM's generated (or given) tokens to its prompt, in
-    Captum's LLM attribution API.
+    Captum's LLM attribution API; for an encoder–decoder, of its target's tokens to its
+    source (the prompt), the target prefix's share in ``output_attr``.
 
     Each output token ``y_t`` is explained by its **logit** (not its log-probability, which is
     not linear in the tokens): with the prompt and ``y_<t`` fed in (teacher forcing), that
@@ -148,10 +154,10 @@ class LLMNormAttribution(BaseLLMAttribution):
             raise TypeError(
                 f"LLMNormAttribution wraps a NormDecomposition, got {type(attr_method).__name__}"
             )
-        if attr_method.task != "causal_lm":
+        if attr_method.task not in ("causal_lm", "seq2seq_lm"):
             raise ValueError(
-                f"LLMNormAttribution needs a causal LM (a *ForCausalLM); "
-                f"{type(attr_method.model).__name__} is a {attr_method.task} model"
+                f"LLMNormAttribution needs a causal LM (a *ForCausalLM) or an encoder–decoder with its "
+                f"LM head; {type(attr_method.model).__name__} is a {attr_method.task} model"
             )
         super().__init__(attr_method, tokenizer)
         self.attr_method = attr_method
@@ -191,6 +197,8 @@ class LLMNormAttribution(BaseLLMAttribution):
         prompt, features = self._prompt(inp)
         if prompt.shape[1] == 0:
             raise ValueError("the prompt has no tokens")
+        if self.attr_method.seq2seq is not None:
+            return self._attribute_seq2seq(inp, prompt, features, target, gen_args, route, rules)
         targets = self._targets(prompt, target, gen_args)
         n_prompt, steps = prompt.shape[1], targets.shape[0]
         ids = torch.cat([prompt, targets[None, :-1]], dim=1)
@@ -220,6 +228,44 @@ class LLMNormAttribution(BaseLLMAttribution):
             target_ids=targets.cpu(),
             route=route,
         )
+
+    def _attribute_seq2seq(self, inp: Any, prompt: Tensor, features: Tensor, target: str | Tensor | None,
+                           gen_args: dict[str, Any] | None, route: str,
+                           rules: Mapping[str, Callable] | None) -> NormLLMAttributionResult:
+        """An encoder–decoder: the prompt is the source; the output its target (given, or
+        generated greedily), each token explained with the target prefix before it."""
+        model = self.model
+        start = int(model.config.decoder_start_token_id)
+        if target is None:
+            with torch.no_grad():
+                output = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
+                                        **{**DEFAULT_GEN_ARGS, **(gen_args or {})})
+            sequence = (output if isinstance(output, Tensor) else output.sequences)[0]
+            tokens = sequence[1:] if int(sequence[0]) == start else sequence
+        else:
+            if gen_args is not None:
+                raise ValueError("gen_args is for generating the target: give one or the other")
+            tokens = (torch.tensor(self.tokenizer(text_target=target, add_special_tokens=False)["input_ids"])
+                      if isinstance(target, str) else torch.as_tensor(target).reshape(-1))
+        if tokens.numel() == 0:
+            raise ValueError("the target has no tokens (an empty string, or nothing was generated)")
+        tokens = tokens.long().to(self.device)
+        prefix = torch.cat([tokens.new_tensor([start]), tokens[:-1]])[None]
+        result = self.attr_method.explain_target(prompt, prefix, tokens, route=route, rules=rules)
+        with torch.no_grad():
+            step_logits = model(input_ids=prompt, decoder_input_ids=prefix).logits[0].float()
+        probs = torch.softmax(step_logits, -1)[torch.arange(tokens.numel()), tokens].cpu()
+        steps = tokens.numel()
+        output_attr = torch.zeros(steps, steps)
+        output_attr[:, : steps - 1] = result.target[:, 1:]
+        token_attr = self._feature_attr(inp, result.source, features)
+        return NormLLMAttributionResult(
+            input_tokens=list(inp.values), output_tokens=self._pretty(tokens.cpu()), seq_attr=token_attr.sum(0),
+            token_attr=token_attr, output_probs=probs, inp=inp,
+            prompt_tokens=self.tokenizer.convert_ids_to_tokens(prompt[0].tolist()), prompt_attr=result.source,
+            prompt_features=features.cpu(), output_attr=output_attr, bias=result.bias, logits=result.value,
+            convergence_delta=result.delta, target_ids=tokens.cpu(), route=route,
+            decoder_start_attr=result.target[:, 0])
 
     def attribute_future(self) -> Callable:
         r"""Not implemented for LLMNormAttribution."""
