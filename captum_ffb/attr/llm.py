@@ -45,9 +45,10 @@ class NormLLMAttributionResult(LLMAttributionResult):
 
     up to ``convergence_delta[t]`` (float rounding). ``token_attr`` holds the prompt's share
     per interpretable feature (see :class:`LLMNormAttribution`); prompt tokens outside every
-    feature (template text, ``skip_tokens``) appear only in ``prompt_attr``.
+    feature (template text, ``skip_tokens``) appear only in ``prompt_attr``. Besides Captum's
+    attributes it has:
 
-    Attributes (besides Captum's):
+    Attributes:
         prompt_tokens (list[str]): every prompt token.
         prompt_attr (Tensor): ``(T, n_prompt)`` each prompt token's contribution.
         prompt_features (Tensor): ``(n_prompt,)`` the interpretable feature (column of

@@ -446,9 +446,9 @@ class NormDecomposition(Attribution):
         routes agree); see :class:`~captum_ffb.attr.components.ComponentAttribution`.
 
         Args:
-            inputs, target, additional_forward_args, forward_kwargs, feature_mask,
-            target_position, rules, reference: as in :meth:`attribute`; ``target=None``
-                        explains the predicted class or next token.
+            inputs, target, additional_forward_args, forward_kwargs, feature_mask, target_position, rules, reference:
+                        as in :meth:`attribute`; ``target=None`` explains the predicted class
+                        or next token.
             granularity (str): ``"block"`` (one component per block), ``"sublayer"``
                         (attention and FF apart; Post-LN norms' β apart) or ``"head"`` (each
                         attention head, each expert of a mixture of experts).

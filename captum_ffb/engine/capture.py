@@ -209,12 +209,13 @@ class BlockCapture:
         probs (list[Tensor]): attention probabilities ``(B, H, n, n)`` per recorded attention.
         attention_calls (list[AttentionCall]): what each recorded attention function read.
         tensors (dict): ``(role, "input" | "output") → (B, n, width)`` for each watched module.
-        raw_outputs (dict): ``role → `` the watched module's output as returned (tuples kept),
+        raw_outputs (dict): role → the watched module's output as returned (tuples kept),
                     for modules such as MoE routers that return several tensors.
         call_args (tuple, optional): the positional arguments the block was called with,
                     after the hidden states (kept when asked for, to call the block again).
         call_kwargs (dict, optional): its keyword arguments (without ``hidden_states``).
-        hidden_keyword (bool): whether the hidden states were passed as ``hidden_states=``.
+        hidden_keyword (bool): whether the hidden states were passed by keyword
+                    (``hidden_states``).
     """
 
     inputs: Tensor | None = None

@@ -1,0 +1,28 @@
+"""Sphinx configuration of captum_ffb's documentation site (built offline from docs/)."""
+
+from __future__ import annotations
+
+import captum_ffb
+
+project = "captum_ffb"
+author = "captum_ffb developers"
+release = version = captum_ffb.__version__
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.doctest",
+    "myst_nb",
+]
+source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb", ".rst": "restructuredtext"}
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
+html_theme = "furo"
+html_title = f"captum_ffb {release}"
+nb_execution_mode = "off"  # the tutorials are rendered as committed, not run again
+myst_enable_extensions = ["colon_fence", "dollarmath"]
+myst_heading_anchors = 3
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+napoleon_custom_sections = [("Examples", "example")]
