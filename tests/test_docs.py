@@ -22,9 +22,25 @@ def built(tmp_path_factory):
     return out
 
 
+PAGES = ("index", "getting_started", "concepts", "layer_maps", "whole_model", "components", "encoder_decoder",
+         "generation_and_tools", "analyses", "faithfulness", "baselines", "integrations", "app", "lit", "ferret",
+         "cluster", "models", "architectures", "changelog", "api/index")
+
+
 def test_the_site_builds_without_a_warning(built):
-    for page in ("index.html", "api/index.html", "encoder_decoder.html", "architectures.html"):
-        assert (built / page).exists(), page
+    missing = [page for page in PAGES if not (built / f"{page}.html").exists()]
+    assert not missing, missing
+
+
+def test_the_readme_is_a_front_page_whose_links_resolve():
+    import re
+
+    readme = (DOCS.parent / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) < 250
+    targets = re.findall(r"\]\(((?:docs/)?[\w./-]+\.(?:md|png))\)", readme)
+    assert len(targets) >= 15
+    broken = [t for t in targets if not (DOCS.parent / t).exists()]
+    assert not broken, broken
 
 
 def test_the_package_page_lists_every_top_level_name():
