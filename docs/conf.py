@@ -26,3 +26,6 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_custom_sections = [("Examples", "example")]
+# only the explicit ``doctest`` blocks run (docs/examples.md); the docstrings' examples are
+# illustrations on real models
+doctest_test_doctest_blocks = ""

@@ -37,6 +37,7 @@ from captum_ffb.baselines.context import LayerContext, mask_maps
 
 LayerFn = Callable[[Tensor], Tensor]
 
+#: The gradient baselines: saliency, input × gradient, Integrated Gradients.
 GRADIENT_METHODS = ("saliency", "ixg", "ig")
 ROUTES = ("forward", "captum")
 

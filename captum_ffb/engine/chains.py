@@ -288,6 +288,7 @@ def _post_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
     yield "AtbFfResLn", norm(block, "norm2", rules, res, rows)
 
 
+#: The Post-LN block (BERT): ``y = LN2(z + FF(z))``, ``z = LN1(x + ATTN(x))``.
 POST_LN = Chain(
     name="post_ln",
     scopes=("Atb", "AtbFf", "AtbFfRes", "AtbFfResLn"),
@@ -327,6 +328,7 @@ def _pre_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
         yield NEXT_NORM_SCOPE, norm(block, "next_norm", rules, out, rows)
 
 
+#: The Pre-LN block (GPT-2, Llama): ``y = h + FF(LN2(h))``, ``h = x + ATTN(LN1(x))``.
 PRE_LN = Chain(
     name="pre_ln",
     scopes=("Atb", "AtbLn", "AtbLnFf", "AtbLnFfRes"),
@@ -367,6 +369,7 @@ def _parallel_local(block: Block, state: State, rows: Rows, rules: Rules):
     yield "AtbLnFfRes", joined(block, rules, ff, atb)
 
 
+#: The parallel block (GPT-J, GPT-NeoX, Phi): ``y = x + ATTN(LN1(x)) + FF(LN2(x))``.
 PARALLEL = Chain(
     name="parallel",
     scopes=("Atb", "LnFf", "AtbLnFfRes"),

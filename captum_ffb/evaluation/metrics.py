@@ -122,9 +122,11 @@ __all__ = [
     "taucorr_loo",
 ]
 
+#: The fractions of tokens removed in DecompX's AOPC (0 to 0.9).
 DECOMPX_RATIOS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: The fractions of tokens ERASER's AOPC removes or keeps.
 ERASER_BINS = (0.01, 0.05, 0.1, 0.2, 0.5)
-# the float values ferret iterates over (0.30000000000000004, 0.7000000000000001, ...)
+#: ferret's thresholds, as the float values it iterates over (0.30000000000000004, ...).
 FERRET_THRESHOLDS = tuple(np.arange(0.1, 1.1, 0.1).tolist())
 
 

@@ -48,7 +48,10 @@ __all__ = [
     "zero_embeddings",
 ]
 
+#: A scorer: ``score_fn(input_ids, attention_mask, zeroed) → (B,)`` scores, ``zeroed`` the
+#: ``(B, n)`` positions whose embeddings are zeroed (or ``None``).
 ScoreFn = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+#: How a token is taken out: removed, replaced by a token, or its embedding zeroed.
 PERTURBATIONS = ("remove", "replace", "zero_embedding")
 ROUNDINGS = ("floor", "ceil", "round")
 

@@ -32,6 +32,7 @@ from captum_ffb.rules.base import Rule
 
 ValueFn = Callable[[Tensor], Tensor]
 
+#: How Shapley values are computed: exactly, by permutations, sampling, Kernel SHAP or Captum.
 SHAPLEY_METHODS = ("exact", "permutation", "sampling", "kernel", "captum")
 
 #: Most players the exact method accepts by default (it evaluates 2^p coalitions).
