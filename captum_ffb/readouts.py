@@ -19,7 +19,7 @@ as its ``target``; the evaluation tasks and ``explain`` are written in terms of 
 
 :func:`default_readout` says which read-out a model gets when nobody says; the bundled head's
 run-time part (:class:`MiniLMSentimentHead`, :func:`load_minilm_sentiment_head`) lives here
-too, its training in :mod:`captum_ffb.evaluation.minilm_head`.
+too, its training in ``captum_ffb.evaluation.minilm_head``.
 
 ``NextToken(None)`` and ``ClassLogit(None)`` stand for the predicted token or class:
 :meth:`ReadOut.resolve` turns them into the one the outputs predict.
@@ -410,7 +410,7 @@ def as_readout(target: int | Tensor | ReadOut, task: str) -> ReadOut:
 # the bundled head, and the read-out a model gets by default
 
 #: The bundled sentiment head of all-MiniLM-L6-v2 (trained by
-#: :func:`captum_ffb.evaluation.minilm_head.train_head`).
+#: ``captum_ffb.evaluation.minilm_head.train_head()``).
 ARTEFACT = Path(__file__).with_name("data") / "minilm_rt_sentiment.json"
 
 POOLING = (
@@ -440,7 +440,7 @@ class MiniLMSentimentHead(nn.Module):
         self.info = dict(info or {})
 
     def direction(self) -> BinaryDirection:
-        """The head as a read-out: a :class:`~captum_ffb.Direction` with mean pooling and its
+        """The head as a read-out: a :class:`~captum_ffb.readouts.Direction` with mean pooling and its
         bias, whose value is the positive class's logit (two classes ``(−z, z)``)."""
         return BinaryDirection(self.linear.weight[0].detach(), pooling="mean",
                                bias=float(self.linear.bias.detach()))
@@ -454,7 +454,7 @@ class MiniLMSentimentHead(nn.Module):
 def load_minilm_sentiment_head(
     path: str | Path | None = None, dtype: torch.dtype = torch.float32
 ) -> MiniLMSentimentHead:
-    r"""The sentiment head saved by :func:`train_head` (the bundled one by default), in eval
+    r"""The sentiment head saved by ``train_head()`` (the bundled one by default), in eval
     mode with frozen parameters.
 
     Args:

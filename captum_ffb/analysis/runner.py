@@ -435,7 +435,7 @@ def analyze_corpus(
         engine_options (dict, optional): the engine's settings.
 
     Returns:
-        the summary dict (see :func:`captum_ffb.analysis.report.write_report`).
+        the summary dict (see ``captum_ffb.analysis.report.write_report()``).
     """
     config = config or AnalysisConfig()
     config.check()

@@ -1,5 +1,5 @@
 """Architectures: declarative specs per model family and the registries of families and
-chains. The chains themselves live in :mod:`captum_ffb.engine.chains`."""
+chains. The chains themselves live in ``captum_ffb.engine.chains``."""
 
 from captum_ffb.architectures import families as _families  # noqa: F401  (registrations)
 from captum_ffb.architectures.registry import (

@@ -56,7 +56,7 @@ class HeadSpec:
                     position, which the user may change).
         final_norm (bool): apply the family's final norm (``ArchitectureSpec.final_norm``)
                     first, when the model has one.
-        layers (tuple): dense layers (:class:`Projection`), activations
+        layers (tuple): dense layers (:class:`~captum_ffb.architectures.spec.Projection`), activations
                     (:class:`HeadActivation`) and norms (:class:`HeadNorm`) after the final
                     norm, in order.
         output (str, optional): the output layer whose rows are the targets; ``None``: the
@@ -106,7 +106,7 @@ def register_head(model_type: str, task: str, head: HeadSpec, overwrite: bool = 
 
     Args:
         model_type (str): the Hugging Face ``model_type``.
-        task (str): one of :data:`TASKS`.
+        task (str): one of ``TASKS``.
         head (HeadSpec): what the task model computes after its last block.
         overwrite (bool): replace an existing registration.
     """
@@ -118,7 +118,7 @@ def register_head(model_type: str, task: str, head: HeadSpec, overwrite: bool = 
 
 
 def task_of(model: Any) -> str:
-    """The task (one of :data:`TASKS`) of a transformers model, of its class's name, or of a
+    """The task (one of ``TASKS``) of a transformers model, of its class's name, or of a
     saved model's configuration (its ``architectures``; a GGUF file's has none: a causal
     family is then read as a causal LM). The one place where a model's task is inferred."""
     if isinstance(model, str):

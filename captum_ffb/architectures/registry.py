@@ -1,5 +1,5 @@
 """The registries: Hugging Face ``model_type`` → :class:`ArchitectureSpec`, and chain name →
-chain (the wiring of rules for one block type, see :mod:`captum_ffb.engine.chains`)."""
+chain (the wiring of rules for one block type, see ``captum_ffb.engine.chains``)."""
 
 from __future__ import annotations
 

@@ -126,7 +126,7 @@ class ArchitectureSpec:
                     (GPT-J's ``"_attn"``).
         transformers_since (str, optional): the lowest transformers whose modules take the
                     form this spec describes, when above the tested range's lowest (an older
-                    one is refused with :class:`~captum_ffb.versions.UnsupportedVersionError`).
+                    one is refused with ``UnsupportedVersionError``).
         unsupported (Callable, optional): a function of the config returning why a model
                     of this family cannot be decomposed (a setting the rules do not cover),
                     or ``None``.

@@ -1,4 +1,4 @@
-r"""The result of :meth:`NormDecomposition.attribute_components`: a tokens × components table
+r"""The result of ``NormDecomposition.attribute_components()``: a tokens × components table
 of direct effects, with the sums that check it and the paper's FF question asked of a
 prediction."""
 
@@ -76,7 +76,7 @@ class ComponentAttribution:
 
     def token_contributions(self) -> Tensor:
         """``(B, n)`` summed over components: the contributions of
-        :meth:`NormDecomposition.attribute` for the same read-out."""
+        ``NormDecomposition.attribute()`` for the same read-out."""
         return self.contributions.sum(-1)
 
     def component_totals(self) -> Tensor:

@@ -201,7 +201,7 @@ class LayerNormDecomposition(LayerAttribution):
         r"""The decomposition itself (vectors and bias) at ``scope``; see :meth:`attribute`.
 
         Returns:
-            a dense :class:`~captum_ffb.Decomposition` with terms ``(batch, n, n, d)`` (a dict
+            a dense :class:`~captum_ffb.decomposition.Decomposition` with terms ``(batch, n, n, d)`` (a dict
             for a list of scopes; a list for a list of layers), with deltas if asked.
         """
         return self._answer(

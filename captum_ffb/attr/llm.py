@@ -1,4 +1,4 @@
-"""``LLMNormAttribution``: :class:`~captum_ffb.NormDecomposition` behind Captum's LLM
+"""``LLMNormAttribution``: :class:`~captum_ffb.attr.NormDecomposition` behind Captum's LLM
 attribution API (``TextTokenInput`` / ``TextTemplateInput`` in, ``LLMAttributionResult`` out).
 
 Captum's ``LLMAttribution`` accepts only its own perturbation methods and
@@ -183,8 +183,8 @@ class LLMNormAttribution(BaseLLMAttribution):
                         without special tokens, as Captum does) or token ids ``(T,)``.
                         ``None``: generate it with ``model.generate``.
             gen_args (dict, optional): generation arguments (only with ``target=None``),
-                        over :data:`DEFAULT_GEN_ARGS` (greedy, 25 new tokens).
-            route (str): ``"backward"`` or ``"forward"`` (see :class:`NormDecomposition`).
+                        over ``DEFAULT_GEN_ARGS`` (greedy, 25 new tokens).
+            route (str): ``"backward"`` or ``"forward"`` (see ``NormDecomposition``).
             rules (dict, optional): role → rule for this call.
 
         Returns:

@@ -80,7 +80,7 @@ BACKWARD_PER_FORWARD_PLAYER = 1.4
 
 
 def component_route(n_players: int, n_blocks: int, granularity: str, n_heads: int, moe: bool) -> str:
-    """The cheaper route for :meth:`NormDecomposition.attribute_components`: the forward
+    """The cheaper route for ``NormDecomposition.attribute_components()``: the forward
     route carries every player through every block (cost ∝ players × blocks), the backward
     route one read-out per writer through the blocks below it (cost ∝ Σ writers' depths);
     a mixture of experts split per expert takes the forward route."""
@@ -118,7 +118,7 @@ class ExplainedReadOuts:
     forward_delta: Tensor | None = field(default=None)
 
 
-#: What the players are measured from by default (see :meth:`NormDecomposition.attribute`):
+#: What the players are measured from by default (see ``NormDecomposition.attribute()``):
 #: each token from the mean of the input's tokens, that mean's own output shared back to them.
 DEFAULT_REFERENCE = "centered"
 
@@ -161,7 +161,7 @@ class NormDecomposition(Attribution):
         model_type (str, optional): the architecture when the config does not say it.
         rules (dict, optional): role → rule replacing the default rule of that role
                     (:func:`~captum_ffb.rules.whole_model_rules`; roles: see
-                    :class:`~captum_ffb.LayerNormDecomposition`).
+                    :class:`~captum_ffb.attr.LayerNormDecomposition`).
         memory_budget (int): bytes the forward route's row chunks and player groups may take;
                     on the backward route, when the blocks' intermediate tensors would exceed
                     it, each block is run again during the backward pass instead of keeping
@@ -263,7 +263,7 @@ class NormDecomposition(Attribution):
                         a ``(batch,)`` tensor; :class:`Contrast` for ``logit(a) − logit(b)``;
                         :class:`Direction` for a base model; or any other read-out of
                         :mod:`captum_ffb.readouts` that names its unit. ``None``: whole-model
-                        token-to-token maps (see :meth:`maps`), forward route.
+                        token-to-token maps (see ``maps()``), forward route.
             additional_forward_args (Any, optional): further positional arguments.
             forward_kwargs (dict, optional): keyword arguments of the forward, e.g.
                         ``{"attention_mask": mask}`` (left or right padding).
@@ -290,7 +290,7 @@ class NormDecomposition(Attribution):
                         (on other workers) add up to the whole; every part carries the whole
                         bias player (``[]``: the bias player alone).
             reference (str, int or Tensor, optional): what each player is measured from
-                        (``None``: the instance's ``reference``, :data:`DEFAULT_REFERENCE`):
+                        (``None``: the instance's ``reference``, ``DEFAULT_REFERENCE``):
                         ``c_j = L_j(x_j − r_j)`` with ``L_j`` the frozen model's linear map
                         of position ``j``, and ``Σ_j L_j(r_j)`` added to the bias player
                         (completeness is kept). ``"zero"``: ``r = 0`` (the paper's);
@@ -382,7 +382,7 @@ class NormDecomposition(Attribution):
             route, rules, reference: see :meth:`attribute`.
 
         Returns:
-            :class:`~captum_ffb.attr.seq2seq.Seq2SeqExplanation` (contributions, bias, delta
+            ``Seq2SeqExplanation`` (contributions, bias, delta
             and the source share of each token).
 
         Examples::
@@ -453,7 +453,7 @@ class NormDecomposition(Attribution):
                         (attention and FF apart; Post-LN norms' β apart) or ``"head"`` (each
                         attention head, each expert of a mixture of experts).
             route (str): ``"auto"`` (default): the cheaper of the two for the number of
-                        players, blocks and writers (:func:`component_route`);
+                        players, blocks and writers (``component_route()``);
                         ``"backward"``: one backward pass through the frozen model per writer,
                         seeded with its direct path at its output (per head: the heads of a
                         block in one batched pass); ``"forward"``: the forward route carrying
@@ -721,7 +721,7 @@ class NormDecomposition(Attribution):
                         ``NextToken()`` or ``ClassLogit()`` explain the predicted unit.
             forward_kwargs (dict, optional): keyword arguments of the forward.
             route (str): ``"backward"`` or ``"forward"``.
-            maps (bool): also the whole-model maps (see :meth:`maps`).
+            maps (bool): also the whole-model maps (see ``maps()``).
             check (bool): on the backward route, also the forward route's contributions.
             rules (dict, optional): role → rule for this call.
             reference (str, int or Tensor, optional): as in :meth:`attribute` (the maps are

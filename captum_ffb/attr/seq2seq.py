@@ -1,5 +1,5 @@
 r"""Whole-model attribution of encoder–decoders: each target token's logit over the source
-tokens and the target prefix (what :class:`~captum_ffb.NormDecomposition` does for a model
+tokens and the target prefix (what :class:`~captum_ffb.attr.NormDecomposition` does for a model
 whose family has a decoder spec).
 
 The result of one explained token is a pair ``(source (B, n_source), target (B, n_target))``
@@ -130,10 +130,10 @@ def _positions(kwargs: dict[str, Any], batch: int, position: Any) -> Tensor:
 
 
 class Seq2SeqRoutes:
-    """The encoder–decoder side of :class:`~captum_ffb.NormDecomposition` (one per instance)."""
+    """The encoder–decoder side of :class:`~captum_ffb.attr.NormDecomposition` (one per instance)."""
 
     def __init__(self, owner: Any, bound: EncoderDecoder) -> None:
-        """``owner``: the :class:`~captum_ffb.NormDecomposition` (its rules, reference,
+        """``owner``: the :class:`~captum_ffb.attr.NormDecomposition` (its rules, reference,
         budget and precision)."""
         self.owner = owner
         self.bound = bound
@@ -168,7 +168,7 @@ class Seq2SeqRoutes:
     def attribute(self, inputs: Any, target: Any, additional_forward_args: Any, forward_kwargs: dict | None,
                   feature_mask: Any, target_position: Any, return_convergence_delta: bool, route: str,
                   rules: Mapping[str, Callable] | None, return_bias: bool, players: Any, reference: Any) -> Any:
-        """See :meth:`NormDecomposition.attribute` (the encoder–decoder case)."""
+        """See ``NormDecomposition.attribute()`` (the encoder–decoder case)."""
         _refuse("feature_mask", feature_mask)
         _refuse("players", players)
         args = forward_arguments(inputs, additional_forward_args)
@@ -190,7 +190,7 @@ class Seq2SeqRoutes:
                              forward_kwargs: dict | None, feature_mask: Any, target_position: Any,
                              granularity: str, rules: Mapping[str, Callable] | None, reference: Any,
                              route: str) -> ComponentAttribution:
-        """See :meth:`NormDecomposition.attribute_components` (the encoder–decoder case)."""
+        """See ``NormDecomposition.attribute_components()`` (the encoder–decoder case)."""
         _refuse("feature_mask", feature_mask)
         if route == "backward":
             raise ValueError("encoder–decoders' component tables take the forward route (route='auto' "

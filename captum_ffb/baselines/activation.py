@@ -52,10 +52,10 @@ def activation_rule(
     n_steps: int = 50,
     show_progress: bool = False,
 ) -> Callable:
-    r"""The ``"activation"`` rule of one of :data:`ACTIVATION_METHODS`.
+    r"""The ``"activation"`` rule of one of ``ACTIVATION_METHODS``.
 
     Args:
-        method (str): one of :data:`ACTIVATION_METHODS`.
+        method (str): one of ``ACTIVATION_METHODS``.
         n_samples (int, optional): budget of the Shapley methods.
         seed (int, optional): seed of the sampling methods.
         n_steps (int): steps of ``"ig_captum"``.
@@ -87,13 +87,13 @@ def activation_decomposition(
     n_steps: int = 50,
     show_progress: bool = False,
 ) -> Decomposition:
-    r"""Decompose ``g(S)`` with one of :data:`ACTIVATION_METHODS` (the rule of
+    r"""Decompose ``g(S)`` with one of ``ACTIVATION_METHODS`` (the rule of
     :func:`activation_rule` applied once).
 
     Args:
         decomposition (Decomposition): decomposition of the pre-activation ``S``.
         fn (Callable): the activation ``g``.
-        method (str): one of :data:`ACTIVATION_METHODS`.
+        method (str): one of ``ACTIVATION_METHODS``.
         pre_activation (Tensor, optional): the real ``S`` (used by the IG closed form).
         n_samples, seed, n_steps, show_progress: see :func:`activation_rule`.
     """
@@ -180,7 +180,7 @@ def activation_study(
 
     Args:
         context (LayerContext): from :func:`~captum_ffb.baselines.capture_layer`.
-        methods (list[str]): among :data:`ACTIVATION_METHODS`; ``reference`` is added if
+        methods (list[str]): among ``ACTIVATION_METHODS``; ``reference`` is added if
                     missing.
         reference (str): the method the others are compared with (IG by default).
         n_samples (int, optional): budget of the Shapley methods.

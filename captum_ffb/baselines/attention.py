@@ -35,7 +35,7 @@ def attention_norm_maps(context: LayerContext, include_value_bias: bool = False)
 
     ``x_j`` is the real input of the value projection (the block input, or its first norm's
     output in Pre-LN blocks) and ``f^h(x) = x W_V^h W_O^h``. This is the map of the
-    attention-only decomposition (:func:`captum_ffb.rules.attention` applied to the identity
+    attention-only decomposition (``captum_ffb.rules.attention()`` applied to the identity
     decomposition of the value input), where the value bias belongs to no token. With
     ``include_value_bias=True``, ``f^h(x) = (x W_V^h + b_V^h) W_O^h`` as in the 2020 paper.
 

@@ -180,7 +180,7 @@ class LayerContext:
     def decomposition_maps(self, scopes: Sequence[str] | None = None) -> dict[str, Tensor]:
         r"""The decomposition's maps ``(B, n, n)`` of this block at ``scopes`` (default: the
         chain's scopes), from the tensors already captured: no new forward pass. They are
-        the maps :meth:`LayerNormDecomposition.attribute` gives for the same inputs.
+        the maps ``LayerNormDecomposition.attribute()`` gives for the same inputs.
 
         Returns:
             dict scope → maps, in the order asked.
@@ -224,7 +224,7 @@ def capture_layer(
                     ``{"attention_mask": mask}``; a 2-D mask marks padding.
         model_type (str, optional): the architecture when it cannot be read from the model.
         with_next_norms (bool): also record the norm that reads each block's output, for the
-                    scope :data:`~captum_ffb.engine.NEXT_NORM_SCOPE` of
+                    scope :data:`~captum_ffb.engine.chains.NEXT_NORM_SCOPE` of
                     :meth:`LayerContext.decomposition_maps`.
 
     Returns:

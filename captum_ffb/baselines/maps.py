@@ -43,7 +43,7 @@ EXACT_UP_TO = 12
 
 def resolve_baselines(names: str | Sequence[str], n_tokens: int, exact_up_to: int = EXACT_UP_TO) -> list[str]:
     r"""Expand aliases (``"attention"``, ``"shap"``, ``"all"``, …) and check the names; keeps
-    order. ``"all"`` is every baseline of :data:`BASELINES`, but leaves ``shap_exact`` out
+    order. ``"all"`` is every baseline of ``BASELINES``, but leaves ``shap_exact`` out
     beyond ``exact_up_to`` tokens (``shap_permutation`` samples the same values)."""
     if isinstance(names, str):
         names = [part.strip() for part in names.split(",") if part.strip()]
@@ -106,7 +106,7 @@ def baseline_maps(
                     ``inputs`` are not needed).
         layer (nn.Module, optional): the Transformer block.
         inputs (Tensor, optional): token ids ``(B, n)``.
-        methods (str or list[str]): names from :data:`BASELINES` or :data:`ALIASES`
+        methods (str or list[str]): names from ``BASELINES`` or ``ALIASES``
                     (a comma-separated string works too).
         forward_kwargs (dict, optional): e.g. ``{"attention_mask": mask}``.
         route (str): gradient route, ``"forward"`` or ``"captum"``.

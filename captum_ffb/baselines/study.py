@@ -85,8 +85,8 @@ def compare_with_baselines(
         model (LoadedModel, optional): from :func:`captum_ffb.models.load_model`; the bundled
                     all-MiniLM-L6-v2 by default.
         layers (list[int] or "all"): layer indices (negative counts from the end).
-        baselines (str or list[str]): names of :data:`~captum_ffb.baselines.BASELINES` or
-                    :data:`~captum_ffb.baselines.ALIASES` (a comma-separated string works).
+        baselines (str or list[str]): names of :data:`~captum_ffb.baselines.maps.BASELINES` or
+                    :data:`~captum_ffb.baselines.maps.ALIASES` (a comma-separated string works).
         scopes (list[str], optional): the decomposition's scopes to compare with; all scopes
                     of the chain by default.
         k (int): size of the top-k sets of the overlap score.

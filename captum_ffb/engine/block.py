@@ -165,7 +165,7 @@ def attention_method(attention: nn.Module, spec: ArchitectureSpec) -> str | None
 
 
 def block_watch(module: nn.Module, spec: ArchitectureSpec, next_norm: nn.Module | None = None) -> BlockWatch:
-    """What :func:`~captum_ffb.engine.capture.capture` must record of one block."""
+    """What ``capture()`` must record of one block."""
     roles = watched_modules(module, spec)
     if next_norm is not None:
         roles["next_norm"] = next_norm
@@ -275,7 +275,7 @@ class Block:
 
     def real(self, role: str, which: str = "output") -> Tensor:
         """The real input or output of the module playing ``role`` (e.g. ``"norm2"``), or of
-        one of the derived sources (see :data:`Source`)."""
+        one of the derived sources (see ``Source``)."""
         if role == "block":
             return self.output if which == "output" else self.inputs
         if role == "ff_input":

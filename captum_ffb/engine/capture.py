@@ -239,7 +239,7 @@ class BlockWatch:
         attention (list[nn.Module]): modules that compute the block's self-attention.
         attention_method (str, optional): for attention modules that do not call
                     transformers' ``AttentionInterface``, their method returning
-                    ``(output, probabilities)`` (see :class:`~captum_ffb.ArchitectureSpec`).
+                    ``(output, probabilities)`` (see :class:`~captum_ffb.architectures.ArchitectureSpec`).
     """
 
     module: nn.Module

@@ -76,11 +76,11 @@ class Chain:
         ff_pair (tuple[str, str]): the scopes just before and just after the FF block.
         roles (Callable): ``spec → set of roles`` the chain calls for that family.
         extra_scopes (tuple[str, ...]): scopes computed only when asked for, after the
-                    others (:data:`NEXT_NORM_SCOPE`).
+                    others (``NEXT_NORM_SCOPE``).
         description (str): one line for the docs.
         stream (tuple[StreamStep, ...]): the block's residual stream: which sublayers write
                     to it and which norms it passes, in order (empty: no direct effects for
-                    this block type; see :meth:`NormDecomposition.attribute_components`).
+                    this block type; see ``NormDecomposition.attribute_components()``).
 
     Examples::
 
@@ -288,7 +288,7 @@ def _post_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
     yield "AtbFfResLn", norm(block, "norm2", rules, res, rows)
 
 
-#: The Post-LN block (BERT): ``y = LN2(z + FF(z))``, ``z = LN1(x + ATTN(x))``.
+#: The Post-LN block of BERT and its family, ``y = LN2(z + FF(z))`` with ``z = LN1(x + ATTN(x))``.
 POST_LN = Chain(
     name="post_ln",
     scopes=("Atb", "AtbFf", "AtbFfRes", "AtbFfResLn"),
@@ -328,7 +328,7 @@ def _pre_ln_local(block: Block, state: State, rows: Rows, rules: Rules):
         yield NEXT_NORM_SCOPE, norm(block, "next_norm", rules, out, rows)
 
 
-#: The Pre-LN block (GPT-2, Llama): ``y = h + FF(LN2(h))``, ``h = x + ATTN(LN1(x))``.
+#: The Pre-LN block of GPT-2, Llama and most decoders, ``y = h + FF(LN2(h))`` with ``h = x + ATTN(LN1(x))``.
 PRE_LN = Chain(
     name="pre_ln",
     scopes=("Atb", "AtbLn", "AtbLnFf", "AtbLnFfRes"),
@@ -369,7 +369,7 @@ def _parallel_local(block: Block, state: State, rows: Rows, rules: Rules):
     yield "AtbLnFfRes", joined(block, rules, ff, atb)
 
 
-#: The parallel block (GPT-J, GPT-NeoX, Phi): ``y = x + ATTN(LN1(x)) + FF(LN2(x))``.
+#: The parallel block of GPT-J, GPT-NeoX and Phi, ``y = x + ATTN(LN1(x)) + FF(LN2(x))``.
 PARALLEL = Chain(
     name="parallel",
     scopes=("Atb", "LnFf", "AtbLnFfRes"),

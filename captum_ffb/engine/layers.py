@@ -1,7 +1,7 @@
 """Running chains: one forward pass for every block asked for, then each block's scopes by
 row chunks, with maps, convergence deltas and decompositions as requested.
 
-This is the engine shared by :class:`~captum_ffb.LayerNormDecomposition`, the model-level
+This is the engine shared by :class:`~captum_ffb.attr.LayerNormDecomposition`, the model-level
 attribution and the corpus runner.
 """
 
@@ -137,7 +137,7 @@ def capture_layers(
         extra (dict, optional): role → module outside the blocks to record.
         keep_output (bool): keep what the forward call returns.
         light (bool): record only each block's input, output and call arguments, not its
-                    attention probabilities and inner tensors: :func:`replay_block` records
+                    attention probabilities and inner tensors: ``replay_block()`` records
                     those later, one block at a time (memory of one block's probabilities).
 
     Returns:

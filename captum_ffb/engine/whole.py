@@ -76,7 +76,7 @@ class ResolvedHead:
         return out
 
     def linearised_steps(self) -> list[tuple[str, Any]]:
-        """The steps with the output layer last, for :func:`~captum_ffb.engine.linearise.linearise`."""
+        """The steps with the output layer last, for ``linearise``."""
         steps = [(kind, item) for kind, item, _ in self.steps]
         if self.output is not None:
             steps.append(("linear", self.output))

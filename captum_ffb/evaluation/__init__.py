@@ -1,9 +1,9 @@
 """Faithfulness of token attributions by perturbation, as the literature defines it.
 
 Self-contained (torch and numpy only): score any ``(batch, n)`` attribution with a scorer
-``score_fn(input_ids, attention_mask, zeroed)``. :mod:`~captum_ffb.evaluation.perturbation`
+``score_fn(input_ids, attention_mask, zeroed)``. ``perturbation``
 holds the orderings, the perturbations and :func:`embedding_scorer`;
-:mod:`~captum_ffb.evaluation.metrics` the protocols (DecompX AOPC, ERASER, ferret, ABPC,
+``metrics`` the protocols (DecompX AOPC, ERASER, ferret, ABPC,
 leave-one-out and Kendall's τ), each documented with its source.
 """
 

@@ -5,7 +5,7 @@ batch every method's attribution, its cost, and every protocol's per-example sco
 it with :func:`captum_ffb.jobs.run_job`, so a run is resumable from its shards and runs
 locally or on Ray. :func:`summarise` turns the shards into one row per method.
 
-Protocols (definitions in :mod:`captum_ffb.evaluation.metrics`):
+Protocols (definitions in ``captum_ffb.evaluation.metrics``):
 
 * ``decompx``: the top ``K %`` of the players replaced by the mask token (``[MASK]``; a causal
   LM has none: its ``unk`` token, else padding), ``K = 0 … 90``; AOPC of the predicted class's
@@ -332,7 +332,7 @@ def evaluate(
     Args:
         model (str, optional): a model folder or name (the bundled all-MiniLM-L6-v2 by default).
         task (str): ``"next-token"`` or ``"sentiment"``.
-        data: ``"rotten_tomatoes"`` or a file (see :func:`~captum_ffb.text.read_texts`).
+        data: ``"rotten_tomatoes"`` or a file (see ``read_texts()``).
         methods: names of :data:`~captum_ffb.evaluation.methods.METHODS` (comma list).
         protocols: names of :data:`PROTOCOLS` (comma list, or ``"all"``).
         out: the run's folder (shards, ``results.csv``/``.md``/``.json``, curves, HTML).

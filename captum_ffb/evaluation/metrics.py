@@ -1,7 +1,7 @@
 r"""Perturbation-based faithfulness metrics for any ``(B, n)`` token attribution.
 
 Every function takes a scorer ``score_fn(input_ids, attention_mask, zeroed)`` (see
-:mod:`captum_ffb.evaluation.perturbation`), the batch, the attribution and a ``protected``
+``captum_ffb.evaluation.perturbation``), the batch, the attribution and a ``protected``
 mask. Protected positions (special tokens; padding always) are never perturbed and are not
 counted in ``n``, the number of tokens a percentage refers to. Orderings use a stable sort:
 equal relevances are taken in position order. The scorer may return one score per row or a

@@ -6,7 +6,7 @@ with ``attention_mask == 1``, ``[CLS]`` and ``[SEP]`` included, as sentence-tran
 pools; no L2 normalisation), so its logit is linear in the pooled vector:
 ``logit = w · mean_t h_t + b`` (positive class = ``fresh``).
 
-Training (:func:`train_head`; ``python results/minilm_head/train.py --out PATH`` in a checkout
+Training (``train_head()``; ``python results/minilm_head/train.py --out PATH`` in a checkout
 writes the artefact):
 the training split of :func:`~captum_ffb.evaluation.data.rotten_tomatoes_split` is cut, in
 its fixed order, into a fitting part (first 80 %) and a validation part (last 20 %); for each

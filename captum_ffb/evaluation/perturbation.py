@@ -48,8 +48,8 @@ __all__ = [
     "zero_embeddings",
 ]
 
-#: A scorer: ``score_fn(input_ids, attention_mask, zeroed) → (B,)`` scores, ``zeroed`` the
-#: ``(B, n)`` positions whose embeddings are zeroed (or ``None``).
+#: The type of a scorer, ``score_fn(input_ids, attention_mask, zeroed) → (B,)`` scores with
+#: ``zeroed`` the ``(B, n)`` positions whose embeddings are zeroed (or ``None``).
 ScoreFn = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 #: How a token is taken out: removed, replaced by a token, or its embedding zeroed.
 PERTURBATIONS = ("remove", "replace", "zero_embedding")
@@ -340,7 +340,7 @@ def zero_embeddings(input_ids: Tensor, attention_mask: Tensor, where: Tensor) ->
 def perturb(input_ids: Tensor, attention_mask: Tensor, where: Tensor, perturbation: str, *,
             token_id: int | None = None, pad_token_id: int = 0,
             padding_side: str | None = None) -> PerturbedBatch:
-    """Apply one of :data:`PERTURBATIONS` to the marked positions.
+    """Apply one of ``PERTURBATIONS`` to the marked positions.
 
     Args:
         input_ids (Tensor): ``(B, n)`` token ids.

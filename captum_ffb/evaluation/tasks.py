@@ -212,7 +212,7 @@ class EvaluationTask:
         return logits.gather(1, target.view(-1, 1)).squeeze(1)
 
     def decomposition_target(self, target: Tensor) -> tuple[ReadOut, Tensor]:
-        """The :class:`NormDecomposition` target for the logit of class ``target`` per row and
+        """The ``NormDecomposition`` target for the logit of class ``target`` per row and
         a ``(B,)`` sign to multiply the contributions by."""
         return self.readout.for_class(target)
 

@@ -18,14 +18,14 @@ from captum_ffb.readouts import ReadOut
 class NormDecompositionExplainer(BaseExplainer):
     r"""ferret explainer: the signed contribution of every token (``[CLS]`` and ``[SEP]``
     included, as ferret's own explainers give them) to the explained class's logit, from
-    :class:`~captum_ffb.NormDecomposition`.
+    :class:`~captum_ffb.attr.NormDecomposition`.
 
     ``target`` is what ferret passes: a class index. On a Hugging Face sequence classifier it
     is that class's logit; on a :class:`~captum_ffb.integrations.ferret.ReadOutClassifier` the
     read-out's logit of that class (the contributions to ``z`` with the sign of class 1, to
     ``−z`` for class 0). Any read-out of :mod:`captum_ffb.readouts` is taken too (ferret's
     metrics then need a class index of their own). ``call_args`` (ferret's convention for
-    options) go to :meth:`~captum_ffb.NormDecomposition.attribute`, e.g.
+    options) go to :meth:`~captum_ffb.attr.NormDecomposition.attribute`, e.g.
     ``explainer(text, 1, call_args={"reference": "mean"})``.
 
     Args:

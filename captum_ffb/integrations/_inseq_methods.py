@@ -35,7 +35,7 @@ class NormDecompositionAttribution(FeatureAttribution):
 
     Args:
         attribution_model: inseq's model (a decoder-only Hugging Face model).
-        rules (dict, optional): role → rule, as for :class:`~captum_ffb.NormDecomposition`.
+        rules (dict, optional): role → rule, as for :class:`~captum_ffb.attr.NormDecomposition`.
 
     Examples::
 

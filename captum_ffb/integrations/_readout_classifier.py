@@ -18,7 +18,7 @@ class ReadOutClassifier(nn.Module):
 
     With ``z`` the read-out's value (the positive class's logit), the logits are
     ``(−z/2, z/2)``: their softmax is ``(1 − σ(z), σ(z))``, the read-out's own class
-    probabilities (:meth:`~captum_ffb.readouts.BinaryDirection.class_probabilities`), so
+    probabilities (``class_probabilities()``), so
     ferret's metrics score the probabilities ``captum-ffb evaluate`` scores. The forward takes
     what ferret passes (``input_ids`` or ``inputs_embeds``, ``attention_mask``,
     ``token_type_ids``, ``output_hidden_states``) and returns ``.logits`` ``(batch, 2)``.

@@ -3,7 +3,7 @@ classifiers: an explainer ferret's ``Benchmark`` takes, the classifier ferret ca
 model read through one of our read-outs, tables that work under pandas 3, and a loop that
 explains and scores many texts.
 
-* :class:`NormDecompositionExplainer` (needs ferret): ``Benchmark(model, tokenizer,
+* ``NormDecompositionExplainer`` (needs ferret): ``Benchmark(model, tokenizer,
   explainers=[NormDecompositionExplainer(model, tokenizer), ...])``; ``explain``,
   ``evaluate_explanation(s)`` and ``evaluate_samples`` work as with ferret's own explainers.
 * :class:`ReadOutClassifier`: a base model and a two-class read-out

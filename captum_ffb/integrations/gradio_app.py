@@ -79,7 +79,7 @@ def contributions_table(explanation: Explanation) -> Any:
 
     Rows are the tokens (``position``, ``token`` as people read it); each further column is
     one explained output, headed by its label. A generated token's column is blank for the
-    positions it could not see. Values are rounded to :data:`DECIMALS` decimals.
+    positions it could not see. Values are rounded to ``DECIMALS`` decimals.
     """
     import pandas as pd
 
@@ -117,7 +117,7 @@ def summary_markdown(explanation: Explanation) -> str:
 
 def components_table(explanation: Explanation) -> Any:
     """The tokens × components table of an explanation (rows: tokens; columns: components),
-    as a pandas DataFrame rounded to :data:`DECIMALS` decimals."""
+    as a pandas DataFrame rounded to ``DECIMALS`` decimals."""
     import pandas as pd
 
     table = explanation.components

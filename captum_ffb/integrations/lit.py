@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 #: How to install what the integration needs.
 INSTALL = "pip install 'captum_ffb[lit]' && pip install --no-deps lit-nlp==1.3.1"
-#: The LIT classes of :mod:`captum_ffb.integrations._lit_components`, importable from here.
+#: The LIT classes of ``captum_ffb.integrations._lit_components``, importable from here.
 LIT_CLASSES = (
     "ClassifierModel",
     "GenerationModel",
@@ -107,7 +107,7 @@ def lit_dataset(loaded: LoadedModel, data: str | os.PathLike | None = None,
         loaded (LoadedModel): the model the dataset is for (its labels, or prompts).
         data (str or PathLike, optional): ``"rotten_tomatoes"`` (the held-out snippets, with
                     their labels), or a ``.txt``, ``.jsonl``, ``.csv`` or ``.tsv`` file (see
-                    :func:`captum_ffb.text.read_texts`); :data:`DEFAULT_TEXTS` by default.
+                    ``captum_ffb.text.read_texts()``); :data:`DEFAULT_TEXTS` by default.
         limit (int, optional): keep the first ``limit`` texts.
     """
     require_lit()

@@ -1,4 +1,4 @@
-"""The job protocol and :func:`run_job`, with the local engine."""
+"""The job protocol and ``run_job()``, with the local engine."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 
 from captum_ffb.jobs.shards import ShardStore
 
-#: The engines :func:`run_job` knows.
+#: The engines ``run_job()`` knows.
 ENGINES = ("local", "ray")
 
 

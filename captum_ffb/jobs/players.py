@@ -76,7 +76,7 @@ def attribute_split(
     Args:
         model (ModelSource): how each worker loads the model.
         input_ids (Tensor): ``(batch, n)`` token ids.
-        target (Any): as in :meth:`NormDecomposition.attribute`.
+        target (Any): as in ``NormDecomposition.attribute()``.
         parts (int): how many parts the players are split into (contiguous ranges).
         out (str or PathLike): the run's folder (one shard per part; resumable).
         engine (str): ``"local"`` or ``"ray"``.

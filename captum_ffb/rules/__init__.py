@@ -2,7 +2,7 @@
 
 A rule knows one kind of component and nothing about models: weights, attention
 probabilities and real totals are passed in by the chain that wires the rules together.
-Chains call them by role (:data:`ROLES`); pass ``rules={role: rule}`` to an attribution to
+Chains call them by role (``ROLES``); pass ``rules={role: rule}`` to an attribution to
 use another rule, a subclass of your own, or any callable with the role's signature.
 """
 
@@ -81,12 +81,12 @@ def default_rules(norm: str = "layer_norm") -> dict[str, Rule]:
 
 
 def whole_model_rules(norm: str = "layer_norm") -> dict[str, Rule]:
-    """The whole-model default rules (:class:`~captum_ffb.NormDecomposition`): the paper's
+    """The whole-model default rules (:class:`~captum_ffb.attr.NormDecomposition`): the paper's
     rules for every role (frozen attention probabilities), the same as the layer maps'.
 
     The whole model's default also measures the players from the input's mean token, that
     mean's output shared back to the tokens (``reference="centered"``, see
-    :meth:`~captum_ffb.NormDecomposition.attribute`); with it, these rules ranked annotated
+    :meth:`~captum_ffb.attr.NormDecomposition.attribute`); with it, these rules ranked annotated
     evidence best of the complete candidates and kept the sentiment protocols
     (``results/evidence``). AttnLRP's attention stays available by name
     (``rules={"attention": AttnLRPAttention()}``: it owes the softmax's linearisation remainder

@@ -63,7 +63,7 @@ class Attention(Rule):
     ``output_weight`` ``(H · d_head, d_out)`` and ``output_bias`` ``(d_out,)`` (biases may
     be ``None``).
 
-    Returns a :class:`FactoredDecomposition` with one component per head (low rank for a
+    Returns a ``FactoredDecomposition`` with one component per head (low rank for a
     token-wise input; per head and input component for a factored one), or a dense one for
     a dense input (mixed in head space first, as attention itself does).
     """

@@ -205,7 +205,7 @@ class _ScoreCredit(torch.autograd.Function):
 
 class ScoreCreditingAttention(Rule):
     r"""Base of the attention rules that credit values, queries and keys (see the module
-    documentation). Subclasses say how ``α·V`` is split (:meth:`value_coefficients`) and how
+    documentation). Subclasses say how ``α·V`` is split (``value_coefficients()``) and how
     the softmax is linearised (:meth:`softmax_map`).
 
     Call: as :class:`~captum_ffb.rules.Attention`, plus ``scores=``:class:`ScorePath`

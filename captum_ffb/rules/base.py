@@ -42,7 +42,7 @@ class Rule:
     r"""Base class of the rules: a callable from decomposition(s) to a decomposition.
 
     Attributes:
-        role (str): the role the rule plays in a chain (a key of :data:`ROLES`).
+        role (str): the role the rule plays in a chain (a key of ``ROLES``).
         linear_in_players (bool): whether the rule is a fixed linear map of the terms once
                     the real tensors are given (true for every rule whose coefficients come
                     from the forward pass). Only such rules allow propagating groups of

@@ -87,7 +87,7 @@ def plot_components(
     r"""A heat map of one row of direct effects: tokens down, components across.
 
     Args:
-        result (ComponentAttribution): from :meth:`NormDecomposition.attribute_components`.
+        result (ComponentAttribution): from ``NormDecomposition.attribute_components()``.
         row (int): the batch row to show.
         components (str, optional): a regular expression; only the components whose name it
                     matches (``re.search``) are shown, e.g. ``r"\.ff$"`` or ``r"^block\.3\."``.
@@ -149,7 +149,7 @@ def components_html(result: ComponentAttribution, row: int = 0, top: int = 10) -
     page's ``<body>``, once per page.
 
     Args:
-        result (ComponentAttribution): from :meth:`NormDecomposition.attribute_components`.
+        result (ComponentAttribution): from ``NormDecomposition.attribute_components()``.
         row (int): the batch row to show.
         top (int): how many of the largest ``|value|`` entries to list.
 

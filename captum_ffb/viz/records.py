@@ -106,7 +106,7 @@ def to_visualization_records(
     and, for a :class:`~captum_ffb.attr.NormLLMAttributionResult`, its convergence delta. A
     result without ``token_attr`` gives one record of ``seq_attr``.
 
-    From a tensor (:meth:`NormDecomposition.attribute`'s ``(batch, n)`` or one row ``(n,)``),
+    From a tensor (``NormDecomposition.attribute()``'s ``(batch, n)`` or one row ``(n,)``),
     one record per row; ``tokens`` gives each row's tokens (one list for every row, or one list
     per row; a shorter list leaves the padded tail out).
 

@@ -1,4 +1,4 @@
-"""Views of an encoder–decoder's explanation (:class:`~captum_ffb.attr.seq2seq.Seq2SeqExplanation`):
+"""Views of an encoder–decoder's explanation (``Seq2SeqExplanation``):
 a heat map of target tokens × [source | target prefix] contributions with each token's
 source share, and an offline HTML table of the same."""
 
