@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import captum_ffb
+
+#: What the site shows from outside docs/, copied in at each build (not committed: .gitignore):
+#: the tutorials (rendered as committed, not run) and the measured results.
+_ROOT = Path(__file__).resolve().parents[1]
+_COPIED = {
+    "tutorials": sorted((_ROOT / "tutorials").glob("*.ipynb")),
+    "results": [_ROOT / "benchmarks" / name for name in ("RESULTS.md", "COMPONENTS.md", "ATTRIBUTION.md")],
+}
+for _folder, _files in _COPIED.items():
+    _target = Path(__file__).parent / "_copied" / _folder
+    shutil.rmtree(_target, ignore_errors=True)
+    _target.mkdir(parents=True)
+    for _file in _files:
+        _name = _file.name if _file.name != "README.md" else f"{_file.parent.name}.md"
+        shutil.copy2(_file, _target / _name)
 
 project = "captum_ffb"
 author = "captum_ffb developers"

@@ -24,7 +24,8 @@ def built(tmp_path_factory):
 
 PAGES = ("index", "getting_started", "concepts", "examples", "layer_maps", "whole_model", "components", "encoder_decoder",
          "generation_and_tools", "analyses", "faithfulness", "baselines", "integrations", "app", "lit", "ferret",
-         "cluster", "models", "architectures", "changelog", "api/index")
+         "cluster", "models", "architectures", "changelog", "api/index", "_copied/results/RESULTS",
+         "_copied/results/COMPONENTS", *(f"_copied/tutorials/{p.stem}" for p in (DOCS.parent / "tutorials").glob("*.ipynb")))
 
 
 def test_the_site_builds_without_a_warning(built):
