@@ -72,8 +72,9 @@ def test_the_source_share_does_not_depend_on_centring():
     assert not torch.allclose(zero, centered, atol=1e-6)
 
 
+@pytest.mark.parametrize("route", ["backward", "forward"])
 @pytest.mark.parametrize("name", ["bart", "t5-gated", "whisper"])
-def test_generated_tokens_equal_forced_decoding(name):
+def test_generated_tokens_equal_forced_decoding(name, route):
     family = TINY_SEQ2SEQ[name]
     model = family.build()
     nd = NormDecomposition(model)
@@ -83,7 +84,7 @@ def test_generated_tokens_equal_forced_decoding(name):
     with torch.no_grad():
         generated = model.generate(**{key: source}, max_new_tokens=4, do_sample=False, num_beams=1,
                                    output_logits=True, return_dict_in_generate=True)
-    explained = nd.explain_generation(source, max_new_tokens=4)
+    explained = nd.explain_generation(source, max_new_tokens=4, route=route)
     steps = len(generated.logits)
     assert torch.equal(explained.tokens, generated.sequences[0, -steps:])
     scores = torch.stack([generated.logits[t][0, explained.tokens[t]] for t in range(steps)])
