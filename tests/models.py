@@ -693,6 +693,13 @@ def tiny_seq2seq_models() -> list[TinySeq2Seq]:
 TINY_SEQ2SEQ = {model.name: model for model in tiny_seq2seq_models()}
 
 
+def split_source(inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(the source: input_ids or Whisper's input_features, the other keyword arguments)``."""
+    kwargs = dict(inputs)
+    first = kwargs.pop("input_features", None)
+    return (kwargs.pop("input_ids") if first is None else first), kwargs
+
+
 def seq2seq_inputs(model: TinySeq2Seq, n_source: int = 7, n_target: int = 5) -> dict[str, torch.Tensor]:
     """A batch of two: the second source padded on the right by 2 (token sources), the second
     target padded on the right by 1; as keyword arguments of the model's forward."""

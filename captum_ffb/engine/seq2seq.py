@@ -114,7 +114,7 @@ class EncoderDecoder:
         return self.spec.for_block(block)
 
     def chain_of(self, block: nn.Module) -> Chain:
-        return chain_for(self.spec_of(block), self.config)
+        return self.chain_of_spec(self.spec_of(block))
 
     def layouts(self) -> list[ArchitectureSpec]:
         """The distinct specs of the model's blocks (encoder, decoder, alternative layouts)."""

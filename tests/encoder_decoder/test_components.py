@@ -9,13 +9,7 @@ import torch
 from torch import nn
 
 from captum_ffb import NormDecomposition
-from tests.models import TINY_SEQ2SEQ, seq2seq_inputs
-
-
-def _split(inputs):
-    kwargs = dict(inputs)
-    first = kwargs.pop("input_features", None)
-    return (kwargs.pop("input_ids") if first is None else first), kwargs
+from tests.models import TINY_SEQ2SEQ, seq2seq_inputs, split_source
 
 
 @pytest.mark.parametrize("name", sorted(TINY_SEQ2SEQ))
@@ -24,7 +18,7 @@ def test_tables_add_up_to_the_token_contributions(name, granularity):
     family = TINY_SEQ2SEQ[name]
     model = family.build()
     nd = NormDecomposition(model)
-    source, kwargs = _split(seq2seq_inputs(family))
+    source, kwargs = split_source(seq2seq_inputs(family))
     (src, tgt), bias = nd.attribute(source, target=6, forward_kwargs=kwargs, return_bias=True)
     table = nd.attribute_components(source, target=6, forward_kwargs=kwargs, granularity=granularity)
     assert float(table.delta.max()) < 2e-5
@@ -51,7 +45,7 @@ def test_cross_attention_totals_are_their_direct_logits(name):
     direct logit is the output row read through the final norm with its scale frozen."""
     family = TINY_SEQ2SEQ[name]
     model = family.build()
-    source, kwargs = _split(seq2seq_inputs(family))
+    source, kwargs = split_source(seq2seq_inputs(family))
     token, position = 6, kwargs["decoder_attention_mask"].sum(1) - 1  # each row's last real position
     blocks = family.decoder_blocks(model)
     cross = [getattr(b, "encoder_attn", None) or b.layer[1].EncDecAttention for b in blocks]
@@ -90,7 +84,7 @@ def test_cross_attention_totals_are_their_direct_logits(name):
 
 def test_the_backward_route_is_refused_with_a_clear_line():
     family = TINY_SEQ2SEQ["bart"]
-    source, kwargs = _split(seq2seq_inputs(family))
+    source, kwargs = split_source(seq2seq_inputs(family))
     with pytest.raises(ValueError, match="forward route"):
         NormDecomposition(family.build()).attribute_components(source, target=3, forward_kwargs=kwargs,
                                                                route="backward")

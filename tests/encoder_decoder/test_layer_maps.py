@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from captum_ffb import LayerNormDecomposition
-from tests.models import TINY_SEQ2SEQ, seq2seq_inputs
+from tests.models import TINY_SEQ2SEQ, seq2seq_inputs, split_source
 
 FAMILIES = sorted(TINY_SEQ2SEQ)
 pytestmark = pytest.mark.smoke  # every family, also on the lowest supported versions
@@ -15,10 +15,7 @@ pytestmark = pytest.mark.smoke  # every family, also on the lowest supported ver
 
 def _run(model, layer, inputs):
     lnd = LayerNormDecomposition(model, layer)
-    kwargs = dict(inputs)
-    first = kwargs.pop("input_features", None)
-    if first is None:
-        first = kwargs.pop("input_ids")
+    first, kwargs = split_source(inputs)
     maps, delta = lnd.attribute(first, forward_kwargs=kwargs, scope=list(lnd.scopes), return_convergence_delta=True)
     return lnd, maps, delta
 
@@ -51,18 +48,13 @@ def test_decoder_scopes_reproduce_the_models_tensors(name):
             assert last[0, :, n_target + n_source - 2:].abs().min() > 0
         # the whole layer is the next hidden state (the last one is after the final norm)
         if index + 1 < len(blocks):
-            dec = lnd.decompose(*_first_and_kwargs(inputs))
+            first, kwargs = split_source(inputs)
+            dec = lnd.decompose(first, forward_kwargs=kwargs)
             real = out.decoder_hidden_states[index + 1]
             rows = inputs["decoder_attention_mask"].bool()
             assert torch.allclose(dec.total()[rows], real[rows], atol=1e-5)
 
 
-def _first_and_kwargs(inputs):
-    kwargs = dict(inputs)
-    first = kwargs.pop("input_features", None)
-    if first is None:
-        first = kwargs.pop("input_ids")
-    return first, None, None, False, None, kwargs
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -7,16 +7,11 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
-from tests.models import TINY_SEQ2SEQ, seq2seq_inputs
+from tests.models import TINY_SEQ2SEQ, seq2seq_inputs, split_source
 
 FAMILIES = sorted(TINY_SEQ2SEQ)
 pytestmark = pytest.mark.smoke  # every family, also on the lowest supported versions
 
-
-def _split(inputs):
-    kwargs = dict(inputs)
-    first = kwargs.pop("input_features", None)
-    return (kwargs.pop("input_ids") if first is None else first), kwargs
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -25,7 +20,7 @@ def test_both_routes_are_complete_and_agree(name, reference):
     family = TINY_SEQ2SEQ[name]
     model = family.build()
     nd = NormDecomposition(model)
-    source, kwargs = _split(seq2seq_inputs(family))
+    source, kwargs = split_source(seq2seq_inputs(family))
     target = torch.tensor([5, 9])
     with torch.no_grad():
         logits = model(source, **kwargs).logits
@@ -54,7 +49,7 @@ def test_both_routes_are_complete_and_agree(name, reference):
 def test_a_bias_free_model_gives_the_whole_logit_to_the_tokens(name):
     family = TINY_SEQ2SEQ[name]
     model = family.build()
-    source, kwargs = _split(seq2seq_inputs(family))
+    source, kwargs = split_source(seq2seq_inputs(family))
     (src, tgt), bias = NormDecomposition(model).attribute(source, target=4, forward_kwargs=kwargs, return_bias=True)
     assert torch.all(bias.abs() < 1e-6)
 
@@ -65,7 +60,7 @@ def test_the_source_share_does_not_depend_on_centring():
     family = TINY_SEQ2SEQ["marian"]
     model = family.build()
     nd = NormDecomposition(model)
-    source, kwargs = _split(seq2seq_inputs(family))
+    source, kwargs = split_source(seq2seq_inputs(family))
     (zero, _), = (nd.attribute(source, target=6, forward_kwargs=kwargs, reference="zero"),)
     (centered, _), = (nd.attribute(source, target=6, forward_kwargs=kwargs, reference="centered"),)
     assert torch.allclose(zero.sum(1), centered.sum(1), atol=1e-6)
@@ -78,7 +73,7 @@ def test_generated_tokens_equal_forced_decoding(name, route):
     family = TINY_SEQ2SEQ[name]
     model = family.build()
     nd = NormDecomposition(model)
-    source, _ = _split(seq2seq_inputs(family))
+    source, _ = split_source(seq2seq_inputs(family))
     source = source[:1]
     key = "input_features" if family.audio else "input_ids"
     with torch.no_grad():
@@ -102,7 +97,7 @@ def test_encoder_decoder_errors_are_clear():
     family = TINY_SEQ2SEQ["bart"]
     model = family.build()
     nd = NormDecomposition(model)
-    source, kwargs = _split(seq2seq_inputs(family))
+    source, kwargs = split_source(seq2seq_inputs(family))
     with pytest.raises(ValueError, match="decoder_input_ids"):
         nd.attribute(source, target=3)
     with pytest.raises(ValueError, match="feature_mask"):
