@@ -27,6 +27,9 @@ from captum_ffb.engine import (
     run_block,
 )
 from captum_ffb.engine.block import config_of, has_path
+from captum_ffb.engine.capture import forward_arguments
+from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.requests import check_call, check_forward_kwargs
 
 ScopeArg = str | Sequence[str] | None
 
@@ -145,6 +148,7 @@ class LayerNormDecomposition(LayerAttribution):
         self._arena.clear()
 
     @log_usage()
+    @serialized
     def attribute(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -187,6 +191,7 @@ class LayerNormDecomposition(LayerAttribution):
         )
 
     @log_usage()
+    @serialized
     def decompose(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -209,6 +214,7 @@ class LayerNormDecomposition(LayerAttribution):
             internal_batch_size, return_convergence_delta, relative_delta, input_decomposition,
         )
 
+    @serialized
     def iter_layers(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -241,6 +247,7 @@ class LayerNormDecomposition(LayerAttribution):
         blocks = self._capture(inputs, additional_forward_args, forward_kwargs, names, strict=False)
         yield from self._run(blocks, names, internal_batch_size, outputs)
 
+    @serialized
     def compute_convergence_delta(
         self,
         attributions: Decomposition | Sequence[Decomposition],
@@ -342,9 +349,13 @@ class LayerNormDecomposition(LayerAttribution):
     def _capture(self, inputs: Any, additional_forward_args: Any, forward_kwargs: dict[str, Any] | None,
                  scopes: list[str], strict: bool = True) -> list[Block]:
         extra = set(scopes) & set(self.chain.extra_scopes)
+        args = forward_arguments(inputs, additional_forward_args)
+        kwargs = check_forward_kwargs(forward_kwargs)
+        if self._model is not None:  # the request, checked before the pass
+            kwargs = check_call(self._model, args, kwargs)
         blocks, _ = capture_layers(
-            self.forward_func, self._model, self._layers, self.spec, inputs,
-            additional_forward_args, forward_kwargs, dtype=self.dtype, with_next_norms=bool(extra),
+            self.forward_func, self._model, self._layers, self.spec, args,
+            None, kwargs, dtype=self.dtype, with_next_norms=bool(extra),
         )
         if extra and strict:
             missing = [k for k, block in enumerate(blocks) if block.next_norm is None]

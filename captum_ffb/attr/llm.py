@@ -22,6 +22,7 @@ from torch import Tensor
 
 from captum_ffb._private import llm_attribution_base, pretty_tokens
 from captum_ffb.attr.norm_decomposition import NormDecomposition
+from captum_ffb.engine.locking import serialized
 from captum_ffb.readouts import output_logits
 
 #: Greedy decoding, as Captum's ``DEFAULT_GEN_ARGS``; ``gen_args`` entries replace these.
@@ -167,6 +168,7 @@ class LLMNormAttribution(BaseLLMAttribution):
         return True
 
     @log_usage()
+    @serialized
     def attribute(
         self,
         inp: TextTokenInput | TextTemplateInput,

@@ -44,6 +44,13 @@ from captum_ffb.engine.components import (
 )
 from captum_ffb.engine.layers import replay_block, warn_if_padded_without_mask
 from captum_ffb.engine.linearise import linearise
+from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.requests import (
+    check_call,
+    check_forward_kwargs,
+    check_index,
+    vocabulary_size,
+)
 from captum_ffb.engine.seq2seq import EncoderDecoder
 from captum_ffb.engine.whole import (
     REFERENCES,
@@ -238,6 +245,7 @@ class NormDecomposition(Attribution):
 
     # ------------------------------------------------------------------ public API
     @log_usage()
+    @serialized
     def attribute(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -319,22 +327,19 @@ class NormDecomposition(Attribution):
         """
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        args, kwargs = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         if self.seq2seq is not None:
-            return self.seq2seq.attribute(inputs, target, additional_forward_args, forward_kwargs, feature_mask,
+            return self.seq2seq.attribute(args, target, None, kwargs, feature_mask,
                                           target_position, return_convergence_delta, route, rules,
                                           return_bias, players, reference)
         chosen = self._rules(rules)
         reference = self.reference if reference is None else reference
-        args = forward_arguments(inputs, additional_forward_args)
-        kwargs = dict(forward_kwargs or {})
         if target is None:
             raise ValueError(
                 "target is None: for whole-model token-to-token maps call maps(); attribute() "
                 "explains one output (a class, a token id, a Contrast or a Direction)"
             )
         ids = args[0]
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            raise TypeError("inputs must start with token ids of shape (batch, n)")
         token_mask = self._token_mask(kwargs, ids)
         groups, n_groups = self._groups(feature_mask, ids)
         head_target = self._target(target, target_position, token_mask)
@@ -359,6 +364,7 @@ class NormDecomposition(Attribution):
         return out[0] if len(out) == 1 else tuple(out)
 
     @log_usage()
+    @serialized
     def explain_target(
         self,
         inputs: Tensor,
@@ -396,6 +402,7 @@ class NormDecomposition(Attribution):
         return self.seq2seq.explain_target(inputs, decoder_input_ids, tokens, forward_kwargs, route, rules, reference)
 
     @log_usage()
+    @serialized
     def explain_generation(
         self,
         inputs: Tensor,
@@ -422,6 +429,7 @@ class NormDecomposition(Attribution):
             )
 
     @log_usage()
+    @serialized
     def attribute_components(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -470,8 +478,9 @@ class NormDecomposition(Attribution):
         source]`` and the decoder's components include ``block.<l>.cross_attention`` (and its
         heads), through which the source enters the decoder's stream; forward route.
         """
+        args, kwargs = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         if self.seq2seq is not None:
-            return self.seq2seq.attribute_components(inputs, target, additional_forward_args, forward_kwargs,
+            return self.seq2seq.attribute_components(args, target, None, kwargs,
                                                      feature_mask, target_position, granularity, rules,
                                                      reference, route)
         check_granularity(granularity)
@@ -480,11 +489,7 @@ class NormDecomposition(Attribution):
         chosen = self._rules(rules)
         check_linear_rules(chosen)
         reference = self.reference if reference is None else reference
-        args = forward_arguments(inputs, additional_forward_args)
-        kwargs = dict(forward_kwargs or {})
         ids = args[0]
-        if not isinstance(ids, Tensor) or ids.dim() != 2:
-            raise TypeError("inputs must start with token ids of shape (batch, n)")
         token_mask = self._token_mask(kwargs, ids)
         groups, n_groups = self._groups(feature_mask, ids)
         blocks, recorded, light = self._capture(args, kwargs)
@@ -641,6 +646,7 @@ class NormDecomposition(Attribution):
         return max(1, min(GRADIENT_CHUNK, int(self.memory_budget // max(per_read_out, 1))))
 
     @log_usage()
+    @serialized
     def attribute_steps(
         self,
         input_ids: Tensor,
@@ -674,13 +680,13 @@ class NormDecomposition(Attribution):
             raise ValueError("attribute_steps reads the logits of a model with a head")
         ids = torch.as_tensor(input_ids)
         ids = ids[None] if ids.dim() == 1 else ids
-        if ids.dim() != 2 or ids.shape[0] != 1:
+        (ids,), kwargs = self._request(ids, None, forward_kwargs, reference, name="input_ids")
+        if ids.shape[0] != 1:
             raise ValueError("attribute_steps takes one sequence: input_ids of shape (1, n)")
-        tokens = torch.as_tensor(targets, device=ids.device).reshape(-1)
-        where = torch.as_tensor(positions, device=ids.device).reshape(-1)
+        tokens = check_index(torch.as_tensor(targets, device=ids.device), "targets").reshape(-1)
+        where = check_index(torch.as_tensor(positions, device=ids.device), "positions").reshape(-1)
         if tokens.numel() != where.numel() or tokens.numel() == 0:
             raise ValueError("give one position per target (and at least one target)")
-        kwargs = dict(forward_kwargs or {})
         token_mask = self._token_mask(kwargs, ids)
         chosen = self._rules(rules)
         heads = [self._target(int(t), int(p), token_mask) for t, p in zip(tokens, where)]
@@ -698,6 +704,7 @@ class NormDecomposition(Attribution):
         return out[0] if len(out) == 1 else tuple(out)
 
     @log_usage()
+    @serialized
     def explain(
         self,
         input_ids: Tensor,
@@ -738,8 +745,8 @@ class NormDecomposition(Attribution):
         chosen = self._rules(rules)
         reference = self.reference if reference is None else reference
         zero = reference is None or (isinstance(reference, str) and reference == "zero")
-        args = (input_ids,)
-        kwargs = dict(forward_kwargs or {})
+        args, kwargs = self._request(input_ids, None, forward_kwargs, reference, name="input_ids")
+        input_ids = args[0]
         token_mask = self._token_mask(kwargs, input_ids)
         batch, n = input_ids.shape
         groups = torch.arange(n, device=input_ids.device).expand(batch, n).contiguous()
@@ -767,6 +774,7 @@ class NormDecomposition(Attribution):
         return result
 
     @log_usage()
+    @serialized
     def maps(
         self,
         inputs: Tensor | tuple[Tensor, ...],
@@ -788,10 +796,10 @@ class NormDecomposition(Attribution):
         """
         self._refuse_seq2seq("maps")
         chosen = self._rules(rules)
-        args = forward_arguments(inputs, additional_forward_args)
+        args, kwargs = self._request(inputs, additional_forward_args, forward_kwargs)
         light = self._light(args[0])
-        blocks, _ = capture_layers(self.model, self.model, self.blocks, self.spec, inputs,
-                                   additional_forward_args, forward_kwargs, dtype=self.dtype,
+        blocks, _ = capture_layers(self.model, self.model, self.blocks, self.spec, args,
+                                   None, kwargs, dtype=self.dtype,
                                    with_next_norms=False, light=light)
         prepare = self._replay if light else None
         x = blocks[0].inputs
@@ -824,6 +832,19 @@ class NormDecomposition(Attribution):
         ], dim=1)
         return maps, delta
 
+    # ------------------------------------------------------------------ the door
+    def _request(self, inputs: Any, additional_forward_args: Any, forward_kwargs: Any,
+                 reference: Any = None, name: str = "inputs") -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A call's positional and keyword arguments, checked once before any pass: token ids
+        in the vocabulary and within a learned position table, masks of their shape with a
+        real token per row, an encoder–decoder's target of the source's batch, a token id
+        as reference within the vocabulary (:mod:`captum_ffb.engine.requests`)."""
+        args = forward_arguments(inputs, additional_forward_args)
+        kwargs = check_call(self.model, args, check_forward_kwargs(forward_kwargs), name)
+        if isinstance(reference, int):  # a token id (a bool is refused)
+            check_index(reference, "reference", vocabulary_size(self.model))
+        return args, kwargs
+
     # ------------------------------------------------------------------ targets
     def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
         """The whole-model default rules, the constructor's replacements, then this call's."""
@@ -852,6 +873,9 @@ class NormDecomposition(Attribution):
     def _target(self, target: Any, position: Any, token_mask: Tensor) -> HeadTarget:
         """The head target of ``target`` (an index, one per row, or a read-out)."""
         name = type(self.model).__name__
+        if isinstance(target, str):
+            raise TypeError(f"target {target!r} is text: give its token id (tokenizer.encode(...)) or a read-out")
+        check_index(target, "target")
         if isinstance(target, Direction) and self.task != "base":
             raise ValueError(f"a Direction reads a base model's hidden states; {name} has a head: "
                              "give a class, a token id or a Contrast")

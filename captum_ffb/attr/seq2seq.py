@@ -21,6 +21,7 @@ from torch import Tensor
 
 from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.engine.capture import forward_arguments
+from captum_ffb.engine.requests import check_forward_kwargs, check_index, check_new_tokens
 from captum_ffb.engine.seq2seq import (
     EncoderDecoder,
     Seq2SeqAnswer,
@@ -93,12 +94,13 @@ def _refuse(name: str, given: Any) -> None:
         raise ValueError(f"{name}= is not available for encoder–decoder models yet")
 
 
-def _tokens_per_row(target: Any, batch: int) -> Tensor:
+def _tokens_per_row(target: Any, batch: int, units: int) -> Tensor:
     if isinstance(target, bool) or not isinstance(target, (int, Tensor)):
-        raise ValueError(
+        raise TypeError(
             "an encoder–decoder's target is a token id (or one per row as a (batch,) tensor) whose "
             f"logit is explained; got {type(target).__name__}"
         )
+    check_index(target, "target", units)
     tokens = torch.as_tensor(target).reshape(-1)
     if tokens.numel() == 1:
         tokens = tokens.expand(batch)
@@ -137,6 +139,8 @@ class Seq2SeqRoutes:
         budget and precision)."""
         self.owner = owner
         self.bound = bound
+        #: the output layer's units (the target vocabulary)
+        self.units = int(bound.head.output.weight.shape[0])
 
     def rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
         """The whole-model defaults for every role of both stacks, then the replacements."""
@@ -175,7 +179,7 @@ class Seq2SeqRoutes:
         kwargs = dict(forward_kwargs or {})
         check_target_given(kwargs)
         batch = args[0].shape[0]
-        tokens = _tokens_per_row(target, batch)[:, None]
+        tokens = _tokens_per_row(target, batch, self.units)[:, None]
         positions = _positions(kwargs, batch, target_position)[:, None]
         (answer,) = self.answers(args, kwargs, tokens, positions, route, rules, reference,
                                  return_bias or return_convergence_delta)
@@ -204,7 +208,7 @@ class Seq2SeqRoutes:
         batch = args[0].shape[0]
         if target is None:
             raise ValueError("an encoder–decoder's component table explains a token id: give target=")
-        token = _tokens_per_row(target, batch)
+        token = _tokens_per_row(target, batch, self.units)
         position = _positions(kwargs, batch, target_position)
         reference = owner.reference if reference is None else reference
         names, contributions, bias, real = components_route(
@@ -219,15 +223,17 @@ class Seq2SeqRoutes:
         """One source and a forced target: ``tokens[t]`` explained at decoder position ``t``
         from one forward pass (one backward pass per token on the backward route)."""
         source = torch.as_tensor(inputs)
-        source = source[None] if source.dim() == 1 else source
+        source = source[None] if source.dim() == 1 or (source.is_floating_point() and source.dim() == 2) \
+            else source
         prefix = torch.as_tensor(decoder_input_ids)
         prefix = prefix[None] if prefix.dim() == 1 else prefix
+        kwargs = {**check_forward_kwargs(forward_kwargs), "decoder_input_ids": prefix}
+        (source,), kwargs = self.owner._request(source, None, kwargs)
         if source.shape[0] != 1 or prefix.shape[0] != 1:
             raise ValueError("explain one source and one target at a time (batch of 1)")
-        explained = torch.as_tensor(tokens).reshape(-1).long()
+        explained = check_index(torch.as_tensor(tokens), "tokens", self.units).reshape(-1).long()
         if explained.numel() == 0 or explained.numel() > prefix.shape[1]:
             raise ValueError(f"give between 1 and {prefix.shape[1]} target tokens (one per decoder position)")
-        kwargs = {**(forward_kwargs or {}), "decoder_input_ids": prefix}
         steps = explained.numel()
         positions = torch.arange(steps)[None]
         answers = self.answers((source,), kwargs, explained[None], positions, route, rules, reference, True)
@@ -244,8 +250,10 @@ class Seq2SeqRoutes:
         generation's logits equal the forced decoding's: it is the same computation)."""
         model = self.bound.model
         source = torch.as_tensor(inputs)
-        source = source[None] if source.dim() == 1 else source
-        kwargs = dict(forward_kwargs or {})
+        source = source[None] if source.dim() == 1 or (source.is_floating_point() and source.dim() == 2) \
+            else source
+        (source,), kwargs = self.owner._request(source, None, forward_kwargs)
+        check_new_tokens(max_new_tokens, 1, model.config, decoder=True)
         key = "input_features" if source.is_floating_point() else "input_ids"
         with torch.no_grad():
             generated = model.generate(**{key: source}, **kwargs, max_new_tokens=max_new_tokens,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,26 +76,67 @@ def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
     return output, weights
 
 
+class _SoftmaxDispatch:
+    """``torch.nn.functional.softmax`` replaced while any thread needs it: each thread's
+    innermost handler sees the results of the softmax calls made in that thread; other
+    threads' calls pass through untouched, and the original is back once no thread needs it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._original: Callable | None = None
+        self._local = threading.local()
+
+    def _handlers(self) -> list[Callable[[Tensor], Tensor]]:
+        handlers = getattr(self._local, "handlers", None)
+        if handlers is None:
+            handlers = self._local.handlers = []
+        return handlers
+
+    def _softmax(self, *args: Any, **kwargs: Any) -> Tensor:
+        original = self._original if self._original is not None else torch.softmax
+        out = original(*args, **kwargs)
+        handlers = self._handlers()
+        return handlers[-1](out) if handlers else out
+
+    def push(self, handler: Callable[[Tensor], Tensor]) -> None:
+        self._handlers().append(handler)
+        with self._lock:
+            if self._users == 0:
+                self._original = torch.nn.functional.softmax
+                torch.nn.functional.softmax = self._softmax
+            self._users += 1
+
+    def pop(self) -> None:
+        handlers = self._handlers()
+        if handlers:
+            handlers.pop()
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._original is not None:
+                torch.nn.functional.softmax = self._original
+                self._original = None
+
+
+_softmax_dispatch = _SoftmaxDispatch()
+
+
 def softmax_hooks(module: nn.Module, on_output: Callable[[Tensor], Tensor]) -> list[Any]:
     """Hooks that, while ``module`` runs, pass every ``torch.nn.functional.softmax`` result
-    through ``on_output`` (to record it, or to detach it); the function is restored when the
-    module returns or raises. For attention modules whose modeling file computes the
-    probabilities inline, without transformers' attention interface (T5 before transformers
-    5.1's interface)."""
-    saved: list[Callable] = []
+    of the running thread through ``on_output`` (to record it, or to detach it); the function
+    is restored when the module returns or raises. For attention modules whose modeling file
+    computes the probabilities inline, without transformers' attention interface (T5 before
+    transformers 5.1's interface). Softmax calls of other threads are not touched."""
+    entered: list[bool] = []
 
     def enter(mod, args, kwargs):
-        original = torch.nn.functional.softmax
-        saved.append(original)
-
-        def softmax(*call_args: Any, **call_kwargs: Any) -> Tensor:
-            return on_output(original(*call_args, **call_kwargs))
-
-        torch.nn.functional.softmax = softmax
+        _softmax_dispatch.push(on_output)
+        entered.append(True)
 
     def leave(mod, args, kwargs, output):
-        if saved:
-            torch.nn.functional.softmax = saved.pop()
+        if entered:
+            entered.pop()
+            _softmax_dispatch.pop()
 
     return [module.register_forward_pre_hook(enter, with_kwargs=True),
             module.register_forward_hook(leave, with_kwargs=True, always_call=True)]

@@ -104,7 +104,7 @@ def test_encoder_decoder_errors_are_clear():
         nd.attribute(source, target=3, forward_kwargs=kwargs, feature_mask=torch.zeros_like(source))
     with pytest.raises(ValueError, match="not available for encoder–decoder"):
         nd.maps(source)
-    with pytest.raises(ValueError, match="token id"):
+    with pytest.raises(TypeError, match="token id"):
         nd.attribute(source, target="hello", forward_kwargs=kwargs)
     with pytest.raises(ValueError, match="language-model head"):
         NormDecomposition(model.model)
