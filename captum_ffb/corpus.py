@@ -25,6 +25,7 @@ import bz2
 import csv
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -43,6 +44,8 @@ __all__ = [
     "LabelledTexts",
     "SkippedLine",
     "demo_corpus_path",
+    "read_csv_records",
+    "read_text_file",
     "labelled_rotten_tomatoes",
     "read_rotten_tomatoes",
     "read_rows",
@@ -242,36 +245,122 @@ def rotten_tomatoes_split(
     return LabelledTexts([texts[i] for i in indices], [labels[i] for i in indices], indices)
 
 
+def read_text_file(path: str | os.PathLike, option: str = "--data") -> str:
+    r"""A text file's content, decoded as UTF-8 (a byte-order mark is dropped); a one-line
+    ``ValueError`` naming the file, the line and the byte where it is not UTF-8, or where the
+    path is a folder or missing.
+
+    Args:
+        path (str or PathLike): the file.
+        option (str): how the file is named in messages (``"--data"``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give a file")
+    if not path.is_file():
+        raise ValueError(f"{option} {path}: no such file")
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        data, at = error.object, error.start  # ``data`` without the byte-order mark
+        lines = (data[:at].decode("utf-8") + "?").splitlines()  # as the file splits them
+        line, column = len(lines), len(lines[-1][:-1].encode("utf-8"))
+        raise ValueError(
+            f"{path} is not valid UTF-8: line {line} (byte 0x{data[at]:02x} at position "
+            f"{column}); save it as UTF-8"
+        ) from None
+
+
+#: The longest CSV field read (Python's csv module stops at 131,072 characters by default).
+CSV_FIELD_LIMIT = 2**31 - 1
+
+
+def read_csv_records(path: str | os.PathLike, delimiter: str = ",", option: str = "--data"
+                     ) -> tuple[list[str], list[tuple[int, dict[str, str | None]]]]:
+    r"""The header and every record of a CSV (or TSV) file, each with the line it ends on:
+    fields of any length, a one-line ``ValueError`` naming the file and line for a malformed
+    record; a record with fewer fields than the header has ``None`` in the missing ones.
+
+    Args:
+        path (str or PathLike): the file.
+        delimiter (str): ``","`` or ``"\t"``.
+        option (str): how the file is named in messages.
+    """
+    text = read_text_file(path, option)
+    previous = csv.field_size_limit()
+    csv.field_size_limit(max(previous, CSV_FIELD_LIMIT))
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    records = []
+    try:
+        header = list(reader.fieldnames or [])
+        for record in reader:
+            records.append((reader.line_num, record))
+    except csv.Error as error:
+        raise ValueError(f"{path}: line {reader.line_num} is not valid CSV ({error})") from None
+    finally:
+        csv.field_size_limit(previous)
+    return header, records
+
+
+def _label(value: Any, where: str) -> int | None:
+    """A label read from a file: an integer, or ``None`` when absent."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{where}: \"label\" must be an integer, got {value!r}")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{where}: \"label\" must be an integer, got {value!r}") from None
+
+
 def read_rows(data: str | os.PathLike) -> tuple[list[str], list[int | None]]:
     r"""Every text and label of ``data`` in order, blank ones included (as ``""``), so that
     position ``k`` is the ``k``-th line of a ``.txt`` or ``.jsonl`` file, or the ``k``-th row
-    of a ``.csv`` / ``.tsv`` (see :func:`read_texts` for the formats)."""
+    of a ``.csv`` / ``.tsv`` (see :func:`read_texts` for the formats). Every error is one
+    line naming the file and the line."""
     if str(data) == "rotten_tomatoes":
         split = rotten_tomatoes_split("heldout")
         return list(split.texts), list(split.labels)
     path = Path(data)
-    if not path.is_file():
-        raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
     suffix = path.suffix.lower()
-    if suffix == ".txt":
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-        labels: list[Any] = [None] * len(texts)
-    elif suffix == ".jsonl":
-        rows = [json.loads(line) if line.strip() else {"text": ""}
-                for line in path.read_text(encoding="utf-8").splitlines()]
-        if any(not isinstance(r, dict) or "text" not in r for r in rows):
-            raise ValueError(f"--data {data}: every line needs a \"text\"")
-        texts, labels = [r["text"] for r in rows], [r.get("label") for r in rows]
-    elif suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ","))
-        if rows and "text" not in rows[0]:
-            raise ValueError(f"--data {data}: no 'text' column")
-        texts = [r["text"] or "" for r in rows]
-        labels = [int(r["label"]) if r.get("label") not in (None, "") else None for r in rows]
-    else:
+    if suffix not in (".txt", ".jsonl", ".csv", ".tsv"):
+        if not path.exists():
+            raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
         raise ValueError(f"--data {data}: use a .txt, .jsonl, .csv or .tsv file, or rotten_tomatoes")
-    return texts, [None if v is None else int(v) for v in labels]
+    if not path.exists():
+        raise ValueError(f"--data {data}: no such file (or use rotten_tomatoes)")
+    texts: list[str] = []
+    labels: list[int | None] = []
+    if suffix == ".txt":
+        texts = [line.strip() for line in read_text_file(path).splitlines()]
+        labels = [None] * len(texts)
+    elif suffix == ".jsonl":
+        for number, line in enumerate(read_text_file(path).splitlines(), start=1):
+            where = f"{path}: line {number}"
+            if not line.strip():
+                texts.append("")
+                labels.append(None)
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{where} is not JSON ({error.msg} at column {error.colno})") from None
+            if not isinstance(row, dict) or "text" not in row:
+                raise ValueError(f"{where} needs a \"text\" (a JSON object per line)")
+            if not isinstance(row["text"], str):
+                raise ValueError(f"{where}: \"text\" must be a string, got {type(row['text']).__name__}")
+            texts.append(row["text"])
+            labels.append(_label(row.get("label"), where))
+    else:
+        header, records = read_csv_records(path, "\t" if suffix == ".tsv" else ",")
+        if records and "text" not in header:
+            raise ValueError(f"--data {data}: no 'text' column")
+        for number, record in records:
+            texts.append(record.get("text") or "")
+            labels.append(_label(record.get("label"), f"{path}: line {number}"))
+    return texts, labels
 
 
 def read_texts(data: str | os.PathLike, n: int | None = None, tokenizer: Any = None,

@@ -597,7 +597,7 @@ def explain_corpus(
         Path: the ``explanations.jsonl`` file.
     """
     from captum_ffb.corpus import skip_reason, write_skipped
-    from captum_ffb.jobs.job import ModelSource, run_job
+    from captum_ffb.jobs.job import ModelSource, check_run, run_job
     from captum_ffb.models import load_tokenizer, max_length_of, model_config, task_from_config
     from captum_ffb.outputs import atomic_open, check_out_dir, to_json
     from captum_ffb.readouts import fits_minilm_head
@@ -626,13 +626,14 @@ def explain_corpus(
             kept.append(k)
         else:
             skipped.append(reason)
+    job = ExplainJob(ModelSource(name=model, task=head, device=device), [texts[k] for k in kept],
+                     batch_size, route)
+    check_run(job, folder / "run", overwrite)  # a refused run writes nothing
     folder.mkdir(parents=True, exist_ok=True)
     write_skipped(folder / "skipped.csv", skipped)
     if not kept:
         raise ValueError(f"no text to explain: all {len(texts)} are empty or too long (listed in "
                          f"{folder / 'skipped.csv'})")
-    job = ExplainJob(ModelSource(name=model, task=head, device=device), [texts[k] for k in kept],
-                     batch_size, route)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, description="explaining",
                      engine_options=engine_options)

@@ -32,6 +32,7 @@ from captum_ffb.corpus import (
     SkippedLine,
     demo_corpus_path,
     read_rotten_tomatoes,
+    read_text_file,
     rotten_tomatoes_path,
     skip_reason,
     write_skipped,
@@ -82,23 +83,6 @@ class PreparedSequence:
     masked: list[int] = field(default_factory=list)
 
 
-def _read_text_file(path: Path) -> list[str]:
-    if path.is_dir():
-        raise ValueError(f"--data {path} is a folder; give a text file with one sequence per line")
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        data, at = error.object, error.start  # ``data`` without the byte-order mark
-        lines = (data[:at].decode("utf-8") + "?").splitlines()  # as the corpus splits them
-        line, column = len(lines), len(lines[-1][:-1].encode("utf-8"))
-        raise ValueError(
-            f"{path} is not valid UTF-8: line {line} (byte 0x{data[at]:02x} at position "
-            f"{column}); save it as UTF-8"
-        ) from None
-    return text.splitlines()
-
-
 def _read_hf(spec: str, split: str, text_column: str) -> list[str]:
     try:
         import datasets
@@ -129,7 +113,7 @@ def load_corpus(data: str | Path = DEMO, split: str = "validation", text_column:
     """
     key = str(data)
     if key == DEMO:
-        return Corpus(DEMO, _read_text_file(demo_corpus_path()))
+        return Corpus(DEMO, read_text_file(demo_corpus_path()).splitlines())
     if key == ROTTEN_TOMATOES:
         return Corpus(ROTTEN_TOMATOES, read_rotten_tomatoes())
     if key.startswith("hf:"):
@@ -139,7 +123,7 @@ def load_corpus(data: str | Path = DEMO, split: str = "validation", text_column:
         raise FileNotFoundError(
             f"no data file {key}; give a text file, 'demo', 'rotten_tomatoes' or 'hf:NAME'"
         )
-    return Corpus(key, _read_text_file(path))
+    return Corpus(key, read_text_file(path).splitlines())
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[tuple[int, Sequence[Any]]]:

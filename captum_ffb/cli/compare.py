@@ -186,7 +186,7 @@ def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, layers: Seque
 def _write_table(table: Any, stem: Path) -> list[Path]:
     csv_path = stem.with_suffix(".csv")
     md_path = stem.with_suffix(".md")
-    table.to_csv(csv_path)
+    write_text(csv_path, table.to_csv())
     write_text(md_path, table.to_markdown())
     return [csv_path, md_path]
 

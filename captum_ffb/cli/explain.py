@@ -12,7 +12,7 @@ from captum_ffb.cli._common import (
     engine_options,
     resolve_device,
 )
-from captum_ffb.outputs import check_out_dir, save_figure, write_json
+from captum_ffb.outputs import check_out_dir, save_figure, write_json, write_text
 
 if TYPE_CHECKING:
     from captum_ffb.attr.components import ComponentAttribution
@@ -263,9 +263,7 @@ def _run_seq2seq(args: argparse.Namespace, formats: list[str], out) -> int:
     if "html" in formats:
         from captum_ffb.viz.seq2seq import seq2seq_html
 
-        path = out / "explanation.html"
-        path.write_text(seq2seq_html(*views, title), encoding="utf-8")
-        written.append(path)
+        written.append(write_text(out / "explanation.html", seq2seq_html(*views, title)))
     if "png" in formats:
         from captum_ffb.viz.seq2seq import plot_seq2seq
 

@@ -49,7 +49,7 @@ from captum_ffb.evaluation.metrics import (
     kendall_tau,
 )
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
-from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
+from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
 from captum_ffb.outputs import atomic_open, check_out_dir
 from captum_ffb.readouts import PromptContrast
 
@@ -367,18 +367,16 @@ def evaluate(
     evaluation_task = EvaluationTask(loaded, task, template, labels, keep_first=keep_first)
     examples, skipped = _usable_examples(evaluation_task, texts, text_labels, n, max_tokens, data)
     gold = [e.label for e in examples]
-    folder.mkdir(parents=True, exist_ok=True)
-    write_skipped(folder / "skipped.csv", skipped)
-    precomputed = None
-    if "attnlrp" in chosen:
-        path = folder / "attnlrp.npz"
-        if overwrite or not path.is_file():
-            if show_progress:
-                print(f"AttnLRP (lxt) on {len(examples)} examples ...", flush=True)
-            _attnlrp_relevance(evaluation_task, examples, path, str(model), batch_size)
-        precomputed = str(path)
+    precomputed = str(folder / "attnlrp.npz") if "attnlrp" in chosen else None
     job = EvaluationJob(source, task, examples, chosen, protocol_names, batch_size,
                         options or {}, template, labels, precomputed, seed, keep_first)
+    check_run(job, folder / "run", overwrite)  # a refused run writes nothing
+    folder.mkdir(parents=True, exist_ok=True)
+    write_skipped(folder / "skipped.csv", skipped)
+    if precomputed is not None and (overwrite or not Path(precomputed).is_file()):
+        if show_progress:
+            print(f"AttnLRP (lxt) on {len(examples)} examples ...", flush=True)
+        _attnlrp_relevance(evaluation_task, examples, Path(precomputed), str(model), batch_size)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, stop_after=stop_after, description="evaluating",
                      engine_options=engine_options)

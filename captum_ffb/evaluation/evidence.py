@@ -24,7 +24,6 @@ earlier occurrence, the contrast ``logit(answer) − logit(the token that follow
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import time
@@ -37,10 +36,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from captum_ffb.corpus import read_csv_records
 from captum_ffb.evaluation.evaluate import check_methods, check_peer
 from captum_ffb.evaluation.methods import METHODS
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask, Example
-from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
+from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
 from captum_ffb.models import LoadedModel
 from captum_ffb.outputs import atomic_open, check_out_dir
 from captum_ffb.readouts import Contrast, NextToken
@@ -120,20 +120,22 @@ def read_evidence(data: str | os.PathLike | Sequence[str] | None = None, split: 
 def _read_file(path: Path, split: str, n: int | None) -> list[EvidenceRow]:
     if not path.is_file():
         raise FileNotFoundError(f"--data {path}: no such file")
-    with open(path, newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: missing column{'s' if len(missing) > 1 else ''} "
-                             f"{', '.join(missing)}; an evidence CSV needs {', '.join(COLUMNS)}")
-        out = []
-        for k, record in enumerate(reader):
-            if not in_split(k, split):
-                continue
-            if n is not None and len(out) >= n:
-                break
-            out.append(EvidenceRow(path.stem, k, record["one_prefix_prefix"], record["one_prefix_word_good"],
-                                   record["one_prefix_word_bad"], record["target"]))
+    header, records = read_csv_records(path)
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"{path}: missing column{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(missing)}; an evidence CSV needs {', '.join(COLUMNS)}")
+    out = []
+    for k, (line, record) in enumerate(records):
+        if not in_split(k, split):
+            continue
+        if n is not None and len(out) >= n:
+            break
+        empty = [c for c in COLUMNS if record.get(c) is None]
+        if empty:
+            raise ValueError(f"{path}: line {line} has no {', '.join(empty)} (too few fields)")
+        out.append(EvidenceRow(path.stem, k, record["one_prefix_prefix"], record["one_prefix_word_good"],
+                               record["one_prefix_word_bad"], record["target"]))
     return out
 
 
@@ -437,15 +439,13 @@ def evaluate_evidence(
         skipped["the model prefers the bad word"] = wrong
     if not examples:
         raise ValueError("the model gets no pair right")
-    folder.mkdir(parents=True, exist_ok=True)
-    precomputed = None
-    if "attnlrp" in chosen:
-        path = folder / "attnlrp.npz"
-        if overwrite or not path.is_file():
-            _attnlrp_contrasts(examples, path, str(model), batch_size)
-        precomputed = str(path)
+    precomputed = str(folder / "attnlrp.npz") if "attnlrp" in chosen else None
     job = EvidenceJob(source, examples, chosen, batch_size, options or {}, precomputed, seed,
                       loaded if engine == "local" else None)
+    check_run(job, folder / "run", overwrite)  # a refused run writes nothing
+    folder.mkdir(parents=True, exist_ok=True)
+    if precomputed is not None and (overwrite or not Path(precomputed).is_file()):
+        _attnlrp_contrasts(examples, Path(precomputed), str(model), batch_size)
     shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
                      show_progress=show_progress, description="evidence", engine_options=engine_options)
     summary = summarise_evidence(shards, examples, chosen)

@@ -9,9 +9,9 @@ stopped and no batch is counted twice; every engine writes the same shards, so t
 aggregate does not depend on where the batches ran.
 """
 
-from captum_ffb.jobs.job import ENGINES, Job, ModelSource, run_job
+from captum_ffb.jobs.job import ENGINES, Job, ModelSource, check_run, run_job
 from captum_ffb.jobs.players import PlayerSplitJob, attribute_split
 from captum_ffb.jobs.shards import ShardStore
 
-__all__ = ["ENGINES", "Job", "ModelSource", "PlayerSplitJob", "ShardStore", "attribute_split",
+__all__ = ["ENGINES", "Job", "ModelSource", "PlayerSplitJob", "ShardStore", "attribute_split", "check_run",
            "run_job"]

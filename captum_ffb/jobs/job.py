@@ -70,6 +70,12 @@ def fingerprint_of(settings: dict[str, Any], items: Sequence[Any]) -> str:
     return digest.hexdigest()
 
 
+def check_run(job: Job, out: str | os.PathLike, overwrite: bool = False) -> None:
+    """Refuse, before anything is written, to run ``job`` into a folder that holds a run with
+    other settings (unless ``overwrite``): see :meth:`ShardStore.check`."""
+    ShardStore(out, job.shard_version).check(job.fingerprint(), overwrite)
+
+
 def run_job(
     job: Job,
     out: str | os.PathLike,

@@ -39,25 +39,33 @@ class ShardStore:
         self.shards = self.folder / "shards"
         self.version = version
 
+    def check(self, settings: dict[str, Any], overwrite: bool = False) -> bool:
+        """Whether the folder holds a run with other ``settings`` (to be discarded with
+        ``overwrite``); a ``ValueError`` without ``overwrite``. Nothing is written, so that a
+        refused run leaves the finished one as it was."""
+        run_file = self.folder / "run.json"
+        if not run_file.exists():
+            return False
+        try:
+            previous = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
+        except (OSError, ValueError, AttributeError):
+            previous = None
+        if previous == settings["fingerprint"]:
+            return False
+        if not overwrite:
+            raise ValueError(f"{self.folder} holds a run with other settings or data; use another "
+                             "--out or --overwrite")
+        return True
+
     def open(self, settings: dict[str, Any], overwrite: bool = False) -> None:
         """Start or resume the run with these ``settings`` (must hold a ``fingerprint``)."""
+        stale = self.check(settings, overwrite)
         self.folder.mkdir(parents=True, exist_ok=True)
-        run_file = self.folder / "run.json"
-        if run_file.exists():
-            try:
-                previous = json.loads(run_file.read_text(encoding="utf-8")).get("fingerprint")
-            except (OSError, ValueError):
-                previous = None
-            if previous != settings["fingerprint"]:
-                if not overwrite:
-                    raise ValueError(
-                        f"{self.folder} holds a run with other settings or data; use another "
-                        "--out or --overwrite"
-                    )
-                shutil.rmtree(self.shards, ignore_errors=True)
+        if stale:
+            shutil.rmtree(self.shards, ignore_errors=True)
         self.shards.mkdir(exist_ok=True)
         text = to_json(settings, indent=2, default=str)
-        atomic_write(run_file, lambda h: h.write(text), binary=False)
+        atomic_write(self.folder / "run.json", lambda h: h.write(text), binary=False)
 
     def path(self, index: int) -> Path:
         return self.shards / f"batch-{index:05d}.npz"

@@ -15,11 +15,14 @@ import captum_ffb.models
 import captum_ffb.outputs
 from captum_ffb.cli import main
 from captum_ffb.outputs import atomic_open, check_out_dir, to_json, write_json
-from tests.models import save_tiny, tiny_task_model, wordpiece_tokenizer
+from tests.models import save_tiny, save_tiny_seq2seq, tiny_task_model, wordpiece_tokenizer
 
 TEXT = "the cat sat on the mat ."
 TEXTS = ["the cat sat on the mat", "a dog was tired", "she loves math", "big green mat"]
 COMMANDS = ("maps", "explain", "explain-corpus", "analyze", "compare", "evaluate")
+#: Commands whose every output file the symbolic-link test links (all formats written).
+ALL_FILES = ("maps-all", "explain-all", "explain-seq2seq", "explain-corpus", "analyze", "compare",
+             "evaluate")
 #: The file of each command that the symbolic-link test puts a link at.
 WRITTEN = {"maps": "maps.json", "explain": "explanation.json",
            "explain-corpus": "explanations.jsonl", "analyze": "results.json",
@@ -38,7 +41,7 @@ def models(tmp_path_factory):
     corpus = root / "corpus.txt"
     corpus.write_text("\n".join(TEXTS) + "\n")
     return {"bert": save_tiny("bert", root / "bert"), "classifier": classifier, "data": data,
-            "corpus": corpus}
+            "corpus": corpus, "marian": save_tiny_seq2seq(root / "marian")}
 
 
 def _argv(command: str, models: dict, out: os.PathLike) -> list[str]:
@@ -47,6 +50,9 @@ def _argv(command: str, models: dict, out: os.PathLike) -> list[str]:
     return {
         "maps": ["maps", TEXT, "--model", bert, "--layer", "0", "--format", "json"],
         "explain": ["explain", TEXT, "--model", bert, "--format", "json", "--no-maps"],
+        "maps-all": ["maps", TEXT, "--model", bert, "--layer", "0", "--dpi", "20"],
+        "explain-all": ["explain", TEXT, "--model", classifier, "--components"],
+        "explain-seq2seq": ["explain", "the cat ||| the dog", "--model", str(models["marian"])],
         "explain-corpus": ["explain", "--data", str(models["corpus"]), "--model", classifier],
         "analyze": ["analyze", "--model", bert, "--data", str(models["corpus"]), "--no-figures"],
         "compare": ["compare", TEXT, "--model", bert, "--layer", "0", "--baselines", "attention",
@@ -144,6 +150,28 @@ def test_a_link_at_an_output_file_is_replaced_not_followed(command, models, tmp_
         elif path.suffix == ".jsonl":
             for line in path.read_text().splitlines():
                 _strict_json(line)
+
+
+@pytest.mark.parametrize("command", ALL_FILES)
+def test_no_file_is_written_through_a_link(command, models, tmp_path):
+    """Every file a command writes, made a link to a file outside the output folder before a
+    second run: the second run replaces each link and leaves the file it pointed to alone."""
+    out = tmp_path / "out"
+    assert main(_argv(command, models, out)) == 0
+    written = sorted(p for p in out.rglob("*") if p.is_file())
+    assert written
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for k, path in enumerate(written):
+        target = outside / f"file-{k}"
+        target.write_text("not yours")
+        path.unlink()
+        path.symlink_to(target)
+    assert main([*_argv(command, models, out), *(["--overwrite"] if command in (
+        "explain-corpus", "analyze", "evaluate") else [])]) == 0
+    assert all(p.read_text() == "not yours" for p in outside.iterdir())
+    relinked = [p for p in written if p.is_symlink()]
+    assert not relinked, relinked
 
 
 def test_evaluate_without_ig_writes_strict_json(models, tmp_path):

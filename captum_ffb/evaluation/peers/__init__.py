@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from captum_ffb.outputs import write_text
+
 __all__ = [
     "SETUP_COMMAND",
     "SETUP_SCRIPT",
@@ -114,7 +116,7 @@ def write_worker_input(examples: Sequence[Mapping[str, Any]], path: str | os.Pat
     """
     path = Path(path)
     payload = {"examples": [_normalise(example, i) for i, example in enumerate(examples)]}
-    path.write_text(json.dumps(payload))
+    write_text(path, json.dumps(payload))
     return path
 
 

@@ -183,18 +183,23 @@ def write_output(path: Path, records: list[dict], load_seconds: float, meta: dic
     extra = {}
     if records and all(r.get("logits") is not None for r in records):
         extra["logits"] = np.stack([np.asarray(r["logits"], np.float32) for r in records])
-    np.savez(
-        path,
-        relevance=np.concatenate(relevances) if relevances else np.zeros(0, np.float32),
-        lengths=np.array([len(r) for r in relevances], dtype=np.int64),
-        target_value=np.array([r["target_value"] for r in records], dtype=np.float64),
-        target_position=np.array([r["target_position"] for r in records], dtype=np.int64),
-        seconds=np.array([r["seconds"] for r in records], dtype=np.float64),
-        peak_rss_bytes=np.array([r["peak_rss_bytes"] for r in records], dtype=np.int64),
-        load_seconds=np.float64(load_seconds),
-        meta=np.array(json.dumps(meta)),
-        **extra,
-    )
+    # atomically, beside the destination: a link there is replaced, not followed (this worker
+    # runs in the peer's environment, without captum_ffb)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "xb") as handle:
+        np.savez(
+            handle,
+            relevance=np.concatenate(relevances) if relevances else np.zeros(0, np.float32),
+            lengths=np.array([len(r) for r in relevances], dtype=np.int64),
+            target_value=np.array([r["target_value"] for r in records], dtype=np.float64),
+            target_position=np.array([r["target_position"] for r in records], dtype=np.int64),
+            seconds=np.array([r["seconds"] for r in records], dtype=np.float64),
+            peak_rss_bytes=np.array([r["peak_rss_bytes"] for r in records], dtype=np.int64),
+            load_seconds=np.float64(load_seconds),
+            meta=np.array(json.dumps(meta)),
+            **extra,
+        )
+    os.replace(temporary, path)
 
 
 def main(argv: list[str] | None = None) -> int:
