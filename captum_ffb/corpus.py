@@ -407,7 +407,13 @@ def read_wav(path: str | Path, rate: int = AUDIO_RATE) -> Any:
             channels, width, recorded = file.getnchannels(), file.getsampwidth(), file.getframerate()
             data = file.readframes(file.getnframes())
     except (OSError, EOFError, wave.Error) as error:
-        raise ValueError(f"cannot read {path} as a WAV file: {error}") from None
+        if isinstance(error, OSError) and error.strerror:
+            reason = error.strerror
+        elif Path(path).is_file() and Path(path).stat().st_size == 0:
+            reason = "the file is empty (0 bytes)"
+        else:
+            reason = str(error) or "the file ends before its WAV header does"
+        raise ValueError(f"cannot read {path} as a WAV file: {reason}") from None
     kinds = {1: (np.uint8, 128.0, 128.0), 2: (np.int16, 0.0, 32768.0), 4: (np.int32, 0.0, 2147483648.0)}
     if width not in kinds:
         raise ValueError(f"{path}: {8 * width}-bit samples are not supported (8, 16 or 32-bit PCM)")

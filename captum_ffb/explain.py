@@ -27,9 +27,10 @@ from captum_ffb.attr import NormDecomposition
 from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.attr.norm_decomposition import ExplainedReadOuts
 from captum_ffb.engine.components import check_granularity
+from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.models import LoadedModel, load_model
 from captum_ffb.readouts import ClassLogit, NextToken, ReadOut
-from captum_ffb.text import check_text, display_tokens, encode_text
+from captum_ffb.text import check_text, check_text_request, display_tokens, encode_text
 
 #: Longest input (tokens) for which the whole-model maps are computed by default.
 MAPS_UP_TO = 256
@@ -178,6 +179,7 @@ def explain_text(
     readout: ReadOut | None = None,
     components: str | None = None,
     show_progress: bool = False,
+    config: Any = None,
 ) -> Explanation:
     r"""Explain ``text`` on ``model`` (the bundled all-MiniLM-L6-v2 by default).
 
@@ -213,6 +215,8 @@ def explain_text(
                     the model); not with ``generate``, and a base model needs a read-out.
         show_progress (bool): when ``model`` is loaded here, say so on stderr and show the
                     weights' progress bar; a bar over the component table's passes.
+        config (PretrainedConfig, optional): the configuration of the model ``model`` names,
+                    when already read (:func:`~captum_ffb.models.model_config`).
 
     Returns:
         Explanation
@@ -225,7 +229,7 @@ def explain_text(
                       task=task_of(model.model))
         loaded = model
     else:
-        config = model_config(model)
+        config = config if config is not None else model_config(model)
         task = check_request(config, text, target, class_index, generate, components, readout)
         if show_progress:
             print(f"loading {model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
@@ -234,6 +238,8 @@ def explain_text(
     ids = encode_text(text, loaded)["input_ids"]
     ids = ids.to(next(loaded.model.parameters()).device)
     n_prompt = ids.shape[1]
+    if generate:
+        check_new_tokens(generate, n_prompt, loaded.model.config, name="--generate")
     want_maps = maps if maps is not None else (nd.task == "base" or n_prompt <= MAPS_UP_TO)
     common = dict(text=text, model_name=loaded.name, model_type=loaded.model_type, task=nd.task,
                   route=route, prompt_length=n_prompt)
@@ -270,7 +276,7 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
     from captum_ffb.readouts import fits_minilm_head
 
     if text is not None:
-        check_text(text)
+        check_text_request(text, config)
     get_architecture(getattr(config, "model_type", None)).check_config(config)
     task = task or task_from_config(config)
     if target is not None and task != "causal_lm":
@@ -281,6 +287,8 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
         raise ValueError("--generate needs a causal LM")
     if generate < 0:
         raise ValueError(f"--generate must be a positive number of tokens, got {generate}")
+    if generate:  # the prompt has at least one token: the exact check follows the tokenizer
+        check_new_tokens(generate, 1, config, name="--generate")
     if readout is not None and task != "base":
         raise ValueError("a read-out is chosen for a base model; a model with a head explains "
                          "its next token or class")
@@ -466,6 +474,9 @@ def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str =
 
     if loaded.spec.decoder is None:
         raise ValueError(f"{loaded.model_type} is not an encoder–decoder")
+    check_text_request(text, loaded.model.config, audio, loaded.source)
+    if audio is None and PAIR_SEPARATOR not in text or audio is not None and not text.strip():
+        check_new_tokens(generate or max_new_tokens, 1, loaded.model.config, decoder=True, name="generate")
     nd = NormDecomposition(loaded.model)
     if audio is not None:
         if text.strip():

@@ -293,6 +293,13 @@ def _read_config(source: str | Path, name: str, kwargs: dict[str, Any]) -> Any:
     return config
 
 
+def is_speech_config(config: Any) -> bool:
+    """Whether a configuration is a speech encoder–decoder's (Whisper): its source is audio."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+    return getattr(config, "model_type", None) in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+
 def model_config(name_or_dir: str | os.PathLike | None = None) -> Any:
     r"""A model's configuration, read without loading its weights: its ``config.json``, or
     the metadata of its GGUF file (a few seconds).
@@ -368,12 +375,10 @@ def load_model(
     auto = {"base": AutoModel, "causal_lm": AutoModelForCausalLM,
             "sequence_classification": AutoModelForSequenceClassification,
             "seq2seq_lm": AutoModelForSeq2SeqLM}[task]
-    if task == "seq2seq_lm":
+    if task == "seq2seq_lm" and is_speech_config(config):
         from transformers import AutoModelForSpeechSeq2Seq
-        from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
 
-        if getattr(config, "model_type", None) in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
-            auto = AutoModelForSpeechSeq2Seq  # Whisper
+        auto = AutoModelForSpeechSeq2Seq  # Whisper
     try:
         with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
             tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)

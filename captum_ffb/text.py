@@ -6,6 +6,8 @@ files is :mod:`captum_ffb.corpus` (``read_rows``, ``read_texts``; still importab
 
 from __future__ import annotations
 
+import unicodedata
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +143,11 @@ def display_tokens(tokens: Sequence[str], tokenizer: Any = None, strip: bool = T
     return [display_token(str(t), tokenizer, strip) for t in tokens]
 
 
+#: Unicode categories that draw nothing: format characters (zero-width space, joiners, the
+#: byte-order mark), controls, separators.
+INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
+
+
 def check_text(text: str) -> str:
     r"""``text`` if it can be tokenised, else a one-line ValueError: it is empty, or it is not
     valid UTF-8 (bytes that are not UTF-8 on a command line reach Python as lone surrogates,
@@ -149,9 +156,13 @@ def check_text(text: str) -> str:
         raise ValueError("the text is empty")
     try:
         text.encode("utf-8")
-        return text
     except UnicodeEncodeError as error:
         first = error.start
+    else:
+        if all(unicodedata.category(c) in INVISIBLE or c.isspace() for c in text):
+            raise ValueError("the text has no visible characters (only spaces, zero-width or control "
+                             "characters)")
+        return text
     try:
         raw = text.encode("utf-8", "surrogateescape")  # the bytes the command line had
         raw.decode("utf-8")
@@ -226,6 +237,7 @@ def text_maps(
     """
     check_text(text)
     loaded = model or load_model()
+    check_text_request(text, loaded.model.config, audio, loaded.source)
     if loaded.spec.decoder is not None:
         return _pair_maps(text, loaded, layers, scopes, show_progress, target, audio)
     if audio is not None:
@@ -269,6 +281,59 @@ def _collected(results: Any, loaded: LoadedModel, lnd: LayerNormDecomposition, n
 PAIR_SEPARATOR = "|||"
 
 
+def check_one_separator(text: str) -> None:
+    """A one-line error where ``text`` holds :data:`PAIR_SEPARATOR` more than once."""
+    count = text.count(PAIR_SEPARATOR)
+    if count > 1:
+        raise ValueError(f"the text holds {PAIR_SEPARATOR} {count} times: give one, between the source "
+                         "and the target")
+
+
+def check_no_separator(text: str, model_type: str) -> None:
+    """A one-line error where a text for a model of one stack holds :data:`PAIR_SEPARATOR`
+    (it separates an encoder–decoder's source from its target; it is not read as text)."""
+    if PAIR_SEPARATOR in text:
+        raise ValueError(f"{PAIR_SEPARATOR} separates an encoder–decoder's source from its target; "
+                         f"{model_type} has one stack: leave it out of the text")
+
+
+def check_text_request(text: str | None, config: Any, audio: str | Path | None = None,
+                       folder: str | Path | None = None) -> None:
+    r"""Check a text (and an audio source) against a model's configuration, before any
+    weights load: a speech encoder–decoder reads a WAV file and needs its folder's feature
+    extractor settings, other models read text only; ``|||`` appears once in an
+    encoder–decoder's text and never in a one-stack model's.
+
+    Args:
+        text (str, optional): the text (a speech model's forced transcript, or empty).
+        config: the model's configuration.
+        audio (str or Path, optional): a WAV file, the source of a speech model.
+        folder (str or Path, optional): the model's folder, where the feature extractor's
+                    ``preprocessor_config.json`` is looked for.
+    """
+    from captum_ffb.architectures import get_architecture
+    from captum_ffb.models import is_speech_config
+
+    model_type = getattr(config, "model_type", "this model")
+    speech = is_speech_config(config)
+    if audio is not None and not speech:
+        raise ValueError(f"audio is for speech encoder–decoders (Whisper); {model_type} reads text")
+    if speech and audio is None:
+        raise ValueError(f"{model_type} reads audio: give a WAV file as its source (--audio WAV)")
+    if audio is not None:
+        if folder is not None and Path(folder).is_dir() and not (Path(folder) / "preprocessor_config.json").is_file():
+            raise ValueError(f"the model folder {folder} has no preprocessor_config.json (the feature "
+                             "extractor's settings): save the feature extractor with the model")
+        if text:
+            check_one_separator(text)
+        return
+    check_text(text or "")
+    if get_architecture(model_type).decoder is not None:
+        check_one_separator(text)
+    else:
+        check_no_separator(text, model_type)
+
+
 def split_pair(text: str, target: str | None) -> tuple[str, str]:
     """``(source, target)`` from ``text`` and ``target``, or from ``"SOURCE ||| TARGET"``."""
     if target is None:
@@ -277,6 +342,7 @@ def split_pair(text: str, target: str | None) -> tuple[str, str]:
                 f"an encoder–decoder needs a source and a target: give 'SOURCE {PAIR_SEPARATOR} TARGET' "
                 "(or the target on its own)"
             )
+        check_one_separator(text)
         text, target = text.split(PAIR_SEPARATOR, 1)
     source, target = text.strip(), target.strip()
     check_text(source)
@@ -303,6 +369,10 @@ def decoder_ids(target: str, loaded: LoadedModel) -> Tensor:
     return torch.cat([torch.tensor([[int(start)]]), target_ids], dim=1)
 
 
+class AudioCutWarning(UserWarning):
+    """A clip longer than the speech model's window: only its beginning is read."""
+
+
 def encode_audio(path: str | Path, loaded: LoadedModel) -> Tensor:
     """A WAV file's features ``(1, mel bins, frames)`` for a speech encoder–decoder (Whisper),
     from the feature extractor saved with the model."""
@@ -312,8 +382,18 @@ def encode_audio(path: str | Path, loaded: LoadedModel) -> Tensor:
 
     if loaded.source is None or not Path(loaded.source).is_dir():
         raise ValueError("audio needs the model's folder (its feature extractor's settings)")
-    extractor = AutoFeatureExtractor.from_pretrained(loaded.source)
-    features = extractor(read_wav(path), sampling_rate=AUDIO_RATE, return_tensors="pt").input_features
+    check_text_request("", loaded.model.config, path, loaded.source)
+    try:
+        extractor = AutoFeatureExtractor.from_pretrained(loaded.source)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot load the feature extractor of {loaded.source}: "
+                         f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    samples = read_wav(path)
+    window = getattr(extractor, "n_samples", None)
+    if isinstance(window, int) and samples.size > window:
+        warnings.warn(f"{path} lasts {samples.size / AUDIO_RATE:.1f} s; {loaded.model_type} reads its first "
+                      f"{window / AUDIO_RATE:.0f} s", AudioCutWarning, stacklevel=2)
+    features = extractor(samples, sampling_rate=AUDIO_RATE, return_tensors="pt").input_features
     return features.to(next(loaded.model.parameters()).dtype)
 
 

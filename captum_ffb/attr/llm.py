@@ -23,6 +23,7 @@ from torch import Tensor
 from captum_ffb._private import llm_attribution_base, pretty_tokens
 from captum_ffb.attr.norm_decomposition import NormDecomposition
 from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.readouts import output_logits
 
 #: Greedy decoding, as Captum's ``DEFAULT_GEN_ARGS``; ``gen_args`` entries replace these.
@@ -240,9 +241,12 @@ class LLMNormAttribution(BaseLLMAttribution):
         model = self.model
         start = int(model.config.decoder_start_token_id)
         if target is None:
+            arguments = {**DEFAULT_GEN_ARGS, **(gen_args or {})}
+            if "max_new_tokens" in arguments:
+                check_new_tokens(arguments["max_new_tokens"], 1, model.config, decoder=True,
+                                 name="gen_args['max_new_tokens']")
             with torch.no_grad():
-                output = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt),
-                                        **{**DEFAULT_GEN_ARGS, **(gen_args or {})})
+                output = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **arguments)
             sequence = (output if isinstance(output, Tensor) else output.sequences)[0]
             tokens = sequence[1:] if int(sequence[0]) == start else sequence
         else:
@@ -319,6 +323,9 @@ class LLMNormAttribution(BaseLLMAttribution):
             if not callable(generate):
                 raise ValueError(f"{type(self.model).__name__} cannot generate: give the target")
             arguments = {**DEFAULT_GEN_ARGS, **(gen_args or {})}
+            if "max_new_tokens" in arguments:
+                check_new_tokens(arguments["max_new_tokens"], prompt.shape[1], self.model.config,
+                                 name="gen_args['max_new_tokens']")
             with torch.no_grad():
                 output = generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **arguments)
             output = output if isinstance(output, Tensor) else output.sequences

@@ -12,7 +12,9 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from captum_ffb.cli._common import UsageError
 
@@ -39,6 +41,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: Any = None, line: str | None = None) -> None:
+    """A warning as one line on stderr (``captum-ffb: warning: ...``), without the source line."""
+    text = str(message).strip().splitlines()[0] if str(message).strip() else category.__name__
+    print(f"captum-ffb: warning: {text}", file=sys.stderr if file is None else file)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``captum-ffb`` console script."""
     parser = build_parser()
@@ -47,7 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            if getattr(args, "quiet", False):
+                warnings.simplefilter("ignore")
+            return int(args.run(args) or 0)
     except USER_ERRORS as error:
         print(f"captum-ffb: error: {error}", file=sys.stderr)
         return 2

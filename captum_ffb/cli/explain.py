@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from captum_ffb.cli._common import (
     UsageError,
@@ -12,6 +12,7 @@ from captum_ffb.cli._common import (
     engine_options,
     resolve_device,
 )
+from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.outputs import check_out_dir, save_figure, write_json, write_text
 
 if TYPE_CHECKING:
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 FORMATS = ("png", "html", "json")
 GRANULARITIES = ("block", "sublayer", "head")
 DEFAULT_OUT = "captum_ffb_explain"
+#: How many tokens an encoder–decoder generates when --generate is not given.
+DEFAULT_NEW_TOKENS = 20
 
 EXAMPLES = f"""\
 examples:
@@ -146,15 +149,18 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise UsageError("PNG figures need matplotlib: pip install 'captum_ffb[viz]' "
                              "(or --format html,json)") from None
-    if args.model is not None and _is_encoder_decoder(args.model):
-        return _run_seq2seq(args, formats, out)
-    if args.audio is not None:
-        raise UsageError("--audio is for speech encoder–decoders (Whisper)")
+    from captum_ffb.models import model_config
+    from captum_ffb.text import check_text_request
+
+    config = model_config(args.model)  # the request is checked before the weights load
+    check_text_request(args.text, config, args.audio, args.model)
+    if _is_encoder_decoder(config):
+        return _run_seq2seq(args, formats, out, config)
     # the request is checked by explain_text, once, from the configuration, before the weights load
     explanation = explain_text(args.text, args.model, target=args.target, class_index=args.class_index,
                                generate=args.generate or 0, route=args.route,
                                maps=False if args.no_maps else None, components=args.components,
-                               show_progress=not args.quiet)
+                               show_progress=not args.quiet, config=config)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "json" in formats:
@@ -226,14 +232,13 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
     return 0
 
 
-def _is_encoder_decoder(model: str) -> bool:
+def _is_encoder_decoder(config: Any) -> bool:
     from captum_ffb.architectures import get_architecture
-    from captum_ffb.models import model_config
 
-    return get_architecture(model_config(model).model_type).decoder is not None
+    return get_architecture(config.model_type).decoder is not None
 
 
-def _run_seq2seq(args: argparse.Namespace, formats: list[str], out) -> int:
+def _run_seq2seq(args: argparse.Namespace, formats: list[str], out, config: Any) -> int:
     """An encoder–decoder: every token of the target (``SOURCE ||| TARGET``) or of a greedy
     generation (``--generate N``, 20 by default) over the source and the target prefix."""
     from captum_ffb.explain import explain_pair
@@ -249,9 +254,12 @@ def _run_seq2seq(args: argparse.Namespace, formats: list[str], out) -> int:
     if forced and args.generate is not None:
         raise UsageError(f"give a target ('SOURCE {PAIR_SEPARATOR} TARGET', or a transcript with --audio) or "
                          "--generate N, not both")
-    loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm")
+    if not forced:
+        check_new_tokens(args.generate or DEFAULT_NEW_TOKENS, 1, config, decoder=True, name="--generate")
+    loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm", config=config)
     try:
-        pair = explain_pair(args.text, loaded, generate=args.generate or 0, route=args.route, audio=args.audio)
+        pair = explain_pair(args.text, loaded, generate=args.generate or 0, route=args.route, audio=args.audio,
+                            max_new_tokens=DEFAULT_NEW_TOKENS)
     except ValueError as error:
         raise UsageError(str(error)) from None
     out.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def parse_scopes(values: list[str] | None) -> list[str] | None:
 def run(args: argparse.Namespace) -> int:
     """Compute the maps of ``args.text`` and write the requested files."""
     from captum_ffb.models import load_model, model_config
-    from captum_ffb.text import check_text, text_maps
+    from captum_ffb.text import check_text, check_text_request, text_maps
 
     check_text(args.text)
     formats = parse_formats(args.format)
@@ -144,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
     if "png" in formats:
         _check_matplotlib()
     out = check_out_dir(args.out)
-    config = model_config(args.model)  # layers and scopes fail before the weights load
+    config = model_config(args.model)  # layers, scopes and the text fail before the weights load
     check_model_options(config, layers, scopes)
+    check_text_request(args.text, config, args.audio, args.model)
 
     def say(message: str) -> None:
         if not args.quiet:

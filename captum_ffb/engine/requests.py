@@ -211,5 +211,5 @@ def check_new_tokens(max_new_tokens: Any, prefix: int, config: Any, decoder: boo
     if limit is not None and prefix + max_new_tokens > limit:
         room = max(limit - prefix, 0)
         raise ValueError(f"{name} {max_new_tokens} runs past the model's {limit} positions: at most "
-                         f"{room} more after the {prefix} given")
+                         f"{room} new tokens fit after {prefix} position{'s' if prefix != 1 else ''}")
     return max_new_tokens

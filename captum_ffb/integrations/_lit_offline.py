@@ -65,7 +65,26 @@ class OfflineFonts:
             return self._static(path[len(PREFIX):], start_response)
         if path.rstrip("/") in ("", "/index.html"):
             return self._page(environ, start_response)
-        return self.app(environ, start_response)
+        return self._without_traceback(environ, start_response)
+
+    def _without_traceback(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        """LIT's answer, but an error's (status 500) body cut to its first line: LIT appends
+        the Python traceback, with the server's file paths, to what it sends the browser."""
+        captured: dict[str, Any] = {}
+
+        def keep(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable:
+            captured.update(status=status, headers=headers)
+            return lambda data: None
+
+        body = b"".join(self.app(environ, keep))
+        status, headers = captured["status"], captured["headers"]
+        if status.startswith("500"):
+            text = body.decode("utf-8", "replace").split("\n\nDetails:", 1)[0].strip()
+            body = (text.splitlines()[0] if text else "Internal error").encode()
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+            headers.append(("Content-Length", str(len(body))))
+        start_response(status, headers)
+        return [body]
 
     def _static(self, name: str, start_response: Callable) -> Iterable[bytes]:
         if name == "icons.css":

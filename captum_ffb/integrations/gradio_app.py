@@ -151,9 +151,15 @@ class AppEvents:
         self.class_choices = [("predicted", -1)] + [(f"{k}: {names.get(k, k)}", k) for k in range(classes)]
 
     def options(self, target: str, class_index: int | None, generate: float | None) -> dict[str, Any]:
-        """``explain_text``'s options from the inputs that fit the model's task."""
+        """``explain_text``'s options from the inputs that fit the model's task (a one-line
+        error for an input the model cannot use, rather than leaving it out unsaid)."""
         if self.task == "causal_lm":
             return {"target": target or None, "generate": int(generate or 0)}
+        name = type(self.loaded.model).__name__
+        if target and target.strip():
+            raise ValueError(f"a next token is explained by causal LMs; {name} is a {self.task} model")
+        if generate:
+            raise ValueError(f"generating needs a causal LM; {name} is a {self.task} model")
         if self.task == "sequence_classification" and class_index is not None and class_index >= 0:
             return {"class_index": int(class_index)}
         return {}
@@ -186,8 +192,8 @@ class AppEvents:
         from captum_ffb.viz.components import plot_components
 
         gr = import_gradio()
-        options = {k: v for k, v in self.options(target, class_index, 0).items() if k != "generate"}
         try:
+            options = {k: v for k, v in self.options(target, class_index, 0).items() if k != "generate"}
             explanation = explain_text(text, self.loaded, components=granularity, maps=False,
                                        show_progress=show_progress, **options)
         except ValueError as error:
@@ -403,6 +409,22 @@ def build_app(loaded: LoadedModel) -> Any:
     return app
 
 
+#: The names a page served on this machine only is reached by (the DNS-rebinding guard).
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def host_guard(host: str) -> dict[str, Any]:
+    """The server's keyword arguments that refuse a request whose ``Host`` header is not this
+    machine's (a page elsewhere rebinding its own name to 127.0.0.1 cannot reach the app),
+    when the app listens on this machine only; nothing when it listens on other addresses."""
+    if host not in LOCAL_HOSTS:
+        return {}
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+    return {"middleware": [Middleware(TrustedHostMiddleware, allowed_hosts=list(LOCAL_HOSTS))]}
+
+
 def launch(
     model: LoadedModel | str | None = None,
     host: str = DEFAULT_HOST,
@@ -432,7 +454,8 @@ def launch(
     app = build_app(model)
     app.queue()
     app.launch(server_name=host, server_port=port, share=False, inbrowser=False, quiet=True,
-               prevent_thread_lock=True, ssr_mode=False, mcp_server=False, show_error=True)
+               prevent_thread_lock=True, ssr_mode=False, mcp_server=False, show_error=True,
+               app_kwargs=host_guard(host))
     if not quiet:
         reach = "this machine only" if host in (DEFAULT_HOST, "localhost") else f"listening on {host}"
         print(f"captum_ffb app: {app.local_url} ({reach}; Ctrl+C stops it)", flush=True)
@@ -446,10 +469,12 @@ __all__ = [
     "INSTALL",
     "AppEvents",
     "PairEvents",
+    "LOCAL_HOSTS",
     "build_app",
     "components_table",
     "contributions_table",
     "figure_image",
+    "host_guard",
     "import_gradio",
     "launch",
     "pair_table",
