@@ -321,6 +321,9 @@ def check_text_request(text: str | None, config: Any, audio: str | Path | None =
     if speech and audio is None:
         raise ValueError(f"{model_type} reads audio: give a WAV file as its source (--audio WAV)")
     if audio is not None:
+        from captum_ffb.corpus import read_wav
+
+        read_wav(audio)  # a file it cannot read fails before any weights load
         if folder is not None and Path(folder).is_dir() and not (Path(folder) / "preprocessor_config.json").is_file():
             raise ValueError(f"the model folder {folder} has no preprocessor_config.json (the feature "
                              "extractor's settings): save the feature extractor with the model")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from captum_ffb.cli import main
+
 
 @pytest.fixture(scope="session")
 def smollm2():
@@ -38,3 +40,20 @@ def base_dir(tmp_path_factory):
     from tests.models import save_tiny
 
     return save_tiny("bert", tmp_path_factory.mktemp("models") / "tiny-bert")
+
+
+@pytest.fixture()
+def one_line(capsys):
+    """``one_line(argv)``: run the command line, check that it printed exactly one error line
+    and nothing else and exited with 2; return the message after ``captum-ffb: error: ``."""
+
+    def run(argv: list[str]) -> str:
+        code = main(argv)
+        captured = capsys.readouterr()
+        assert code == 2, captured.err
+        assert captured.out == "", captured.out
+        lines = captured.err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: "), captured.err
+        return lines[0].removeprefix("captum-ffb: error: ")
+
+    return run

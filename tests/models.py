@@ -729,6 +729,34 @@ def seq2seq_tokenizer():
     return tokenizer
 
 
+def save_tiny_whisper(folder: Path) -> Path:
+    """The tiny Whisper with :func:`seq2seq_tokenizer` and a feature extractor that turns 10 s
+    of audio into its 16 frames of 8 mel bins, saved as a folder."""
+    from transformers import WhisperFeatureExtractor
+
+    TINY_SEQ2SEQ["whisper"].build().save_pretrained(folder)
+    seq2seq_tokenizer().save_pretrained(folder)
+    WhisperFeatureExtractor(feature_size=8, sampling_rate=16000, hop_length=10000, chunk_length=10,
+                            n_fft=400).save_pretrained(folder)
+    return folder
+
+
+def write_wav(path: Path, seconds: float, rate: int = 16000) -> Path:
+    """A 220 Hz tone of ``seconds`` as a 16-bit mono WAV file."""
+    import wave
+
+    import numpy as np
+
+    times = np.arange(int(rate * seconds)) / rate
+    samples = (0.1 * np.sin(2 * np.pi * 220 * times) * 32767).astype(np.int16)
+    with wave.open(str(path), "wb") as file:
+        file.setnchannels(1)
+        file.setsampwidth(2)
+        file.setframerate(rate)
+        file.writeframes(samples.tobytes())
+    return path
+
+
 def save_tiny_seq2seq(folder: Path, name: str = "marian") -> Path:
     """The tiny encoder–decoder ``name`` with the tokenizer's special ids (the decoder starts
     from ``<pad>``, as Marian and T5 do), and :func:`seq2seq_tokenizer`, saved as a folder."""

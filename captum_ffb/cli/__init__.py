@@ -14,7 +14,7 @@ import pkgutil
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from captum_ffb.cli._common import UsageError
 
@@ -24,13 +24,26 @@ __all__ = ["USER_ERRORS", "UsageError", "build_parser", "main"]
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError)
 
 
+class _ParseError(Exception):
+    """A command line argparse refused (already reported in one line)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr, naming the command's help,
+    instead of the usage block and the message."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        print(f"captum-ffb: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise _ParseError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="captum-ffb",
         description="Exact token-to-token attribution maps for every Transformer layer.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
@@ -51,7 +64,10 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``captum-ffb`` console script."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except _ParseError:
+        return 2
     if getattr(args, "run", None) is None:
         parser.print_help()
         return 2

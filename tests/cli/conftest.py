@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import captum_ffb.models
-from captum_ffb.cli import main
 
 
 def _refuse(*args, **kwargs):
@@ -24,20 +23,3 @@ def no_model(monkeypatch):
     """As :func:`no_weights`, and reading the model's configuration is refused too."""
     monkeypatch.setattr(captum_ffb.models, "model_config", _refuse)
     monkeypatch.setattr(captum_ffb.models, "load_model", _refuse)
-
-
-@pytest.fixture()
-def one_line(capsys):
-    """``one_line(argv)``: run the command line, check that it printed exactly one error line
-    and nothing else and exited with 2; return the message after ``captum-ffb: error: ``."""
-
-    def run(argv: list[str]) -> str:
-        code = main(argv)
-        captured = capsys.readouterr()
-        assert code == 2, captured.err
-        assert captured.out == "", captured.out
-        lines = captured.err.splitlines()
-        assert len(lines) == 1 and lines[0].startswith("captum-ffb: error: "), captured.err
-        return lines[0].removeprefix("captum-ffb: error: ")
-
-    return run

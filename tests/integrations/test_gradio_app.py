@@ -153,3 +153,39 @@ def test_an_encoder_decoder_gets_its_source_and_target_tabs(tmp_path, text, gene
     if maps is not None:
         assert maps.n_target is not None and maps_figure is not None and "ffbView" in view
     assert gradio_app.build_app(loaded) is not None
+
+
+def test_inputs_the_model_cannot_use_are_refused(classifier):
+    """A next token or a generation asked of a classifier is an error, not left out unsaid."""
+    session = gradio_app.AppEvents(classifier)
+    with pytest.raises(gradio.Error, match="a next token is explained by causal LMs; BertForSequenceClassification"):
+        session.explain("the cat", " dog", -1, 0, 0, [], True, "raw norms")
+    with pytest.raises(gradio.Error, match="generating needs a causal LM"):
+        session.explain("the cat", "", -1, 3, 0, [], True, "raw norms")
+
+
+def test_the_app_answers_this_machine_only(lm):
+    """The DNS-rebinding guard: served on 127.0.0.1, a request naming another host is refused."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = gradio_app.launch(lm, port=port, block=False, quiet=True)
+    try:
+        url = f"http://127.0.0.1:{port}/config"
+        with urllib.request.urlopen(urllib.request.Request(url), timeout=30) as answer:
+            assert answer.status == 200
+        for host in ("attacker.example", f"attacker.example:{port}"):
+            request = urllib.request.Request(url, headers={"Host": host})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 400
+        request = urllib.request.Request(url, headers={"Host": f"localhost:{port}"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 200
+    finally:
+        app.close()
+    assert gradio_app.host_guard("0.0.0.0") == {}  # listening elsewhere is the user's choice

@@ -272,3 +272,18 @@ def test_a_base_model_without_a_head_is_refused(tmp_path):
     loaded = load_model(save_tiny("bert", tmp_path / "base"), show_progress=False)
     with pytest.raises(ValueError, match="a base model has no classes to explain"):
         ffb_lit.lit_models(loaded)
+
+
+def test_an_error_answer_holds_no_traceback(classifier):
+    """LIT appends the Python traceback (with the server's file paths) to an error's body; the
+    page gets the first line only."""
+    from werkzeug.test import Client
+
+    client = Client(ffb_lit.build_app(classifier, None, name="tiny"))
+    answer = client.post("/get_interpretations?model=tiny&dataset_name=data&interpreter=nonsense",
+                         json={"inputs": [], "config": {}})
+    assert answer.status_code == 500
+    body = answer.get_data(as_text=True)
+    assert body.startswith("Uncaught error:") and "\n" not in body
+    assert "Traceback" not in body and ".py" not in body
+    assert int(answer.headers["Content-Length"]) == len(answer.get_data())

@@ -1,0 +1,369 @@
+"""The bad-input table: every input a careful user got wrong, with the one line it now gives.
+
+Two tables that grow: the command line (exit code 2, exactly one line on stderr, no
+traceback, nothing on stdout) and the Python API (a ``ValueError`` or ``TypeError`` whose
+message names the parameter). They hold the robustness probe's cases (issue 36) and the
+earlier first-use cases (issue 17) that are bad input; a Hypothesis property then feeds
+random ids, masks and targets to ``attribute`` and ``attribute_components`` and accepts only
+an exact answer or one of those two errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from captum_ffb import Direction, LayerNormDecomposition, NormDecomposition
+from tests.models import (
+    TINY_SEQ2SEQ,
+    save_tiny,
+    save_tiny_lm,
+    save_tiny_seq2seq,
+    save_tiny_whisper,
+    tiny_lm,
+    tiny_models,
+    write_wav,
+)
+
+TINY = {model.name: model for model in tiny_models()}
+
+
+# --------------------------------------------------------------------------- files
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The saved tiny models and the bad files the command lines read."""
+    root = tmp_path_factory.mktemp("bad-input")
+    whisper = save_tiny_whisper(root / "whisper")
+    bare = root / "whisper-without-extractor"
+    bare.mkdir()
+    for path in whisper.iterdir():
+        if path.name != "preprocessor_config.json":
+            (bare / path.name).write_bytes(path.read_bytes())
+    damaged = root / "damaged-bert"
+    save_tiny("bert", damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    out_file = root / "a-file"
+    out_file.write_text("mine")
+    (root / "empty.wav").write_bytes(b"")
+    (root / "not-a.wav").write_bytes(b"RIFF....WAVEfmt nonsense")
+    (root / "number.jsonl").write_text(json.dumps({"text": 123}) + "\n")
+    (root / "broken.jsonl").write_text(json.dumps({"text": "fine"}) + "\n{oops\n")
+    (root / "no-text.jsonl").write_text(json.dumps({"label": 1}) + "\n")
+    (root / "latin1.txt").write_bytes(b"the cat\nthe caf\xe9\n")
+    (root / "label.jsonl").write_text(json.dumps({"text": "a", "label": "yes"}) + "\n")
+    with open(root / "long-field.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["text", "label"])
+        writer.writerow(["the cat " * 20000, "x"])
+    with open(root / "long-evidence.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["", "Sentence_good", "one_prefix_prefix", "one_prefix_word_good", "one_prefix_word_bad",
+                         "target"])
+        writer.writerow([0, "x", "the cat " * 20000, "dog", "sat", "cat"])
+    (root / "short-row.csv").write_text(
+        ",Sentence_good,one_prefix_prefix,one_prefix_word_good,one_prefix_word_bad,target\n"
+        "0,the cat is,the cat,is\n")
+    (root / "corpus.txt").write_text("the cat sat\na dog ran\n")
+    return {
+        "root": root, "gpt2": save_tiny_lm(root / "gpt2", "gpt2"), "llama": save_tiny_lm(root / "llama"),
+        "bert": save_tiny("bert", root / "bert"), "marian": save_tiny_seq2seq(root / "marian"),
+        "whisper": whisper, "bare-whisper": bare, "damaged": damaged, "a-file": out_file,
+        "clip": write_wav(root / "clip.wav", 3), "long-clip": write_wav(root / "long.wav", 12),
+    }
+
+
+def _argv(template: list[str], files: dict, out: Path) -> list[str]:
+    names = {key: str(value) for key, value in files.items()}
+    names["out"] = str(out)
+    return [part.format(**names, r=names["root"]) for part in template] + (
+        [] if "--out" in template else ["--out", str(out)])
+
+
+#: (case, command line, the one line it gives: exact, or a regular expression after "re:")
+CLI_CASES = [
+    # issue 36, item 5: tracebacks from the CLI
+    ("audio on a text encoder–decoder (explain)",
+     ["explain", "the cat", "--audio", "{clip}", "--model", "{marian}"],
+     "audio is for speech encoder–decoders (Whisper); marian reads text"),
+    ("audio on a text encoder–decoder (maps)",
+     ["maps", "the cat ||| the dog", "--audio", "{clip}", "--model", "{marian}"],
+     "audio is for speech encoder–decoders (Whisper); marian reads text"),
+    ("a Whisper folder without its feature extractor",
+     ["explain", "--audio", "{clip}", "--model", "{bare-whisper}"],
+     "re:the model folder .*whisper-without-extractor has no preprocessor_config.json .*"),
+    ("--generate past GPT-2's positions",
+     ["explain", "the cat", "--model", "{gpt2}", "--generate", "100000"],
+     "--generate 100000 runs past the model's 64 positions: at most 63 new tokens fit after 1 position"),
+    ("--generate past a rotary model's positions",
+     ["explain", "the cat", "--model", "{llama}", "--generate", "100000"],
+     "--generate 100000 runs past the model's 64 positions: at most 63 new tokens fit after 1 position"),
+    ("--generate past Marian's positions",
+     ["explain", "the cat", "--model", "{marian}", "--generate", "100000"],
+     "--generate 100000 runs past the model's 64 positions: at most 63 new tokens fit after 1 position"),
+    ("a CSV field over 131,072 characters (explain --data)",
+     ["explain", "--data", "{r}/long-field.csv", "--model", "{gpt2}"],
+     're:.*long-field.csv: line 2: "label" must be an integer, got \'x\''),
+    ("a CSV field over 131,072 characters (evaluate --task evidence)",
+     ["evaluate", "--task", "evidence", "--data", "{r}/long-evidence.csv", "--model", "{llama}", "--quiet"],
+     "no usable evidence pairs ({'longer than the model takes': 1})"),
+    ("an evidence row with too few fields",
+     ["evaluate", "--task", "evidence", "--data", "{r}/short-row.csv", "--model", "{llama}"],
+     "re:.*short-row.csv: line 2 has no one_prefix_word_bad, target \\(too few fields\\)"),
+    ("a JSONL text that is a number",
+     ["explain", "--data", "{r}/number.jsonl", "--model", "{gpt2}"],
+     're:.*number.jsonl: line 1: "text" must be a string, got int'),
+    # item 7: unclear or reinterpreted input
+    ("an empty WAV file", ["explain", "--audio", "{r}/empty.wav", "--model", "{whisper}"],
+     "re:cannot read .*empty.wav as a WAV file: the file is empty \\(0 bytes\\)"),
+    ("a file that is not a WAV", ["explain", "--audio", "{r}/not-a.wav", "--model", "{whisper}"],
+     "re:cannot read .*not-a.wav as a WAV file: .+"),
+    ("bad UTF-8 names the file", ["explain", "--data", "{r}/latin1.txt", "--model", "{gpt2}"],
+     "re:.*latin1.txt is not valid UTF-8: line 2 \\(byte 0xe9 at position 7\\); save it as UTF-8"),
+    ("bad JSONL names the file and line", ["explain", "--data", "{r}/broken.jsonl", "--model", "{gpt2}"],
+     "re:.*broken.jsonl: line 2 is not JSON \\(.+\\)"),
+    ("a JSONL line without text", ["explain", "--data", "{r}/no-text.jsonl", "--model", "{gpt2}"],
+     're:.*no-text.jsonl: line 1 needs a "text" \\(a JSON object per line\\)'),
+    ("a label that is no integer", ["explain", "--data", "{r}/label.jsonl", "--model", "{gpt2}"],
+     're:.*label.jsonl: line 1: "label" must be an integer, got \'yes\''),
+    ("Whisper without audio (explain)", ["explain", "hello", "--model", "{whisper}"],
+     "whisper reads audio: give a WAV file as its source (--audio WAV)"),
+    ("Whisper without audio (maps)", ["maps", "hello ||| world", "--model", "{whisper}"],
+     "whisper reads audio: give a WAV file as its source (--audio WAV)"),
+    ("||| on a decoder-only model", ["explain", "the cat ||| the dog", "--model", "{llama}"],
+     "||| separates an encoder–decoder's source from its target; llama has one stack: leave it out "
+     "of the text"),
+    ("||| on an encoder-only model", ["maps", "the cat ||| the dog", "--model", "{bert}"],
+     "||| separates an encoder–decoder's source from its target; bert has one stack: leave it out "
+     "of the text"),
+    ("a second |||", ["explain", "the ||| cat ||| dog", "--model", "{marian}"],
+     "the text holds ||| 2 times: give one, between the source and the target"),
+    ("zero-width text (explain)", ["explain", "\u200b\u200b", "--model", "{bert}"],
+     "the text has no visible characters (only spaces, zero-width or control characters)"),
+    ("zero-width text (maps)", ["maps", "\u200b\u2060", "--model", "{bert}"],
+     "the text has no visible characters (only spaces, zero-width or control characters)"),
+    ("a text longer than the model takes", ["maps", "the cat " * 40, "--model", "{bert}", "--quiet"],
+     "the text has 82 tokens; the model takes at most 64"),
+    # issue 17 (the earlier cases that are bad input)
+    ("--out is a file", ["maps", "the cat", "--model", "{bert}", "--out", "{a-file}"],
+     "re:--out .*a-file exists and is not a folder"),
+    ("--out under a file", ["maps", "the cat", "--model", "{bert}", "--out", "{a-file}/sub"],
+     "re:--out .*a-file/sub cannot be created: .*a-file is a file, not a folder"),
+    ("damaged weights", ["maps", "the cat", "--model", "{damaged}", "--quiet"],
+     "re:cannot load model .*: the weights file .*model.safetensors is damaged or incomplete .*"),
+    ("a misspelt method option", ["evaluate", "--task", "sentiment", "--model", "{bert}", "--data", "{r}/corpus.txt",
+                                  "--methods", "integrated_gradients",
+                                  "--option", "integrated_gradients.n_stepz=3"],
+     "re:.*n_stepz.*"),
+    ("an unknown device", ["explain", "--data", "{r}/corpus.txt", "--model", "{gpt2}",
+                           "--device", "nonsense"],
+     "cannot use device 'nonsense': not a torch device name"),
+    ("a model folder that does not exist", ["maps", "the cat", "--model", "{r}/nowhere"],
+     "re:.*nowhere.*"),
+    ("a required option missing", ["evaluate", "--model", "{bert}"],
+     "the following arguments are required: --task (see captum-ffb evaluate --help)"),
+    ("an unknown choice", ["explain", "the cat", "--route", "sideways"],
+     "re:argument --route: invalid choice: 'sideways' \\(choose from '?backward'?, '?forward'?\\) "
+     "\\(see captum-ffb explain --help\\)"),
+]
+
+
+@pytest.mark.parametrize("case, template, expected", CLI_CASES, ids=[case for case, *_ in CLI_CASES])
+def test_cli_gives_one_line(case, template, expected, files, tmp_path, one_line):
+    message = one_line(_argv(template, files, tmp_path / "out"))
+    if expected.startswith("re:"):
+        assert re.fullmatch(expected[3:], message), message
+    else:
+        assert message == expected
+
+
+def test_a_refused_run_leaves_the_finished_one_alone(files, tmp_path, one_line):
+    """Issue 36, item 2: the settings are checked before anything is written."""
+    from captum_ffb.cli import main
+
+    first, second = tmp_path / "c1.txt", tmp_path / "c2.txt"
+    first.write_text("the cat sat\n\na dog ran\n")
+    second.write_text("the cat ran\n")
+    out = tmp_path / "run"
+    assert main(["explain", "--data", str(first), "--model", str(files["gpt2"]), "--out", str(out),
+                 "--quiet"]) == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    message = one_line(["explain", "--data", str(second), "--model", str(files["gpt2"]), "--out", str(out)])
+    assert message.endswith("holds a run with other settings or data; use another --out or --overwrite")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_long_clip_is_cut_with_one_line(files, tmp_path, capsys):
+    """Issue 36, item 7: audio longer than the extractor's window is cut with a notice."""
+    from captum_ffb.cli import main
+
+    argv = ["explain", "--audio", str(files["long-clip"]), "--model", str(files["whisper"]),
+            "--generate", "2", "--format", "json", "--out", str(tmp_path / "o")]
+    assert main(argv) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"captum-ffb: warning: {files['long-clip']} lasts 12.0 s; whisper reads its first 10 s"]
+
+
+# --------------------------------------------------------------------------- the API
+@pytest.fixture(scope="module")
+def api():
+    lm = tiny_lm("llama")
+    base = TINY["bert"].build()
+    marian = TINY_SEQ2SEQ["marian"].build()
+    return {"lm": lm, "nd": NormDecomposition(lm), "base": base, "nd_base": NormDecomposition(base),
+            "marian": marian, "nd_marian": NormDecomposition(marian),
+            "lnd": LayerNormDecomposition(base, base.encoder.layer[0])}
+
+
+IDS = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
+PADDED_ROW = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
+SOURCE = torch.tensor([[5, 6, 7, 8]])
+PREFIX = torch.tensor([[0, 5, 6], [0, 7, 8]])
+
+#: (case, call, the exception type, a regular expression the message matches: the parameter)
+API_CASES = [
+    ("a row that is all padding (NaN before)",
+     lambda a: a["nd_base"].attribute(IDS, target=Direction(torch.ones(32)),
+                                      forward_kwargs={"attention_mask": PADDED_ROW}),
+     ValueError, r"attention_mask: row 1 has no real token \(all padding\)"),
+    ("a mask of another shape (taken as all ones before)",
+     lambda a: a["nd"].attribute(IDS, target=3, forward_kwargs={"attention_mask": torch.ones(2, 3)}),
+     ValueError, r"attention_mask has shape \(2, 3\); the ids it masks have \(2, 5\)"),
+    ("a mask of other values",
+     lambda a: a["nd"].attribute(IDS, target=3, forward_kwargs={"attention_mask": IDS}),
+     ValueError, r"attention_mask holds values other than 0 and 1"),
+    ("a target batch that is not the source's (accepted before)",
+     lambda a: a["nd_marian"].attribute(SOURCE, target=3, forward_kwargs={"decoder_input_ids": PREFIX}),
+     ValueError, r"decoder_input_ids has 2 rows; the source \(inputs\) has 1"),
+    ("float ids", lambda a: a["nd"].attribute(IDS.float(), target=3),
+     TypeError, r"inputs must hold integer token ids, got float32"),
+    ("bool ids", lambda a: a["nd"].attribute(IDS > 6, target=3),
+     TypeError, r"inputs must hold integer token ids, got bool"),
+    ("ids out of the vocabulary", lambda a: a["nd"].attribute(IDS + 100, target=3),
+     ValueError, r"inputs holds the token id 109, outside the model's vocabulary \(0 … 59\)"),
+    ("negative ids", lambda a: a["nd"].attribute(-IDS, target=3),
+     ValueError, r"inputs holds the token id -9, outside the model's vocabulary \(0 … 59\)"),
+    ("ids of one dimension", lambda a: a["nd"].attribute(IDS[0], target=3),
+     ValueError, r"inputs must have shape \(batch, n\), got \(5,\)"),
+    ("empty ids", lambda a: a["nd"].attribute(IDS[:, :0], target=3),
+     ValueError, r"inputs are empty"),
+    ("a reference token out of the vocabulary", lambda a: a["nd"].attribute(IDS, target=3, reference=10**5),
+     ValueError, r"reference 100000 is out of range \(0 … 59\)"),
+    ("a reference that is a bool", lambda a: a["nd"].attribute(IDS, target=3, reference=True),
+     TypeError, r"reference must be an integer index, got a bool"),
+    ("more positions than the model has (MiniLM at 600)",
+     lambda a: a["nd_base"].attribute(torch.randint(4, 50, (1, 70)), target=Direction(torch.ones(32))),
+     ValueError, r"inputs has 70 positions; the model takes at most 64"),
+    ("layer maps past the position table",
+     lambda a: a["lnd"].attribute(torch.randint(4, 50, (1, 70))),
+     ValueError, r"inputs has 70 positions; the model takes at most 64"),
+    ("an encoder–decoder target out of the vocabulary",
+     lambda a: a["nd_marian"].attribute(SOURCE, target=60, forward_kwargs={"decoder_input_ids": PREFIX[:1]}),
+     ValueError, r"target 60 is out of range \(0 … 59\)"),
+    ("empty decoder ids",
+     lambda a: a["nd_marian"].attribute(SOURCE, target=3,
+                                        forward_kwargs={"decoder_input_ids": PREFIX[:1, :0]}),
+     ValueError, r"decoder_input_ids is empty"),
+    ("generation past the positions",
+     lambda a: a["nd_marian"].explain_generation(SOURCE, max_new_tokens=100000),
+     ValueError, r"max_new_tokens 100000 runs past the model's 64 positions"),
+    ("a target that is a bool (token 1 before)", lambda a: a["nd"].attribute(IDS, target=True),
+     TypeError, r"target must be an integer index, got a bool"),
+    ("a target that is a float", lambda a: a["nd"].attribute(IDS, target=3.0),
+     TypeError, r"target must be an integer index, got a float"),
+    ("a target out of the vocabulary", lambda a: a["nd"].attribute(IDS, target=60),
+     ValueError, r"target index out of range: the output has 60 units"),
+    ("forward_kwargs that is not a dict", lambda a: a["nd"].attribute(IDS, target=3, forward_kwargs=[1]),
+     TypeError, r"forward_kwargs must be a dict"),
+    ("a components call with a padded row",
+     lambda a: a["nd"].attribute_components(IDS, target=3, forward_kwargs={"attention_mask": PADDED_ROW}),
+     ValueError, r"attention_mask: row 1 has no real token"),
+    ("attribute_steps with an id out of the vocabulary",
+     lambda a: a["nd"].attribute_steps(IDS[:1] + 60, targets=[3], positions=[4]),
+     ValueError, r"input_ids holds the token id 69, outside the model's vocabulary"),
+]
+
+
+@pytest.mark.parametrize("case, call, error, message", API_CASES, ids=[case for case, *_ in API_CASES])
+def test_api_raises_naming_the_parameter(case, call, error, message, api):
+    with pytest.raises(error) as raised:
+        call(api)
+    assert type(raised.value) in (ValueError, TypeError)
+    assert re.search(message, str(raised.value)), str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+# --------------------------------------------------------------------------- random requests
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+VOCAB = 60
+
+
+@st.composite
+def requests(draw):
+    """Random ids, masks and targets: mostly well formed, the rest of wrong shapes, dtypes and
+    ranges."""
+    batch = draw(st.integers(1, 3))
+    n = draw(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7]))
+    dtype = draw(st.sampled_from([torch.long] * 4 + [torch.int32, torch.float32, torch.bool]))
+    low, high = draw(st.sampled_from([(0, VOCAB - 1)] * 4 + [(-2, VOCAB + 2)]))
+    ids = torch.tensor(draw(st.lists(st.lists(st.integers(low, high), min_size=n, max_size=n),
+                                     min_size=batch, max_size=batch)), dtype=torch.long).reshape(batch, n)
+    ids = ids.to(dtype)
+    kind = draw(st.sampled_from(["none", "ones", "padded", "padded", "wrong-shape", "values", "empty-row"]))
+    mask = None
+    if kind == "ones":
+        mask = torch.ones(batch, n, dtype=torch.long)
+    elif kind == "padded" and n > 1:
+        mask = torch.ones(batch, n, dtype=torch.long)
+        mask[:, : draw(st.integers(1, n - 1))] = 0  # left padding
+    elif kind == "wrong-shape":
+        mask = torch.ones(batch, n + 1, dtype=torch.long)
+    elif kind == "values":
+        mask = torch.full((batch, n), 2)
+    elif kind == "empty-row":
+        mask = torch.ones(batch, n, dtype=torch.long)
+        mask[-1] = 0
+    target = draw(st.one_of(st.integers(0, VOCAB - 1), st.integers(0, VOCAB - 1), st.integers(-1, VOCAB + 1),
+                            st.booleans(), st.floats(0, 5), st.just("text"),
+                            st.lists(st.integers(0, VOCAB - 1), min_size=batch, max_size=batch + 1)
+                            .map(torch.tensor)))
+    return ids, mask, target
+
+
+def _exact_or_refused(call, value_of) -> None:
+    try:
+        result = call()
+    except (ValueError, TypeError) as error:
+        assert str(error) and "\n" not in str(error)
+        hypothesis.event("refused")
+        return
+    hypothesis.event("exact")
+    delta, scale = value_of(result)
+    assert torch.isfinite(delta).all()
+    assert (delta <= 1e-4 * (1 + scale)).all(), delta
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(request=requests())
+def test_random_requests_are_exact_or_refused(api, request):
+    ids, mask, target = request
+    kwargs = {} if mask is None else {"attention_mask": mask}
+    nd = api["nd"]
+
+    def attribute():
+        return nd.attribute(ids, target=target, forward_kwargs=kwargs, return_bias=True,
+                            return_convergence_delta=True)
+
+    def components():
+        return nd.attribute_components(ids, target=target, forward_kwargs=kwargs)
+
+    _exact_or_refused(attribute, lambda r: (r[2], r[0].abs().sum(-1) + r[1].abs()))
+    _exact_or_refused(components, lambda r: (r.delta, r.value.abs()))
