@@ -32,6 +32,7 @@ from captum_ffb.decomposition import (
     TokenwiseDecomposition,
 )
 from captum_ffb.engine import Chain
+from captum_ffb.engine.locking import model_lock
 
 __version__ = "0.3.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "TokenwiseDecomposition",
     "UnsupportedArchitectureError",
     "get_architecture",
+    "model_lock",
     "register_architecture",
     "register_chain",
     "supported_architectures",

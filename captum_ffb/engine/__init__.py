@@ -29,6 +29,7 @@ from captum_ffb.engine.layers import (
     row_chunks,
     run_block,
 )
+from captum_ffb.engine.locking import model_lock
 from captum_ffb.engine.model import (
     base_model_of,
     final_norm_of,
@@ -60,6 +61,7 @@ __all__ = [
     "find_model",
     "forward_arguments",
     "iter_scopes",
+    "model_lock",
     "model_type_of",
     "next_norms",
     "norm_parameters",
