@@ -25,32 +25,18 @@ from torch import Tensor
 
 from captum_ffb.attr import NormDecomposition
 from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.attr.norm_decomposition import ExplainedReadOuts
 from captum_ffb.engine.components import check_granularity
+from captum_ffb.engine.generation import generate_greedily
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.models import LoadedModel, load_model
 from captum_ffb.readouts import ClassLogit, NextToken, ReadOut
+from captum_ffb.results import ExplainedOutput, first_token_share, token_share
 from captum_ffb.text import check_text, check_text_request, display_tokens, encode_text
 
 #: Longest input (tokens) for which the whole-model maps are computed by default.
 MAPS_UP_TO = 256
 #: Longest input (tokens) for which the backward route is checked against the forward route.
 CHECK_UP_TO = 64
-
-
-def token_share(contributions: Tensor, values: Tensor) -> Tensor:
-    """The token share ``Σ_j c_j / value`` of every row of ``(rows, n)`` contributions and
-    ``(rows,)`` values (NaN where a value is 0)."""
-    values = values.to(contributions.dtype)
-    return contributions.sum(dim=1) / torch.where(values != 0, values, torch.full_like(values, float("nan")))
-
-
-def first_token_share(contributions: Tensor) -> Tensor:
-    """The first-token share ``|c_0| / Σ_j |c_j|`` of every row of ``(rows, n)``
-    contributions, ``(rows,)`` (0 where a row is all zeros)."""
-    magnitude = contributions.abs()
-    total = magnitude.sum(dim=1)
-    return torch.where(total > 0, magnitude[:, 0] / total.clamp_min(1e-30), torch.zeros_like(total))
 
 
 @dataclass
@@ -303,7 +289,7 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
 
 
 def _run(nd: NormDecomposition, sequence: Tensor, readouts: list[ReadOut], route: str, maps: bool,
-         forward_kwargs: dict[str, Any] | None = None) -> tuple[ExplainedReadOuts, dict[str, float] | None]:
+         forward_kwargs: dict[str, Any] | None = None) -> tuple[ExplainedOutput, dict[str, float] | None]:
     """The explained read-outs and, on the backward route for short inputs, the check against
     the forward route (its own delta and the largest relative difference of the answers)."""
     check = route == "backward" and sequence.shape[1] <= CHECK_UP_TO
@@ -325,12 +311,10 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
     tokenizer = loaded.tokenizer
     n_prompt = ids.shape[1]
     if generate:
-        with torch.no_grad():
-            full = loaded.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                         max_new_tokens=generate, do_sample=False,
-                                         pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-        generated = full[0, n_prompt:].tolist()
-        sequence = full[:, : n_prompt + len(generated) - 1]
+        generated = generate_greedily(loaded.model, ids, generate, name="--generate").tolist()
+        if not generated:
+            raise ValueError("the model generated nothing to explain")
+        sequence = torch.cat([ids, ids.new_tensor(generated[:-1])[None]], dim=1)
         readouts = [NextToken(token, n_prompt - 1 + t) for t, token in enumerate(generated)]
         what = f"the logit of each of the {len(generated)} generated tokens, read where it was predicted"
     else:
@@ -432,7 +416,7 @@ class PairExplanation:
         source_tokens (list[str]): the source's tokens.
         prefix_tokens (list[str]): the decoder's input tokens (its start token first).
         target_tokens (list[str]): the explained tokens, one per decoder position.
-        result (Seq2SeqExplanation): the numbers (contributions, bias, logits, delta, shares).
+        result (ExplainedOutput): the numbers (contributions, bias, logits, delta, shares).
         route (str): the route that computed them.
     """
 
@@ -481,7 +465,8 @@ def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str =
     if audio is not None:
         if text.strip():
             first, _, decoded, labels = encode_source(str(audio), text.strip(), loaded, audio)
-            result = nd.explain_target(first, decoded[:, :-1], decoded[0, 1:], route=route)
+            result = nd.explain_target(first, decoded[0, 1:], forward_kwargs={"decoder_input_ids": decoded[:, :-1]},
+                                       route=route)
         else:
             first = encode_audio(audio, loaded)
             result = nd.explain_generation(first, max_new_tokens=generate or max_new_tokens, route=route)
@@ -495,8 +480,9 @@ def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str =
                              "generate, not both")
         source, target = split_pair(text, None)
         encoded, decoded = encode_pair(source, target, loaded)  # the start token, then the target's
-        result = nd.explain_target(encoded["input_ids"], decoded[:, :-1], decoded[0, 1:],
-                                   {"attention_mask": encoded["attention_mask"]}, route=route)
+        result = nd.explain_target(encoded["input_ids"], decoded[0, 1:], route=route,
+                                   forward_kwargs={"attention_mask": encoded["attention_mask"],
+                                                   "decoder_input_ids": decoded[:, :-1]})
     else:
         source = text.strip()
         encoded = encode_text(source, loaded)

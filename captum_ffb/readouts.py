@@ -39,7 +39,14 @@ from torch.nn import functional
 
 from captum_ffb.architectures.heads import task_of
 from captum_ffb.engine.positions import real_positions
-from captum_ffb.engine.whole import HeadTarget, ResolvedHead, element_wise_rule
+from captum_ffb.engine.head import (  # the values read, importable from here as before
+    HeadTarget,
+    ResolvedHead,
+    linearised_target_value,
+    output_hidden_states,
+    output_logits,
+    target_value,
+)
 
 #: The poolings a :class:`Direction` takes by name (or a position).
 POOLINGS = ("mean", "cls", "first", "last")
@@ -89,23 +96,6 @@ def checked_positions(position: int | Tensor, token_mask: Tensor) -> Tensor:
     return positions
 
 
-def output_logits(outputs: Any) -> Tensor:
-    """The logits of a model's outputs (``.logits``, or the first element, or the tensor)."""
-    logits = getattr(outputs, "logits", None)
-    if logits is None:
-        logits = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
-    return logits
-
-
-def output_hidden_states(outputs: Any) -> Tensor:
-    """The last hidden state of a model's outputs (``.last_hidden_state``, or the first
-    element, or the tensor)."""
-    hidden = getattr(outputs, "last_hidden_state", None)
-    if hidden is None:
-        hidden = outputs[0] if isinstance(outputs, (tuple, list)) else outputs
-    return hidden
-
-
 def _rows(values: Tensor, positions: Tensor) -> Tensor:
     """``values[b, positions[b]]`` of a ``(B, n, …)`` tensor."""
     return values[torch.arange(values.shape[0], device=values.device), positions.to(values.device)]
@@ -133,12 +123,15 @@ def _unit_target(head: ResolvedHead, indices: Tensor, coefficients: Tensor, toke
         raise ValueError("a base model has no logits: give a Direction target")
     units = head.output.weight.shape[0]
     if int(indices.min()) < 0 or int(indices.max()) >= units:
-        raise ValueError(f"target index out of range: the output has {units} units")
+        bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
+        raise ValueError(f"target {bad} is out of range (0 … {units - 1})")
     weight = head.output.weight.detach().to(dtype)[indices]  # (B, K, w)
     bias = head.output.bias
-    biases = bias.detach().to(dtype)[indices] if bias is not None else torch.zeros_like(coefficients)
-    if position is not None and head.task != "causal_lm":
-        raise ValueError("target_position is for causal LMs; a classifier reads its own position")
+    biases = bias.detach().to(dtype)[indices] if bias is not None else torch.zeros_like(coefficients).to(dtype)
+    if head.logits_bias is not None:  # added to every row of logits after the output layer
+        biases = biases + head.logits_bias.detach().to(dtype).reshape(-1)[indices]
+    if position is not None and head.task not in ("causal_lm", "seq2seq_lm"):
+        raise ValueError("target_position is for language models; a classifier reads its own position")
     if position is not None:
         positions = checked_positions(position, token_mask)
     else:
@@ -403,7 +396,7 @@ def as_readout(target: int | Tensor | ReadOut, task: str) -> ReadOut:
         return target
     if task == "base":
         raise ValueError("a base model has no logits: give a Direction target")
-    return NextToken(target) if task == "causal_lm" else ClassLogit(target)
+    return NextToken(target) if task in ("causal_lm", "seq2seq_lm") else ClassLogit(target)
 
 
 # ---------------------------------------------------------------------------------------
@@ -545,54 +538,8 @@ def default_readout(model: nn.Module) -> ReadOut | None:
         >>> default_readout(minilm).bias        # the bundled head's read-out
     """
     task = task_of(model)
-    if task == "causal_lm":
+    if task in ("causal_lm", "seq2seq_lm"):
         return NextToken()
     if task == "sequence_classification":
         return ClassLogit()
     return sentiment_readout_for(model)
-
-
-# ---------------------------------------------------------------------------------------
-# a resolved target's value in the model's output
-
-
-def _pool(hidden: Tensor, target: HeadTarget) -> Tensor:
-    if target.positions is not None:
-        return hidden.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, hidden.shape[-1]))[:, 0]
-    return torch.einsum("bi,bid->bd", target.pooling.to(hidden.dtype), hidden)
-
-
-def target_value(head: ResolvedHead, output: Any, target: HeadTarget, dtype: torch.dtype = torch.float32,
-                 hidden: Tensor | None = None) -> Tensor:
-    """``(B,)`` the value of a resolved target (:meth:`ReadOut.head_target`) in the model's own
-    output: ``Σ_k coef_k · logit_k`` at its position, or a base model's direction on its pooled
-    hidden states."""
-    if head.task == "base":
-        hidden = output_hidden_states(output) if hidden is None else hidden
-        pooled = _pool(hidden.to(dtype), target)
-        return (pooled[:, None] * target.weights).sum(-1)[:, 0] + target.biases[:, 0]
-    logits = output_logits(output).to(dtype)
-    if logits.dim() == 3:
-        logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-    return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
-
-
-def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: HeadTarget, rules: Any) -> Tensor:
-    """``Σ_k coef_k · logit_k`` read from the output layer's output with its graph (the
-    one-backward-pass route); the head's logit scale applies first, then a final
-    soft-capping passes through the activation rule's frozen slope."""
-    logits = output_layer
-    if logits.dim() == 3:
-        logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-    chosen = logits.gather(1, target.indices)
-    if head.scale is not None:
-        chosen = chosen * head.scale
-    if head.softcap is not None:
-        cap = float(head.softcap)
-
-        def softcap(t: Tensor) -> Tensor:
-            return cap * torch.tanh(t / cap)
-
-        slope = element_wise_rule(rules).slope(softcap, chosen.detach().float()).to(chosen.dtype)
-        chosen = softcap(chosen.detach()) + (chosen - chosen.detach()) * slope
-    return (chosen * target.coefficients.to(chosen.dtype)).sum(-1)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from captum_ffb.architectures import get_architecture
 from captum_ffb.decomposition import Decomposition, ScratchArena
 from captum_ffb.engine import (
+    DEFAULT_MEMORY_BUDGET,
     Block,
     LayerResult,
     Outputs,
@@ -33,8 +34,6 @@ from captum_ffb.engine.requests import check_call, check_forward_kwargs
 
 ScopeArg = str | Sequence[str] | None
 
-#: Memory the row chunks may take when ``internal_batch_size`` is not given (bytes).
-DEFAULT_MEMORY_BUDGET = 1 << 30
 
 
 class LayerNormDecomposition(LayerAttribution):

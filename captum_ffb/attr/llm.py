@@ -9,7 +9,6 @@ their base, ``BaseLLMAttribution`` (not exported by ``captum.attr``; reached thr
 
 from __future__ import annotations
 
-import inspect
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -20,19 +19,17 @@ from captum.attr import InterpretableInput, LLMAttributionResult, TextTemplateIn
 from captum.log import log_usage
 from torch import Tensor
 
+from captum_ffb._deprecation import keyword_only
 from captum_ffb._private import llm_attribution_base, pretty_tokens
 from captum_ffb.attr.norm_decomposition import NormDecomposition
+from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.locking import serialized
-from captum_ffb.engine.requests import check_new_tokens
-from captum_ffb.readouts import output_logits
+from captum_ffb.readouts import NextToken, output_logits
+from captum_ffb.results import ExplainedOutput
 
-#: Greedy decoding, as Captum's ``DEFAULT_GEN_ARGS``; ``gen_args`` entries replace these.
-DEFAULT_GEN_ARGS: dict[str, Any] = {
-    "max_new_tokens": 25,
-    "do_sample": False,
-    "temperature": None,
-    "top_p": None,
-}
+#: The generation ``attribute`` runs without a target: greedy, :data:`DEFAULT_NEW_TOKENS` new
+#: tokens (every entry point generates the same way); ``gen_args`` entries replace these.
+DEFAULT_GEN_ARGS: dict[str, Any] = {"max_new_tokens": DEFAULT_NEW_TOKENS, "do_sample": False, "num_beams": 1}
 
 _MARK = re.compile("\x00(\\d+)\x01")
 
@@ -66,6 +63,7 @@ class NormLLMAttributionResult(LLMAttributionResult):
         decoder_start_attr (Tensor, optional): ``(T,)`` for an encoder–decoder, the decoder's
                     start token's contribution (in no prompt or output token; it joins the
                     sum above). The prompt is then the source.
+        explained (ExplainedOutput, optional): the numbers all of this is read from.
     """
 
     def __init__(
@@ -87,6 +85,7 @@ class NormLLMAttributionResult(LLMAttributionResult):
         target_ids: Tensor,
         route: str,
         decoder_start_attr: Tensor | None = None,
+        explained: ExplainedOutput | None = None,
     ) -> None:
         super().__init__(input_tokens=input_tokens, output_tokens=output_tokens, seq_attr=seq_attr,
                          token_attr=token_attr, output_probs=output_probs, inp=inp)
@@ -100,6 +99,7 @@ class NormLLMAttributionResult(LLMAttributionResult):
         self.target_ids = target_ids
         self.route = route
         self.decoder_start_attr = decoder_start_attr
+        self.explained = explained
 
     def __repr__(self) -> str:
         return (f"NormLLMAttributionResult({len(self.output_tokens)} output tokens × "
@@ -170,13 +170,16 @@ class LLMNormAttribution(BaseLLMAttribution):
 
     @log_usage()
     @serialized
+    @keyword_only(2, ("inp", "target", "gen_args", "route", "rules"))
     def attribute(
         self,
         inp: TextTokenInput | TextTemplateInput,
         target: str | Tensor | None = None,
+        *,
         gen_args: dict[str, Any] | None = None,
         route: str = "backward",
         rules: Mapping[str, Callable] | None = None,
+        reference: str | int | Tensor | None = None,
     ) -> NormLLMAttributionResult:
         r"""Contributions of the prompt's features to every output token's logit.
 
@@ -184,15 +187,19 @@ class LLMNormAttribution(BaseLLMAttribution):
             inp (TextTokenInput or TextTemplateInput): the prompt and its features.
             target (str or Tensor, optional): the output to explain: a string (tokenized
                         without special tokens, as Captum does) or token ids ``(T,)``.
-                        ``None``: generate it with ``model.generate``.
-            gen_args (dict, optional): generation arguments (only with ``target=None``),
-                        over ``DEFAULT_GEN_ARGS`` (greedy, 25 new tokens).
+                        ``None``: generate it greedily
+                        (:func:`~captum_ffb.engine.generation.generate_greedily`).
+            gen_args (dict, optional): generation arguments (only with ``target=None``):
+                        ``max_new_tokens`` (20 by default) and any other of ``generate``'s.
             route (str): ``"backward"`` or ``"forward"`` (see ``NormDecomposition``).
             rules (dict, optional): role → rule for this call.
+            reference (str, int or Tensor, optional): what the players are measured from
+                        (see ``NormDecomposition.attribute``; the instance's by default).
 
         Returns:
             NormLLMAttributionResult: ``token_attr`` ``(T, n_features)``, ``seq_attr``
-            ``(n_features,)``, ``output_probs`` ``(T,)`` and the exactness terms.
+            ``(n_features,)``, ``output_probs`` ``(T,)``, the exactness terms, and the
+            :class:`~captum_ffb.results.ExplainedOutput` they come from (``explained``).
         """
         if not isinstance(inp, self.SUPPORTED_INPUTS):
             raise TypeError(
@@ -201,78 +208,36 @@ class LLMNormAttribution(BaseLLMAttribution):
         prompt, features = self._prompt(inp)
         if prompt.shape[1] == 0:
             raise ValueError("the prompt has no tokens")
-        if self.attr_method.seq2seq is not None:
-            return self._attribute_seq2seq(inp, prompt, features, target, gen_args, route, rules)
-        targets = self._targets(prompt, target, gen_args)
-        n_prompt, steps = prompt.shape[1], targets.shape[0]
-        ids = torch.cat([prompt, targets[None, :-1]], dim=1)
-        positions = torch.arange(n_prompt - 1, n_prompt - 1 + steps, device=self.device)
-
-        contributions, bias, delta, chosen, probs = explain_steps(
-            self.attr_method, ids, targets, positions, route=route, rules=rules
-        )
+        tokens = self._targets(prompt, target, gen_args)
+        result = self.attr_method.explain_target(prompt, tokens, route=route, rules=rules, reference=reference)
+        n_prompt, steps = prompt.shape[1], tokens.numel()
+        contributions = result.contributions.detach().float().cpu()
+        # the players: the prompt (a causal LM's, or an encoder–decoder's source), then an
+        # encoder–decoder's decoder start token, then the output tokens but the last
+        after = n_prompt + (1 if result.n_source else 0)
         prompt_attr = contributions[:, :n_prompt]
         output_attr = torch.zeros(steps, steps)
-        output_attr[:, : steps - 1] = contributions[:, n_prompt:]
+        output_attr[:, : steps - 1] = contributions[:, after:after + steps - 1]
         token_attr = self._feature_attr(inp, prompt_attr, features)
         return NormLLMAttributionResult(
             input_tokens=list(inp.values),
-            output_tokens=self._pretty(targets.cpu()),
+            output_tokens=self._pretty(tokens.cpu()),
             seq_attr=token_attr.sum(0),
             token_attr=token_attr,
-            output_probs=probs,
+            output_probs=step_probabilities(result),
             inp=inp,
             prompt_tokens=self.tokenizer.convert_ids_to_tokens(prompt[0].tolist()),
             prompt_attr=prompt_attr,
             prompt_features=features.cpu(),
             output_attr=output_attr,
-            bias=bias,
-            logits=chosen,
-            convergence_delta=delta,
-            target_ids=targets.cpu(),
+            bias=result.bias.detach().float().cpu(),
+            logits=result.value.detach().float().cpu(),
+            convergence_delta=result.delta.detach().float().cpu(),
+            target_ids=tokens.cpu(),
             route=route,
+            decoder_start_attr=contributions[:, n_prompt] if result.n_source else None,
+            explained=result,
         )
-
-    def _attribute_seq2seq(self, inp: Any, prompt: Tensor, features: Tensor, target: str | Tensor | None,
-                           gen_args: dict[str, Any] | None, route: str,
-                           rules: Mapping[str, Callable] | None) -> NormLLMAttributionResult:
-        """An encoder–decoder: the prompt is the source; the output its target (given, or
-        generated greedily), each token explained with the target prefix before it."""
-        model = self.model
-        start = int(model.config.decoder_start_token_id)
-        if target is None:
-            arguments = {**DEFAULT_GEN_ARGS, **(gen_args or {})}
-            if "max_new_tokens" in arguments:
-                check_new_tokens(arguments["max_new_tokens"], 1, model.config, decoder=True,
-                                 name="gen_args['max_new_tokens']")
-            with torch.no_grad():
-                output = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **arguments)
-            sequence = (output if isinstance(output, Tensor) else output.sequences)[0]
-            tokens = sequence[1:] if int(sequence[0]) == start else sequence
-        else:
-            if gen_args is not None:
-                raise ValueError("gen_args is for generating the target: give one or the other")
-            tokens = (torch.tensor(self.tokenizer(text_target=target, add_special_tokens=False)["input_ids"])
-                      if isinstance(target, str) else torch.as_tensor(target).reshape(-1))
-        if tokens.numel() == 0:
-            raise ValueError("the target has no tokens (an empty string, or nothing was generated)")
-        tokens = tokens.long().to(self.device)
-        prefix = torch.cat([tokens.new_tensor([start]), tokens[:-1]])[None]
-        result = self.attr_method.explain_target(prompt, prefix, tokens, route=route, rules=rules)
-        with torch.no_grad():
-            step_logits = model(input_ids=prompt, decoder_input_ids=prefix).logits[0].float()
-        probs = torch.softmax(step_logits, -1)[torch.arange(tokens.numel()), tokens].cpu()
-        steps = tokens.numel()
-        output_attr = torch.zeros(steps, steps)
-        output_attr[:, : steps - 1] = result.target[:, 1:]
-        token_attr = self._feature_attr(inp, result.source, features)
-        return NormLLMAttributionResult(
-            input_tokens=list(inp.values), output_tokens=self._pretty(tokens.cpu()), seq_attr=token_attr.sum(0),
-            token_attr=token_attr, output_probs=probs, inp=inp,
-            prompt_tokens=self.tokenizer.convert_ids_to_tokens(prompt[0].tolist()), prompt_attr=result.source,
-            prompt_features=features.cpu(), output_attr=output_attr, bias=result.bias, logits=result.value,
-            convergence_delta=result.delta, target_ids=tokens.cpu(), route=route,
-            decoder_start_attr=result.target[:, 0])
 
     def attribute_future(self) -> Callable:
         r"""Not implemented for LLMNormAttribution."""
@@ -319,19 +284,16 @@ class LLMNormAttribution(BaseLLMAttribution):
         if target is not None and gen_args is not None:
             raise ValueError("gen_args is for generating the target: give one or the other")
         if target is None:
-            generate = getattr(self.model, "generate", None)
-            if not callable(generate):
+            if not callable(getattr(self.model, "generate", None)):
                 raise ValueError(f"{type(self.model).__name__} cannot generate: give the target")
-            arguments = {**DEFAULT_GEN_ARGS, **(gen_args or {})}
-            if "max_new_tokens" in arguments:
-                check_new_tokens(arguments["max_new_tokens"], prompt.shape[1], self.model.config,
-                                 name="gen_args['max_new_tokens']")
-            with torch.no_grad():
-                output = generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **arguments)
-            output = output if isinstance(output, Tensor) else output.sequences
-            tokens = output[0, prompt.shape[1]:]
+            arguments = dict(gen_args or {})
+            count = arguments.pop("max_new_tokens", DEFAULT_NEW_TOKENS)
+            tokens = generate_greedily(self.model, prompt, count, arguments, name="gen_args['max_new_tokens']")
         elif isinstance(target, str):
-            tokens = torch.tensor(self.tokenizer.encode(target, add_special_tokens=False))
+            encoded = self.tokenizer(text_target=target, add_special_tokens=False)["input_ids"] \
+                if self.attr_method.engine.source is not None else \
+                self.tokenizer.encode(target, add_special_tokens=False)
+            tokens = torch.tensor(encoded)
         elif isinstance(target, Tensor):
             if target.is_floating_point():
                 raise TypeError("target token ids must be integers")
@@ -357,6 +319,17 @@ class LLMNormAttribution(BaseLLMAttribution):
         return inp.format_attr(per_feature)
 
 
+def step_probabilities(result: ExplainedOutput) -> Tensor:
+    """``(T,)`` the model's probability of each explained token where it is read, from the
+    logits of the pass that recorded the explanation (float32, on the CPU)."""
+    logits = output_logits(result.outputs)[0]
+    positions = torch.as_tensor([int(r.position) for r in result.readouts], device=logits.device)
+    tokens = torch.as_tensor([int(r.token) for r in result.readouts], device=logits.device)
+    step_logits = logits[positions].float()
+    chosen = step_logits.gather(1, tokens[:, None])[:, 0]
+    return (chosen - torch.logsumexp(step_logits, dim=1)).exp().detach().cpu()
+
+
 def explain_steps(
     nd: NormDecomposition,
     ids: Tensor,
@@ -367,31 +340,14 @@ def explain_steps(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     r"""Teacher-forced steps of one sequence ``ids`` ``(1, n)``: the contributions ``(T, n)``,
     bias, convergence delta, logit and probability ``(T,)`` of ``targets[t]`` read at
-    ``positions[t]``, all from the passes of :meth:`NormDecomposition.attribute_steps` (the
-    logits are read by a hook on the model: no extra call). Float32 tensors on the CPU."""
-    seen: list[Tensor] = []
-    handle = nd.model.register_forward_hook(
-        lambda _module, _args, output: seen.append(output_logits(output).detach())
-    )
-    try:
-        # every position's logits (logits_to_keep=0): the hook reads each step's distribution
-        kwargs = {"attention_mask": torch.ones_like(ids), "logits_to_keep": 0}
-        if "logits_to_keep" not in inspect.signature(nd.model.forward).parameters:
-            kwargs.pop("logits_to_keep")
-        contributions, bias, delta = nd.attribute_steps(
-            ids, targets, positions, forward_kwargs=kwargs,
-            return_convergence_delta=True, route=route, rules=rules, return_bias=True,
-        )
-    finally:
-        handle.remove()
-    if not seen:
-        raise RuntimeError("expected a forward pass of the model, saw none")
-    # the first pass is the attribution's own (on the backward route a second one captures the
-    # bias player for the convergence delta; it sees the same logits)
-    step_logits = seen[0][0, positions.to(seen[0].device)].float()  # (T, vocab)
-    chosen = step_logits.gather(1, targets.to(step_logits.device)[:, None])[:, 0]
-    probs = (chosen - torch.logsumexp(step_logits, dim=1)).exp()
-    return tuple(t.detach().float().cpu() for t in (contributions, bias, delta, chosen, probs))
+    ``positions[t]``, from :meth:`NormDecomposition.explain`'s passes (the probabilities from
+    its recording pass: no extra call). Float32 tensors on the CPU."""
+    readouts = [NextToken(int(t), int(p)) for t, p in zip(torch.as_tensor(targets).reshape(-1),
+                                                          torch.as_tensor(positions).reshape(-1))]
+    result = nd.explain(ids, readouts, forward_kwargs={"attention_mask": torch.ones_like(ids)}, route=route,
+                        rules=rules)
+    return tuple(t.detach().float().cpu() for t in (result.contributions, result.bias, result.delta, result.value,
+                                                    step_probabilities(result)))
 
 
 def _segment_spans(inp: TextTemplateInput) -> tuple[str, list[tuple[int, int, int]]]:

@@ -19,6 +19,7 @@ from captum_ffb.engine.capture import (
 )
 from captum_ffb.engine.chains import NEXT_NORM_SCOPE, PARALLEL, POST_LN, PRE_LN, Chain
 from captum_ffb.engine.layers import (
+    DEFAULT_MEMORY_BUDGET,
     LayerResult,
     Outputs,
     capture_layers,
@@ -40,6 +41,7 @@ from captum_ffb.engine.model import (
 )
 
 __all__ = [
+    "DEFAULT_MEMORY_BUDGET",
     "NEXT_NORM_SCOPE",
     "PARALLEL",
     "POST_LN",

@@ -33,8 +33,8 @@ from torch import Tensor
 from captum_ffb.decomposition import Decomposition, stack_rows
 from captum_ffb.engine.block import Block
 from captum_ffb.engine.chains import CROSS_WRITER, EXPERT_OBSERVER, Chain, norm
+from captum_ffb.engine.head import HeadTarget, ResolvedHead, head_forward
 from captum_ffb.engine.layers import row_chunks
-from captum_ffb.engine.whole import HeadTarget, ResolvedHead, head_forward
 from captum_ffb.rules import is_linear_in_players
 
 #: How finely :func:`propagate_components` splits the writers.
@@ -76,7 +76,7 @@ def head_direct_path(head: ResolvedHead, target: HeadTarget, rules: Mapping[str,
 
     Args:
         head, target, rules, real, spec, config: see
-                    :func:`~captum_ffb.engine.whole.head_forward`.
+                    :func:`~captum_ffb.engine.head.head_forward`.
         like (Tensor): the last block's output ``(B, n, d)`` (shape, precision, device).
     """
     batch, n, width = like.shape
@@ -225,6 +225,20 @@ class HeadSplit:
         self.contributions = torch.einsum("bapkh,bak->bph", terms, coefficients)
         self.bias = torch.einsum("bakh,bak->bh", part.bias.reshape(batch, a, r, n_heads), coefficients)
         return out.features(slice(0, d))
+
+
+def head_read_outs(block: Block, z: Tensor, covector: Tensor, rules: Mapping[str, Callable], spec: Any,
+                   n_heads: int) -> list[Tensor]:
+    """Each head's direct read-out ``Σ_i ⟨z_h[i] W_O^h, g_i⟩`` (``z`` the output projection's
+    input, ``g`` the covector before any attention post-norm), ``(B,)`` each, with its graph
+    (the backward route's per-head read-outs)."""
+    raw, _ = pull_back_norm(block, "attention_post_norm", rules, covector)
+    weight = block.projection(spec.attention_output)[0].to(z.dtype)  # (H·e, d)
+    z = z.reshape(raw.shape[0], -1, z.shape[-1]) if z.dim() == 2 else z
+    per_head = z.reshape(*z.shape[:2], n_heads, -1)  # (B, n, H, e)
+    w_o = weight.reshape(n_heads, -1, weight.shape[-1])  # (H, e, d)
+    folded = torch.einsum("hed,bid->bihe", w_o, raw.to(z.dtype))
+    return list(torch.einsum("bihe,bihe->hb", per_head, folded).unbind(0))
 
 
 # --------------------------------------------------------------------------- propagation

@@ -32,6 +32,10 @@ from captum_ffb.engine.chains import Chain, Rules
 from captum_ffb.engine.model import next_norms
 from captum_ffb.rules import check_rules, default_rules
 
+#: Memory the row chunks (and the forward route's player groups) may take when no chunk size
+#: is given (bytes).
+DEFAULT_MEMORY_BUDGET = 1 << 30
+
 
 @dataclass(frozen=True)
 class Outputs:

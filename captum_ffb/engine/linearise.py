@@ -50,8 +50,8 @@ from captum_ffb.engine.capture import (
     patched_attention_methods,
     softmax_hooks,
 )
+from captum_ffb.engine.head import element_wise_rule
 from captum_ffb.engine.scores import inner_norm_rule
-from captum_ffb.engine.whole import element_wise_rule
 from captum_ffb.rules import Attention, Linear, Residual
 from captum_ffb.rules.attention_scores import allowed_keys
 

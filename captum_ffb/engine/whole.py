@@ -1,264 +1,101 @@
-"""The whole model: players, the forward propagation through every block, and the head.
+r"""The whole model, one engine for every registered shape: capture → propagate (the backward or
+the forward route) → head.
 
-The players are the first block's input vectors (one per position, or groups of positions)
-plus the bias player. Block after block, each chain starts from the previous block's output
-decomposition (:func:`propagate`); after the last block the head's rules turn the
-decomposition into one scalar per player (:func:`head_forward`).
+A model is bound once (:class:`WholeModel`): its stacks (one for decoder-only and
+encoder-only models; the encoder's, then the decoder's for an encoder–decoder), its head and
+its rules. The players are laid out ``[source | target]`` — the encoder's first-block
+inputs, then the decoder's — or, for a model of one stack, its tokens alone
+(:mod:`captum_ffb.engine.players`); every answer, component row and start follows that
+order. Two routes compute the same numbers:
+
+* **backward** (:meth:`WholeModel.backward`): one forward pass of the model with every
+  coefficient frozen (:func:`~captum_ffb.engine.linearise.linearise`, both stacks), then one
+  gradient per explained output at the players' inputs; each player's contribution is
+  ``⟨g_j, x_j − r_j⟩`` (:func:`~captum_ffb.engine.players.token_contributions`).
+* **forward** (:meth:`WholeModel.forward`): one recorded pass, the players' decompositions
+  carried through every block (the encoder's decomposition entering every cross-attention),
+  then the head's rules (:func:`~captum_ffb.engine.head.head_forward`). It also gives the
+  bias player on its own (no other player), the backward route's independent check, and the
+  whole-model token-to-token maps.
+
+The component tables (direct effects of every writer of the residual stream) take either
+route too (:meth:`WholeModel.components`).
 """
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from captum_ffb.architectures.activations import ACTIVATIONS
-from captum_ffb.architectures.heads import HeadActivation, HeadNorm, HeadSpec, get_head, task_of
-from captum_ffb.architectures.spec import ArchitectureSpec, Projection
-from captum_ffb.decomposition import Decomposition, TokenwiseDecomposition, stack_rows
-from captum_ffb.engine.block import (
-    Block,
-    config_of,
-    has_path,
-    norm_parameters,
-    projection_weights,
-    resolve,
-)
+from captum_ffb.architectures import get_architecture
+from captum_ffb.architectures.spec import ArchitectureSpec
+from captum_ffb.decomposition import Decomposition, stack_rows
+from captum_ffb.engine.block import Block, block_watch, config_of, norm_parameters, watched_modules
+from captum_ffb.engine.capture import capture, token_mask_of
 from captum_ffb.engine.chains import Chain
-from captum_ffb.engine.layers import iter_scopes, row_chunks
-from captum_ffb.engine.model import base_model_of, final_norm_of
+from captum_ffb.engine.components import (
+    EMBEDDINGS,
+    HEAD,
+    ComponentSums,
+    check_granularity,
+    check_linear_rules,
+    direct_paths,
+    head_direct_path,
+    head_read_outs,
+    iter_groups,
+    propagate_components,
+    settle_block,
+    stacked,
+)
+from captum_ffb.engine.head import (  # noqa: F401  (importable from here, as before)
+    HeadTarget,
+    ResolvedHead,
+    element_wise_rule,
+    head_forward,
+    linearised_target_value,
+    resolve_head,
+    resolve_in,
+    target_value,
+)
+from captum_ffb.engine.layers import (
+    DEFAULT_MEMORY_BUDGET,
+    capture_layers,
+    chain_for,
+    iter_scopes,
+    replay_block,
+    row_chunks,
+    warn_if_padded_without_mask,
+)
+from captum_ffb.engine.linearise import linearise
+from captum_ffb.engine.model import final_norm_of, find_blocks, model_type_of
+from captum_ffb.engine.players import (  # noqa: F401  (importable from here, as before)
+    REFERENCES,
+    is_centered,
+    joint,
+    player_start,
+    reference_inputs,
+    shared_mean,
+    token_contributions,
+    visible_positions,
+)
+from captum_ffb.rules import check_rules, is_linear_in_players, whole_model_rules
 
-
-def resolve_in(model: nn.Module, path: str) -> Any:
-    """``path`` below the task model, else below its base model; ``None`` when absent."""
-    for root in (model, base_model_of(model)):
-        if has_path(root, path):
-            return resolve(root, path)
-    return None
-
-
-@dataclass
-class ResolvedHead:
-    """A task model's head bound to its modules.
-
-    Attributes:
-        task (str): ``"causal_lm"``, ``"sequence_classification"`` or ``"base"``.
-        spec (HeadSpec): the declarative head.
-        final_norm (nn.Module, optional): the final norm, when applied.
-        steps (list): ``("linear", module, projection)``, ``("activation", fn, None)`` and
-                    ``("norm", module, None)``.
-        output (nn.Module, optional): the output layer (``None`` for a base model).
-        softcap (float, optional): the final ``c·tanh(logit / c)``.
-        scale (float, optional): the factor on the logits before any soft-capping.
-    """
-
-    task: str
-    spec: HeadSpec
-    final_norm: nn.Module | None
-    steps: list[tuple[str, Any, Projection | None]] = field(default_factory=list)
-    output: nn.Module | None = None
-    softcap: float | None = None
-    scale: float | None = None
-
-    def modules(self) -> dict[str, nn.Module]:
-        """Role → module whose input and output the forward route reads."""
-        out: dict[str, nn.Module] = {}
-        if self.final_norm is not None:
-            out["final_norm"] = self.final_norm
-        for position, (kind, item, _) in enumerate(self.steps):
-            if kind in ("linear", "norm"):
-                out[f"head:{position}"] = item
-        if self.output is not None:
-            out["output"] = self.output
-        return out
-
-    def linearised_steps(self) -> list[tuple[str, Any]]:
-        """The steps with the output layer last, for ``linearise``."""
-        steps = [(kind, item) for kind, item, _ in self.steps]
-        if self.output is not None:
-            steps.append(("linear", self.output))
-        return steps
-
-
-def resolve_head(model: nn.Module, spec: ArchitectureSpec) -> ResolvedHead:
-    """The head of ``model`` (a task model or a base model) from the registered heads."""
-    config = config_of(model)
-    task = task_of(model)
-    head = get_head(config.model_type, task)
-    reason = head.unsupported(config) if head.unsupported is not None else None
-    if reason:
-        raise ValueError(f"{type(model).__name__}: {reason}")
-    norm = final_norm_of(model, spec) if head.final_norm else None
-    steps: list[tuple[str, Any, Projection | None]] = []
-    for layer in head.layers:
-        if isinstance(layer, Projection):
-            module = resolve_in(model, layer.path)
-            if module is None:
-                continue  # a layer this configuration does not have (OPT's project_out)
-            steps.append(("linear", module, layer))
-        elif isinstance(layer, HeadNorm):
-            steps.append(("norm", resolve_in(model, layer.path), None))
-        elif isinstance(layer, HeadActivation):
-            fn = resolve_in(model, layer.path) if layer.path else ACTIVATIONS.get(layer.function or "")
-            if fn is None:
-                raise ValueError(f"cannot find the head activation {layer.path or layer.function!r}")
-            steps.append(("activation", fn, None))
-    output = None
-    if task != "base":
-        output = model.get_output_embeddings() if head.output is None else resolve_in(model, head.output)
-        if not isinstance(output, nn.Linear):
-            raise ValueError(f"the output layer of {type(model).__name__} is not a linear layer")
-    softcap = getattr(config, head.softcap, None) if head.softcap else None
-    scale = None if head.scale is None else float(head.scale(config))
-    return ResolvedHead(task, head, norm, steps, output, softcap, scale)
-
-
-def element_wise_rule(rules: Mapping[str, Callable]) -> Callable:
-    """The rule for a head's element-wise activations: the model's ``"activation"`` rule, or
-    the default one for families whose feed-forward is gated."""
-    from captum_ffb.rules import IGActivation
-
-    return rules.get("activation") or IGActivation()
-
-
-# --------------------------------------------------------------------------- players
-def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: Tensor | None,
-                 reference: Tensor | None = None, shared: Tensor | None = None) -> Decomposition:
-    r"""The decomposition of the first block's input over the chosen players.
-
-    ``F[b, i, k] = x[b, i] − r[b, i]`` if position ``i`` belongs to player ``players[k]``,
-    else 0, and ``b[b, i] = r[b, i]`` (the reference, owed to no player; zero by default).
-    With ``shared`` (the ``"centered"`` reference: a ``(B, n)`` mask of the positions the
-    explained output sees, ``V``), the players are measured from their mean over ``V``, ``x̄``,
-    and that mean is theirs: at every position of ``V``, player ``k`` also holds
-    ``(1/|V|) Σ_{i ∈ k ∩ V} x[b, i]``, its part of the mean; the bias player starts at 0
-    (``reference`` is not used).
-
-    Args:
-        x (Tensor): the first block's input ``(B, n, d)``.
-        groups (Tensor): the player of each position ``(B, n)`` (long).
-        players (Sequence[int]): the players to keep, as columns.
-        token_mask (Tensor, optional): ``(B, n)``; padded positions belong to no player.
-        reference (Tensor, optional): ``(B, n, d)`` the reference input ``r`` of the real
-                    positions (see :func:`reference_inputs`).
-        shared (Tensor, optional): ``(B, n)`` the positions the centred reference averages.
-    """
-    ids = torch.as_tensor(list(players), dtype=torch.long, device=x.device)
-    n = x.shape[1]
-    bias = torch.zeros_like(x)
-    if shared is not None:
-        return _centered_start(x, groups, ids, token_mask, shared)
-    if reference is not None:
-        bias = reference.to(x.dtype).expand_as(x)
-        if token_mask is not None:
-            bias = bias * token_mask[:, :, None].to(x.dtype)
-    if len(ids) == n and torch.equal(groups, torch.arange(n, device=x.device).expand_as(groups)) \
-            and torch.equal(ids, torch.arange(n, device=x.device)):
-        # every position its own player: the identity, in its compact form (the fast paths)
-        if reference is None:
-            return Decomposition.identity(x, token_mask)
-        return TokenwiseDecomposition(x - bias, bias, token_mask)
-    member = groups[:, :, None] == ids[None, None, :]  # (B, n, P)
-    if token_mask is not None:
-        member = member & token_mask[:, :, None].bool()
-    terms = (x - bias)[:, :, None, :] * member[..., None].to(x.dtype)
-    player_mask = member.any(dim=1)
-    return Decomposition(terms, bias.clone(), token_mask, player_mask=player_mask)
-
-
-def _centered_start(x: Tensor, groups: Tensor, ids: Tensor, token_mask: Tensor | None,
-                    visible: Tensor) -> Decomposition:
-    """``F[b, i, k] = [i ∈ k] (x_i − v_i x̄) + v_i (1/|V|) Σ_{i' ∈ k ∩ V} x_i'``, ``v`` the mask of
-    ``V`` and ``x̄`` the mean over ``V`` (see :func:`player_start`)."""
-    real = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device) if token_mask is None \
-        else token_mask.to(x.dtype)
-    seen = visible.to(x.dtype) * real
-    count = seen.sum(1).clamp_min(1)
-    mean = torch.einsum("bn,bnd->bd", seen, x) / count[:, None]
-    member = (groups[:, :, None] == ids[None, None, :]) & real[:, :, None].bool()  # (B, n, P)
-    share = torch.einsum("bnp,bnd->bpd", member.to(x.dtype) * seen[:, :, None], x) / count[:, None, None]
-    own = x - seen[:, :, None] * mean[:, None, :]
-    terms = own[:, :, None, :] * member[..., None].to(x.dtype) + seen[:, :, None, None] * share[:, None, :, :]
-    return Decomposition(terms, torch.zeros_like(x), token_mask, player_mask=member.any(dim=1))
-
-
-def visible_positions(token_mask: Tensor, positions: Tensor | None, causal: bool) -> Tensor:
-    """``(B, n)`` the real positions an output read at ``positions`` (``(B,)``; ``None``:
-    pooled) sees: those up to it in a causal model, all of them otherwise."""
-    if positions is None or not causal:
-        return token_mask
-    n = token_mask.shape[1]
-    return token_mask * (torch.arange(n, device=token_mask.device)[None, :] <= positions[:, None]).to(token_mask.dtype)
-
-
-def shared_mean(gradient: Tensor, inputs: Tensor, visible: Tensor) -> Tensor:
-    """``(B, n)``: ``(1/|V|) Σ_{j ∈ V} L_j(x_k) = ḡ·x_k`` at each position ``k`` of ``V`` (``ḡ``
-    the mean gradient over ``V``): each token's part of the output of the mean input, the
-    backward route's counterpart of the centred start (:func:`player_start`)."""
-    seen = visible.to(gradient.dtype)
-    mean_gradient = torch.einsum("bn,bnd->bd", seen, gradient) / seen.sum(1, keepdim=True).clamp_min(1)
-    return torch.einsum("bd,bnd->bn", mean_gradient, inputs.to(gradient.dtype)) * seen
-
-
-def token_contributions(gradient: Tensor, inputs: Tensor, reference: Tensor | None, seen: Tensor | None) -> Tensor:
-    """``(B, n)`` each player's contribution from the read-out's gradient at the first block's
-    input: ``⟨g_j, x_j − r_j⟩``, or for the centred reference (``seen``: the positions averaged)
-    ``⟨g_j, x_j − x̄⟩ + ḡ·x_j``."""
-    if seen is not None:
-        seen = seen.to(inputs.dtype)
-        mean = torch.einsum("bn,bnd->bd", seen, inputs) / seen.sum(1, keepdim=True).clamp_min(1)
-        return (gradient * (inputs - mean[:, None])).sum(-1) + shared_mean(gradient, inputs, seen)
-    return (gradient * (inputs if reference is None else inputs - reference.to(inputs.dtype))).sum(-1)
-
-
-#: The reference inputs :func:`reference_inputs` understands by name.
-REFERENCES = ("zero", "mean", "centered")
-
-
-def is_centered(reference: Any) -> bool:
-    """Whether ``reference`` names the centred reference: players measured from the mean of
-    the real positions' inputs, that mean's output shared back to the tokens it averages."""
-    return isinstance(reference, str) and reference == "centered"
-
-
-def reference_inputs(reference: str | int | Tensor | None, x: Tensor, token_mask: Tensor | None,
-                     token_inputs: Callable[[int], Tensor] | None = None) -> Tensor | None:
-    r"""The reference ``r`` ``(B, n, d)`` the players are measured from (``c_j = L_j(x_j − r_j)``;
-    ``Σ_j L_j(r_j)`` goes to the bias player), or ``None`` for zero.
-
-    Args:
-        reference (str, int or Tensor, optional): ``"zero"`` (or ``None``); ``"mean"`` (and
-                    ``"centered"``), each row's mean first-block input over its real tokens; a token id, the
-                    first-block input the model gives that token at each position
-                    (``token_inputs`` computes it); a tensor ``(d,)``, ``(n, d)`` or
-                    ``(B, n, d)``.
-        x (Tensor): the first block's input ``(B, n, d)``.
-        token_mask (Tensor, optional): ``(B, n)``, 1 for real tokens.
-        token_inputs (Callable, optional): token id → the first block's input ``(B, n, d)``
-                    for a sequence of that token.
-    """
-    if reference is None or (isinstance(reference, str) and reference == "zero"):
-        return None
-    if isinstance(reference, str):
-        if reference not in ("mean", "centered"):
-            raise ValueError(f"reference must be one of {REFERENCES}, a token id or a tensor, got {reference!r}")
-        weights = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device) if token_mask is None \
-            else token_mask.to(x.dtype)
-        mean = torch.einsum("bn,bnd->bd", weights, x) / weights.sum(1, keepdim=True).clamp_min(1)
-        return mean[:, None, :].expand_as(x)
-    if isinstance(reference, int) and not isinstance(reference, bool):
-        if token_inputs is None:
-            raise ValueError("a token id as reference needs the model's embeddings")
-        return token_inputs(reference).to(x.dtype)
-    if isinstance(reference, Tensor):
-        r = reference.to(device=x.device, dtype=x.dtype)
-        if r.shape[-1] != x.shape[-1] or r.dim() > 3:
-            raise ValueError(f"a reference tensor ends with the width {x.shape[-1]}: (d,), (n, d) or (B, n, d)")
-        return r.expand_as(x)
-    raise TypeError(f"reference must be 'zero', 'mean', a token id or a tensor, got {type(reference).__name__}")
+#: The routes of the whole-model attribution.
+ROUTES = ("backward", "forward")
+#: The keyword arguments that carry an encoder–decoder's target.
+TARGET_KEYS = ("decoder_input_ids", "decoder_inputs_embeds")
+#: At most this many read-outs of one block share a batched backward pass (a block's heads
+#: together: 13 % faster than one pass each on SmolLM2; mixing blocks of different depths is not).
+GRADIENT_CHUNK = 16
+#: A backward pass of one writer through one block costs about this many forward-route
+#: players through one block (SmolLM2, one thread: 1.7 at n = 32, 1.2 at n = 128).
+BACKWARD_PER_FORWARD_PLAYER = 1.4
 
 
 def propagate(
@@ -287,120 +124,815 @@ def propagate(
         yield current
 
 
-# --------------------------------------------------------------------------- head
-def _rows_at(tensor: Tensor, positions: Tensor) -> Tensor:
-    """``tensor[b, positions[b]]`` for a ``(B, n, …)`` tensor."""
-    index = positions.reshape(-1, *([1] * (tensor.dim() - 1))).expand(-1, 1, *tensor.shape[2:])
-    return tensor.gather(1, index).squeeze(1)
+def component_route(n_players: int, n_blocks: int, granularity: str, n_heads: int, moe: bool) -> str:
+    """The cheaper route for a component table: the forward route carries every player through
+    every block (cost ∝ players × blocks), the backward route one read-out per writer through
+    the blocks below it (cost ∝ Σ writers' depths); a mixture of experts split per expert
+    takes the forward route."""
+    if granularity == "head" and moe:
+        return "forward"
+    per_block = 2 + (n_heads if granularity == "head" else 0)
+    depths = per_block * sum(index + 0.5 for index in range(n_blocks))  # in blocks
+    backward = BACKWARD_PER_FORWARD_PLAYER * depths
+    return "forward" if n_players * n_blocks < backward else "backward"
 
 
-def _at(real: Tensor, positions: Tensor | None, n: int) -> Tensor:
-    """A head module's real tensor at the read position: ``(B, w)``."""
-    if real.dim() == 3 and positions is not None and real.shape[1] == n:
-        return _rows_at(real, positions)
-    return real.reshape(real.shape[0], -1) if real.dim() == 2 else real[:, -1]
+# --------------------------------------------------------------------------- what the engine takes and gives
+@dataclass
+class Stack:
+    """One stack of blocks.
+
+    Attributes:
+        spec (ArchitectureSpec): its blocks' layout (the family's, or its decoder's).
+        blocks (list[nn.Module]): the blocks, in order.
+        final_norm (nn.Module, optional): a norm after the stack that is not the head's (an
+                    encoder's final norm).
+    """
+
+    spec: ArchitectureSpec
+    blocks: list[nn.Module]
+    final_norm: nn.Module | None = None
 
 
 @dataclass
-class HeadTarget:
-    """What the head explains, per example: ``Σ_k coef_k · out_k`` at a position or pooling.
+class Request:
+    """One checked call of the model.
 
     Attributes:
-        weights (Tensor): ``(B, K, w)`` output rows (or a direction).
-        biases (Tensor): ``(B, K)``.
-        coefficients (Tensor): ``(B, K)``, e.g. ``(1, −1)`` for a contrast.
-        indices (Tensor, optional): ``(B, K)`` the output units, to read real logits.
-        positions (Tensor, optional): ``(B,)`` the position read (``None``: pooled).
-        pooling (Tensor, optional): ``(B, n)`` weights over positions (mean pooling).
+        args (tuple): the forward's positional arguments (the inputs first).
+        kwargs (dict): its keyword arguments (an encoder–decoder's target among them).
+        read_mask (Tensor): ``(B, n)`` the real positions of the stack whose output is read
+                    (the decoder's for an encoder–decoder).
     """
 
-    weights: Tensor
-    biases: Tensor
-    coefficients: Tensor
-    indices: Tensor | None = None
-    positions: Tensor | None = None
-    pooling: Tensor | None = None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    read_mask: Tensor
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.read_mask.shape[0])
 
 
-def head_forward(
-    last: Decomposition,
-    head: ResolvedHead,
-    target: HeadTarget,
-    rules: Mapping[str, Callable],
-    real: Mapping[tuple[str, str], Tensor],
-    spec: ArchitectureSpec,
-    config: Any,
-    dtype: torch.dtype,
-) -> tuple[Tensor, Tensor]:
-    r"""Contributions ``(B, P)`` and bias ``(B,)`` of the target, from the decomposition of
-    the last block's output through the head's rules.
+@dataclass
+class Answer:
+    """One explained output per row.
+
+    Attributes:
+        contributions (Tensor): ``(B, P)`` per player, in the layout's order.
+        bias (Tensor, optional): ``(B,)`` the bias player's (``None`` when not computed).
+        value (Tensor): ``(B,)`` the value as the route computed it.
+        real (Tensor): ``(B,)`` the value the model computed.
+    """
+
+    contributions: Tensor
+    bias: Tensor | None
+    value: Tensor
+    real: Tensor
+
+
+@dataclass
+class Captured:
+    """One recorded pass: the blocks of each stack (bound to their tensors), the head's
+    tensors and the model's output.
+
+    Attributes:
+        source (list[Block], optional): the encoder's blocks (encoder–decoders).
+        blocks (list[Block]): the read stack's blocks.
+        tensors (dict): the head's (and an encoder's final norm's) real tensors.
+        output (Any): the model's output.
+        light (bool): the blocks hold their inputs and call arguments only (replayed one at
+                    a time when needed).
+    """
+
+    source: list[Block] | None
+    blocks: list[Block]
+    tensors: dict
+    output: Any
+    light: bool = False
+
+
+@dataclass
+class ComponentTable:
+    """Direct effects of every writer on one read-out per row.
+
+    Attributes:
+        names (list[str]): the components, in stream order.
+        contributions (Tensor): ``(B, P, C)`` over the players, in the layout's order.
+        bias (Tensor): ``(B, C)`` owed to no player.
+        real (Tensor): ``(B,)`` the read-out's value in the model.
+        delta (Tensor): ``(B,)`` ``|Σ contributions + Σ bias − real|``.
+    """
+
+    names: list[str]
+    contributions: Tensor
+    bias: Tensor
+    real: Tensor
+    delta: Tensor
+
+
+# --------------------------------------------------------------------------- the engine
+class WholeModel:
+    r"""A model bound to its family: its stacks, its head and its rules, and both routes.
 
     Args:
-        last (Decomposition): the last block's output over the players.
-        head (ResolvedHead): the head.
-        target (HeadTarget): what to explain.
-        rules (Mapping): role → rule.
-        real (Mapping): the captured ``(role, "input" | "output")`` tensors of the head.
-        spec (ArchitectureSpec): the family's spec (norm kind and parameters).
-        config (Any): the model's config.
-        dtype (torch.dtype): the decomposition's precision.
+        model (nn.Module): a Hugging Face model of a supported family (a task model, or a base
+                    model read through a direction).
+        model_type (str, optional): the family when the config does not say it.
+        memory_budget (int): bytes the forward route's row chunks and player groups may take;
+                    on the backward route, when the blocks' intermediate tensors would exceed
+                    it, each block is run again during the backward pass instead.
+        dtype (torch.dtype): the forward route's precision.
+        show_progress (bool): progress bars over blocks and read-outs.
     """
-    n = last.n_out
 
-    def cast(t: Tensor) -> Tensor:
-        return t.detach().to(dtype)
-
-    def final_norm(dec: Decomposition, real_input: Tensor) -> Decomposition:
-        if head.final_norm is None:
-            return dec
-        weight, bias, eps = norm_parameters(head.final_norm, spec, config)
-        return rules["norm"](dec, cast(real_input), None if weight is None else cast(weight),
-                             None if bias is None else cast(bias), eps)
-
-    if target.positions is not None:
-        pos = target.positions
-        dec = Decomposition(_rows_at(last.terms, pos)[:, None], _rows_at(last.bias, pos)[:, None],
-                            None, last.player_mask)
-        if head.final_norm is not None:
-            dec = final_norm(dec, _rows_at(real[("final_norm", "input")], pos)[:, None])
-    else:
-        dec = last
-        if head.final_norm is not None:
-            dec = final_norm(dec, real[("final_norm", "input")])
-        weights = target.pooling.to(dtype)
-        dec = Decomposition(torch.einsum("bi,bipd->bpd", weights, dec.terms)[:, None],
-                            torch.einsum("bi,bid->bd", weights, dec.bias)[:, None],
-                            None, last.player_mask)
-    previous: Tensor | None = None
-    for position, (kind, item, projection) in enumerate(head.steps):
-        if kind == "linear":
-            w, c = projection_weights(item, projection, config)
-            dec = rules["linear"](dec, cast(w), None if c is None else cast(c))
-            previous = _at(cast(real[(f"head:{position}", "output")]), target.positions, n)
-        elif kind == "norm":
-            weight, bias, eps = norm_parameters(item, spec, config)
-            real_input = _at(cast(real[(f"head:{position}", "input")]), target.positions, n)
-            dec = rules["norm"](dec, real_input[:, None], None if weight is None else cast(weight),
-                                None if bias is None else cast(bias), eps)
-            previous = _at(cast(real[(f"head:{position}", "output")]), target.positions, n)
+    def __init__(self, model: nn.Module, model_type: str | None = None,
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET, dtype: torch.dtype = torch.float32,
+                 show_progress: bool = False) -> None:
+        if memory_budget <= 0:
+            raise ValueError("memory_budget must be a positive number of bytes")
+        self.model = model
+        self.model_type = model_type or model_type_of(model)
+        self.family = get_architecture(self.model_type)
+        self.config = config_of(model)
+        self.source: Stack | None = None
+        if self.family.decoder is not None:
+            self.head = resolve_head(model, self.family.decoder)
+            if self.head.task != "seq2seq_lm":
+                raise ValueError(
+                    f"{type(model).__name__} has no language-model head: load the model with its head "
+                    "(AutoModelForSeq2SeqLM, *ForConditionalGeneration, MarianMTModel)")
+            encoder = list(find_blocks(model, self.family))
+            self.source = Stack(self.family.for_block(encoder[0]), encoder, final_norm_of(model, self.family))
+            blocks = list(find_blocks(model, self.family.decoder))
         else:
-            dec = element_wise_rule(rules)(dec, item, previous[:, None])
-    terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], target.weights.to(dtype))
-    bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], target.weights.to(dtype)) + target.biases.to(dtype)
-    factor = 1.0 if head.scale is None else head.scale
-    terms, bias = terms * factor, bias * factor
-    if head.softcap is not None:
-        cap = float(head.softcap)
-        pre = (terms.sum(-1) + bias).detach()  # the decomposition's own pre-cap logits
-        if target.indices is not None and head.output is not None and ("output", "output") in real:
-            pre = factor * _at(cast(real[("output", "output")]), target.positions, n).gather(1, target.indices)
-        scalar = Decomposition(terms.transpose(1, 2)[:, None], bias[:, None], None)  # (B, 1, P, K)
+            blocks = list(find_blocks(model, self.family))
+        self.stack = Stack(self.family.for_block(blocks[0]), blocks)
+        if self.source is None:
+            self.head = resolve_head(model, self.stack.spec)
+        self.chain = chain_for(self.stack.spec, self.config)
+        self.memory_budget = int(memory_budget)
+        self.dtype = dtype
+        self.show_progress = show_progress
+        self._precision_warned = False
 
-        def softcap(t: Tensor) -> Tensor:
-            return cap * torch.tanh(t / cap)
+    # ------------------------------------------------------------------ what the model is
+    @property
+    def task(self) -> str:
+        """``"causal_lm"``, ``"sequence_classification"``, ``"seq2seq_lm"`` or ``"base"``."""
+        return self.head.task
 
-        scalar = element_wise_rule(rules)(scalar, softcap, pre[:, None])
-        terms, bias = scalar.terms[:, 0].transpose(1, 2), scalar.bias[:, 0]
-    coefficients = target.coefficients.to(dtype)
-    contributions = torch.einsum("bkp,bk->bp", terms, coefficients)
-    return contributions, (bias * coefficients).sum(-1)
+    @property
+    def segments(self) -> tuple[str, ...]:
+        """The player layout: ``("source", "target")`` or ``("tokens",)``."""
+        return ("tokens",) if self.source is None else ("source", "target")
+
+    @property
+    def spec(self) -> ArchitectureSpec:
+        """The layout of the read stack's blocks (the decoder's for an encoder–decoder)."""
+        return self.stack.spec
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """The read stack's blocks."""
+        return self.stack.blocks
+
+    def layouts(self) -> list[ArchitectureSpec]:
+        """The distinct layouts of every block (both stacks, alternative layouts)."""
+        found: dict[int, ArchitectureSpec] = {}
+        for stack in (self.source, self.stack):
+            for block in ([] if stack is None else stack.blocks):
+                spec = self.family.for_block(block)
+                found.setdefault(id(spec), spec)
+        return list(found.values())
+
+    def rules(self, overrides: Mapping[str, Callable] | None = None) -> dict[str, Callable]:
+        """The whole-model default rules for every role some block's chain calls, with
+        ``overrides`` (role → rule) checked against those roles."""
+        roles: set[str] = set()
+        for spec in self.layouts():
+            roles |= chain_for(spec, self.config).roles(spec)
+        chosen = {role: rule for role, rule in whole_model_rules(self.family.norm).items() if role in roles}
+        chosen.update(check_rules(overrides, frozenset(roles), f"a {self.model_type} model"))
+        return chosen
+
+    def request(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
+        """The request of one call (its arguments checked at the library's door): the read
+        stack's real positions."""
+        if self.source is not None:
+            if not any(kwargs.get(key) is not None for key in TARGET_KEYS):
+                raise ValueError(
+                    "an encoder–decoder explains a target: give forward_kwargs={'decoder_input_ids': ...} "
+                    "(the target prefix, starting with the decoder's start token)")
+            ids = kwargs.get("decoder_input_ids")
+            if ids is None:
+                ids = kwargs["decoder_inputs_embeds"][..., 0]
+            mask = kwargs.get("decoder_attention_mask")
+        else:
+            ids, mask = args[0], kwargs.get("attention_mask")
+        real = (mask != 0).to(ids.device) if isinstance(mask, Tensor) and mask.shape == ids.shape[:2] \
+            else torch.ones(ids.shape[:2], dtype=torch.bool, device=ids.device)
+        return Request(args, dict(kwargs), real)
+
+    def refuse_two_stacks(self, what: str) -> None:
+        """A one-line error for what encoder–decoders do not have yet."""
+        if self.source is not None:
+            raise ValueError(f"{what} is not available for encoder–decoder models yet")
+
+    # ------------------------------------------------------------------ routes
+    def answers(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
+                reference: Any, route: str, groups: Tensor | None = None, n_groups: int | None = None,
+                players: Sequence[int] | None = None, with_bias: bool = False,
+                captured: Captured | None = None) -> list[Answer]:
+        """Each target's answer by ``route``. On the backward route, with ``with_bias``, the
+        bias player's contribution is computed on its own: the forward route with no other
+        player (one capture, or ``captured``, and one propagation of ``n`` vectors per block),
+        so that the convergence delta ``|Σ_j c_j + c_bias − real|`` checks the backward pass
+        against an independent computation."""
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if route == "forward":
+            captured = captured if captured is not None else self.capture(request)
+            return self.forward(captured, request, targets, rules, groups, n_groups, players, reference)[0]
+        if players is not None:
+            raise ValueError("players= splits the forward route; use route='forward'")
+        answers = self.backward(request, targets, rules, reference)
+        if not with_bias:
+            return answers
+        captured = captured if captured is not None else self.capture(request)
+        alone = self.forward(captured, request, targets, rules, None, None, [], reference)[0]
+        return [replace(answer, bias=part.bias.to(answer.contributions.dtype))
+                for answer, part in zip(answers, alone)]
+
+    def backward(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
+                 reference: Any) -> list[Answer]:
+        """One forward pass through the frozen model; one backward pass per target."""
+        head, model = self.head, self.model
+        args, kwargs = request.args, dict(request.kwargs)
+        warn_if_padded_without_mask(args, kwargs, self.config)
+        self._warn_if_reduced_precision()
+        shares = [self._shared(reference, request.read_mask, t) for t in targets]  # before remapping
+        kwargs, targets = self._keep_needed_logits(kwargs, targets)  # positions index the kept logits
+        if "use_cache" not in kwargs and "use_cache" in inspect.signature(model.forward).parameters:
+            kwargs["use_cache"] = False  # no key/value cache to fill (nor to grow on a recomputation)
+        watch = {} if head.output is None else {"output": head.output}
+        source = None if self.source is None else (self.source.spec, self.source.blocks, self.source.final_norm)
+        training = model.training
+        model.eval()
+        answers = []
+        try:
+            with linearise(model, self.stack.spec, self.stack.blocks, rules, head.final_norm,
+                           head.linearised_steps(), watch, self._recompute(request), source=source) as frozen:
+                output = model(*args, **kwargs)
+                leaves = [frozen.inputs] if source is None else [frozen.source_inputs, frozen.inputs]
+                inputs = [leaf.detach() for leaf in leaves]
+                masks = self._masks(request, [x.shape[:2] for x in inputs])
+                references = [None if is_centered(reference) else
+                              self._reference(reference, x.to(self.dtype), mask, args, kwargs)
+                              for x, mask in zip(inputs, masks)]
+                for k, target in enumerate(targets):
+                    value = self._linearised_value(output, frozen, target, rules)
+                    grads = torch.autograd.grad(value.sum(), leaves, retain_graph=k + 1 < len(targets))
+                    parts = []
+                    for segment, (g, x, mask, r) in enumerate(zip(grads, inputs, masks, references)):
+                        seen = None
+                        if is_centered(reference):  # the read stack sees what the target sees
+                            seen = shares[k] if segment == len(inputs) - 1 else mask
+                            seen = seen.to(x.device)
+                        part = token_contributions(g, x, r, seen)
+                        parts.append(part * mask.to(part.dtype))
+                    contributions = torch.cat(parts, dim=1).to(self.dtype)
+                    value = value.detach().to(self.dtype)
+                    real = target_value(head, output, target, self.dtype).detach()
+                    answers.append(Answer(contributions, value - contributions.sum(-1), value, real))
+        finally:
+            model.train(training)
+        return answers
+
+    def capture(self, request: Request) -> Captured:
+        """One pass recording what the forward route needs: every block of each stack, the
+        head's tensors (and an encoder's final norm's), the output; the read stack's blocks
+        light (inputs and arguments only) when their probabilities would not fit
+        ``memory_budget``."""
+        model, args, kwargs = self.model, request.args, request.kwargs
+        if self.source is None:
+            light = self._light(args[0])
+            blocks, recorded = capture_layers(
+                model, model, self.stack.blocks, self.stack.spec, args, None, kwargs, dtype=self.dtype,
+                with_next_norms=False, extra=self.head.modules(), keep_output=True, light=light)
+            return Captured(None, blocks, recorded.tensors, recorded.output, light)
+        stacks = [*self.source.blocks, *self.stack.blocks]
+        specs = [self.family.for_block(block) for block in stacks]
+        extra = {**self.head.modules()}
+        if self.source.final_norm is not None:
+            extra["source_norm"] = self.source.final_norm
+        training = model.training
+        model.eval()
+        try:
+            recorded = capture(lambda: model(*args, **{**kwargs, "use_cache": False}),
+                               [block_watch(block, spec) for block, spec in zip(stacks, specs)],
+                               owners=[model], extra=extra, keep_output=True)
+        finally:
+            model.train(training)
+        n_source = len(self.source.blocks)
+        source_mask = token_mask_of(kwargs.get("attention_mask"), recorded.blocks[0].inputs)
+        target_mask = token_mask_of(kwargs.get("decoder_attention_mask"), recorded.blocks[n_source].inputs)
+        config = self.config
+        source = [Block(b, s, r, dtype=self.dtype, token_mask=source_mask, config=config)
+                  for b, s, r in zip(stacks[:n_source], specs[:n_source], recorded.blocks[:n_source])]
+        blocks = [Block(b, s, r, dtype=self.dtype, token_mask=target_mask, config=config, source_mask=source_mask)
+                  for b, s, r in zip(stacks[n_source:], specs[n_source:], recorded.blocks[n_source:])]
+        return Captured(source, blocks, recorded.tensors, recorded.output)
+
+    def forward(self, captured: Captured, request: Request, targets: list[HeadTarget],
+                rules: Mapping[str, Callable], groups: Tensor | None = None, n_groups: int | None = None,
+                players: Sequence[int] | None = None, reference: Any = None, maps: bool = False,
+                ) -> tuple[list[Answer], Tensor | None]:
+        """The forward route from a capture: the players through every block, then the head's
+        rules for each target. ``players`` (with ``groups``) propagates only these players,
+        ``[]`` the bias player alone. With ``maps``, every position is its own player, the
+        players go in groups that fit ``memory_budget`` and the whole-model maps
+        ``(batch, blocks, n, n)`` come back too (else ``None``)."""
+        blocks = captured.blocks
+        x = blocks[0].inputs
+        batch, n, _ = x.shape
+        if groups is None:
+            groups, n_groups = torch.arange(n, device=x.device).expand(batch, n).contiguous(), n
+        if self.source is not None and (n_groups != n or maps):
+            raise ValueError("feature_mask and whole-model maps are not available for encoder–decoder models yet")
+        chosen = list(range(n_groups)) if players is None else [int(p) for p in players]
+        if any(not 0 <= p < n_groups for p in chosen):
+            raise ValueError(f"players must be among the {n_groups} players (0 … {n_groups - 1})")
+        parts = [chosen]
+        found = None
+        if maps:
+            if not (reference is None or (isinstance(reference, str) and reference == "zero")) or players is not None:
+                raise ValueError("the whole-model maps are of every position from zero")
+            size = self._group_size(x, rules)
+            parts = [chosen[first:first + size] for first in range(0, n, size)]
+            found = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
+        # targets whose centred reference averages the same positions share one propagation
+        shares = [self._shared(reference, request.read_mask, t) for t in targets]
+        order: list[list[int]] = []
+        for k, share in enumerate(shares):
+            same = next((g for g in order if share is None or torch.equal(shares[g[0]], share)), None)
+            same.append(k) if same is not None else order.append([k])
+        prepare = self._replay if captured.light else None
+        progress = self._progress(len(blocks) * len(parts) * len(order) + (0 if self.source is None else
+                                                                              len(captured.source)))
+        contributions: list[Tensor | None] = [None] * len(targets)
+        biases: list[Tensor | None] = [None] * len(targets)
+        try:
+            with torch.no_grad():
+                for part in parts:
+                    encoded = self._encode(captured, rules, reference, bool(part), progress)
+                    for group in order:
+                        start = self._start(captured, request, groups, part, reference, shares[group[0]], encoded)
+                        for index, last in enumerate(propagate(blocks, self.chain, rules, start, self.memory_budget,
+                                                               progress, prepare)):
+                            if found is not None:
+                                found[:, index, :, part[0]:part[0] + len(part)] = last.maps()
+                        columns = self._columns(part, n_groups, x.device)
+                        for k in group:
+                            share, biases[k] = head_forward(last, self.head, targets[k], rules, captured.tensors,
+                                                            self.stack.spec, self.config, self.dtype)
+                            if contributions[k] is None:
+                                contributions[k] = share.new_zeros(share.shape[0], self._n_players(captured, n_groups))
+                            contributions[k][:, columns] = share
+        finally:
+            if progress is not None:
+                progress.close()
+        answers = []
+        for c, b, target in zip(contributions, biases, targets):
+            real = target_value(self.head, captured.output, target, self.dtype)
+            answers.append(Answer(c, b, c.sum(-1) + b, real))
+        return answers, found
+
+    def maps(self, request: Request, rules: Mapping[str, Callable], return_delta: bool = False) -> Any:
+        """Whole-model token-to-token maps ``(batch, blocks, n, n)``: ``‖F_i(x_j)‖`` after every
+        block over the input tokens, players propagated in groups that fit
+        ``memory_budget``; with ``return_delta``, per block the largest completeness residual
+        against the block's real output ``(batch, blocks)``."""
+        self.refuse_two_stacks("maps")
+        args, kwargs = request.args, request.kwargs
+        light = self._light(args[0])
+        blocks, _ = capture_layers(self.model, self.model, self.stack.blocks, self.stack.spec, args, None, kwargs,
+                                   dtype=self.dtype, with_next_norms=False, light=light)
+        prepare = self._replay if light else None
+        x = blocks[0].inputs
+        batch, n, d = x.shape
+        token_mask = blocks[0].token_mask
+        positions = torch.arange(n, device=x.device).expand(batch, n)
+        size = self._group_size(x, rules)
+        found = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
+        totals = [torch.zeros(batch, n, d, dtype=self.dtype, device=x.device) for _ in blocks]
+        bias_total: list[Tensor | None] = [None] * len(blocks)
+        progress = self._progress(len(blocks) * ((n + size - 1) // size))
+        try:
+            for first in range(0, n, size):
+                players = list(range(first, min(n, first + size)))
+                start = player_start(x, positions, players, token_mask)
+                for index, dec in enumerate(propagate(blocks, self.chain, rules, start, self.memory_budget,
+                                                      progress, prepare)):
+                    found[:, index, :, first: first + len(players)] = dec.maps()
+                    if return_delta:
+                        totals[index] += dec.terms.sum(dim=2)
+                        bias_total[index] = dec.bias
+        finally:
+            if progress is not None:
+                progress.close()
+        if not return_delta:
+            return found
+        delta = torch.stack([
+            ((total + bias - block.output).abs().amax(-1) * (1 if token_mask is None else token_mask)).amax(-1)
+            for total, bias, block in zip(totals, bias_total, blocks)
+        ], dim=1)
+        return found, delta
+
+    # ------------------------------------------------------------------ component tables
+    def components(self, request: Request, target: HeadTarget, rules: Mapping[str, Callable], reference: Any,
+                   granularity: str, route: str | None, groups: Tensor, n_groups: int,
+                   captured: Captured | None = None) -> ComponentTable:
+        r"""The direct effect of every writer of the residual stream on ``target``, per player:
+        ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``, by ``route`` (``None``: the cheaper one,
+        :func:`component_route`; a mixture of experts split per expert and an encoder–decoder
+        take the forward route)."""
+        check_granularity(granularity)
+        check_linear_rules(rules)
+        if route not in (None, *ROUTES):
+            raise ValueError(f"route must be one of {ROUTES} (or None: the cheaper), got {route!r}")
+        if self.source is not None and route == "backward":
+            raise ValueError("encoder–decoders' component tables take the forward route (route='forward' or None)")
+        if self.source is not None and n_groups != groups.shape[1]:
+            raise ValueError("feature_mask is not available for encoder–decoder models yet")
+        captured = captured if captured is not None else self.capture(request)
+        blocks = captured.blocks
+        moe = any(b.is_moe for b in blocks)
+        if route is None:
+            route = "forward" if self.source is not None else component_route(
+                n_groups, len(blocks), granularity, int(self.config.num_attention_heads), moe)
+        prepare = self._replay if captured.light else None
+        like = blocks[0].inputs.to(self.dtype)
+        with torch.no_grad():
+            covector, constant = head_direct_path(self.head, target, rules, captured.tensors, self.stack.spec,
+                                                  self.config, like)
+            paths = direct_paths(blocks, self.chain, rules, covector, constant, prepare)
+        real = target_value(self.head, captured.output, target, self.dtype)
+        mask = self._players_mask(request, captured)
+        if route == "backward" and not (granularity == "head" and moe):
+            names, table, bias = self._components_backward(request, captured, paths, target, rules, reference,
+                                                           granularity, groups.shape[1])
+            table = table * mask[..., None].to(table.dtype)
+            players = table.new_zeros(table.shape[0], n_groups, table.shape[-1])
+            players.scatter_add_(1, groups[..., None].expand_as(table), table)  # the groups are the players
+        else:
+            names, players, bias = self._components_forward(request, captured, paths, target, rules, reference,
+                                                            granularity, groups, n_groups, prepare)
+        delta = (players.sum((1, 2)) + bias.sum(-1) - real).abs()
+        if self.source is None:  # every position gets its group's share
+            players = players.gather(1, groups[..., None].expand(-1, -1, players.shape[-1]))
+            players = players * mask[..., None].to(players.dtype)
+        return ComponentTable(names, players, bias, real, delta)
+
+    def _components_forward(self, request, captured, paths, target, rules, reference, granularity, groups,
+                            n_groups, prepare):
+        """The forward route of :meth:`components`: every player's share carried through every
+        block, each writer read through its direct path as it passes."""
+        blocks = captured.blocks
+        x = blocks[0].inputs
+        like = x.to(self.dtype)
+        size = n_groups if self.source is not None else self._group_size(x, rules)
+        parts = list(iter_groups(range(n_groups), size))
+        progress = self._progress(len(blocks) * (len(parts) + 1))
+        table, bias, names = None, None, None
+        share = self._shared(reference, request.read_mask, target)
+        try:
+            with torch.no_grad():
+                if progress is not None:
+                    progress.update(len(blocks))
+                for part in parts:
+                    encoded = self._encode(captured, rules, reference, True, None)
+                    start = self._start(captured, request, groups, part, reference, share, encoded)
+                    sums, _ = propagate_components(blocks, self.chain, rules, start, paths, granularity,
+                                                   self.memory_budget, progress, prepare)
+                    names, found, found_bias = stacked(sums, start.n_in, like)
+                    if table is None:
+                        table = found.new_zeros(found.shape[0], self._n_players(captured, n_groups), found.shape[-1])
+                        bias = found_bias  # every part carries the whole bias player
+                    table[:, self._columns(part, n_groups, x.device)] = found
+        finally:
+            if progress is not None:
+                progress.close()
+        return names, table, bias
+
+    def _components_backward(self, request, captured, paths, target, rules, reference, granularity, n):
+        """The backward route of :meth:`components`: one forward pass of the frozen model and,
+        per writer, the gradient of its direct read-out ``⟨g_c, w_c⟩`` with respect to the
+        players; the writer's bias is what its read-out keeps beyond the tokens'
+        (``⟨g_c, w_c⟩ − Σ_j C[j, c]``)."""
+        blocks = captured.blocks
+        like = blocks[0].inputs.to(self.dtype)
+        writers = {}
+        for index, block in enumerate(blocks):
+            roles = watched_modules(block.module, self.stack.spec)
+            writers[(index, "attention")] = roles.get("attention_post_norm", roles["attn_out"])
+            writers[(index, "ff")] = roles["ff"]
+        seen = self._shared(reference, request.read_mask, target)
+        r = None if seen is not None else self._reference(reference, like, request.read_mask, request.args,
+                                                          request.kwargs)
+        heads: dict[int, Tensor] = {}
+        hooks = []
+        if granularity == "head":
+            for index, block in enumerate(blocks):
+                out = watched_modules(block.module, self.stack.spec)["attn_out"]
+                hooks.append(out.register_forward_hook(_keep_input(heads, index)))
+        kwargs = dict(request.kwargs)
+        if self.task == "causal_lm" and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
+            kwargs.setdefault("logits_to_keep", 1)  # the head is read through its direct path
+        sums = ComponentSums()
+        training = self.model.training
+        self.model.eval()
+        progress = None
+        try:
+            watch = {f"{index}.{name}": module for (index, name), module in writers.items()}
+            with linearise(self.model, self.stack.spec, self.stack.blocks, rules, self.head.final_norm, (),
+                           watch) as frozen:
+                self.model(*request.args, **kwargs)
+                inputs = frozen.inputs
+                players = inputs.detach().to(self.dtype)
+
+                def split(value: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
+                    """A read-out's tokens (from its gradient) and its bias."""
+                    c = token_contributions(grads.to(self.dtype), players, r, seen)
+                    return c, value.detach().to(self.dtype) - c.sum(1)
+
+                gradient = paths.embeddings.to(inputs.dtype)
+                sums.add(EMBEDDINGS, *split((gradient * inputs.detach()).sum((1, 2)), gradient))
+                read_outs: list[tuple[int, str, Tensor]] = []  # in stream order, a block's heads after it
+                for index in range(len(blocks)):
+                    for name in ("attention", "ff"):
+                        g = paths.writers[(index, name)]
+                        w = _sequence(frozen.outputs[f"{index}.{name}"], g.shape[0])
+                        read_outs.append((index, name, (w * g.to(w.dtype)).sum((1, 2))))
+                    if granularity == "head":
+                        values = head_read_outs(blocks[index], heads[index], paths.writers[(index, "attention")],
+                                                rules, self.stack.spec, int(self.config.num_attention_heads))
+                        read_outs += [(index, f"attention.head.{h}", v) for h, v in enumerate(values)]
+                found = [ComponentSums() for _ in blocks]
+                progress = self._progress(len(read_outs))
+                for chunk in _chunks(read_outs, self._gradient_chunk(inputs)):  # one block's at a time
+                    grads = _batched_gradients([value for _, _, value in chunk], inputs)
+                    for (index, name, value), grad in zip(chunk, grads):
+                        found[index].add(name, *split(value, grad))
+                    if progress is not None:
+                        progress.update(len(chunk))
+                for index, block in enumerate(blocks):
+                    settle_block(sums, found[index], index, self.chain, paths, granularity, block.is_moe)
+                sums.add(HEAD, None, paths.constants[HEAD])
+        finally:
+            for hook in hooks:
+                hook.remove()
+            if progress is not None:
+                progress.close()
+            self.model.train(training)
+        return stacked(sums, n, like)
+
+    # ------------------------------------------------------------------ players and starts
+    def _masks(self, request: Request, shapes: Sequence[torch.Size]) -> list[Tensor]:
+        """Each segment's real positions ``(B, n_segment)``, for segments of these shapes."""
+        if self.source is None:
+            return [request.read_mask]
+        source = request.kwargs.get("attention_mask")
+        device = request.read_mask.device
+        source_mask = (source != 0).to(device) if isinstance(source, Tensor) and source.shape == shapes[0] \
+            else torch.ones(shapes[0], dtype=torch.bool, device=device)
+        return [source_mask, request.read_mask]
+
+    def _players_mask(self, request: Request, captured: Captured) -> Tensor:
+        """The real positions of every player ``(B, P)``, in the layout's order."""
+        if self.source is None:
+            return request.read_mask
+        return torch.cat(self._masks(request, [captured.source[0].inputs.shape[:2],
+                                               captured.blocks[0].inputs.shape[:2]]), dim=1)
+
+    def _n_players(self, captured: Captured, n_groups: int) -> int:
+        return n_groups if self.source is None else captured.source[0].inputs.shape[1] + n_groups
+
+    def _columns(self, part: Sequence[int], n_groups: int, device: torch.device) -> Tensor | slice:
+        """Where a part's players go in the answer: its columns (one stack), or every column of
+        the layout ``[source | target]`` (two stacks: a part is all players or none)."""
+        if self.source is not None and part:
+            return slice(None)
+        return torch.as_tensor(list(part), dtype=torch.long, device=device)
+
+    def _encode(self, captured: Captured, rules: Mapping[str, Callable], reference: Any, players: bool,
+                progress: Any) -> Decomposition | None:
+        """An encoder–decoder's encoder output over the source players (``players=False``: over
+        none, the bias player alone), after its final norm; ``None`` for one stack."""
+        if self.source is None:
+            return None
+        encoder = captured.source
+        x = encoder[0].inputs
+        mask = encoder[0].token_mask
+        ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        real = mask if mask is not None else torch.ones_like(ids)
+        centered = is_centered(reference)
+        chosen = list(range(x.shape[1])) if players else []
+        r = None if centered else reference_inputs(reference, x, real)
+        start = player_start(x, ids, chosen, mask, r, real if centered else None)
+        chain = chain_for(self.source.spec, self.config)
+        *_, encoded = propagate(encoder, chain, rules, start, self.memory_budget, progress)
+        if self.source.final_norm is not None:
+            weight, bias, eps = norm_parameters(self.source.final_norm, self.source.spec, self.config)
+            real_input = captured.tensors[("source_norm", "input")].to(self.dtype)
+            weight, bias = (None if t is None else t.detach().to(real_input.dtype) for t in (weight, bias))
+            encoded = rules["norm"](encoded, real_input, weight, bias, eps)
+        return encoded
+
+    def _start(self, captured: Captured, request: Request, groups: Tensor, part: Sequence[int], reference: Any,
+               shared: Tensor | None, encoded: Decomposition | None) -> Decomposition:
+        """The read stack's first-block input over the players: the chosen part of the players
+        (one stack), or the layout ``[source | target]`` with every decoder block's ``source``
+        set to the encoder's decomposition over it (two stacks)."""
+        x = captured.blocks[0].inputs
+        token_mask = captured.blocks[0].token_mask
+        r = None if shared is not None else self._reference(reference, x, token_mask, request.args, request.kwargs)
+        own = player_start(x, groups, part, token_mask, r, shared)
+        if encoded is None:
+            return own
+        own_mask = None if token_mask is None or not part else token_mask[:, list(part)]
+        source = joint(encoded, 0, own.n_in, None, own_mask)
+        for block in captured.blocks:
+            block.source = source
+        return joint(own, encoded.n_in, 0, encoded.player_mask, None)
+
+    def _reference(self, reference: Any, x: Tensor, token_mask: Tensor | None, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Tensor | None:
+        """The reference inputs ``(B, n, d)`` (``None`` for zero)."""
+        if self.source is not None and not (reference is None or isinstance(reference, str)):
+            raise ValueError("an encoder–decoder's reference is 'zero', 'mean' or 'centered'")
+        return reference_inputs(reference, x, token_mask, lambda token: self._token_inputs(token, args, kwargs))
+
+    def _shared(self, reference: Any, token_mask: Tensor, target: HeadTarget) -> Tensor | None:
+        """For the centred reference, the ``(B, n)`` positions of the read stack whose mean the
+        players are measured from: those the explained output sees."""
+        if not is_centered(reference):
+            return None
+        causal = self.source is not None or self.stack.spec.is_causal(self.config)
+        return visible_positions(token_mask, target.positions, causal)
+
+    def _token_inputs(self, token: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+        """The first block's input for the inputs with every token id replaced by ``token``
+        (same positions, masks and other arguments); the model stops at the first block."""
+        found: list[Tensor] = []
+
+        class _Reached(Exception):
+            pass
+
+        def hook(module, hook_args, hook_kwargs):
+            found.append((hook_args[0] if hook_args else hook_kwargs["hidden_states"]).detach())
+            raise _Reached
+
+        ids = torch.full_like(args[0], int(token))
+        handle = self.stack.blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                self.model(ids, *args[1:], **kwargs)
+        except _Reached:
+            pass
+        finally:
+            handle.remove()
+        return found[0]
+
+    # ------------------------------------------------------------------ the value read
+    def _linearised_value(self, output: Any, frozen: Any, target: HeadTarget, rules: Mapping[str, Callable]) -> Tensor:
+        """``(B,)`` the explained value with the frozen model's graph: read from the model's own
+        output (every constant after the output layer included), or through the output layer
+        where a final soft-capping must pass through the activation rule's frozen slope."""
+        if self.head.task == "base" or self.head.softcap is None:
+            return target_value(self.head, output, target)
+        return linearised_target_value(self.head, frozen.outputs["output"], target, rules)
+
+    def _keep_needed_logits(self, kwargs: dict[str, Any], targets: list[HeadTarget]
+                            ) -> tuple[dict[str, Any], list[HeadTarget]]:
+        """Ask a causal LM for the logits of the target positions only (``logits_to_keep``):
+        the ``n × vocabulary`` logits are most of the memory of a long sequence otherwise."""
+        if "logits_to_keep" in kwargs:
+            if not (isinstance(kwargs["logits_to_keep"], int) and kwargs["logits_to_keep"] == 0):
+                raise ValueError("leave logits_to_keep out (or 0): the target positions say which "
+                                 "logits are read")
+            return kwargs, targets
+        if self.head.task != "causal_lm":
+            return kwargs, targets
+        if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+            return kwargs, targets
+        # One 1-D tensor of positions, kept for every row: every transformers 5 release reads
+        # it the same way (a per-row 2-D tensor is understood from 5.21 on only).
+        keep, index = torch.unique(torch.stack([t.positions for t in targets], dim=1), return_inverse=True)
+        moved = [replace(t, positions=index[:, k]) for k, t in enumerate(targets)]
+        return {**kwargs, "logits_to_keep": keep}, moved
+
+    # ------------------------------------------------------------------ budgets
+    def _light(self, ids: Tensor) -> bool:
+        """Whether the forward route should record one block at a time (replaying each from
+        its recorded input) rather than every block's attention probabilities at once: when
+        those would not fit ``memory_budget``."""
+        heads = getattr(self.config, "num_attention_heads", 1) or 1
+        n = ids.shape[-1]
+        return ids.shape[0] * heads * n * n * 4 * len(self.stack.blocks) > self.memory_budget
+
+    def _replay(self, block: Block) -> Block:
+        return replay_block(block, [self.model])
+
+    def _recompute(self, request: Request) -> bool:
+        """Whether the backward route should recompute blocks instead of keeping their
+        intermediate tensors: when those would not fit ``memory_budget``."""
+        width = getattr(self.config, "hidden_size", 0) or getattr(self.config, "d_model", 0) or 0
+        ff = getattr(self.config, "intermediate_size", 0) or 4 * width
+        per_block = request.read_mask.numel() * (2 * ff + 6 * width) * 4
+        return self.source is None and per_block * len(self.stack.blocks) > self.memory_budget
+
+    def _group_size(self, x: Tensor, rules: Mapping[str, Callable]) -> int:
+        """How many players the forward route propagates at once (all of them when they fit
+        ``memory_budget``)."""
+        batch, n, d = x.shape
+        per_player = batch * n * d * (torch.finfo(self.dtype).bits // 8) * 12
+        size = max(1, min(n, self.memory_budget // max(per_player, 1)))
+        if size < n and not all(is_linear_in_players(r) for r in rules.values()):
+            raise ValueError("a rule that is not linear in the players needs all players at once: "
+                             "raise memory_budget")
+        return size
+
+    def _gradient_chunk(self, inputs: Tensor) -> int:
+        """How many read-outs may share one batched backward pass: as many as keep their
+        gradients (and the pass's batched activations, about 8 of a gradient's size per
+        block) within ``memory_budget``, at most :data:`GRADIENT_CHUNK`."""
+        per_read_out = inputs.numel() * inputs.element_size() * (1 + 8 * len(self.stack.blocks))
+        return max(1, min(GRADIENT_CHUNK, int(self.memory_budget // max(per_read_out, 1))))
+
+    def _progress(self, total: int) -> Any:
+        if not self.show_progress:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc="propagating", unit="block")
+
+    def _warn_if_reduced_precision(self) -> None:
+        """Once per engine: a bfloat16 / float16 model's backward-route delta is measured
+        against its own low-precision output, so it does not show the precision lost."""
+        if self._precision_warned:
+            return
+        dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
+        if dtype in (torch.float16, torch.bfloat16):
+            self._precision_warned = True
+            name = str(dtype).replace("torch.", "")
+            warnings.warn(
+                f"the model computes in reduced precision ({name}): on the backward route the "
+                f"convergence delta is measured against the model's own {name} output, so it "
+                "does not show that the contributions may differ from the float32 model's by "
+                "about 1 %; load the model in float32 for exact contributions",
+                stacklevel=5,
+            )
+
+
+# --------------------------------------------------------------------------- helpers of the routes
+def _chunks(read_outs: Sequence[tuple[int, str, Tensor]], size: int) -> Iterator[Sequence[Any]]:
+    """The read-outs of one block at a time (they reach equally deep), at most ``size`` each."""
+    start = 0
+    while start < len(read_outs):
+        stop = start + 1
+        while stop < len(read_outs) and stop - start < size and read_outs[stop][0] == read_outs[start][0]:
+            stop += 1
+        yield read_outs[start:stop]
+        start = stop
+
+
+def _batched_gradients(values: Sequence[Tensor], inputs: Tensor) -> Tensor:
+    """``(k, *inputs.shape)``: the gradient of each ``(B,)`` read-out (summed over the batch)
+    with respect to ``inputs``, in one batched backward pass (one pass each where a rule's
+    backward does not batch)."""
+    if len(values) == 1:
+        return torch.autograd.grad(values[0].sum(), inputs, retain_graph=True)[0][None]
+    stacked_values = torch.stack([v.sum() for v in values])
+    try:
+        (grads,) = torch.autograd.grad(stacked_values, inputs,
+                                       grad_outputs=torch.eye(len(values), dtype=stacked_values.dtype),
+                                       retain_graph=True, is_grads_batched=True)
+        return grads
+    except RuntimeError:
+        return torch.stack([torch.autograd.grad(v.sum(), inputs, retain_graph=True)[0] for v in values])
+
+
+def _sequence(tensor: Tensor, batch: int) -> Tensor:
+    """``(B·n, d)`` outputs (some families flatten before the FF) back to ``(B, n, d)``."""
+    return tensor.reshape(batch, -1, tensor.shape[-1]) if tensor.dim() == 2 else tensor
+
+
+def _keep_input(store: dict[int, Tensor], index: int) -> Callable:
+    """A forward hook keeping a module's first input (with its graph) under ``index``."""
+
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if index not in store and args:
+            store[index] = args[0]
+
+    return hook

@@ -149,7 +149,8 @@ class NormDecompositionAttribution(FeatureAttribution):
             if where.numel() < 2 or seen.numel() == 0:
                 continue
             real = ids[b, where]
-            out = self.method.explain_target(sources.input_ids[b, seen][None], real[None, :-1], real[1:],
+            out = self.method.explain_target(sources.input_ids[b, seen][None], real[1:],
+                                             forward_kwargs={"decoder_input_ids": real[None, :-1]},
                                              route=self.route, rules=attribution_args.get("rules"))
             steps = where[:-1].cpu()
             source_grid[b, seen.cpu()[:, None], steps[None, :]] = out.source.T

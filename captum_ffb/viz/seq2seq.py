@@ -8,7 +8,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from captum_ffb.attr.seq2seq import Seq2SeqExplanation
+from captum_ffb.results import ExplainedOutput as Seq2SeqExplanation
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 

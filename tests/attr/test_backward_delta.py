@@ -92,10 +92,10 @@ def test_plain_backward_runs_no_forward_route(monkeypatch):
     ids = token_ids()
     nd = NormDecomposition(model)
     calls = []
-    original = nd._forward
-    monkeypatch.setattr(nd, "_forward", lambda *a, **k: calls.append(k) or original(*a, **k))
+    original = nd.engine.forward
+    monkeypatch.setattr(nd.engine, "forward", lambda *a, **k: calls.append(k) or original(*a, **k))
     nd.attribute(ids, target=3)
-    nd.attribute_steps(ids[:1], [3], [4])
+    nd.attribute_steps(ids[:1], [3], target_position=[4])
     assert not calls
     nd.attribute(ids, target=3, return_bias=True)
     assert len(calls) == 1

@@ -94,7 +94,7 @@ def test_the_backward_route_with_a_rule_that_credits_scores():
 def test_the_auto_route_takes_the_cheaper_one():
     """Few players or many writers (heads): forward; many players: backward; a mixture of
     experts split per expert: forward. An unknown route is refused."""
-    from captum_ffb.attr.norm_decomposition import component_route
+    from captum_ffb.engine.whole import component_route
 
     assert component_route(16, 30, "sublayer", 9, moe=False) == "forward"
     assert component_route(128, 30, "sublayer", 9, moe=False) == "backward"

@@ -242,7 +242,8 @@ def test_recomputing_blocks_changes_nothing(name):
     ids = token_ids()
     kept = NormDecomposition(model)
     recomputed = NormDecomposition(model, memory_budget=1)
-    assert not kept._recompute((ids,)) and recomputed._recompute((ids,))
+    assert not kept.engine._recompute(kept.engine.request((ids,), {}))
+    assert recomputed.engine._recompute(recomputed.engine.request((ids,), {}))
     torch.testing.assert_close(recomputed.attribute(ids, target=3), kept.attribute(ids, target=3))
     assert all("forward" not in vars(block) for block in kept.blocks)  # the patch is undone
 
@@ -256,7 +257,7 @@ def test_one_block_at_a_time_and_player_parts_add_up(name):
     ids = token_ids()
     whole, bias = NormDecomposition(model).attribute(ids, target=1, route="forward", return_bias=True)
     light = NormDecomposition(model, memory_budget=4_000)
-    assert light._light(ids)
+    assert light.engine._light(ids)
     streamed, streamed_bias = light.attribute(ids, target=1, route="forward", return_bias=True)
     torch.testing.assert_close(streamed, whole, atol=1e-6, rtol=1e-5)
     first, first_bias = light.attribute(ids, target=1, route="forward", players=[0, 2, 4, 6, 8],

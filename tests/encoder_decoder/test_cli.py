@@ -79,4 +79,4 @@ def test_text_maps_needs_a_target_for_an_encoder_decoder(folder):
     loaded = load_saved(folder)
     with pytest.raises(ValueError, match=r"\|\|\|"):
         text_maps(SOURCE, loaded)
-    assert isinstance(NormDecomposition(loaded.model).seq2seq.bound.decoder_blocks, list)
+    assert NormDecomposition(loaded).engine.segments == ("source", "target")

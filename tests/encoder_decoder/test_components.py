@@ -22,10 +22,10 @@ def test_tables_add_up_to_the_token_contributions(name, granularity):
     (src, tgt), bias = nd.attribute(source, target=6, forward_kwargs=kwargs, return_bias=True)
     table = nd.attribute_components(source, target=6, forward_kwargs=kwargs, granularity=granularity)
     assert float(table.delta.max()) < 2e-5
-    n_target = tgt.shape[1]
+    n_source = src.shape[1]  # the players are [source | target]
     per_player = table.contributions.sum(-1)
-    torch.testing.assert_close(per_player[:, :n_target], tgt, atol=2e-6, rtol=1e-4)
-    torch.testing.assert_close(per_player[:, n_target:], src, atol=2e-6, rtol=1e-4)
+    torch.testing.assert_close(per_player[:, :n_source], src, atol=2e-6, rtol=1e-4)
+    torch.testing.assert_close(per_player[:, n_source:], tgt, atol=2e-6, rtol=1e-4)
     torch.testing.assert_close(table.bias.sum(1), bias, atol=2e-6, rtol=1e-4)
     layers = len(family.decoder_blocks(model))
     if granularity != "block":
@@ -35,8 +35,8 @@ def test_tables_add_up_to_the_token_contributions(name, granularity):
         # the source enters through the first cross-attention: what is written before owes it nothing
         before = table.components.index("block.0.cross_attention" if granularity == "sublayer"
                                         else "block.0.cross_attention.head.0")
-        assert table.contributions[:, n_target:, :before].abs().max() == 0
-        assert table.contributions[:, n_target:, crossing].abs().max() > 0
+        assert table.contributions[:, :n_source, :before].abs().max() == 0
+        assert table.contributions[:, :n_source, crossing].abs().max() > 0
 
 
 @pytest.mark.parametrize("name", ["t5-gated", "m2m_100", "whisper"])
