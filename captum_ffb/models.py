@@ -332,12 +332,53 @@ def load_tokenizer(name_or_dir: str | os.PathLike | None = None) -> Any:
         raise ModelNotFoundError(f"cannot load the tokenizer of {name!r}: {error}".splitlines()[0]) from error
 
 
+#: The dtypes :func:`load_model` loads weights in, by name.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def resolve_dtype(dtype: str | Any) -> Any:
+    """``dtype`` (a name of :data:`DTYPES` or one of those torch dtypes) as a torch dtype; a
+    ValueError naming the parameter for anything else."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        if dtype in {getattr(torch, n) for n in DTYPES}:
+            return dtype
+    elif isinstance(dtype, str) and dtype.removeprefix("torch.") in DTYPES:
+        return getattr(torch, dtype.removeprefix("torch."))
+    raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+
+
+def check_device(device: str | Any) -> Any:
+    """``device`` as a torch device that exists on this machine, or a one-line ValueError
+    (made before any weights load: a name torch does not know, a kind of device that is not
+    available, a cuda index past the devices there are)."""
+    import torch
+
+    try:
+        place = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"cannot use device {str(device)!r}: not a torch device name") from error
+    available = {
+        "cuda": torch.cuda.is_available,
+        "mps": lambda: torch.backends.mps.is_available(),
+    }.get(place.type, lambda: True)
+    if not available():
+        raise ValueError(f"cannot use device {str(device)!r}: no {place.type} device is available")
+    if place.type == "cuda" and place.index is not None and place.index >= torch.cuda.device_count():
+        raise ValueError(f"cannot use device {str(device)!r}: this machine has "
+                         f"{torch.cuda.device_count()} cuda devices")
+    return place
+
+
 def load_model(
     name_or_dir: str | os.PathLike | None = None,
     causal_lm: bool = False,
     show_progress: bool = True,
     config: Any = None,
     task: str | None = None,
+    device: str | Any = None,
+    dtype: str | Any = None,
 ) -> LoadedModel:
     r"""Load a model and tokenizer in eval mode, offline where possible.
 
@@ -352,6 +393,13 @@ def load_model(
         task (str, optional): the head to load, one of ``TASKS`` (``causal_lm=True`` is
                     the same as ``task="causal_lm"``); ``"auto"`` reads it from the config
                     (:func:`task_from_config`).
+        device (str or torch.device, optional): where the model runs; it is moved there after
+                    loading (``None``: it stays on the cpu). Checked before the weights load
+                    (:func:`check_device`).
+        dtype (str or torch.dtype, optional): the dtype the weights load in, one of
+                    :data:`DTYPES` (``"float32"``, ``"bfloat16"``, ``"float16"``,
+                    ``"float64"``); ``None`` leaves it to transformers (the checkpoint's own).
+                    The decompositions compute in float32 whatever the model's dtype.
 
     Returns:
         LoadedModel
@@ -367,6 +415,8 @@ def load_model(
     task = task or ("causal_lm" if causal_lm else "base")
     if task not in (*TASKS, "auto"):
         raise ValueError(f"task must be one of {TASKS} or 'auto', got {task!r}")
+    place = check_device(device) if device is not None else None
+    weights_dtype = resolve_dtype(dtype) if dtype is not None else None
     source, name, kwargs = _locate(name_or_dir)
     if config is None:
         config = _read_config(source, name, kwargs)
@@ -382,9 +432,12 @@ def load_model(
     try:
         with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
             tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)
-            model = auto.from_pretrained(source, config=config, **kwargs)
+            loading = {"dtype": weights_dtype} if weights_dtype is not None else {}
+            model = auto.from_pretrained(source, config=config, **kwargs, **loading)
     except (*_config_errors(), *_weights_errors()) as error:  # damaged weights too
         raise _load_error(name, source, kwargs, error) from error
+    if place is not None:
+        model.to(place)
     model.eval()
     spec = get_architecture(model.config.model_type)  # fail early, with the supported list
     spec.check_config(model.config)

