@@ -170,6 +170,31 @@ CLI_CASES = [
     ("an unknown choice", ["explain", "the cat", "--route", "sideways"],
      "re:argument --route: invalid choice: 'sideways' \\(choose from '?backward'?, '?forward'?\\) "
      "\\(see captum-ffb explain --help\\)"),
+    # issue 37 item 3, issue 40: the shared options
+    ("a dtype the loader does not take", ["maps", "the cat", "--model", "{bert}", "--dtype", "int8"],
+     "re:argument --dtype: invalid choice: 'int8' \\(choose from '?float32'?, '?bfloat16'?, '?float16'?, "
+     "'?float64'?\\) \\(see captum-ffb maps --help\\)"),
+    ("an unknown device (maps)", ["maps", "the cat", "--model", "{bert}", "--device", "nonsense"],
+     "cannot use device 'nonsense': not a torch device name"),
+    ("an unknown device (one text)", ["explain", "the cat", "--model", "{gpt2}", "--device", "nonsense"],
+     "cannot use device 'nonsense': not a torch device name"),
+    ("an unknown device (compare)", ["compare", "the cat", "--model", "{bert}", "--device", "gpu0"],
+     "cannot use device 'gpu0': not a torch device name"),
+    ("--dtype in the corpus mode", ["explain", "--data", "{r}/corpus.txt", "--model", "{gpt2}",
+                                    "--dtype", "bfloat16"],
+     "--dtype bfloat16 is for one TEXT: the corpus mode's workers load the model in its saved dtype"),
+    ("an unknown differentiation", ["compare", "the cat", "--model", "{bert}", "--differentiation", "reverse"],
+     "re:argument --differentiation: invalid choice: 'reverse' \\(choose from '?forward-mode'?, '?captum'?\\) "
+     "\\(see captum-ffb compare --help\\)"),
+    ("an unknown route, spelt the old way (compare)", ["compare", "the cat", "--route", "backward"],
+     "re:argument --route: invalid choice: 'backward' \\(choose from '?forward'?, '?captum'?\\) "
+     "\\(see captum-ffb compare --help\\)"),
+    ("no scope in --scopes", ["maps", "the cat", "--model", "{bert}", "--scopes", ","], "--scopes is empty"),
+    ("--n 0 (analyze)", ["analyze", "--model", "{bert}", "--data", "{r}/corpus.txt", "--n", "0"],
+     "--n must be at least 1, got 0"),
+    ("--n 0, spelt the old way (analyze)",
+     ["analyze", "--model", "{bert}", "--data", "{r}/corpus.txt", "--max-seqs", "0", "--quiet"],
+     "--n must be at least 1, got 0"),
 ]
 
 

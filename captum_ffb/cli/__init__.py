@@ -2,8 +2,11 @@
 
 Each sub-command lives in its own module of this package and exposes
 ``register(subparsers)``, which adds its parser and sets ``run=callable(args) -> int``.
-User mistakes raise :class:`UsageError` (or the library's ``ValueError``s) and end with one
-line and exit code 2; any other exception is a bug and keeps its traceback.
+The options several sub-commands take (``--model``, ``--out``, ``--device``, ``--dtype``,
+``--quiet``, ``--format``, ``--scopes``) are declared once, in ``_options``. User mistakes
+raise :class:`UsageError` (or the library's ``ValueError``s) and end with one line and exit
+code 2; any other exception is a bug and keeps its traceback. Deprecated spellings of options
+still work and print one warning line each (not with ``--quiet``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from captum_ffb.cli._common import UsageError
+from captum_ffb.cli._options import deprecation_warnings
 
 __all__ = ["USER_ERRORS", "UsageError", "build_parser", "main"]
 
@@ -71,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "run", None) is None:
         parser.print_help()
         return 2
+    if not getattr(args, "quiet", False):
+        for message in deprecation_warnings(args):
+            print(f"captum-ffb: warning: {message}", file=sys.stderr)
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning

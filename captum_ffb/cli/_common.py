@@ -42,31 +42,15 @@ def check_model_options(
             raise UsageError(str(error)) from None
 
 
-def add_device_option(parser: Any) -> None:
-    """``--device`` (where the model runs) for a command."""
-    parser.add_argument("--device", default="cpu",
-                        help="where the model runs: cpu (default), cuda, cuda:1, mps, ...")
-
-
 def resolve_device(name: str) -> Any:
     """``name`` as a torch device that exists here, or a one-line error (before any model
-    loads)."""
-    import torch
+    loads); the check is :func:`captum_ffb.models.check_device`."""
+    from captum_ffb.models import check_device
 
     try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise UsageError(f"cannot use device {name!r}: not a torch device name") from error
-    available = {
-        "cuda": torch.cuda.is_available,
-        "mps": lambda: torch.backends.mps.is_available(),
-    }.get(device.type, lambda: True)
-    if not available():
-        raise UsageError(f"cannot use device {name!r}: no {device.type} device is available")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise UsageError(f"cannot use device {name!r}: this machine has "
-                         f"{torch.cuda.device_count()} cuda devices")
-    return device
+        return check_device(name)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def add_engine_options(parser: Any) -> None:

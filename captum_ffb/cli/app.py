@@ -7,6 +7,7 @@ import socket
 import sys
 
 from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.cli._options import add_shared_options
 
 EXAMPLES = """\
 examples:
@@ -43,15 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
-                        help="a model folder (config.json or a .gguf file) or a Hugging Face id; "
-                        "the bundled all-MiniLM-L6-v2 by default")
     parser.add_argument("--port", type=int, default=None, metavar="N",
                         help="the port (default: the first free one from 7860)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                         help="the address to listen on (default 127.0.0.1: this machine only; "
                         "0.0.0.0 opens the app to the network)")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_shared_options(parser, "app", "model", "quiet")
     parser.set_defaults(run=run)
 
 

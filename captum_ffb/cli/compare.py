@@ -11,9 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.cli._options import (
+    add_deprecated_alias,
+    add_shared_options,
+    cpu_only,
+    default_out,
+    model_placement,
+    parse_layers,
+    parse_scopes,
+)
 from captum_ffb.outputs import check_out_dir, write_text
 
-DEFAULT_OUT = "captum_ffb_compare"
+DEFAULT_OUT = default_out("compare")
+#: ``--differentiation``'s choices and the ``route`` of ``compare_with_baselines`` each means.
+DIFFERENTIATION = {"forward-mode": "forward", "captum": "captum"}
 DEFAULT_BASELINES = "attention,norm,ig,shap"
 DEFAULT_ACTIVATION_METHODS = "ig,ig_captum,shap_exact,shap_sampling,shap_kernel"
 
@@ -56,10 +67,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("text", help="the input text (quote it)")
     parser.add_argument(
-        "--model", default=None, metavar="NAME_OR_DIR",
-        help="a local model folder, a Hugging Face id, or all-MiniLM-L6-v2 (bundled default)",
-    )
-    parser.add_argument(
         "--layer", default=None, metavar="N|all",
         help="layer index, comma list or all (default: all; 0 with --app-e)",
     )
@@ -67,21 +74,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--baselines", default=DEFAULT_BASELINES, metavar="LIST",
         help=f"comma list of baselines (default {DEFAULT_BASELINES})",
     )
-    parser.add_argument(
-        "--scopes", default=None, metavar="LIST",
-        help="comma list of the decomposition's scopes to compare with (default: all)",
-    )
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"output folder (default ./{DEFAULT_OUT})")
     parser.add_argument("-k", "--top-k", type=int, default=3, dest="k",
                         help="size of the top-k sets of the overlap score (default 3)")
     parser.add_argument("--n-steps", type=int, default=50, help="IG integration steps (default 50)")
     parser.add_argument("--n-samples", type=int, default=None,
                         help="budget of the sampling Shapley methods (their defaults if unset)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling methods")
-    parser.add_argument("--route", choices=("forward", "captum"), default="forward",
-                        help="gradient route: forward-mode products (default) or Captum per output")
-    parser.add_argument("--no-figure", action="store_true", help="write no figures")
+    parser.add_argument("--differentiation", choices=tuple(DIFFERENTIATION), default="forward-mode",
+                        help="how the gradient baselines (saliency, ixg, ig) are differentiated: "
+                        "forward-mode (Jacobian-vector products, n passes per step; default) or "
+                        "captum (Captum's own methods, a backward pass per output element); the "
+                        "same numbers")
+    add_deprecated_alias(parser, "--route", "--differentiation forward-mode|captum",
+                         dest="differentiation", choices=tuple(DIFFERENTIATION.values()),
+                         convert={route: name for name, route in DIFFERENTIATION.items()}.get,
+                         note=" (--route is explain's whole-model route)")
+    parser.add_argument("--no-figures", action="store_true", help="write no figures")
+    add_deprecated_alias(parser, "--no-figure", "--no-figures", dest="no_figures", flag=True)
     parser.add_argument("--app-e", action="store_true",
                         help="run the App. E study (IG against Shapley for the FF activation)")
     parser.add_argument("--lengths", default=None, metavar="LIST",
@@ -89,8 +98,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "default: its full length)")
     parser.add_argument("--methods", default=DEFAULT_ACTIVATION_METHODS, metavar="LIST",
                         help=f"with --app-e: activation methods (default {DEFAULT_ACTIVATION_METHODS})")
-    parser.add_argument("--quiet", action="store_true",
-                        help="print nothing but errors: no progress bars, tables or list of files")
+    add_shared_options(parser, "compare", "model", "scopes", "out", "device", "dtype", "quiet")
     parser.set_defaults(run=run)
 
 
@@ -124,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--n-steps must be positive")
     if args.n_samples is not None and args.n_samples < 1:
         raise UsageError("--n-samples must be positive")
+    placement = model_placement(args)
+    cpu_only(placement, "compare")
     out = check_out_dir(args.out)
-    if not args.no_figure:
+    if not args.no_figures:
         from captum_ffb.baselines.figure import _pyplot
 
         _pyplot()
@@ -143,30 +153,32 @@ def run(args: argparse.Namespace) -> int:
     else:
         resolve_baselines(args.baselines, 0)  # unknown names fail before the model loads
     # layers and scopes fail before the weights load too
-    layer_spec = args.layer or ("0" if args.app_e else "all")
-    layers = None if layer_spec.strip().lower() == "all" else _int_list(layer_spec, "--layer")
+    layers = parse_layers(args.layer or ("0" if args.app_e else "all"))
+    scopes = parse_scopes(args.scopes)
     config = model_config(args.model)
-    check_model_options(config, layers, None if args.app_e else _names(args.scopes, "--scopes"))
+    check_model_options(config, layers, None if args.app_e else scopes)
 
     if not args.quiet:
         print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr, flush=True)
-    loaded = load_model(args.model, show_progress=not args.quiet, config=config)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config,
+                        **placement.load_options())
     if args.app_e:
-        return _run_app_e(args, loaded, out, layers or "all")
-    return _run_compare(args, loaded, out, layers or "all")
+        return _run_app_e(args, loaded, out, layers)
+    return _run_compare(args, loaded, out, layers, scopes)
 
 
-def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, layers: Sequence[int] | str) -> int:
+def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, layers: Sequence[int] | str,
+                 scopes: list[str] | None) -> int:
     from captum_ffb.baselines import compare_with_baselines
 
     result = compare_with_baselines(
-        args.text, loaded, layers=layers, baselines=args.baselines,
-        scopes=_names(args.scopes, "--scopes"), k=args.k, route=args.route, n_steps=args.n_steps,
+        args.text, loaded, layers=layers, baselines=args.baselines, scopes=scopes, k=args.k,
+        route=DIFFERENTIATION[args.differentiation], n_steps=args.n_steps,
         n_samples=args.n_samples, seed=args.seed, show_progress=not args.quiet,
     )
     out.mkdir(parents=True, exist_ok=True)
     figures = []
-    if not args.no_figure:
+    if not args.no_figures:
         from captum_ffb.baselines.figure import side_by_side
 
         for layer in result.layers:
@@ -206,7 +218,7 @@ def _run_app_e(args: argparse.Namespace, loaded: Any, out: Path, layers: Sequenc
     written = _write_table(study.agreement, out / "app_e_agreement")
     written += _write_table(study.contextualization, out / "app_e_change")
     written += _write_table(study.timing, out / "app_e_timing")
-    if not args.no_figure:
+    if not args.no_figures:
         from captum_ffb.baselines.figure import timing_plot
 
         written.append(timing_plot(

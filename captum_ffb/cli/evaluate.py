@@ -6,15 +6,10 @@ import argparse
 import sys
 from typing import Any
 
-from captum_ffb.cli._common import (
-    UsageError,
-    add_device_option,
-    add_engine_options,
-    engine_options,
-    resolve_device,
-)
+from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
+from captum_ffb.cli._options import add_shared_options, default_out, model_placement
 
-DEFAULT_OUT = "captum_ffb_evaluate"
+DEFAULT_OUT = default_out("evaluate")
 DEFAULT_METHODS = "decomposition,attention_last,rollout,input_x_gradient,integrated_gradients,random"
 
 EXAMPLES = f"""\
@@ -61,8 +56,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
-                        help="a model folder or name (default: the bundled all-MiniLM-L6-v2)")
     parser.add_argument("--task", required=True, choices=("next-token", "sentiment", "evidence"),
                         help="next-token (a causal LM's predicted token), sentiment (a prompt "
                         "for causal LMs, the class of a classifier, the bundled head of MiniLM) "
@@ -84,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--protocol", default="all", metavar="LIST",
                         help="comma list of decompx, eraser, abpc, schemes, or all (default: "
                         "decompx, eraser, abpc)")
-    parser.add_argument("--n", type=int, default=None,
+    parser.add_argument("--n", type=int, default=None, metavar="N",
                         help="how many texts (default 300; --task evidence: pairs per subset, "
                         "default 100)")
     parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
@@ -94,11 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="a method's setting, e.g. integrated_gradients.n_steps=20 or "
                         "kernel_shap.n_samples=100 (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seeds random and the sampling methods")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"output folder (default ./{DEFAULT_OUT})")
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    add_device_option(parser)
+    add_shared_options(parser, "evaluate", "model", "out", "device", "quiet")
     add_engine_options(parser)
     parser.set_defaults(run=run)
 
@@ -147,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if evidence and (args.protocol != "all" or args.keep_first or args.max_tokens is not None):
         raise UsageError("--task evidence scores ranks of the evidence: --protocol, --keep-first "
                          "and --max-tokens do not apply")
-    device = resolve_device(args.device)  # before the model loads (evaluate checks --out and --batch-size)
+    device = model_placement(args).device  # before the model loads (evaluate checks --out and --batch-size)
     engine, engine_settings = engine_options(args)
     if evidence:
         return _run_evidence(args, methods, options, n, device, engine, engine_settings)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
-from captum_ffb.cli._common import (
-    UsageError,
-    add_device_option,
-    add_engine_options,
-    engine_options,
-    resolve_device,
+from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
+from captum_ffb.cli._options import (
+    ModelPlacement,
+    add_shared_options,
+    cpu_only,
+    default_out,
+    model_placement,
+    parse_formats,
 )
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.outputs import check_out_dir, save_figure, write_json, write_text
@@ -18,9 +21,8 @@ from captum_ffb.outputs import check_out_dir, save_figure, write_json, write_tex
 if TYPE_CHECKING:
     from captum_ffb.attr.components import ComponentAttribution
 
-FORMATS = ("png", "html", "json")
 GRANULARITIES = ("block", "sublayer", "head")
-DEFAULT_OUT = "captum_ffb_explain"
+DEFAULT_OUT = default_out("explain")
 #: How many tokens an encoder–decoder generates when --generate is not given.
 DEFAULT_NEW_TOKENS = 20
 
@@ -82,9 +84,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="corpus mode: texts per batch (default 16)")
     parser.add_argument("--overwrite", action="store_true",
                         help="corpus mode: discard an earlier run with other settings in --out")
-    parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
-                        help="a model folder (config.json or a .gguf file) or a Hugging Face id; "
-                        "the bundled all-MiniLM-L6-v2 by default")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--target", default=None, metavar="TOKEN",
                        help="causal LMs: the next token to explain, as text (one token); the "
@@ -104,27 +103,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-maps", action="store_true",
                         help="skip the whole-model maps (computed for base models and inputs of "
                         "up to 256 tokens)")
-    parser.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                        help=f"output folder (default ./{DEFAULT_OUT})")
-    parser.add_argument("--format", default=",".join(FORMATS), metavar="LIST",
-                        help="comma list of png, html, json (default: all three)")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    add_device_option(parser)
+    add_shared_options(parser, "explain", "model", "out", "format", "device", "dtype", "quiet")
     add_engine_options(parser)
     parser.set_defaults(run=run)
 
 
-def _formats(value: str) -> list[str]:
-    formats = [f.strip().lower().lstrip(".") for f in value.split(",") if f.strip()]
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise UsageError(f"unknown format {unknown[0] if unknown else value!r}; choose from "
-                         f"{', '.join(FORMATS)}")
-    return list(dict.fromkeys(formats))
-
-
 def run(args: argparse.Namespace) -> int:
-    from captum_ffb.explain import explain_text
+    from captum_ffb.explain import check_request, explain_text
 
     if args.audio is not None:
         if args.data is not None or args.model is None:
@@ -133,34 +118,32 @@ def run(args: argparse.Namespace) -> int:
     if (args.text is None) == (args.data is None):
         raise UsageError("give either a TEXT or --data FILE")
     engine, settings = engine_options(args)
+    placement = model_placement(args)  # before the model loads
     if args.data is not None:
-        return _run_corpus(args, engine, settings)
+        return _run_corpus(args, engine, settings, placement)
     if engine != "local":
         raise UsageError("--engine ray is for the corpus mode (--data FILE)")
-    if args.device != "cpu":
-        raise UsageError("--device is for the corpus mode (--data FILE); one TEXT runs on the cpu")
-    formats = _formats(args.format)
+    formats = parse_formats(args.format)
     if args.generate is not None and args.generate < 1:
         raise UsageError(f"--generate must be at least 1, got {args.generate}")
     out = check_out_dir(args.out)
-    if "png" in formats:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UsageError("PNG figures need matplotlib: pip install 'captum_ffb[viz]' "
-                             "(or --format html,json)") from None
-    from captum_ffb.models import model_config
+    from captum_ffb.models import load_model, model_config
     from captum_ffb.text import check_text_request
 
     config = model_config(args.model)  # the request is checked before the weights load
     check_text_request(args.text, config, args.audio, args.model)
     if _is_encoder_decoder(config):
-        return _run_seq2seq(args, formats, out, config)
-    # the request is checked by explain_text, once, from the configuration, before the weights load
-    explanation = explain_text(args.text, args.model, target=args.target, class_index=args.class_index,
+        return _run_seq2seq(args, formats, out, config, placement)
+    task = check_request(config, args.text, args.target, args.class_index, args.generate or 0,
+                         args.components)
+    if not args.quiet:
+        print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task,
+                        **placement.load_options())
+    explanation = explain_text(args.text, loaded, target=args.target, class_index=args.class_index,
                                generate=args.generate or 0, route=args.route,
                                maps=False if args.no_maps else None, components=args.components,
-                               show_progress=not args.quiet, config=config)
+                               show_progress=not args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     if "json" in formats:
@@ -208,7 +191,7 @@ def _print_components(table: ComponentAttribution, count: int = 5) -> None:
         print(f"    {tokens[j]} × {component}: {value:+.4f}")
 
 
-def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
+def _run_corpus(args: argparse.Namespace, engine: str, settings: dict, placement: ModelPlacement) -> int:
     from captum_ffb.corpus import read_rows
     from captum_ffb.explain import explain_corpus
 
@@ -218,11 +201,13 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict) -> int:
             raise UsageError(f"{flag} is for one TEXT; the corpus mode explains each text's prediction")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size must be at least 1, got {args.batch_size}")
-    device = resolve_device(args.device)  # before the model loads (explain_corpus checks --out)
+    if not placement.default_dtype:
+        raise UsageError(f"--dtype {args.dtype} is for one TEXT: the corpus mode's workers load the "
+                         "model in its saved dtype")
     texts, _ = read_rows(args.data)  # blank lines are skipped, listed in skipped.csv
     path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
                           engine=engine, engine_options=settings, overwrite=args.overwrite,
-                          show_progress=not args.quiet, device=str(device))
+                          show_progress=not args.quiet, device=str(placement.device))
     if not args.quiet:
         explained = len(path.read_text(encoding="utf-8").splitlines())
         skipped = len(texts) - explained
@@ -238,7 +223,8 @@ def _is_encoder_decoder(config: Any) -> bool:
     return get_architecture(config.model_type).decoder is not None
 
 
-def _run_seq2seq(args: argparse.Namespace, formats: list[str], out, config: Any) -> int:
+def _run_seq2seq(args: argparse.Namespace, formats: list[str], out, config: Any,
+                 placement: ModelPlacement) -> int:
     """An encoder–decoder: every token of the target (``SOURCE ||| TARGET``) or of a greedy
     generation (``--generate N``, 20 by default) over the source and the target prefix."""
     from captum_ffb.explain import explain_pair
@@ -256,7 +242,9 @@ def _run_seq2seq(args: argparse.Namespace, formats: list[str], out, config: Any)
                          "--generate N, not both")
     if not forced:
         check_new_tokens(args.generate or DEFAULT_NEW_TOKENS, 1, config, decoder=True, name="--generate")
-    loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm", config=config)
+    cpu_only(placement, "explain of an encoder–decoder")
+    loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm", config=config,
+                        **placement.load_options())
     try:
         pair = explain_pair(args.text, loaded, generate=args.generate or 0, route=args.route, audio=args.audio,
                             max_new_tokens=DEFAULT_NEW_TOKENS)

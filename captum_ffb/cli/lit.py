@@ -7,6 +7,7 @@ import socket
 import sys
 
 from captum_ffb.cli._common import UsageError
+from captum_ffb.cli._options import add_deprecated_alias, add_shared_options
 
 DEFAULT_PORT = 5432
 
@@ -46,19 +47,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", default=None, metavar="NAME_OR_DIR",
-                        help="a sequence classifier or causal LM folder (config.json, or a .gguf "
-                        "file); the bundled all-MiniLM-L6-v2 with its sentiment head by default")
     parser.add_argument("--data", default=None, metavar="FILE",
                         help="rotten_tomatoes (the held-out snippets) or a .txt, .jsonl, .csv or "
                         ".tsv file; a few example sentences by default")
-    parser.add_argument("--examples", type=int, default=200, metavar="N",
+    parser.add_argument("--n", type=int, default=200, metavar="N",
                         help="how many texts of --data to show (default 200)")
+    add_deprecated_alias(parser, "--examples", "--n", dest="n", type=int)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, metavar="N",
                         help=f"the port (default {DEFAULT_PORT}; 0: a free one)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                         help="the address to serve on (default 127.0.0.1, this machine only)")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_shared_options(parser, "lit", "model", "quiet")
     parser.set_defaults(run=run)
 
 
@@ -92,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
         ffb_lit.require_lit()
     except ImportError as error:
         raise UsageError(str(error)) from None
-    if args.examples < 1:
-        raise UsageError(f"--examples must be at least 1, got {args.examples}")
+    if args.n < 1:
+        raise UsageError(f"--n must be at least 1, got {args.n}")
     _check_port(args.host, args.port)
     if args.data is not None:
         from captum_ffb.corpus import read_texts
@@ -111,6 +110,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
     loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
-    app = ffb_lit.build_app(loaded, args.data, args.examples)
+    app = ffb_lit.build_app(loaded, args.data, args.n)
     ffb_lit.serve(app, args.host, args.port, quiet=args.quiet)
     return 0

@@ -8,10 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.cli._options import (
+    add_shared_options,
+    cpu_only,
+    default_out,
+    model_placement,
+    parse_formats,
+    parse_layers,
+    parse_scopes,
+)
 from captum_ffb.outputs import check_out_dir, save_figure, write_json
 
-FORMATS = ("png", "html", "json")
-DEFAULT_OUT = "captum_ffb_maps"
+DEFAULT_OUT = default_out("maps")
 #: Resolutions the PNG figures may take.
 DPI_RANGE = (10, 1200)
 
@@ -53,13 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(prompt tokens included)",
     )
     parser.add_argument(
-        "--model",
-        default=None,
-        metavar="NAME_OR_DIR",
-        help="a local model folder (config.json or a .gguf file), a Hugging Face id, or "
-        "all-MiniLM-L6-v2 (the bundled default, offline)",
-    )
-    parser.add_argument(
         "--layer",
         default="all",
         metavar="N|all",
@@ -67,67 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default)",
     )
     parser.add_argument(
-        "--scopes",
-        nargs="+",
-        default=None,
-        metavar="SCOPE",
-        help="scopes to compute (space or comma separated); all scopes of the chain by default",
-    )
-    parser.add_argument(
-        "--out",
-        default=DEFAULT_OUT,
-        metavar="DIR",
-        help=f"output folder (created if needed; default ./{DEFAULT_OUT})",
-    )
-    parser.add_argument(
-        "--format",
-        default=",".join(FORMATS),
-        metavar="LIST",
-        help="comma list of png, html, json (default: all three)",
-    )
-    parser.add_argument(
         "--dpi", type=int, default=150,
         help=f"resolution of the PNG figures, {DPI_RANGE[0]} to {DPI_RANGE[1]} (default 150)",
     )
-    parser.add_argument(
-        "--quiet", action="store_true",
-        help="print nothing but errors: no progress bars, summary or list of files",
-    )
+    add_shared_options(parser, "maps", "model", "scopes", "out", "format", "device", "dtype", "quiet")
     parser.set_defaults(run=run)
-
-
-def parse_formats(value: str) -> list[str]:
-    """``"png,html"`` → ``["png", "html"]``; a one-line error for anything else."""
-    formats = [f.strip().lower().lstrip(".") for f in value.split(",") if f.strip()]
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise UsageError(
-            f"unknown format {unknown[0] if unknown else value!r}; choose from {', '.join(FORMATS)}"
-        )
-    return list(dict.fromkeys(formats))
-
-
-def parse_layers(value: str) -> list[int] | str:
-    """``"all"`` → ``"all"``; ``"3"`` or ``"0,-1"`` → a list of indices."""
-    if value.strip().lower() == "all":
-        return "all"
-    try:
-        layers = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"--layer takes an integer, a comma list or 'all', got {value!r}") from None
-    if not layers:
-        raise UsageError("--layer is empty")
-    return layers
-
-
-def parse_scopes(values: list[str] | None) -> list[str] | None:
-    """Scope names given as separate words and/or comma lists."""
-    if values is None:
-        return None
-    scopes = [s.strip() for v in values for s in v.split(",") if s.strip()]
-    if not scopes:
-        raise UsageError("--scopes is empty")
-    return scopes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -141,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
     scopes = parse_scopes(args.scopes)
     if not DPI_RANGE[0] <= args.dpi <= DPI_RANGE[1]:
         raise UsageError(f"--dpi must lie between {DPI_RANGE[0]} and {DPI_RANGE[1]}, got {args.dpi}")
-    if "png" in formats:
-        _check_matplotlib()
+    placement = model_placement(args)
+    cpu_only(placement, "maps")
     out = check_out_dir(args.out)
     config = model_config(args.model)  # layers, scopes and the text fail before the weights load
     check_model_options(config, layers, scopes)
@@ -157,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     # an encoder–decoder loads with its LM head (its checkpoint's own layout)
     task = "seq2seq_lm" if get_architecture(config.model_type).decoder is not None else None
-    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task,
+                        **placement.load_options())
     try:
         maps = text_maps(args.text, loaded, layers=layers, scopes=scopes, show_progress=not args.quiet,
                          audio=args.audio)
@@ -183,15 +129,6 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             print(path)
     return 0
-
-
-def _check_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError(
-            "PNG figures need matplotlib: pip install 'captum_ffb[viz]' (or --format html,json)"
-        ) from None
 
 
 def _write_json(maps: Any, path: Path) -> Path:

@@ -43,7 +43,7 @@ def test_analyze_writes_the_report_and_resumes(model_dir, corpus, tmp_path, caps
 
 @pytest.mark.parametrize("extra, message", [
     (["--data", "no/such/file.txt"], "no data file"),
-    (["--max-seqs", "0"], "--max-seqs"),
+    (["--n", "0"], "--n must be at least 1, got 0"),
     (["--mask-rate", "1.5"], "mask rate"),
     (["--batch-size", "0"], "batch size"),
     (["--device", "bogus"], "cannot use device"),

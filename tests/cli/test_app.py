@@ -55,5 +55,6 @@ def test_python_m_captum_ffb_app_is_the_same_command_line():
     done = subprocess.run([sys.executable, "-m", "captum_ffb.app", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: ") and "app [-h] [--model NAME_OR_DIR] [--port N]" in done.stdout
+    assert done.stdout.startswith("usage: captum-ffb app [-h] [--port N]")
+    assert "[--model NAME_OR_DIR]" in done.stdout
     assert "127.0.0.1" in done.stdout

@@ -75,7 +75,7 @@ def test_compare_app_e_writes_timing_and_agreement(model_dir, tmp_path):
 )
 def test_compare_errors_are_one_line(model_dir, tmp_path, capsys, extra, message):
     code = main(["compare", "the cat sat", "--model", str(model_dir), "--out", str(tmp_path / "x"),
-                 "--no-figure", "--quiet", *extra])
+                 "--no-figures", "--quiet", *extra])
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after any loading progress
     assert code == 2
     assert last.startswith("captum-ffb: error:") and message in last
@@ -85,7 +85,7 @@ def test_compare_errors_are_one_line(model_dir, tmp_path, capsys, extra, message
 def test_compare_runs_on_minilm(tmp_path):
     out = tmp_path / "minilm"
     code = main(["compare", "The cat sat on the mat.", "--layer", "0,5", "--baselines",
-                 "attention,norm,ig", "--n-steps", "8", "--out", str(out), "--no-figure", "--quiet"])
+                 "attention,norm,ig", "--n-steps", "8", "--out", str(out), "--no-figures", "--quiet"])
     assert code == 0
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert {r["layer"] for r in rows} == {"0", "5"}
@@ -101,7 +101,7 @@ def test_compare_all_runs_every_baseline(model_dir, tmp_path):
     out = tmp_path / "all"
     argv = ["compare", "the cat sat on the mat .", "--model", str(model_dir), "--layer", "0",
             "--scopes", "Atb", "--baselines", "all", "--n-steps", "2", "--n-samples", "30",
-            "--no-figure", "--out", str(out), "--quiet"]
+            "--no-figures", "--out", str(out), "--quiet"]
     assert main(argv) == 0
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert [r["method"] for r in rows] == list(BASELINES)

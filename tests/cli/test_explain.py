@@ -250,7 +250,7 @@ def test_corpus_mode_errors(lm_dir, base_dir, tmp_path, capsys):
                                                          "--out", str(tmp_path / "o")])
 
 
-def test_corpus_mode_device_is_checked_before_the_model_loads(lm_dir, tmp_path, capsys, monkeypatch):
+def test_the_device_is_checked_before_the_model_loads(lm_dir, tmp_path, capsys, monkeypatch):
     import captum_ffb.models
 
     def never(*args, **kwargs):
@@ -264,7 +264,7 @@ def test_corpus_mode_device_is_checked_before_the_model_loads(lm_dir, tmp_path, 
     assert _error(capsys, [*argv, "--device", "cuda"]) == (
         "captum-ffb: error: cannot use device 'cuda': no cuda device is available")
     assert _error(capsys, [TEXT, "--model", str(lm_dir), "--device", "cuda:0"]) == (
-        "captum-ffb: error: --device is for the corpus mode (--data FILE); one TEXT runs on the cpu")
+        "captum-ffb: error: cannot use device 'cuda:0': no cuda device is available")
     monkeypatch.undo()
     assert main(["explain", *argv, "--device", "cpu"]) == 0
     assert len((tmp_path / "o" / "explanations.jsonl").read_text().splitlines()) == 2

@@ -40,7 +40,7 @@ needs_lit = pytest.mark.skipif(
 @needs_lit
 @pytest.mark.parametrize("argv, message", [
     (["--port", "70000"], "--port must be between 0 and 65535, got 70000"),
-    (["--examples", "0"], "--examples must be at least 1, got 0"),
+    (["--n", "0"], "--n must be at least 1, got 0"),
     (["--data", "no-such-file.txt", "--port", "0"],
      "--data no-such-file.txt: no such file (or use rotten_tomatoes)"),
 ])

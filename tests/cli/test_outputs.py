@@ -56,7 +56,7 @@ def _argv(command: str, models: dict, out: os.PathLike) -> list[str]:
         "explain-corpus": ["explain", "--data", str(models["corpus"]), "--model", classifier],
         "analyze": ["analyze", "--model", bert, "--data", str(models["corpus"]), "--no-figures"],
         "compare": ["compare", TEXT, "--model", bert, "--layer", "0", "--baselines", "attention",
-                    "--no-figure"],
+                    "--no-figures"],
         "evaluate": ["evaluate", "--model", classifier, "--task", "sentiment", "--data",
                      str(models["data"]), "--methods", "decomposition,random", "--protocol",
                      "decompx"],

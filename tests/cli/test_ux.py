@@ -110,7 +110,7 @@ def test_quiet_prints_nothing(bert_dir, tmp_path, capsys):
     assert captured.out.splitlines()[1:] == [str(tmp_path / "o" / n) for n in (
         "maps.json", "maps.html", "maps_layer00.png", "maps_layer01.png")]
     argv = ["compare", TEXT, "--model", str(bert_dir), "--out", str(tmp_path / "c"), "--layer",
-            "0", "--baselines", "norm", "--no-figure", "--quiet"]
+            "0", "--baselines", "norm", "--no-figures", "--quiet"]
     assert main(argv) == 0
     assert capsys.readouterr() == ("", "")
 
