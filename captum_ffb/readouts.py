@@ -28,7 +28,7 @@ too, its training in ``captum_ffb.evaluation.minilm_head``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -38,15 +38,14 @@ from torch import Tensor, nn
 from torch.nn import functional
 
 from captum_ffb.architectures.heads import task_of
-from captum_ffb.engine.positions import real_positions
 from captum_ffb.engine.head import (  # the values read, importable from here as before
     HeadTarget,
     ResolvedHead,
-    linearised_target_value,
     output_hidden_states,
     output_logits,
-    target_value,
 )
+from captum_ffb.engine.positions import real_positions
+from captum_ffb.engine.requests import check_index
 
 #: The poolings a :class:`Direction` takes by name (or a position).
 POOLINGS = ("mean", "cls", "first", "last")
@@ -387,6 +386,33 @@ class BinaryDirection(_TwoClasses, Direction):
 
     def for_class(self, classes: Tensor) -> tuple[ReadOut, Tensor]:
         return self, torch.where(classes == 1, 1.0, -1.0)
+
+
+def with_token_ids(target: Any, token_id: Any) -> Any:
+    """``target`` with every text in it (the target itself, a :class:`Contrast`'s or a
+    :class:`NextToken`'s token) replaced by ``token_id(text)``."""
+    if isinstance(target, str):
+        return token_id(target)
+    if isinstance(target, Contrast) and (isinstance(target.positive, str) or isinstance(target.negative, str)):
+        return replace(target, positive=with_token_ids(target.positive, token_id),
+                       negative=with_token_ids(target.negative, token_id))
+    if isinstance(target, NextToken) and isinstance(target.token, str):
+        return replace(target, token=token_id(target.token))
+    return target
+
+
+def head_target_of(target: Any, head: ResolvedHead, token_mask: Tensor, dtype: torch.dtype,
+                   position: int | Tensor | None = None, name: str = "the model") -> HeadTarget:
+    """What the head reads for ``target`` (an index, one per row, or a read-out) of a model with
+    ``head``: one-line errors for a read-out the model cannot give."""
+    task = head.task
+    check_index(target, "target")
+    if isinstance(target, Direction) and task != "base":
+        raise ValueError(f"a Direction reads a base model's hidden states; {name} has a head: "
+                         "give a class, a token id or a Contrast")
+    if task == "base" and not isinstance(target, Direction):
+        raise ValueError(f"{name} is a base model: give a Direction target")
+    return as_readout(target, task).head_target(head, token_mask, dtype, position)
 
 
 def as_readout(target: int | Tensor | ReadOut, task: str) -> ReadOut:

@@ -80,6 +80,19 @@ class ExplainedOutput:
     forward_contributions: Tensor | None = None
     forward_delta: Tensor | None = None
 
+    @classmethod
+    def from_answers(cls, answers: list[Any], read_mask: Tensor) -> ExplainedOutput:
+        """Several of the engine's answers (:class:`~captum_ffb.engine.whole.Answer`) as one
+        result, one row per answer and batch row (answers first); ``read_mask`` ``(B, n)``: the
+        read stack's real positions (its players come last in the layout)."""
+        contributions = torch.cat([a.contributions for a in answers])
+        n_source = contributions.shape[1] - read_mask.shape[1]
+        if n_source == 0:
+            contributions = contributions * read_mask.repeat(len(answers), 1).to(contributions.dtype)
+        real = torch.cat([a.real for a in answers])
+        bias = torch.cat([a.bias if a.bias is not None else a.value - a.contributions.sum(-1) for a in answers])
+        return cls(contributions, bias, real, (contributions.sum(1) + bias - real).abs(), n_source)
+
     @property
     def steps(self) -> int:
         """How many outputs are explained."""

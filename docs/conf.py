@@ -54,7 +54,7 @@ doctest_test_doctest_blocks = ""
 nitpicky = True
 nitpick_ignore_regex = [
     ("py:.*", r"(torch|numpy|np|collections|typing|pathlib|os|pandas|pd|gradio|json|PIL|matplotlib|"
-              r"transformers|captum|ray|ferret|contextlib|nn|abc)(\..*)?"),
+              r"transformers|captum|ray|ferret|contextlib|nn|abc|threading)(\..*)?"),
     ("py:.*", r"(Tensor|Path|PathLike|TextTokenInput|TextTemplateInput|optional|iterables?|Figure|Axes|"
               r"tokenizer|callable|PretrainedConfig|LLMAttributionResult|ExplanationEvaluation)"),
     ("py:.*", r"captum_ffb\..*\._\w+"),  # private bases (shown by show-inheritance) are not in the reference

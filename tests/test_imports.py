@@ -13,11 +13,12 @@ import captum_ffb
 #: The floors, bottom up: a room (a top-level module or package of ``captum_ffb``) imports only
 #: rooms of lower floors.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("versions", "convert", "_private"),      # the tested versions; converters; private names
+    ("versions", "convert", "_private", "_deprecation"),  # tested versions; converters; private names;
+                                              # old calls kept working
     ("architectures", "decomposition", "outputs"),  # facts, no maths
     ("rules",),                               # what each component does to a decomposition
     ("engine",),                              # capture, blocks, chains, routes
-    ("models", "readouts"),                   # loading; what is explained (and by default)
+    ("models", "readouts", "results"),        # loading; what is explained; the explained result
     ("attr",),                                # the Captum attributions
     ("text", "corpus"),                       # one text's maps; reading texts and datasets
     ("jobs", "stats"),                        # where batches run; numbers over maps

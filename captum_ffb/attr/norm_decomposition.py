@@ -9,7 +9,6 @@ engine's business.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,8 +18,9 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_ffb._deprecation import keyword_only
+from captum_ffb.attr._door import Door, captum_return, one_input
 from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.engine import find_model, forward_arguments
+from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.layers import DEFAULT_MEMORY_BUDGET
 from captum_ffb.engine.locking import serialized
@@ -28,11 +28,15 @@ from captum_ffb.engine.requests import (
     check_call,
     check_forward_kwargs,
     check_index,
-    vocabulary_size,
 )
-from captum_ffb.engine.whole import REFERENCES, Answer, HeadTarget, Request, WholeModel
+from captum_ffb.engine.whole import REFERENCES, HeadTarget, WholeModel
 from captum_ffb.models import LoadedModel
-from captum_ffb.readouts import ClassLogit, Contrast, Direction, NextToken, ReadOut, as_readout
+from captum_ffb.readouts import (
+    ClassLogit,
+    NextToken,
+    ReadOut,
+    as_readout,
+)
 from captum_ffb.results import ExplainedOutput
 
 #: What the players are measured from by default (see ``NormDecomposition.attribute()``):
@@ -41,42 +45,30 @@ DEFAULT_REFERENCE = "centered"
 #: ``ExplainedReadOuts`` is :class:`~captum_ffb.results.ExplainedOutput` (its name before 0.4).
 ExplainedReadOuts = ExplainedOutput
 
+_ENGINE_FACTS = ("task", "model_type", "spec", "chain", "blocks", "head", "config", "memory_budget", "dtype",
+                 "show_progress")
 _ATTRIBUTE = ("inputs", "target", "additional_forward_args", "forward_kwargs", "feature_mask", "target_position",
               "return_convergence_delta", "route", "rules", "return_bias", "players", "reference")
 _COMPONENTS = ("inputs", "target", "additional_forward_args", "forward_kwargs", "feature_mask", "target_position",
                "granularity", "rules", "reference", "route")
 
 
-class NormDecomposition(Attribution):
+class NormDecomposition(Door, Attribution):
     r"""Exact contributions of a model's input tokens to one of its outputs.
 
-    The model's blocks are chained (each block's decomposition starts from the previous
-    one's) and followed by the head's rules, so that a scalar output (a class logit, the
-    logit of a token at a position, a contrast of two logits, a direction read from pooled
-    hidden states) is written exactly as ``Σ_j c_j + c_bias``, one ``c_j`` per input
-    position (the first block's input vectors are the players) and one for everything owed
-    to no token. The rules (:func:`~captum_ffb.rules.whole_model_rules`) are the paper's
-    (frozen attention probabilities); :class:`~captum_ffb.rules.AttnLRPAttention` and the
-    other rules that also credit queries and keys are one argument away. By default each
-    token is measured from the mean of the input's tokens and that mean's own output is
-    shared back to the tokens it is made of (``reference="centered"``), so the tokens own
-    the whole output but for the model's own bias terms (``c_bias``). With the coefficients
-    of each rule taken from the real forward pass, the model is linear in the players, so
-    ``c_j`` costs one backward pass (``route="backward"``), and equals the forward
-    propagation of the decompositions through every block (``route="forward"``, which also
-    gives whole-model token-to-token maps). The convergence delta is the completeness
-    residual ``|Σ_j c_j + c_bias − real|`` against the model's real output; on the backward
-    route the bias player is computed on its own by the forward route with no other player,
-    so the delta checks the backward pass against an independent computation.
-
-    An encoder–decoder (T5, BART, Marian, Whisper, ...) is one more player layout:
-    ``inputs`` is the source, ``forward_kwargs`` holds the target prefix
-    (``decoder_input_ids``), and the players are ``[source | target]``.
-
-    A model that computes in reduced precision (bfloat16, float16) is decomposed in its own
-    precision on the backward route: its delta is then measured against the model's own
-    low-precision output, while its contributions may differ from the float32 model's by
-    about 1 %. A warning says so once; load the model in float32 for exact contributions.
+    A scalar output (a class logit, a token's logit, a contrast of two logits, a direction
+    read from pooled hidden states) is written exactly as ``Σ_j c_j + c_bias``: the model's
+    blocks chained, each rule's coefficients taken from the real forward pass (frozen
+    attention probabilities, norm scales, activation coefficients: the paper's rules,
+    :func:`~captum_ffb.rules.whole_model_rules`), so the model is linear in the players (the
+    first block's input vectors) and ``c_j`` costs one backward pass (``route="backward"``);
+    it equals the decompositions carried through every block (``route="forward"``). By
+    default each token is measured from the mean of the tokens the output sees, that mean's
+    own output shared back to them (``reference="centered"``): the tokens own the whole output
+    but for the model's own bias terms. The convergence delta ``|Σ_j c_j + c_bias − real|`` is
+    taken against the model's real output, the bias player computed on its own by the forward
+    route. An encoder–decoder is one more player layout, ``[source | target]``. A bfloat16 or
+    float16 model runs the backward route in its own precision (a warning says so once).
 
     Args:
         forward_func (nn.Module): a Hugging Face model of a supported family (a
@@ -86,14 +78,12 @@ class NormDecomposition(Attribution):
         rules (dict, optional): role → rule replacing the default rule of that role
                     (:func:`~captum_ffb.rules.whole_model_rules`).
         reference (str, int or Tensor): what the players are measured from when a call does
-                    not say (see :meth:`attribute`): ``"centered"`` by default, ``"zero"`` for
-                    the paper's.
+                    not say (see :meth:`attribute`).
         tokenizer (optional): the model's tokenizer, so that a target may be given as text
                     (``target=" Paris"``).
         model_type (str, optional): the architecture when the config does not say it.
-        memory_budget (int): bytes the forward route's row chunks and player groups may take;
-                    on the backward route, when the blocks' intermediate tensors would exceed
-                    it, each block is run again during the backward pass instead.
+        memory_budget (int): bytes the row chunks and player groups may take (the backward
+                    route recomputes blocks rather than exceed it).
         dtype (torch.dtype): the forward route's precision (float32 by default).
         show_progress (bool): progress bars over blocks and read-outs.
 
@@ -134,20 +124,19 @@ class NormDecomposition(Attribution):
     def has_convergence_delta(self) -> bool:
         return True
 
-    # the engine's facts, read through this attribution
-    task = property(lambda self: self.engine.task, doc="``causal_lm``, ``sequence_classification``, "
-                    "``seq2seq_lm`` or ``base``.")
-    model_type = property(lambda self: self.engine.model_type, doc="The family.")
-    spec = property(lambda self: self.engine.spec, doc="The read stack's block layout.")
-    chain = property(lambda self: self.engine.chain, doc="The read stack's chain.")
-    blocks = property(lambda self: self.engine.blocks, doc="The read stack's blocks.")
-    head = property(lambda self: self.engine.head, doc="The resolved head.")
-    config = property(lambda self: self.engine.config, doc="The model's config.")
-    memory_budget = property(lambda self: self.engine.memory_budget,
-                             lambda self, value: setattr(self.engine, "memory_budget", int(value)))
-    dtype = property(lambda self: self.engine.dtype, lambda self, value: setattr(self.engine, "dtype", value))
-    show_progress = property(lambda self: self.engine.show_progress,
-                             lambda self, value: setattr(self.engine, "show_progress", value))
+    def __getattr__(self, name: str) -> Any:
+        """The engine's facts, read through this attribution: ``task``, ``model_type``,
+        ``spec``, ``chain``, ``blocks``, ``head``, ``config``, ``memory_budget``, ``dtype``,
+        ``show_progress`` (the last three settable here too)."""
+        if name in _ENGINE_FACTS and "engine" in self.__dict__:
+            return getattr(self.engine, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("memory_budget", "dtype", "show_progress") and "engine" in self.__dict__:
+            setattr(self.engine, name, int(value) if name == "memory_budget" else value)
+        else:
+            super().__setattr__(name, value)
 
     # ------------------------------------------------------------------ public API
     @log_usage()
@@ -163,66 +152,50 @@ class NormDecomposition(Attribution):
         r"""Signed contributions ``(batch, n)`` of the input positions to ``target``.
 
         Args:
-            inputs (Tensor or tuple[Tensor, ...]): the model's positional inputs (token ids;
-                        an encoder–decoder's source).
-            target (int, str, Tensor or ReadOut): a class index for a sequence classifier; a
-                        token id (or, with a tokenizer, its text) for a causal LM (its logit at
-                        each row's last real position, or at ``target_position``); one per row
-                        as a ``(batch,)`` tensor; :class:`Contrast` for ``logit(a) − logit(b)``;
-                        :class:`Direction` for a base model; or any other read-out of
-                        :mod:`captum_ffb.readouts`.
+            inputs (Tensor or tuple[Tensor, ...]): token ids (an encoder–decoder's source).
+            target (int, str, Tensor or ReadOut): a class of a classifier; a token id (or its
+                        text, with a tokenizer) whose logit a language model gives at each
+                        row's last real position or ``target_position``; one per row as a
+                        ``(batch,)`` tensor; a :class:`Contrast` (``logit(a) − logit(b)``); a
+                        :class:`Direction` (base models); any read-out of :mod:`captum_ffb.readouts`.
             additional_forward_args (Any, optional): further positional arguments.
-            forward_kwargs (dict, optional): keyword arguments of the forward, e.g.
-                        ``{"attention_mask": mask}`` (left or right padding) or an
-                        encoder–decoder's ``decoder_input_ids``.
-            baselines (str, int or Tensor, optional): Captum's name for ``reference``: give
-                        one or the other.
-            reference (str, int or Tensor, optional): what each player is measured from
-                        (``None``: the instance's): ``c_j = L_j(x_j − r_j)`` with ``L_j`` the
-                        frozen model's linear map of position ``j``, and ``Σ_j L_j(r_j)`` added
-                        to the bias player. ``"zero"``: ``r = 0`` (the paper's); ``"mean"``:
-                        each row's mean first-block input over its real tokens;
-                        ``"centered"`` (default): the mean of the positions the output sees,
-                        the mean's own output shared back to the tokens it averages; a token
-                        id: the first-block input of that token at each position; a tensor
-                        ``(d,)``, ``(n, d)`` or ``(batch, n, d)``.
-            route (str): ``"backward"`` (one backward pass through the frozen model) or
+            forward_kwargs (dict, optional): the forward's keyword arguments (an
+                        ``attention_mask``, left or right padding; ``decoder_input_ids``).
+            baselines: Captum's name for ``reference`` (give one or the other).
+            reference (str, int or Tensor, optional): what each player is measured from,
+                        ``c_j = L_j(x_j − r_j)`` with ``Σ_j L_j(r_j)`` added to the bias player:
+                        ``"zero"`` (the paper's), ``"mean"`` (each row's mean input),
+                        ``"centered"`` (the default: the mean of the positions the output sees,
+                        its output shared back to the tokens), a token id, or a tensor ``(d,)``,
+                        ``(n, d)`` or ``(batch, n, d)``; ``None``: the instance's.
+            route (str): ``"backward"`` (one backward pass of the frozen model) or
                         ``"forward"`` (the decompositions carried through every block).
             rules (dict, optional): role → rule for this call.
-            feature_mask (Tensor, optional): ``(batch, n)`` group ids in Captum's convention:
-                        the groups are the players; every position gets its group's
-                        contribution.
-            target_position (int or Tensor, optional): the position whose output is read
-                        (negative counts from the end; one per row as a ``(batch,)`` tensor).
-            return_bias (bool): also return the bias player's contribution ``(batch,)``.
-            return_convergence_delta (bool): also return ``|Σ_j c_j + c_bias − real|``
-                        ``(batch,)``, last.
-            players (list[int], optional): forward route only: propagate just these players
-                        (positions, or group ids with a ``feature_mask``); the others get 0,
-                        and every part carries the whole bias player.
+            feature_mask (Tensor, optional): ``(batch, n)`` Captum's group ids: the groups are
+                        the players, each position gets its group's contribution.
+            target_position (int or Tensor, optional): the position read (negative from the end).
+            return_bias (bool): also return the bias player ``(batch,)``.
+            return_convergence_delta (bool): also return ``|Σ_j c_j + c_bias − real|``, last.
+            players (list[int], optional): forward route: propagate only these players (the
+                        others get 0; every part carries the whole bias player).
 
         Returns:
-            contributions ``(batch, n)`` (an encoder–decoder: the pair ``(source (batch,
-            n_source), target (batch, n_target))``); with ``return_bias``, the bias next;
-            with ``return_convergence_delta``, the delta last. Padded positions get exactly 0.
+            contributions ``(batch, n)`` (an encoder–decoder: ``(source, target)``), then the
+            bias and the delta where asked. Padded positions get exactly 0.
         """
         reference = self._reference_of(reference, baselines)
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         if target is None:
             raise ValueError("target is None: attribute() explains one output (a class, a token id or its "
                              "text, a Contrast or a Direction); for whole-model token-to-token maps call maps()")
-        groups, n_groups = self._groups(feature_mask, players, request)
+        groups, n_groups = self.engine.groups(feature_mask, players, request)
         head_target = self._target(target, target_position, request.read_mask)
-        (answer,) = self.engine.answers(request, [head_target], self.engine.rules({**self._user_rules, **(rules or {})}),
+        (answer,) = self.engine.answers(request, [head_target], self._rules(rules),
                                         reference, route, groups, n_groups, players,
                                         with_bias=return_bias or return_convergence_delta)
-        per_group = self._per_group(answer, request, groups, n_groups, route)
-        out: list[Any] = [self._per_position(per_group, request, groups)]
-        if return_bias:
-            out.append(answer.bias)
-        if return_convergence_delta:
-            out.append((per_group.sum(1) + answer.bias - answer.real).abs())
-        return out[0] if len(out) == 1 else tuple(out)
+        per_group = self.engine.per_group(answer, request, groups, n_groups, route)
+        return captum_return(self.engine.per_position(per_group, request, groups), answer.bias if return_bias else None,
+                       (per_group.sum(1) + answer.bias - answer.real).abs() if return_convergence_delta else None)
 
     @log_usage()
     @serialized
@@ -234,38 +207,25 @@ class NormDecomposition(Attribution):
                              rules: Mapping[str, Callable] | None = None, feature_mask: Tensor | None = None,
                              target_position: int | Tensor | None = None,
                              granularity: str = "sublayer") -> ComponentAttribution:
-        r"""Which components, acting on which tokens, wrote the read-out: the exact table
-        ``C[j, c]`` of direct effects with ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``.
-
-        Each writer of the residual stream (the embeddings, each attention block or head,
-        each FF block or expert, an encoder–decoder's cross-attentions) is read through the
-        frozen later norms and the head (its *direct* effect), and that read-out is split
-        over the tokens; summed over components it gives :meth:`attribute`'s contributions.
+        r"""Which components, acting on which tokens, wrote the read-out: the exact table of
+        direct effects, ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]`` (each writer of the residual
+        stream read through the frozen later norms and the head, split over the tokens).
 
         Args:
-            inputs, target, additional_forward_args, forward_kwargs, baselines, reference, rules,
-            feature_mask, target_position: as in :meth:`attribute`; ``target=None`` explains
-                        the predicted class or next token.
-            route (str, optional): ``"backward"`` (one backward pass per writer),
-                        ``"forward"`` (every token's share carried through every block), or
-                        ``None``: the cheaper for this many players, blocks and writers
-                        (encoder–decoders and per-expert splits take the forward route).
+            inputs, target, …: as in :meth:`attribute`; ``target=None`` explains the prediction.
+            route (str, optional): ``"backward"`` (a backward pass per writer), ``"forward"``, or
+                        ``None``: the cheaper one (encoder–decoders take the forward route).
             granularity (str): ``"block"``, ``"sublayer"`` or ``"head"``.
 
         Returns:
-            ComponentAttribution: ``contributions`` ``(batch, n, C)`` (an encoder–decoder's
-            rows are its players ``[source | target]``), ``bias``, ``components``,
-            ``value``, ``delta``.
+            ComponentAttribution: ``contributions`` ``(batch, n, C)`` (rows: the players in
+            the layout's order), ``bias``, ``components``, ``value``, ``delta``.
         """
-        if route == "auto":
-            import warnings
-
-            warnings.warn("route='auto' is now route=None (the cheaper route)", DeprecationWarning, stacklevel=4)
-            route = None
+        route = None if route == "auto" else route  # its name before 0.4
         reference = self._reference_of(reference, baselines)
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
-        chosen = self.engine.rules({**self._user_rules, **(rules or {})})
-        groups, n_groups = self._groups(feature_mask, None, request)
+        chosen = self._rules(rules)
+        groups, n_groups = self.engine.groups(feature_mask, None, request)
         captured = self.engine.capture(request)
         if target is None:
             if self.task == "base":
@@ -288,22 +248,17 @@ class NormDecomposition(Attribution):
                 forward_kwargs: dict[str, Any] | None = None, route: str = "backward", maps: bool = False,
                 check: bool = False, rules: Mapping[str, Callable] | None = None,
                 reference: str | int | Tensor | None = None) -> ExplainedOutput:
-        r"""Several read-outs of one batch explained in at most two passes of the model: one
-        recording the forward route (the outputs that resolve a predicted unit, the bias
-        player propagated on its own, the maps and the check), then, on the backward
-        route, the backward pass.
+        r"""Several read-outs of one batch explained in at most two passes of the model (one
+        recording the forward route: the outputs that resolve a predicted unit, the bias
+        player, the maps and the check; then the backward pass).
 
         Args:
             inputs (Tensor): ``(batch, n)`` token ids (an encoder–decoder's source).
-            target (list): read-outs (an index or a text counts as in :meth:`attribute`);
+            target (list): read-outs (an index or a text as in :meth:`attribute`);
                         ``NextToken()`` or ``ClassLogit()`` explain the predicted unit.
-            forward_kwargs (dict, optional): keyword arguments of the forward.
-            route (str): ``"backward"`` or ``"forward"``.
-            maps (bool): also the whole-model maps (see :meth:`maps`).
+            maps (bool): also the whole-model maps (of every position from zero).
             check (bool): on the backward route, also the forward route's contributions.
-            rules (dict, optional): role → rule for this call.
-            reference (str, int or Tensor, optional): as in :meth:`attribute` (the maps are
-                        always of every position from zero).
+            forward_kwargs, route, rules, reference: as in :meth:`attribute`.
 
         Returns:
             ExplainedOutput: one row per read-out and batch row (read-outs first).
@@ -314,25 +269,19 @@ class NormDecomposition(Attribution):
             raise ValueError("target: give at least one read-out")
         reference = self.reference if reference is None else reference
         request = self._request(inputs, None, forward_kwargs, reference)
-        chosen = self.engine.rules({**self._user_rules, **(rules or {})})
-        zero = reference is None or (isinstance(reference, str) and reference == "zero")
-        captured = self.engine.capture(request)
-        mask = request.read_mask.long()
-        resolved = [self._text_free(as_readout(self._text_free(r), self.task)).resolve(captured.output, mask)
-                    for r in target]
-        targets = [self._target(r, None, request.read_mask) for r in resolved]
-        whole, found = None, None
-        if maps or check or route == "forward":  # the maps ride along where the players are from zero
-            whole, found = self.engine.forward(captured, request, targets, chosen, reference=reference,
-                                               maps=maps and zero)
-        if maps and not zero:
-            _, found = self.engine.forward(captured, request, targets, chosen, maps=True)
-        answers = whole if route == "forward" else self.engine.answers(
-            request, targets, chosen, reference, route, with_bias=True, captured=captured)
-        result = self._explained(answers, request)
-        result.readouts, result.outputs, result.maps = resolved, captured.output, found
-        if whole is not None and (check or route == "forward"):
-            forward = self._explained(whole, request)
+        resolved: list[ReadOut] = []
+
+        def targets_of(outputs: Any) -> list[HeadTarget]:  # a predicted unit made concrete
+            resolved.extend(self._text_free(as_readout(self._text_free(r), self.task)).resolve(
+                outputs, request.read_mask.long()) for r in target)
+            return [self._target(r, None, request.read_mask) for r in resolved]
+
+        answers, checked, found, outputs = self.engine.explain(request, targets_of, self._rules(rules), reference,
+                                                               route, maps, check)
+        result = ExplainedOutput.from_answers(answers, request.read_mask)
+        result.readouts, result.outputs, result.maps = resolved, outputs, found
+        if checked is not None:
+            forward = ExplainedOutput.from_answers(checked, request.read_mask)
             result.forward_contributions, result.forward_delta = forward.contributions, forward.delta
         return result
 
@@ -345,60 +294,28 @@ class NormDecomposition(Attribution):
                        rules: Mapping[str, Callable] | None = None,
                        reference: str | int | Tensor | None = None) -> ExplainedOutput:
         r"""Every token of a forced target explained from one forward pass: a causal LM's
-        continuation of its prompt (``inputs``), or an encoder–decoder's target for its
-        source (``inputs``; ``forward_kwargs["decoder_input_ids"]`` is the decoder's input,
-        its start token then the target but its last token, made from the target when left
-        out).
+        continuation of its prompt, or an encoder–decoder's target for its source (the
+        decoder's input, ``forward_kwargs["decoder_input_ids"]``, made from the target when
+        left out).
 
         Args:
             inputs (Tensor): ``(1, n)`` the prompt or the source (or Whisper's features).
-            target (str, list[int] or Tensor): the target's tokens ``(T,)``, or its text (with
-                        a tokenizer).
-            forward_kwargs, route, rules, reference: see :meth:`attribute`.
+            target (str, list[int] or Tensor): the target's tokens ``(T,)``, or its text.
+            forward_kwargs, route, rules, reference: as in :meth:`attribute`.
 
         Returns:
-            ExplainedOutput: row ``t`` explains the logit of ``target[t]`` where it is read.
-
-        Examples::
-
-            >>> nd = NormDecomposition(marian, tokenizer=tokenizer)
-            >>> out = nd.explain_target(src, "Hallo Welt")
-            >>> out.source_share                                  # (T,): Σ source / logit
+            ExplainedOutput: row ``t`` explains the logit of ``target[t]`` where it is read
+            (``source_share`` for an encoder–decoder).
         """
-        kwargs = check_forward_kwargs(forward_kwargs)
-        source = torch.as_tensor(inputs)
-        source = source[None] if source.dim() == 1 or (source.is_floating_point() and source.dim() == 2) else source
-        if source.shape[0] != 1:
-            raise ValueError("inputs: explain one input at a time (a batch of 1)")
+        source = one_input(inputs)
         tokens = self._target_tokens(target, source.device)
-        two_stacks = self.engine.source is not None
-        if two_stacks:
-            prefix = kwargs.get("decoder_input_ids")
-            if prefix is None:
-                start = getattr(self.model.config, "decoder_start_token_id", None)
-                if start is None:
-                    raise ValueError(f"{self.model_type}'s config has no decoder_start_token_id: give "
-                                     "forward_kwargs['decoder_input_ids']")
-                prefix = torch.cat([tokens.new_tensor([int(start)]), tokens[:-1]])[None]
-            prefix = torch.as_tensor(prefix)
-            prefix = prefix[None] if prefix.dim() == 1 else prefix
-            if tokens.numel() > prefix.shape[1]:
-                raise ValueError(f"target: give between 1 and {prefix.shape[1]} tokens (one per decoder position)")
-            ids, kwargs, positions = source, {**kwargs, "decoder_input_ids": prefix}, range(tokens.numel())
-        else:
-            ids = torch.cat([source, tokens[None, :-1].to(source.device)], dim=1)
-            if "attention_mask" in kwargs:
-                kwargs["attention_mask"] = torch.cat([kwargs["attention_mask"],
-                                                      torch.ones_like(tokens[None, :-1])], dim=1)
-            positions = range(source.shape[1] - 1, source.shape[1] - 1 + tokens.numel())
-        readouts = [NextToken(int(t), int(p)) for t, p in zip(tokens, positions)]
+        ids, kwargs, positions = self.engine.forced(source, tokens, check_forward_kwargs(forward_kwargs))
+        readouts = [NextToken(int(t), p) for t, p in zip(tokens, positions)]
         result = self.explain(ids, readouts, forward_kwargs=kwargs, route=route, rules=rules, reference=reference)
         result.tokens = tokens
-        if two_stacks:
+        result.target_ids = kwargs.get("decoder_input_ids", ids)[0]
+        if result.n_source:
             result.source_ids = source[0] if not source.is_floating_point() else torch.empty(0, dtype=torch.long)
-            result.target_ids = kwargs["decoder_input_ids"][0]
-        else:
-            result.target_ids = ids[0]
         return result
 
     @log_usage()
@@ -408,17 +325,10 @@ class NormDecomposition(Attribution):
                            forward_kwargs: dict[str, Any] | None = None, route: str = "backward",
                            rules: Mapping[str, Callable] | None = None,
                            reference: str | int | Tensor | None = None) -> ExplainedOutput:
-        r"""Generate greedily from one input (a causal LM's prompt, an encoder–decoder's
-        source), then explain every generated token (see :meth:`explain_target`; the
-        generation's logits equal the forced decoding's: it is the same computation).
-
-        Args:
-            inputs (Tensor): ``(1, n)`` the prompt or the source.
-            max_new_tokens (int): at most this many tokens, within the model's positions.
-            forward_kwargs, route, rules, reference: see :meth:`attribute`.
-        """
-        source = torch.as_tensor(inputs)
-        source = source[None] if source.dim() == 1 or (source.is_floating_point() and source.dim() == 2) else source
+        r"""Generate greedily from one input (a prompt, a source), at most ``max_new_tokens``
+        within the model's positions, then explain every generated token
+        (:meth:`explain_target`: the generation's logits are the forced decoding's)."""
+        source = one_input(inputs)
         check_call(self.model, (source,), check_forward_kwargs(forward_kwargs))  # before generating
         if self.task not in ("causal_lm", "seq2seq_lm"):
             raise ValueError(f"generating needs a causal LM or an encoder–decoder; {type(self.model).__name__} "
@@ -438,13 +348,9 @@ class NormDecomposition(Attribution):
                         forward_kwargs: dict[str, Any] | None = None, route: str = "backward",
                         rules: Mapping[str, Callable] | None = None, reference: str | int | Tensor | None = None,
                         return_bias: bool = False, return_convergence_delta: bool = False) -> Any:
-        r"""Contributions to several outputs of one sequence from one forward pass: the logit
-        of ``target[t]`` at ``target_position[t]`` for every ``t`` (teacher forcing: a prompt
-        followed by generated tokens explains every step at once).
-
-        Returns:
-            contributions ``(T, n)``, then the bias ``(T,)`` and the delta ``(T,)`` if asked.
-        """
+        r"""The logit of ``target[t]`` at ``target_position[t]`` of one sequence for every ``t``,
+        from one forward pass (teacher forcing): contributions ``(T, n)``, then the bias and
+        the delta where asked."""
         ids = torch.as_tensor(inputs)
         ids = ids[None] if ids.dim() == 1 else ids
         tokens = check_index(torch.as_tensor(target, device=ids.device), "target").reshape(-1)
@@ -456,15 +362,11 @@ class NormDecomposition(Attribution):
         reference = self.reference if reference is None else reference
         request = self._request(ids, None, forward_kwargs, reference)
         targets = [self._target(NextToken(int(t), int(p)), None, request.read_mask) for t, p in zip(tokens, where)]
-        answers = self.engine.answers(request, targets, self.engine.rules({**self._user_rules, **(rules or {})}),
+        answers = self.engine.answers(request, targets, self._rules(rules),
                                       reference, route, with_bias=return_bias or return_convergence_delta)
-        result = self._explained(answers, request)
-        out: list[Any] = [result.contributions]
-        if return_bias:
-            out.append(result.bias)
-        if return_convergence_delta:
-            out.append(result.delta)
-        return out[0] if len(out) == 1 else tuple(out)
+        result = ExplainedOutput.from_answers(answers, request.read_mask)
+        return captum_return(result.contributions, result.bias if return_bias else None,
+                       result.delta if return_convergence_delta else None)
 
     @log_usage()
     @serialized
@@ -472,132 +374,9 @@ class NormDecomposition(Attribution):
     def maps(self, inputs: Tensor | tuple[Tensor, ...], *, additional_forward_args: Any = None,
              forward_kwargs: dict[str, Any] | None = None, rules: Mapping[str, Callable] | None = None,
              return_convergence_delta: bool = False) -> Any:
-        r"""Whole-model token-to-token maps: ``‖F_i(x_j)‖`` after every block, over the
-        original input tokens ``(batch, n_blocks, n, n)`` (what attention rollout
-        approximates); players are propagated in groups that fit ``memory_budget``.
-
-        Args:
-            inputs, additional_forward_args, forward_kwargs, rules: see :meth:`attribute`.
-            return_convergence_delta (bool): also return, per block, the largest completeness
-                        residual against the block's real output ``(batch, n_blocks)``.
-        """
+        r"""Whole-model token-to-token maps ``(batch, n_blocks, n, n)``: ``‖F_i(x_j)‖`` after
+        every block over the input tokens (what attention rollout approximates); with
+        ``return_convergence_delta`` also each block's largest completeness residual."""
         self.engine.refuse_two_stacks("maps")
         request = self._request(inputs, additional_forward_args, forward_kwargs)
-        return self.engine.maps(request, self.engine.rules({**self._user_rules, **(rules or {})}),
-                                return_convergence_delta)
-
-    # ------------------------------------------------------------------ the door
-    def _request(self, inputs: Any, additional_forward_args: Any, forward_kwargs: Any,
-                 reference: Any = None, name: str = "inputs") -> Request:
-        """A call checked once before any pass: token ids in the vocabulary and within a
-        learned position table, masks of their shape with a real token per row, an
-        encoder–decoder's target of the source's batch, a token id as reference within the
-        vocabulary (:mod:`captum_ffb.engine.requests`)."""
-        args = forward_arguments(inputs, additional_forward_args)
-        kwargs = check_call(self.model, args, check_forward_kwargs(forward_kwargs), name)
-        if isinstance(reference, int):  # a token id (a bool is refused)
-            check_index(reference, "reference", vocabulary_size(self.model))
-        return self.engine.request(args, kwargs)
-
-    def _reference_of(self, reference: Any, baselines: Any) -> Any:
-        if baselines is not None and reference is not None:
-            raise ValueError("give reference= or baselines= (Captum's name for it), not both")
-        chosen = reference if reference is not None else baselines
-        return self.reference if chosen is None else chosen
-
-    def _groups(self, feature_mask: Tensor | None, players: Any, request: Request) -> tuple[Tensor, int]:
-        ids = request.read_mask
-        batch, n = ids.shape
-        if feature_mask is not None or players is not None:
-            self.engine.refuse_two_stacks("feature_mask" if feature_mask is not None else "players")
-        if feature_mask is None:
-            return torch.arange(n, device=ids.device).expand(batch, n).contiguous(), n
-        mask = torch.as_tensor(feature_mask, device=ids.device)
-        if mask.dim() == 1:
-            mask = mask.expand(batch, -1)
-        if mask.shape != ids.shape:
-            raise ValueError(f"feature_mask must be (batch, n) = {tuple(ids.shape)}, got {tuple(mask.shape)}")
-        if mask.is_floating_point() or int(mask.min()) < 0:
-            raise ValueError("feature_mask holds non-negative integer group ids")
-        return mask.long().contiguous(), int(mask.max()) + 1
-
-    def _target(self, target: Any, position: Any, read_mask: Tensor) -> HeadTarget:
-        """The head target of ``target`` (an index, its text, one per row, or a read-out)."""
-        name = type(self.model).__name__
-        target = self._text_free(target)
-        check_index(target, "target")
-        if isinstance(target, Direction) and self.task != "base":
-            raise ValueError(f"a Direction reads a base model's hidden states; {name} has a head: "
-                             "give a class, a token id or a Contrast")
-        if self.task == "base" and not isinstance(target, Direction):
-            raise ValueError(f"{name} is a base model: give a Direction target")
-        return as_readout(target, self.task).head_target(self.engine.head, read_mask, self.engine.dtype, position)
-
-    def _text_free(self, target: Any) -> Any:
-        """``target`` with every text (the target, a Contrast's or a NextToken's token) as its
-        token id, read by the tokenizer."""
-        if isinstance(target, str):
-            return self._token_id(target)
-        if isinstance(target, Contrast) and isinstance(target.positive, str) or \
-                isinstance(target, Contrast) and isinstance(target.negative, str):
-            return dataclasses.replace(target, positive=self._text_free(target.positive),
-                                       negative=self._text_free(target.negative))
-        if isinstance(target, NextToken) and isinstance(target.token, str):
-            return dataclasses.replace(target, token=self._token_id(target.token))
-        return target
-
-    def _token_id(self, text: str) -> int:
-        if self.tokenizer is None:
-            raise TypeError(f"target {text!r} is text: give NormDecomposition(model, tokenizer=...) to read it, "
-                            "or its token id")
-        ids = self._encode(text)
-        if len(ids) != 1:
-            pieces = self.tokenizer.convert_ids_to_tokens(ids)
-            raise ValueError(f"target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); give one "
-                             "token (mind the leading space, e.g. ' Paris')")
-        return int(ids[0])
-
-    def _encode(self, text: str) -> list[int]:
-        if self.engine.source is not None:
-            return list(self.tokenizer(text_target=text, add_special_tokens=False)["input_ids"])
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _target_tokens(self, target: Any, device: torch.device) -> Tensor:
-        """A forced target's tokens ``(T,)``, from ids or (with a tokenizer) its text."""
-        if isinstance(target, str):
-            if self.tokenizer is None:
-                raise TypeError("target is text: give NormDecomposition(model, tokenizer=...) to read it, or "
-                                "its token ids")
-            target = self._encode(target)
-        tokens = check_index(torch.as_tensor(target), "target", int(self.engine.head.output.weight.shape[0])
-                             if self.engine.head.output is not None else None).reshape(-1).long()
-        if tokens.numel() == 0:
-            raise ValueError("target has no tokens")
-        return tokens.to(device)
-
-    # ------------------------------------------------------------------ answers as Captum's tensors
-    def _per_group(self, answer: Answer, request: Request, groups: Tensor, n_groups: int, route: str) -> Tensor:
-        """The contributions per player ``(B, P)``: the backward route's per position added up
-        by group (one stack), the forward route's as they are (its groups were the players)."""
-        if route == "forward" or self.engine.source is not None:
-            return answer.contributions
-        contributions = answer.contributions * request.read_mask.to(answer.contributions.dtype)
-        per_group = contributions.new_zeros(contributions.shape[0], n_groups)
-        return per_group.scatter_add_(1, groups, contributions)
-
-    def _per_position(self, per_group: Tensor, request: Request, groups: Tensor) -> Any:
-        """Each position's group's contribution (one stack), or the pair ``(source, target)``."""
-        if self.engine.source is not None:
-            n_source = per_group.shape[1] - request.read_mask.shape[1]
-            return per_group[:, :n_source], per_group[:, n_source:]
-        return per_group.gather(1, groups) * request.read_mask.to(per_group.dtype)
-
-    def _explained(self, answers: list[Answer], request: Request) -> ExplainedOutput:
-        """Several answers as one result, one row per answer and batch row (answers first)."""
-        contributions = torch.cat([a.contributions for a in answers])
-        n_source = contributions.shape[1] - request.read_mask.shape[1]  # the read stack's players last
-        if n_source == 0:
-            contributions = contributions * request.read_mask.repeat(len(answers), 1).to(contributions.dtype)
-        real = torch.cat([a.real for a in answers])
-        bias = torch.cat([a.bias if a.bias is not None else a.value - a.contributions.sum(-1) for a in answers])
-        return ExplainedOutput(contributions, bias, real, (contributions.sum(1) + bias - real).abs(), n_source)
+        return self.engine.maps(request, self._rules(rules), return_convergence_delta)

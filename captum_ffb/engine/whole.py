@@ -334,6 +334,80 @@ class WholeModel:
             else torch.ones(ids.shape[:2], dtype=torch.bool, device=ids.device)
         return Request(args, dict(kwargs), real)
 
+    def groups(self, feature_mask: Tensor | None, players: Any, request: Request) -> tuple[Tensor, int]:
+        """The player of each position ``(B, n)`` and how many players: the positions, or the
+        groups of Captum's ``feature_mask`` (non-negative integer group ids)."""
+        ids = request.read_mask
+        batch, n = ids.shape
+        if feature_mask is not None or players is not None:
+            self.refuse_two_stacks("feature_mask" if feature_mask is not None else "players")
+        if feature_mask is None:
+            return torch.arange(n, device=ids.device).expand(batch, n).contiguous(), n
+        mask = torch.as_tensor(feature_mask, device=ids.device)
+        if mask.dim() == 1:
+            mask = mask.expand(batch, -1)
+        if mask.shape != ids.shape:
+            raise ValueError(f"feature_mask must be (batch, n) = {tuple(ids.shape)}, got {tuple(mask.shape)}")
+        if mask.is_floating_point() or int(mask.min()) < 0:
+            raise ValueError("feature_mask holds non-negative integer group ids")
+        return mask.long().contiguous(), int(mask.max()) + 1
+
+    def per_group(self, answer: Answer, request: Request, groups: Tensor, n_groups: int, route: str) -> Tensor:
+        """An answer's contributions per player ``(B, P)``: the backward route's per position
+        added up by group, the forward route's as they are (its groups were the players)."""
+        if route == "forward" or self.source is not None:
+            return answer.contributions
+        contributions = answer.contributions * request.read_mask.to(answer.contributions.dtype)
+        per_group = contributions.new_zeros(contributions.shape[0], n_groups)
+        return per_group.scatter_add_(1, groups, contributions)
+
+    def per_position(self, per_group: Tensor, request: Request, groups: Tensor) -> Any:
+        """Captum's attribution tensors: each position's group's contribution ``(B, n)``, or an
+        encoder–decoder's pair ``(source (B, n_source), target (B, n_target))``."""
+        if self.source is not None:
+            n_source = per_group.shape[1] - request.read_mask.shape[1]
+            return per_group[:, :n_source], per_group[:, n_source:]
+        return per_group.gather(1, groups) * request.read_mask.to(per_group.dtype)
+
+    def forced(self, inputs: Tensor, tokens: Tensor, kwargs: dict[str, Any]
+               ) -> tuple[Tensor, dict[str, Any], list[int]]:
+        """A forced target fed to the model: ``(inputs, keyword arguments, the position that
+        reads each token)``: a causal LM reads ``tokens[t]`` after its prompt and the tokens
+        before it; an encoder–decoder's decoder reads it at position ``t`` of its input (its
+        start token, then the target but its last token; given in ``kwargs`` or made here)."""
+        if self.source is None:
+            ids = torch.cat([inputs, tokens[None, :-1].to(inputs.device)], dim=1)
+            if "attention_mask" in kwargs:
+                kwargs = {**kwargs, "attention_mask": torch.cat(
+                    [kwargs["attention_mask"], torch.ones_like(tokens[None, :-1])], dim=1)}
+            return ids, kwargs, list(range(inputs.shape[1] - 1, inputs.shape[1] - 1 + tokens.numel()))
+        prefix = kwargs.get("decoder_input_ids")
+        if prefix is None:
+            start = getattr(self.config, "decoder_start_token_id", None)
+            if start is None:
+                raise ValueError(f"{self.model_type}'s config has no decoder_start_token_id: give "
+                                 "forward_kwargs['decoder_input_ids']")
+            prefix = torch.cat([tokens.new_tensor([int(start)]), tokens[:-1]])[None]
+        prefix = torch.as_tensor(prefix)
+        prefix = prefix[None] if prefix.dim() == 1 else prefix
+        if tokens.numel() > prefix.shape[1]:
+            raise ValueError(f"target: give between 1 and {prefix.shape[1]} tokens (one per decoder position)")
+        return inputs, {**kwargs, "decoder_input_ids": prefix}, list(range(tokens.numel()))
+
+    def token_ids(self, tokenizer: Any, text: str, one: bool = False) -> list[int]:
+        """The token ids of a target given as text (an encoder–decoder's target side), without
+        special tokens; with ``one``, a one-line error unless it is one token."""
+        if tokenizer is None:
+            raise TypeError(f"target {text!r} is text: give NormDecomposition(model, tokenizer=...) to read "
+                            "it, or its token id")
+        ids = list(tokenizer(text_target=text, add_special_tokens=False)["input_ids"]) if self.source is not None \
+            else list(tokenizer.encode(text, add_special_tokens=False))
+        if one and len(ids) != 1:
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+            raise ValueError(f"target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); give one "
+                             "token (mind the leading space, e.g. ' Paris')")
+        return ids
+
     def refuse_two_stacks(self, what: str) -> None:
         """A one-line error for what encoder–decoders do not have yet."""
         if self.source is not None:
@@ -363,6 +437,25 @@ class WholeModel:
         alone = self.forward(captured, request, targets, rules, None, None, [], reference)[0]
         return [replace(answer, bias=part.bias.to(answer.contributions.dtype))
                 for answer, part in zip(answers, alone)]
+
+    def explain(self, request: Request, targets_of: Callable[[Any], list[HeadTarget]],
+                rules: Mapping[str, Callable], reference: Any, route: str, maps: bool = False, check: bool = False
+                ) -> tuple[list[Answer], list[Answer] | None, Tensor | None, Any]:
+        """Several targets of one batch in at most two passes: one recording the forward route
+        (its outputs give ``targets_of`` what resolves a predicted unit; the bias player, the
+        maps and the check ride along), then the backward pass. Returns ``(answers, the forward
+        route's answers when checked or on the forward route, the maps, the outputs)``."""
+        zero = reference is None or (isinstance(reference, str) and reference == "zero")
+        captured = self.capture(request)
+        targets = targets_of(captured.output)
+        whole, found = None, None
+        if maps or check or route == "forward":  # the maps ride along where the players are from zero
+            whole, found = self.forward(captured, request, targets, rules, reference=reference, maps=maps and zero)
+        if maps and not zero:
+            _, found = self.forward(captured, request, targets, rules, maps=True)
+        answers = whole if route == "forward" else self.answers(request, targets, rules, reference, route,
+                                                                 with_bias=True, captured=captured)
+        return answers, whole if (check or route == "forward") else None, found, captured.output
 
     def backward(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
                  reference: Any) -> list[Answer]:
@@ -555,7 +648,7 @@ class WholeModel:
                    captured: Captured | None = None) -> ComponentTable:
         r"""The direct effect of every writer of the residual stream on ``target``, per player:
         ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``, by ``route`` (``None``: the cheaper one,
-        :func:`component_route`; a mixture of experts split per expert and an encoder–decoder
+        :func:`~captum_ffb.engine.whole.component_route`; a mixture of experts split per expert and an encoder–decoder
         take the forward route)."""
         check_granularity(granularity)
         check_linear_rules(rules)

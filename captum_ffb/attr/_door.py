@@ -1,0 +1,85 @@
+"""The door of the whole-model attributions: each call's request checked once
+(:mod:`captum_ffb.engine.requests`), and what is explained turned into what the head reads
+(a read-out, a text target read by the tokenizer)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from captum_ffb.engine import forward_arguments
+from captum_ffb.engine.requests import (
+    check_call,
+    check_forward_kwargs,
+    check_index,
+    vocabulary_size,
+)
+from captum_ffb.engine.whole import HeadTarget, Request
+from captum_ffb.readouts import head_target_of, with_token_ids
+
+
+class Door:
+    """What :class:`~captum_ffb.attr.NormDecomposition` does before it asks its engine: the
+    request, the rules, the reference, the target (the instance has ``model``, ``engine``,
+    ``reference``, ``tokenizer`` and ``_user_rules``)."""
+
+    def _request(self, inputs: Any, additional_forward_args: Any, forward_kwargs: Any,
+                 reference: Any = None, name: str = "inputs") -> Request:
+        """A call checked once before any pass: token ids in the vocabulary and within a
+        learned position table, masks of their shape with a real token per row, an
+        encoder–decoder's target of the source's batch, a token id as reference within the
+        vocabulary (:mod:`captum_ffb.engine.requests`)."""
+        args = forward_arguments(inputs, additional_forward_args)
+        kwargs = check_call(self.model, args, check_forward_kwargs(forward_kwargs), name)
+        if isinstance(reference, int):  # a token id (a bool is refused)
+            check_index(reference, "reference", vocabulary_size(self.model))
+        return self.engine.request(args, kwargs)
+
+    def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
+        """The whole-model defaults, the instance's replacements, then this call's."""
+        return self.engine.rules({**self._user_rules, **(rules or {})})
+
+    def _reference_of(self, reference: Any, baselines: Any) -> Any:
+        if baselines is not None and reference is not None:
+            raise ValueError("give reference= or baselines= (Captum's name for it), not both")
+        chosen = reference if reference is not None else baselines
+        return self.reference if chosen is None else chosen
+
+    def _target(self, target: Any, position: Any, read_mask: Tensor) -> HeadTarget:
+        """The head target of ``target`` (an index, its text, one per row, or a read-out)."""
+        return head_target_of(self._text_free(target), self.engine.head, read_mask, self.engine.dtype, position,
+                              type(self.model).__name__)
+
+    def _text_free(self, target: Any) -> Any:
+        return with_token_ids(target, self._token_id)
+
+    def _token_id(self, text: str) -> int:
+        return int(self.engine.token_ids(self.tokenizer, text, one=True)[0])
+
+    def _target_tokens(self, target: Any, device: torch.device) -> Tensor:
+        """A forced target's tokens ``(T,)``, from ids or (with a tokenizer) its text."""
+        if isinstance(target, str):
+            target = self.engine.token_ids(self.tokenizer, target)
+        units = None if self.engine.head.output is None else int(self.engine.head.output.weight.shape[0])
+        tokens = check_index(torch.as_tensor(target), "target", units).reshape(-1).long()
+        if tokens.numel() == 0:
+            raise ValueError("target has no tokens")
+        return tokens.to(device)
+
+
+def one_input(inputs: Any) -> Tensor:
+    """One input as a batch of one (token ids ``(1, n)``, or a speech model's features)."""
+    source = torch.as_tensor(inputs)
+    source = source[None] if source.dim() == 1 or (source.is_floating_point() and source.dim() == 2) else source
+    if source.shape[0] != 1:
+        raise ValueError("inputs: explain one input at a time (a batch of 1)")
+    return source
+
+
+def captum_return(attributions: Any, bias: Tensor | None, delta: Tensor | None) -> Any:
+    """Captum's return: the attributions, then the bias and the delta where asked."""
+    out = [attributions] + [t for t in (bias, delta) if t is not None]
+    return out[0] if len(out) == 1 else tuple(out)
