@@ -302,7 +302,7 @@ API_CASES = [
     ("a target that is a float", lambda a: a["nd"].attribute(IDS, target=3.0),
      TypeError, r"target must be an integer index, got a float"),
     ("a target out of the vocabulary", lambda a: a["nd"].attribute(IDS, target=60),
-     ValueError, r"target index out of range: the output has 60 units"),
+     ValueError, r"target 60 is out of range \(0 … 59\)"),
     ("forward_kwargs that is not a dict", lambda a: a["nd"].attribute(IDS, target=3, forward_kwargs=[1]),
      TypeError, r"forward_kwargs must be a dict"),
     ("a components call with a padded row",
@@ -310,7 +310,7 @@ API_CASES = [
      ValueError, r"attention_mask: row 1 has no real token"),
     ("attribute_steps with an id out of the vocabulary",
      lambda a: a["nd"].attribute_steps(IDS[:1] + 60, targets=[3], positions=[4]),
-     ValueError, r"input_ids holds the token id 69, outside the model's vocabulary"),
+     ValueError, r"inputs holds the token id 69, outside the model's vocabulary"),
 ]
 
 
