@@ -6,6 +6,7 @@ what to write instead.
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -34,7 +35,6 @@ def keyword_only(positional: int, old_order: Sequence[str] = (), renamed: Mappin
     def wrap(method: Method) -> Method:
         name = method.__qualname__
 
-        @functools.wraps(method)
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if len(args) > positional:
                 if len(args) > len(old_order):
@@ -65,6 +65,13 @@ def keyword_only(positional: int, old_order: Sequence[str] = (), renamed: Mappin
                 kwargs[new] = value
             return method(self, *args, **kwargs)
 
-        return call  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(method):  # stays a generator (a lock held while it runs)
+
+            @functools.wraps(method)
+            def iterate(self: Any, *args: Any, **kwargs: Any) -> Any:
+                yield from call(self, *args, **kwargs)
+
+            return iterate  # type: ignore[return-value]
+        return functools.wraps(method)(call)  # type: ignore[return-value]
 
     return wrap

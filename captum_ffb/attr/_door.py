@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -83,3 +84,13 @@ def captum_return(attributions: Any, bias: Tensor | None, delta: Tensor | None) 
     """Captum's return: the attributions, then the bias and the delta where asked."""
     out = [attributions] + [t for t in (bias, delta) if t is not None]
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def route_of(route: str | None) -> str | None:
+    """A component table's route: ``"auto"``, its name for the cheaper one before 0.4, is
+    ``None`` now (a ``DeprecationWarning``)."""
+    if route == "auto":
+        warnings.warn("route='auto' is now route=None (the cheaper route); 'auto' stops working in 0.5",
+                      DeprecationWarning, stacklevel=5)
+        return None
+    return route

@@ -11,6 +11,7 @@ from captum.attr import LayerAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
+from captum_ffb._deprecation import keyword_only
 from captum_ffb.architectures import get_architecture
 from captum_ffb.decomposition import Decomposition, ScratchArena
 from captum_ffb.engine import (
@@ -34,6 +35,10 @@ from captum_ffb.engine.requests import check_call, check_forward_kwargs
 
 ScopeArg = str | Sequence[str] | None
 
+
+
+_ORDER = ("inputs", "additional_forward_args", "scope", "return_convergence_delta", "internal_batch_size",
+          "forward_kwargs", "relative_delta", "input_decomposition")
 
 
 class LayerNormDecomposition(LayerAttribution):
@@ -85,16 +90,19 @@ class LayerNormDecomposition(LayerAttribution):
         >>> maps.shape                                 # (1, n, n): ‖F_i(x_j)‖
     """
 
+    @keyword_only(3, ("forward_func", "layer", "device_ids", "model_type", "memory_budget", "dtype",
+                      "show_progress", "rules"))
     def __init__(
         self,
         forward_func: Callable | nn.Module,
         layer: nn.Module | Sequence[nn.Module],
         device_ids: list[int] | None = None,
+        *,
+        rules: Mapping[str, Callable] | None = None,
         model_type: str | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
         dtype: torch.dtype = torch.float32,
         show_progress: bool = False,
-        rules: Mapping[str, Callable] | None = None,
     ) -> None:
         self._returns_list = isinstance(layer, (list, tuple, nn.ModuleList))
         layers = list(layer) if self._returns_list else [layer]
@@ -120,7 +128,8 @@ class LayerNormDecomposition(LayerAttribution):
         self.chain = chain_for(self.spec, self._config)
         for module in layers:
             self._check_block(module)
-        self.rules = resolve_rules(self.chain, self.spec, rules, f"a {self.model_type} block")
+        self._user_rules = dict(rules or {})
+        self.rules = self._rules(None)
         if memory_budget <= 0:
             raise ValueError("memory_budget must be a positive number of bytes")
         self.memory_budget = int(memory_budget)
@@ -148,14 +157,17 @@ class LayerNormDecomposition(LayerAttribution):
 
     @log_usage()
     @serialized
+    @keyword_only(1, _ORDER)
     def attribute(
         self,
         inputs: Tensor | tuple[Tensor, ...],
+        *,
         additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
         scope: ScopeArg = None,
+        rules: Mapping[str, Callable] | None = None,
         return_convergence_delta: bool = False,
         internal_batch_size: int | None = None,
-        forward_kwargs: dict[str, Any] | None = None,
         relative_delta: bool = False,
         input_decomposition: Decomposition | None = None,
     ) -> Any:
@@ -167,6 +179,7 @@ class LayerNormDecomposition(LayerAttribution):
             additional_forward_args (Any, optional): further positional arguments.
             scope (str or list[str], optional): a scope name (default: the whole layer) or a
                         list of names, which returns a dict ``name → maps`` from one pass.
+            rules (dict, optional): role → rule for this call (over the instance's).
             return_convergence_delta (bool): also return the completeness residual ``(batch,)``
                         per scope (a dict for a list of scopes).
             internal_batch_size (int, optional): output rows per chunk; by default chosen so
@@ -186,19 +199,22 @@ class LayerNormDecomposition(LayerAttribution):
         """
         return self._answer(
             "maps", inputs, additional_forward_args, forward_kwargs, scope, internal_batch_size,
-            return_convergence_delta, relative_delta, input_decomposition,
+            return_convergence_delta, relative_delta, input_decomposition, rules,
         )
 
     @log_usage()
     @serialized
+    @keyword_only(1, _ORDER)
     def decompose(
         self,
         inputs: Tensor | tuple[Tensor, ...],
+        *,
         additional_forward_args: Any = None,
+        forward_kwargs: dict[str, Any] | None = None,
         scope: ScopeArg = None,
+        rules: Mapping[str, Callable] | None = None,
         return_convergence_delta: bool = False,
         internal_batch_size: int | None = None,
-        forward_kwargs: dict[str, Any] | None = None,
         relative_delta: bool = False,
         input_decomposition: Decomposition | None = None,
     ) -> Any:
@@ -210,13 +226,16 @@ class LayerNormDecomposition(LayerAttribution):
         """
         return self._answer(
             "decompositions", inputs, additional_forward_args, forward_kwargs, scope,
-            internal_batch_size, return_convergence_delta, relative_delta, input_decomposition,
+            internal_batch_size, return_convergence_delta, relative_delta, input_decomposition, rules,
         )
 
     @serialized
+    @keyword_only(1, ("inputs", "additional_forward_args", "forward_kwargs", "scope", "maps", "decompositions",
+                      "convergence_delta", "relative_delta", "internal_batch_size"))
     def iter_layers(
         self,
         inputs: Tensor | tuple[Tensor, ...],
+        *,
         additional_forward_args: Any = None,
         forward_kwargs: dict[str, Any] | None = None,
         scope: ScopeArg = None,
@@ -294,6 +313,7 @@ class LayerNormDecomposition(LayerAttribution):
         with_delta: bool,
         relative_delta: bool,
         start: Decomposition | None,
+        rules: Mapping[str, Callable] | None = None,
     ) -> Any:
         """Run, then shape the answer as Captum does: ``kind`` is ``"maps"`` or
         ``"decompositions"``; one value per scope (a dict for a list of scopes), with its
@@ -305,7 +325,7 @@ class LayerNormDecomposition(LayerAttribution):
                           delta=with_delta, relative=relative_delta)
         blocks = self._capture(inputs, additional_forward_args, forward_kwargs, names)
         out = []
-        for _, result in self._run(blocks, names, internal_batch_size, outputs, start):
+        for _, result in self._run(blocks, names, internal_batch_size, outputs, start, self._rules(rules)):
             values = getattr(result, kind)
             value = values[names[0]] if single else dict(values)
             if with_delta:
@@ -334,6 +354,11 @@ class LayerNormDecomposition(LayerAttribution):
                     f"{type(module).__name__} is not a {self.model_type} Transformer block "
                     f"(no {path!r}); pass one block, e.g. the first of the model's layer list"
                 )
+
+    def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
+        """The paper's rules, the instance's replacements, then this call's."""
+        return resolve_rules(self.chain, self.spec, {**self._user_rules, **(rules or {})},
+                             f"a {self.model_type} block")
 
     def _scope_names(self, scope: ScopeArg) -> tuple[list[str], bool]:
         if scope is None:
@@ -373,6 +398,7 @@ class LayerNormDecomposition(LayerAttribution):
         internal_batch_size: int | None,
         outputs: Outputs,
         start: Decomposition | None = None,
+        rules: Mapping[str, Callable] | None = None,
     ) -> Iterator[tuple[int, LayerResult]]:
         if internal_batch_size is not None and internal_batch_size < 1:
             raise ValueError("internal_batch_size must be a positive number of rows")
@@ -382,7 +408,7 @@ class LayerNormDecomposition(LayerAttribution):
         try:
             for index, (block, rows) in enumerate(zip(blocks, chunks)):
                 with torch.no_grad():  # the Captum route turns gradients back on where needed
-                    result = run_block(block, self.chain, self.rules, scopes, rows, outputs,
+                    result = run_block(block, self.chain, rules or self.rules, scopes, rows, outputs,
                                        start, self._arena, progress)
                 yield index, result
         finally:

@@ -18,7 +18,7 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_ffb._deprecation import keyword_only
-from captum_ffb.attr._door import Door, captum_return, one_input
+from captum_ffb.attr._door import Door, captum_return, one_input, route_of
 from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
@@ -221,7 +221,7 @@ class NormDecomposition(Door, Attribution):
             ComponentAttribution: ``contributions`` ``(batch, n, C)`` (rows: the players in
             the layout's order), ``bias``, ``components``, ``value``, ``delta``.
         """
-        route = None if route == "auto" else route  # its name before 0.4
+        route = route_of(route)
         reference = self._reference_of(reference, baselines)
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         chosen = self._rules(rules)
