@@ -15,7 +15,8 @@ import captum_ffb
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("versions", "convert", "_private", "_deprecation"),  # tested versions; converters; private names;
                                               # old calls kept working
-    ("architectures", "decomposition", "outputs"),  # facts, no maths
+    # pages (the page skeleton and colour scale) is here, not in viz, for analysis and evaluation write pages too
+    ("architectures", "decomposition", "outputs", "pages"),  # facts, no maths; files and pages out
     ("rules",),                               # what each component does to a decomposition
     ("engine",),                              # capture, blocks, chains, routes
     ("models", "readouts", "results"),        # loading; what is explained; the explained result

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import html
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 from captum_ffb.analysis.corpus import write_skipped
 from captum_ffb.outputs import atomic_open, save_figure, write_json, write_text
+from captum_ffb.pages import escape, page
 
 __all__ = ["paper_checks", "write_report"]
 
@@ -330,11 +330,11 @@ def _tables(summary: dict[str, Any], out: Path) -> None:
 def _fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
         return "–" if not math.isfinite(value) else f"{value:.{digits}f}"
-    return html.escape(str(value))
+    return escape(str(value))
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -344,8 +344,8 @@ def _image(figures: dict[str, Path], key: str, caption: str) -> str:
     if key not in figures:
         return ""
     data = base64.b64encode(figures[key].read_bytes()).decode("ascii")
-    return (f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return (f'<figure><img alt="{escape(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{escape(caption)}</figcaption></figure>")
 
 
 def _change_table(summary: dict[str, Any]) -> str:
@@ -407,19 +407,9 @@ def _html(summary: dict[str, Any], figures: dict[str, Path], checks: list[dict[s
                f"({summary['masked_tokens']} tokens, seed {settings['seed']})"
                if settings["mask_rate_applied"] > 0 else "no masking")
     skipped_text = ", ".join(f"{v} {k}" for k, v in sorted(skipped.items())) or "none"
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>captum-ffb analysis: {html.escape(summary['model'])}</title>
-<style>
-body{{font-family:system-ui,sans-serif;max-width:1100px;margin:1em auto;padding:0 1em;font-size:14px}}
-table{{border-collapse:collapse;margin:.5em 0 1em;font-size:12px}}
-td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}} th{{background:#f3f3f3}}
-td:first-child{{text-align:left}} figure{{display:inline-block;margin:.3em}} img{{max-width:100%}}
-figcaption{{font-size:12px;color:#555}} .note{{color:#555;font-size:12px}}
-</style></head><body>
-<h1>Feed-forward contextualization: {html.escape(summary['model'])}</h1>
-<p>{html.escape(summary['model_type'])} ({html.escape(summary['chain'])}, {"causal" if summary['causal'] else "bidirectional"}),
-corpus <b>{html.escape(summary['source'])}</b>: {summary['sequences']} sequences, {summary['tokens']} tokens; {masking};
-skipped lines: {html.escape(skipped_text)}. Layers are numbered from 1.</p>
+    body = f"""<p>{escape(summary['model_type'])} ({escape(summary['chain'])}, {"causal" if summary['causal'] else "bidirectional"}),
+corpus <b>{escape(summary['source'])}</b>: {summary['sequences']} sequences, {summary['tokens']} tokens; {masking};
+skipped lines: {escape(skipped_text)}. Layers are numbered from 1.</p>
 <p class="note">Contextualization change = 1 − Spearman ρ between the flattened maps of two scopes, averaged
 over sequences. Padded rows and columns are dropped; for causal models only the lower triangle
 (with the diagonal) is used. FF-amp = column-normalised map after FF minus before FF, averaged per
@@ -446,7 +436,13 @@ The γ compared with FF's outputs is that of the norm that next reads the FF out
 <p class="note">Largest relative completeness residual of the decompositions per layer:
 {", ".join(f"{layer['completeness_residual_max']:.1e}" for layer in layers)}.
 All numbers: results.json and the CSV files beside this page.</p>
-</body></html>
+"""
+    return page(f"Feed-forward contextualization: {summary['model']}", body, style=_STYLE)
+
+
+#: The report's own rule: one centred column.
+_STYLE = """
+body { max-width: 1100px; margin: 0 auto; }
 """
 
 

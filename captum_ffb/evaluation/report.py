@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import csv
-import html
 import io
 import math
 from pathlib import Path
 from typing import Any
 
 from captum_ffb.outputs import atomic_open, save_figure, write_json, write_text
+from captum_ffb.pages import escape, page
 
 #: The table columns: (key, heading, "higher" or "lower" is better, or None).
 COLUMNS = (
@@ -74,10 +74,10 @@ def _html_table(summary: dict[str, Any]) -> tuple[str, str]:
     """The header row's cells and the body rows of the HTML table (methods in ``<code>``, the
     best values in ``<b>``: no Markdown marks)."""
     headings, rows = _table(summary)
-    header = "".join(f"<th>{html.escape(h)}</th>" for h in headings)
+    header = "".join(f"<th>{escape(h)}</th>" for h in headings)
     body = "".join(
-        f"<tr><td><code>{html.escape(method)}</code></td>"
-        + "".join(f"<td><b>{html.escape(t)}</b></td>" if best else f"<td>{html.escape(t)}</td>"
+        f"<tr><td><code>{escape(method)}</code></td>"
+        + "".join(f"<td><b>{escape(t)}</b></td>" if best else f"<td>{escape(t)}</td>"
                   for t, best in cells) + "</tr>"
         for method, cells in rows)
     return header, body
@@ -163,9 +163,9 @@ def _scheme_html(summary: dict[str, Any]) -> str:
     tau = summary.get("scheme_tau")
     if not tau:
         return ""
-    cells = "".join(f"<tr><td>{score}</td><td>{pair}</td><td>{_fmt(value)}</td></tr>"
+    cells = "".join(f"<tr><td>{escape(score)}</td><td>{escape(pair)}</td><td>{_fmt(value)}</td></tr>"
                     for score, pair, value in _scheme_rows(tau))
-    return (f"<p>{html.escape(SCHEME_CAPTION)}</p><table><tr><th>scores</th><th>schemes</th><th>τ</th></tr>"
+    return (f"<p>{escape(SCHEME_CAPTION)}</p><table><tr><th>scores</th><th>schemes</th><th>τ</th></tr>"
             f"{cells}</table>")
 
 
@@ -197,11 +197,7 @@ def write_report(summary: dict[str, Any], out: str | Path) -> list[Path]:
         image = f'<img alt="curves" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
         written.append(path)
     header, rows = _html_table(summary)
-    page = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Faithfulness — "
-            f"captum_ffb</title><style>body{{font-family:system-ui,sans-serif;margin:1.2em}}"
-            f"table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;"
-            f"text-align:right}}td:first-child{{text-align:left}}img{{max-width:100%}}</style></head>"
-            f"<body><h2>Faithfulness</h2><p>{html.escape(_heading(summary))}</p>"
-            f"<table><tr>{header}</tr>{rows}</table>{_scheme_html(summary)}{image}</body></html>")
-    written.append(write_text(folder / "report.html", page))
+    body = f"<table><tr>{header}</tr>{rows}</table>{_scheme_html(summary)}{image}"
+    html_page = page("Faithfulness", body, header=f'<p class="meta">{escape(_heading(summary))}</p>\n')
+    written.append(write_text(folder / "report.html", html_page))
     return written

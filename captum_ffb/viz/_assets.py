@@ -1,11 +1,7 @@
-"""The CSS and JavaScript of the HTML view, inlined into every page (no CDN, no network)."""
+"""The maps view's own CSS and JavaScript, inlined into its page after the shared stylesheet and
+colour scale of :mod:`captum_ffb.pages` (no CDN, no network)."""
 
 CSS = r"""
-:root { --ink:#1f2328; --muted:#656d76; --line:#d0d7de; --accent:#b8322e; --bg:#ffffff; --chip:#f6f8fa; }
-* { box-sizing: border-box; }
-body { margin: 0; padding: 18px 22px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink); background: var(--bg); }
-header h1 { font-size: 18px; margin: 0 0 2px; }
-header .meta { color: var(--muted); font-size: 12.5px; }
 header .text { margin: 6px 0 10px; font-size: 15px; max-height: 4.6em; overflow-y: auto; }
 .controls { display: flex; flex-direction: column; gap: 6px; padding: 8px 10px; border: 1px solid var(--line); border-radius: 8px; background: var(--chip); }
 .controls .row { display: flex; align-items: center; flex-wrap: wrap; gap: 6px 12px; }
@@ -34,7 +30,6 @@ aside { display: flex; flex-direction: column; gap: 10px; min-width: 240px; max-
 #ffb-tokens .token { padding: 1px 5px; border-radius: 4px; background: var(--chip); border: 1px solid var(--line); font-size: 12.5px; }
 #ffb-tokens .token.out { background: #ffd8a8; border-color: #e8590c; }
 #ffb-tokens .token.in { background: #d0ebff; border-color: #1971c2; }
-footer { margin-top: 14px; color: var(--muted); font-size: 12px; max-width: 900px; }
 """
 
 JS = r"""
@@ -43,9 +38,7 @@ JS = r"""
   var data = JSON.parse(document.getElementById("ffb-data").textContent);
   var n = data.labels.length;
   var AMP = "FF-amp";
-  var SEQ = [[255,245,240],[254,224,210],[252,187,161],[252,146,114],[251,106,74],[239,59,44],[203,24,29],[165,15,21],[103,0,13]];
-  var GREY = [[255,255,255],[217,217,217],[150,150,150],[82,82,82],[20,20,20]];
-  var DIV = [[5,48,97],[33,102,172],[67,147,195],[146,197,222],[209,229,240],[247,247,247],[253,219,199],[244,165,130],[214,96,77],[178,24,43],[103,0,31]];
+  var ramp = ffbColour.ramp, rgb = ffbColour.css;
 
   function decode(b64) {
     var bin = atob(b64), bytes = new Uint8Array(bin.length);
@@ -96,12 +89,6 @@ JS = r"""
     if (norm === "column") return columnNormalised(m);
     return m;
   }
-  function ramp(stops, t) {
-    t = Math.max(0, Math.min(1, t)) * (stops.length - 1);
-    var k = Math.min(stops.length - 2, Math.floor(t)), f = t - k, a = stops[k], b = stops[k + 1];
-    return [a[0] + (b[0] - a[0]) * f, a[1] + (b[1] - a[1]) * f, a[2] + (b[2] - a[2]) * f];
-  }
-  function rgb(c) { return "rgb(" + Math.round(c[0]) + "," + Math.round(c[1]) + "," + Math.round(c[2]) + ")"; }
   function range(m, scope, hideDiag) {
     var lo = Infinity, hi = -Infinity;
     for (var i = 0; i < n; i++) for (var j = 0; j < n; j++) {
@@ -115,8 +102,8 @@ JS = r"""
     return [0, hi > 0 ? hi : 1];
   }
   function colour(scope, v, lo, hi, grey) {
-    if (scope === AMP) return ramp(DIV, (v - lo) / (hi - lo));
-    return ramp(grey ? GREY : SEQ, (v - lo) / (hi - lo));
+    if (scope === AMP) return ramp(ffbColour.DIVERGING, (v - lo) / (hi - lo));
+    return ramp(grey ? ffbColour.MUTED : ffbColour.SEQUENTIAL, (v - lo) / (hi - lo));
   }
   // An n x n image of a map, one pixel per cell, scaled up without smoothing by the caller.
   function cells(m, scope, lo, hi, hideDiag, grey) {

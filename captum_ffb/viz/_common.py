@@ -1,4 +1,6 @@
-"""Helpers shared by the figures, the HTML view and the exports."""
+"""Helpers shared by the figures, the HTML views and the exports; the page skeleton and the
+colour scale of :mod:`captum_ffb.pages` (a floor down, since the evaluation and analysis
+reports use them too), re-exported for the views."""
 
 from __future__ import annotations
 
@@ -6,6 +8,19 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor
 
+from captum_ffb.pages import (  # noqa: F401 (re-exported: the views import them from here)
+    COLOUR_JS,
+    DIVERGING,
+    SEQUENTIAL,
+    css,
+    diverging,
+    escape,
+    gradient,
+    ink,
+    json_block,
+    page,
+    sequential,
+)
 from captum_ffb.text import (
     TextMaps,
     display_token,  # noqa: F401 (re-exported: the views import it from here)

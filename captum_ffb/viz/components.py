@@ -11,12 +11,12 @@ with a line between blocks.
 from __future__ import annotations
 
 import html
-import json
 import re
 import textwrap
 from typing import Any
 
 from captum_ffb.attr.components import ComponentAttribution
+from captum_ffb.viz._common import COLOUR_JS, DIVERGING, gradient, json_block
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 #: Up to this many columns every component is named; beyond, only block boundaries are.
@@ -162,12 +162,11 @@ def components_html(result: ComponentAttribution, row: int = 0, top: int = 10) -
     data = {"labels": labels, "components": list(result.components), "values": values.tolist(),
             "groups": column_groups(result.components), "named": len(result.components) <= NAMED_COLUMNS_UP_TO,
             "scale": float(values.abs().max())}
-    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
     entries = "".join(
         f"<li><code>{html.escape(labels[j])}</code> × <code>{html.escape(name)}</code>: "
         f"{value:+.4g}</li>" for j, name, value in result.top(top, row))
     parts = {"SUMMARY": html.escape(f"{result.granularity} granularity; {_summary(result, row)}"),
-             "TOP": str(min(top, values.numel())), "ENTRIES": entries, "DATA": blob}
+             "TOP": str(min(top, values.numel())), "ENTRIES": entries, "DATA": json_block("cmp-data", data)}
     return re.sub(r"__(SUMMARY|TOP|ENTRIES|DATA)__", lambda found: parts[found.group(1)], _FRAGMENT)
 
 
@@ -176,7 +175,7 @@ _FRAGMENT = """<div class="ffb-components">
 .ffb-components .meta{color:#555;font-size:13px;margin:.4em 0}
 .ffb-components .legend{display:flex;align-items:center;gap:.5em;font-size:12px;color:#555;margin:.2em 0 .5em}
 .ffb-components .bar{display:inline-block;width:180px;height:12px;border:1px solid #aaa;
- background:linear-gradient(to right,rgb(0,0,255),rgb(255,255,255),rgb(255,0,0))}
+ background:__GRADIENT__}
 .ffb-components .scroll{overflow:auto;max-width:100%;max-height:80vh}
 .ffb-components canvas{display:block}
 .ffb-components ol{font-size:13px}
@@ -191,21 +190,15 @@ Hover a cell for its value.</p>
 <p class="meta">The __TOP__ largest entries (token × component: value):</p>
 <ol id="cmp-top">__ENTRIES__</ol>
 <div id="cmp-tip"></div>
-<script id="cmp-data" type="application/json">__DATA__</script>
+__DATA__
 <script>
-(function(){
+__COLOUR_JS__(function(){
 const D = JSON.parse(document.getElementById('cmp-data').textContent);
 const canvas = document.getElementById('cmp-map'), tip = document.getElementById('cmp-tip');
 function fmt(v){
   if (v === 0) return '0';
   const a = Math.abs(v);
   return (a >= 1000 || a < 0.001) ? v.toExponential(2) : v.toPrecision(3);
-}
-function colour(v, scale){
-  const t = Math.max(-1, Math.min(1, scale > 0 ? v / scale : 0));
-  const r = t > 0 ? 255 : Math.round(255 * (1 + t)), b = t < 0 ? 255 : Math.round(255 * (1 - t));
-  const g = Math.round(255 * (1 - Math.abs(t)));
-  return 'rgb(' + r + ',' + g + ',' + b + ')';
 }
 document.getElementById('cmp-lo').textContent = '\\u2212' + fmt(D.scale) + ' (lowers)';
 document.getElementById('cmp-hi').textContent = '+' + fmt(D.scale) + ' (raises)';
@@ -223,7 +216,7 @@ const left = Math.ceil(wideRow) + 10, top = Math.ceil(wideCol) + 10;
 canvas.width = left + m * cw + 2; canvas.height = top + n * ch + 2;
 ctx.fillStyle = '#fff'; ctx.fillRect(0, 0, canvas.width, canvas.height);
 for (let j = 0; j < n; j++) for (let c = 0; c < m; c++){
-  ctx.fillStyle = colour(D.values[j][c], D.scale);
+  ctx.fillStyle = ffbColour.css(ffbColour.diverging(D.values[j][c], D.scale));
   ctx.fillRect(left + c * cw, top + j * ch, cw, ch);
 }
 ctx.strokeStyle = '#bbb'; ctx.strokeRect(left - 0.5, top - 0.5, m * cw + 1, n * ch + 1);
@@ -250,4 +243,4 @@ canvas.onmousemove = e => {
 canvas.onmouseleave = () => { tip.style.display = 'none'; };
 })();
 </script>
-</div>"""
+</div>""".replace("__GRADIENT__", gradient(DIVERGING)).replace("__COLOUR_JS__", COLOUR_JS)

@@ -18,15 +18,13 @@ Everything, data and script, is inside the file: it opens offline.
 
 from __future__ import annotations
 
-import html
-import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from captum_ffb.explain import Explanation
 from captum_ffb.outputs import write_text
+from captum_ffb.viz._common import COLOUR_JS, page
 from captum_ffb.viz.components import components_html
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
@@ -145,50 +143,10 @@ def explanation_html(explanation: Explanation, title: str | None = None) -> str:
         str: the HTML document.
     """
     explanation = _check(explanation)
-    blob = json.dumps(_payload(explanation), ensure_ascii=False).replace("<", "\\u003c")
     table = explanation.components
-    parts = {
-        "TITLE": html.escape(title or "Which tokens drove this output"),
-        "DATA": blob,
-        "COMPONENTS_TAB": "" if table is None else '<button id="tab-k">Components</button>',
-        "COMPONENTS": "" if table is None else ('<section id="components" style="display:none">'
-                                                 f"{components_html(table)}</section>"),
-    }
-    return re.sub(r"__(TITLE|DATA|COMPONENTS_TAB|COMPONENTS)__", lambda found: parts[found.group(1)],
-                  _TEMPLATE)
-
-
-def save_explanation_html(explanation: Explanation, path: str | os.PathLike,
-                          title: str | None = None) -> Path:
-    """Write :func:`explanation_html` to ``path``; returns the path."""
-    return write_text(path, explanation_html(explanation, title))
-
-
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__TITLE__ — captum_ffb</title>
-<style>
-body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}
-.tabs button{padding:.35em .9em;margin-right:.3em;border:1px solid #999;background:#f4f4f4;cursor:pointer}
-.tabs button.on{background:#333;color:#fff}
-.tok{display:inline-block;margin:2px;padding:3px 5px;border-radius:3px;border:1px solid #ccc;
- font-family:ui-monospace,monospace;font-size:13px}
-.tok.first{outline:2px dashed #888}
-.meta{color:#555;font-size:13px;margin:.4em 0}
-table.grid{border-collapse:collapse;font-size:11px}
-table.grid td,table.grid th{border:1px solid #ddd;padding:2px 4px;text-align:center}
-.legend{display:flex;align-items:center;gap:.5em;font-size:12px;color:#555;margin:.2em 0 .5em}
-.legend .bar{display:inline-block;width:180px;height:12px;border:1px solid #aaa}
-.legend .bar.diverging{background:linear-gradient(to right,rgb(0,0,255),rgb(255,255,255),rgb(255,0,0))}
-.legend .bar.sequential{background:linear-gradient(to right,rgb(255,255,255),rgb(0,0,255))}
-.scroll{overflow:auto;max-width:100%;max-height:85vh}
-#map{display:block}
-#tip{position:fixed;background:#fff;border:1px solid #888;padding:2px 6px;font-size:12px;display:none;pointer-events:none}
-</style></head><body>
-<h2>__TITLE__</h2>
-<div class="meta" id="meta"></div>
-<div class="tabs"><button id="tab-c" class="on">Contributions</button><button id="tab-m">Whole model</button>__COMPONENTS_TAB__</div>
+    tab = "" if table is None else '<button id="tab-k">Components</button>'
+    components = "" if table is None else f'<section id="components" style="display:none">{components_html(table)}</section>'
+    body = f"""<div class="tabs"><button id="tab-c" class="on">Contributions</button><button id="tab-m">Whole model</button>{tab}</div>
 <section id="contrib">
  <p class="meta" id="explained"></p>
  <label><input type="checkbox" id="nofirst"> colours on the scale of the tokens after the first one</label>
@@ -205,21 +163,33 @@ table.grid td,table.grid th{border:1px solid #ddd;padding:2px 4px;text-align:cen
   <span>‖F<sub>i</sub>(x<sub>j</sub>)‖, this block's scale</span></div>
  <div class="scroll"><canvas id="map" aria-label="whole-model token-to-token map"></canvas></div>
 </section>
-__COMPONENTS__
-<div id="tip"></div>
-<script id="data" type="application/json">__DATA__</script>
-<script>
-(function(){
+{components}
+<div id="tip" class="tip"></div>"""
+    return page(title or "Which tokens drove this output", body, header='<div class="meta" id="meta"></div>\n',
+                style=_STYLE, data={"data": _payload(explanation)}, script=[COLOUR_JS, _SCRIPT])
+
+
+def save_explanation_html(explanation: Explanation, path: str | os.PathLike,
+                          title: str | None = None) -> Path:
+    """Write :func:`explanation_html` to ``path``; returns the path."""
+    return write_text(path, explanation_html(explanation, title))
+
+
+#: The page's own rules (after the shared stylesheet).
+_STYLE = """
+.tabs button { padding: .35em .9em; margin-right: .3em; border: 1px solid #999; background: #f4f4f4; cursor: pointer; }
+.tabs button.on { background: #333; color: #fff; }
+.tok { display: inline-block; margin: 2px; padding: 3px 5px; border-radius: 3px; border: 1px solid #ccc;
+ font-family: ui-monospace, monospace; font-size: 13px; }
+.tok.first { outline: 2px dashed #888; }
+#map { display: block; }
+"""
+
+_SCRIPT = """(function(){
 const D = JSON.parse(document.getElementById('data').textContent);
 const $ = id => document.getElementById(id);
 $('meta').textContent = D.model + ' · ' + D.model_type + ' · ' + D.task + ' · ' + D.labels.length + ' tokens · route ' + D.route;
 $('explained').textContent = 'Explained: ' + D.explained + '.';
-function colour(v, scale){
-  const t = Math.max(-1, Math.min(1, scale > 0 ? v / scale : 0));
-  const r = t > 0 ? 255 : Math.round(255 * (1 + t)), b = t < 0 ? 255 : Math.round(255 * (1 - t));
-  const g = Math.round(255 * (1 - Math.abs(t)));
-  return 'rgb(' + r + ',' + g + ',' + b + ')';
-}
 function fmt(v){
   if (v === 0) return '0';
   const a = Math.abs(v);
@@ -259,7 +229,9 @@ function drawRows(){
       s.className = 'tok' + (j === 0 ? ' first' : '');
       s.textContent = D.labels[j];
       s.dataset.value = v;
-      s.style.background = (skip && j === 0) ? '#ddd' : colour(v, scale);
+      const c = (skip && j === 0) ? [221, 221, 221] : ffbColour.diverging(v, scale);
+      s.style.background = ffbColour.css(c);
+      s.style.color = ffbColour.ink(c);
       s.title = D.labels[j] + ': ' + v.toFixed(5);
       div.appendChild(s);
     });
@@ -287,8 +259,7 @@ function drawMap(){
   $('map-hi').textContent = fmt(hi);
   ctx.fillStyle = '#fff'; ctx.fillRect(0, 0, canvas.width, canvas.height);
   for (let i = 0; i < n; i++) for (let j = 0; j < n; j++){
-    const t = hi > 0 ? m[i][j] / hi : 0, g = Math.round(255 * (1 - t));
-    ctx.fillStyle = 'rgb(' + g + ',' + g + ',255)';
+    ctx.fillStyle = ffbColour.css(ffbColour.sequential(m[i][j], hi));
     ctx.fillRect(left + j * cell, top + i * cell, cell, cell);
   }
   ctx.strokeStyle = '#bbb'; ctx.strokeRect(left - 0.5, top - 0.5, n * cell + 1, n * cell + 1);
@@ -330,5 +301,4 @@ drawRows(); drawMap();
 if (location.hash === '#whole') show('m');
 if (location.hash === '#components' && $('tab-k')) show('k');
 })();
-</script></body></html>
 """

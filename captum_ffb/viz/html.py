@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import base64
-import html
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,14 @@ import numpy as np
 from captum_ffb.outputs import write_text
 from captum_ffb.text import TextMaps
 from captum_ffb.viz._assets import CSS, JS
-from captum_ffb.viz._common import check_text_maps, display_tokens, ff_pair_of
+from captum_ffb.viz._common import (
+    COLOUR_JS,
+    check_text_maps,
+    display_tokens,
+    escape,
+    ff_pair_of,
+    page,
+)
 
 _CHAIN_NAMES = {"post_ln": "Post-LN", "pre_ln": "Pre-LN"}
 
@@ -104,29 +109,17 @@ def html_view(
     """
     maps = check_text_maps(maps)
     data = _payload(maps, title, layer, scope)
-    # "<" escaped inside the JSON so that no token can close the <script> element.
-    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    heading = title or "Token-to-token maps"
     n = len(maps.tokens)
     meta = (
         f"{maps.model_name} · {maps.model_type} · {_CHAIN_NAMES.get(maps.chain, maps.chain)} · "
         f"{n} tokens · layers {', '.join(map(str, maps.layers))}"
     )
-    return f"""<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(heading)} — captum_ffb</title>
-<style>{CSS}</style>
-</head>
-<body>
-<header>
-  <h1>{html.escape(heading)}</h1>
-  <div class="meta">{html.escape(meta)}</div>
-  <p class="text">“{html.escape(maps.text)}”</p>
-</header>
-<div class="controls">
+    header = f'<div class="meta">{escape(meta)}</div>\n<p class="text">“{escape(maps.text)}”</p>\n'
+    return page(title or "Token-to-token maps", _BODY, header=header, style=CSS,
+                data={"ffb-data": data}, script=[COLOUR_JS, JS])
+
+
+_BODY = """<div class="controls">
   <div class="row"><span class="label">Layer</span><div id="ffb-layers" class="buttons" role="group" aria-label="layer"></div></div>
   <div class="row"><span class="label">Scope</span><div id="ffb-scopes" class="buttons" role="group" aria-label="scope"></div></div>
   <div class="row"><span class="label"></span>
@@ -140,7 +133,7 @@ def html_view(
   <aside>
     <div id="ffb-info"></div>
     <div id="ffb-legend"><span id="ffb-lo"></span><canvas id="ffb-colorbar" width="160" height="12"></canvas><span id="ffb-hi"></span></div>
-    <div id="ffb-legend-note" style="font-size:12px;color:#656d76"></div>
+    <div id="ffb-legend-note" class="note"></div>
     <div id="ffb-thumbs"></div>
   </aside>
 </main>
@@ -148,12 +141,7 @@ def html_view(
 <footer>Cell (i, j) is ‖F<sub>i</sub>(x<sub>j</sub>)‖, the norm of the part of output vector i
 that comes from input token j, so that every output is exactly Σ<sub>j</sub> F<sub>i</sub>(x<sub>j</sub>) + b<sub>i</sub>
 (Kobayashi et al., ICLR 2024). Hover a cell for its tokens and value; ← → change the layer,
-↑ ↓ the scope. Made with captum_ffb; works offline.</footer>
-<script type="application/json" id="ffb-data">{blob}</script>
-<script>{JS}</script>
-</body>
-</html>
-"""
+↑ ↓ the scope. Made with captum_ffb; works offline.</footer>"""
 
 
 def save_html(maps: TextMaps, path: str | os.PathLike, **kwargs: Any) -> Path:
@@ -197,6 +185,6 @@ def framed_page(page: str, height: int = 760) -> str:
     Returns:
         str: an HTML fragment.
     """
-    escaped = html.escape(page, quote=True)
+    escaped = escape(page)
     return (f'<div><iframe srcdoc="{escaped}" style="width:100%;height:{int(height)}px;border:0" '
             'sandbox="allow-scripts"></iframe></div>')

@@ -4,11 +4,11 @@ source share, and an offline HTML table of the same."""
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 from typing import Any
 
 from captum_ffb.results import ExplainedOutput as Seq2SeqExplanation
+from captum_ffb.viz._common import css, diverging, escape, ink, page
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 
@@ -56,9 +56,8 @@ def plot_seq2seq(explanation: Seq2SeqExplanation, source_tokens: Sequence[str],
 
 
 def _cell(value: float, bound: float) -> str:
-    strength = min(1.0, abs(value) / bound) if bound else 0.0
-    colour = f"rgba(178,24,43,{strength:.2f})" if value > 0 else f"rgba(33,102,172,{strength:.2f})"
-    return f'<td style="background:{colour}" title="{value:+.4f}">{value:+.3f}</td>'
+    colour = diverging(value, bound)
+    return f'<td style="background:{css(colour)};color:{ink(colour)}" title="{value:+.4f}">{value:+.3f}</td>'
 
 
 def seq2seq_html(explanation: Seq2SeqExplanation, source_tokens: Sequence[str], prefix_tokens: Sequence[str],
@@ -66,30 +65,24 @@ def seq2seq_html(explanation: Seq2SeqExplanation, source_tokens: Sequence[str], 
     """A self-contained HTML page: one row per explained token (logit, source share, delta)
     and its contribution from every source and target-prefix token, coloured by sign."""
     bound = float(max(explanation.source.abs().max(), explanation.target.abs().max())) or 1.0
-    head = "".join(f"<th>{html.escape(t)}</th>" for t in source_tokens)
-    head += '<th class="gap"></th>' + "".join(f"<th>{html.escape(t)}</th>" for t in prefix_tokens)
+    head = "".join(f"<th>{escape(t)}</th>" for t in source_tokens)
+    head += '<th class="gap"></th>' + "".join(f"<th>{escape(t)}</th>" for t in prefix_tokens)
     rows = []
     for step, token in enumerate(target_tokens):
         cells = "".join(_cell(float(v), bound) for v in explanation.source[step])
         cells += '<td class="gap"></td>' + "".join(_cell(float(v), bound) for v in explanation.target[step])
         rows.append(
-            f"<tr><th>{html.escape(token)}</th><td>{float(explanation.value[step]):.4f}</td>"
+            f"<tr><th>{escape(token)}</th><td>{float(explanation.value[step]):.4f}</td>"
             f"<td>{float(explanation.source_share[step]):.1%}</td><td>{float(explanation.delta[step]):.1e}</td>"
             f"{cells}</tr>")
-    heading = html.escape(title or "Source and target-prefix contributions")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{heading} — captum_ffb</title>
-<style>
-body {{ font-family: system-ui, sans-serif; margin: 20px; color: #222; }}
-table {{ border-collapse: collapse; font-size: 12px; }}
-th, td {{ border: 1px solid #ddd; padding: 2px 5px; text-align: right; }}
-th {{ background: #f4f4f4; }}
-.gap {{ border: none; background: none; width: 8px; }}
-</style></head><body>
-<h1>{heading}</h1>
-<p>Each explained token's logit is exactly Σ source + Σ target prefix + bias (delta: the
+    body = f"""<p>Each explained token's logit is exactly Σ source + Σ target prefix + bias (delta: the
 completeness residual). Source share: Σ source / logit. Red raises the logit, blue lowers it.</p>
 <table><thead><tr><th>token</th><th>logit</th><th>source share</th><th>delta</th>{head}</tr></thead>
-<tbody>{''.join(rows)}</tbody></table>
-</body></html>
+<tbody>{''.join(rows)}</tbody></table>"""
+    return page(title or "Source and target-prefix contributions", body, style=_STYLE)
+
+
+#: The table's own rule: a gap between the source's columns and the prefix's.
+_STYLE = """
+.gap { border: none; background: none; width: 8px; }
 """

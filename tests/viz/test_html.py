@@ -11,7 +11,7 @@ from captum_ffb.viz import html_view, save_html, show_html
 
 
 def _payload(page: str) -> dict:
-    blob = re.search(r'<script type="application/json" id="ffb-data">(.*?)</script>', page, re.S)
+    blob = re.search(r'<script id="ffb-data" type="application/json">(.*?)</script>', page, re.S)
     return json.loads(blob.group(1))
 
 
