@@ -30,6 +30,7 @@ __all__ = [
     "entry_mask",
     "ff_amp_pairs",
     "maps_without_dims",
+    "mean_sem",
     "pair_pmi",
     "pearson",
     "smallest_dims",
@@ -97,6 +98,35 @@ def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -
 def correlations(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> dict[str, float]:
     """``{"pearson": r, "spearman": ρ}`` of two vectors."""
     return {"pearson": pearson(x, y), "spearman": spearman(x, y)}
+
+
+def mean_sem(values: Sequence[float] | np.ndarray, *, finite_only: bool = False) -> tuple[float, float]:
+    r"""The mean of ``values`` and its standard error, ``s / √n`` (``s`` the sample standard
+    deviation, ``ddof = 1``), over examples: how the evaluations report a score.
+
+    Args:
+        values (list[float] or numpy.ndarray): the numbers (flattened); a float array keeps its
+                    precision.
+        finite_only (bool): leave NaN and ±inf out first: the mean and the error of the values
+                    where the score is defined (a score undefined on some examples, e.g. Kendall's
+                    τ of a constant attribution). Without it a non-finite value makes the mean
+                    and the error NaN or ±inf, as numpy computes them.
+
+    Returns:
+        ``(mean, sem)`` as floats. With no value (none finite, with ``finite_only``):
+        ``(NaN, NaN)``; with one value: ``(value, NaN)``, the error of one value being
+        undefined.
+    """
+    array = np.asarray(values)
+    if not np.issubdtype(array.dtype, np.floating):
+        array = array.astype(np.float64)
+    array = array.ravel()
+    if finite_only:
+        array = array[np.isfinite(array)]
+    if array.size == 0:
+        return math.nan, math.nan
+    sem = float(array.std(ddof=1) / np.sqrt(array.size)) if array.size > 1 else math.nan
+    return float(array.mean()), sem
 
 
 def contextualization_change(

@@ -52,6 +52,7 @@ from captum_ffb.evaluation.tasks import EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
 from captum_ffb.outputs import atomic_open, check_out_dir
 from captum_ffb.readouts import PromptContrast
+from captum_ffb.stats import mean_sem
 
 #: The protocols, in the order of the report; ``all`` means the first three.
 PROTOCOLS = ("decompx", "eraser", "abpc", "schemes")
@@ -398,12 +399,8 @@ def _concat(shards: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
 
 
 def _mean_sem(values: np.ndarray) -> tuple[float, float]:
-    """Mean and standard error of the finite values (NaN, NaN when none is finite)."""
-    values = values[np.isfinite(values)]
-    if values.size == 0:
-        return float("nan"), float("nan")
-    sem = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else 0.0
-    return float(values.mean()), sem
+    """``mean_sem(values, finite_only=True)``, under the name ``integrations/ferret.py`` imports."""
+    return mean_sem(values, finite_only=True)
 
 
 def _method_summary(shards: list[dict[str, np.ndarray]], method: str, protocols: Sequence[str],
@@ -421,25 +418,25 @@ def _method_summary(shards: list[dict[str, np.ndarray]], method: str, protocols:
 
     if "decompx" in protocols:
         drops, correct = scores("decompx_drop"), scores("decompx_correct")
-        row["decompx_aopc"], row["decompx_aopc_sem"] = _mean_sem(drops[:, 1:].mean(1))
+        row["decompx_aopc"], row["decompx_aopc_sem"] = mean_sem(drops[:, 1:].mean(1), finite_only=True)
         if not next_token_with_labels:  # shards before labels were ignored
             row["decompx_accuracy"] = float(correct[:, 1:].mean())
         curves["decompx"] = drops.mean(0).tolist()
         curves["decompx_accuracy"] = correct.mean(0).tolist()
     if "eraser" in protocols:
-        row["comprehensiveness"], row["comprehensiveness_sem"] = _mean_sem(scores("comprehensiveness"))
-        row["sufficiency"], row["sufficiency_sem"] = _mean_sem(scores("sufficiency"))
+        row["comprehensiveness"], row["comprehensiveness_sem"] = mean_sem(scores("comprehensiveness"), finite_only=True)
+        row["sufficiency"], row["sufficiency_sem"] = mean_sem(scores("sufficiency"), finite_only=True)
         curves["comprehensiveness"] = np.nanmean(scores("comprehensiveness_bins"), 0).tolist()
         curves["sufficiency"] = np.nanmean(scores("sufficiency_bins"), 0).tolist()
     if "abpc" in protocols:
-        row["abpc"], row["abpc_sem"] = _mean_sem(scores("abpc"))
+        row["abpc"], row["abpc_sem"] = mean_sem(scores("abpc"), finite_only=True)
         curves["abpc_morf"] = np.nanmean(scores("morf"), 0).tolist()
         curves["abpc_lerf"] = np.nanmean(scores("lerf"), 0).tolist()
     if "schemes" in protocols:
         for scheme in SCHEMES:
             for score in ("comprehensiveness", "sufficiency"):
                 key = f"{score}_{scheme}"
-                row[key], row[f"{key}_sem"] = _mean_sem(scores(key))
+                row[key], row[f"{key}_sem"] = mean_sem(scores(key), finite_only=True)
     return row, curves
 
 

@@ -44,6 +44,7 @@ from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
 from captum_ffb.models import LoadedModel
 from captum_ffb.outputs import atomic_open, check_out_dir
 from captum_ffb.readouts import Contrast, NextToken
+from captum_ffb.stats import mean_sem
 
 #: The bundled data (see its README for sources and license).
 EVIDENCE_DIR = Path(__file__).resolve().parent / "data" / "evidence"
@@ -473,13 +474,6 @@ def _bucket(distance: int) -> str:
     return "?"
 
 
-def _mean_sem(values: np.ndarray) -> tuple[float, float]:
-    if values.size == 0:
-        return float("nan"), float("nan")
-    sem = float(values.std(ddof=1) / np.sqrt(values.size)) if values.size > 1 else float("nan")
-    return float(values.mean()), sem
-
-
 def summarise_evidence(shards: list[dict[str, np.ndarray]], examples: Sequence[EvidenceExample],
                        methods: Sequence[str]) -> dict[str, Any]:
     r"""Per method: MRR (± standard error), top-1 and share overall, per subset and per
@@ -500,7 +494,7 @@ def summarise_evidence(shards: list[dict[str, np.ndarray]], examples: Sequence[E
         for name, chosen in {**groups, **{f"distance {k}": v for k, v in by_distance.items()}}.items():
             if not chosen.any():
                 continue
-            mrr, sem = _mean_sem(values["rr"][chosen])
+            mrr, sem = mean_sem(values["rr"][chosen])
             row[name] = {"mrr": mrr, "mrr_sem": sem, "top1": float(values["top1"][chosen].mean()),
                          "share": float(values["share"][chosen].mean()), "n": int(chosen.sum())}
         ts = values["token_share"]

@@ -142,3 +142,23 @@ def test_pair_pmi_by_hand():
     assert pmi[0] == pytest.approx(math.log(4 * 2 / (3 * 3)))  # c1 = c2 = 3, c12 = 2, N = 4
     assert pmi[1] == pytest.approx(math.log(4 * 2 / (3 * 3)))
     assert math.isnan(pmi[2])  # token 4 never occurs
+
+
+def test_mean_sem_by_hand_and_with_non_finite_values():
+    from captum_ffb.stats import mean_sem
+
+    mean, sem = mean_sem([1.0, 2.0, 3.0, 6.0])  # s² = (4 + 1 + 0 + 9) / 3
+    assert mean == 3.0 and sem == pytest.approx(math.sqrt(14 / 3) / 2)
+    assert mean_sem([2, 4]) == (3.0, 1.0)  # integers work too
+    # non-finite values: left out with finite_only, else they make the result non-finite
+    with_nan = np.array([1.0, np.nan, 2.0, 3.0, 6.0, np.inf])
+    assert mean_sem(with_nan, finite_only=True) == mean_sem([1.0, 2.0, 3.0, 6.0])
+    assert all(math.isnan(v) for v in mean_sem(with_nan))
+    # fewer than two values: no error for one, nothing at all for none
+    mean, sem = mean_sem([5.0])
+    assert mean == 5.0 and math.isnan(sem)
+    assert all(math.isnan(v) for v in mean_sem([]))
+    assert all(math.isnan(v) for v in mean_sem([np.nan, np.inf], finite_only=True))
+    # a float32 array keeps its precision (the evidence scores are float32)
+    values = np.array([0.1, 0.2, 0.7], dtype=np.float32)
+    assert mean_sem(values)[0] == float(values.mean())
