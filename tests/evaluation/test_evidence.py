@@ -157,3 +157,38 @@ def test_the_default_gives_the_tokens_the_whole_contrast(planted):
                                                 return_bias=True)
         torch.testing.assert_close(contributions.sum(1), task.values(batch), rtol=1e-4, atol=1e-5)
         assert float(bias.abs().max()) < 1e-5
+
+
+def test_an_evidence_run_end_to_end(tmp_path):
+    """evaluate_evidence on a tiny LM: the pairs the model gets right scored, the four files,
+    the summary the same as the per-example file, and the same command resuming."""
+    from captum_ffb.evaluation.evidence import evaluate_evidence
+    from tests.models import WORDS, save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "lm")
+    words = sorted({w for w in WORDS if w.isalpha()})
+    generator = torch.Generator().manual_seed(0)
+    lines = ["one_prefix_prefix,one_prefix_word_good,one_prefix_word_bad,target"]
+    for _ in range(16):
+        order = torch.randperm(len(words), generator=generator).tolist()
+        prefix = [words[k] for k in order[:5]]
+        lines.append(f"{' '.join(prefix)},{words[order[5]]},{words[order[6]]},{prefix[1]}")
+    (tmp_path / "pairs.csv").write_text("\n".join(lines) + "\n")
+    argv = dict(data=str(tmp_path / "pairs.csv"), methods="decomposition,recency,random", out=tmp_path / "run",
+                batch_size=3, show_progress=False)
+    summary = evaluate_evidence(str(model), **argv)
+    names = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert names == ["examples.csv", "results.csv", "results.json", "results.md", "run"]
+    wrong = summary["skipped"].get("the model prefers the bad word", 0)
+    assert summary["read"] == 16 and summary["n"] == 16 - wrong > 0
+    rows = list(csv.DictReader(open(tmp_path / "run" / "examples.csv", newline="")))
+    assert len(rows) == summary["n"] and all(float(r["value"]) > 0 for r in rows)
+    for method in ("decomposition", "recency", "random"):
+        mrr = sum(float(r[f"{method}.rr"]) for r in rows) / len(rows)
+        assert summary["methods"][method]["all"]["mrr"] == pytest.approx(mrr, abs=1e-4)
+        assert summary["methods"][method]["all"]["n"] == summary["n"]
+    share = summary["methods"]["decomposition"]["token_share"]
+    assert share["min"] == pytest.approx(1.0, abs=1e-3) and share["max"] == pytest.approx(1.0, abs=1e-3)
+    assert "| `decomposition` |" in (tmp_path / "run" / "results.md").read_text()
+    again = evaluate_evidence(str(model), **argv)  # everything on disk: the same numbers
+    assert again["methods"] == summary["methods"]
