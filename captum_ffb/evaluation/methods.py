@@ -1,4 +1,6 @@
-r"""Token attribution methods side by side, each ``(task, batch, target) -> (B, n)``.
+r"""Token attribution methods side by side, each ``(task, batch, target) -> (B, n)``; ``target``
+is what each row explains, as the task's ``decomposition_target`` and ``target_score`` read it:
+a class per row, or ``(B, 2)`` good and bad token ids (an evidence run's contrasts).
 
 Every method explains the same scalar: the logit of the class the model predicts (see
 :mod:`~captum_ffb.evaluation.tasks`). Signed methods keep their sign (the protocols rank by
@@ -209,7 +211,7 @@ def _captum_forward(task: EvaluationTask) -> Callable[..., Tensor]:
         repeat = inputs_embeds.shape[0] // attention_mask.shape[0]
         if repeat > 1:  # Captum expands the batch (integration steps, perturbations)
             attention_mask = attention_mask.repeat(repeat, 1)
-            target = target.repeat(repeat)
+            target = target.repeat(repeat, *(1,) * (target.dim() - 1))  # (B,) classes or (B, k) rows
         return task.target_score(inputs_embeds, attention_mask, target)
     return forward
 

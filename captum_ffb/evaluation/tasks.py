@@ -39,6 +39,9 @@ from captum_ffb.readouts import ClassLogit, NextToken, PromptContrast, ReadOut
 
 #: The evaluation tasks :class:`EvaluationTask` knows.
 EVALUATION_TASKS = ("next-token", "sentiment")
+#: The kinds that explain a causal LM's next token (read at the last position); ``evidence``
+#: is :class:`~captum_ffb.evaluation.evidence.EvidenceTask`'s, a contrast of two next tokens.
+NEXT_TOKEN_KINDS = ("next-token", "evidence")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ class EvaluationTask:
 
     Args:
         loaded (LoadedModel): the model and tokenizer.
-        kind (str): ``"next-token"`` or ``"sentiment"``.
+        kind (str): ``"next-token"`` or ``"sentiment"`` (one of :attr:`kinds`: a subclass takes
+                    its own, :class:`~captum_ffb.evaluation.evidence.EvidenceTask` ``"evidence"``).
         template (str, optional): a causal LM's sentiment prompt with ``{text}``.
         labels (tuple[str, str], optional): its ``(positive, negative)`` label tokens.
         readout (ReadOut, optional): a base model's read-out with classes (e.g. a
@@ -80,6 +84,9 @@ class EvaluationTask:
                     control for the attention sink of causal LMs).
     """
 
+    #: The kinds this class takes (a subclass names its own).
+    kinds: tuple[str, ...] = EVALUATION_TASKS
+
     def __init__(self, loaded: LoadedModel, kind: str, template: str | None = None,
                  labels: tuple[str, str] | None = None, readout: ReadOut | None = None,
                  keep_first: bool = False) -> None:
@@ -87,8 +94,8 @@ class EvaluationTask:
         from captum_ffb.evaluation.data import SENTIMENT_LABELS, SENTIMENT_TEMPLATE, label_token_ids
         from captum_ffb.readouts import default_readout
 
-        if kind not in EVALUATION_TASKS:
-            raise ValueError(f"unknown task {kind!r}; choose from {', '.join(EVALUATION_TASKS)}")
+        if kind not in self.kinds:
+            raise ValueError(f"unknown task {kind!r}; choose from {', '.join(self.kinds)}")
         self.loaded, self.kind, self.keep_first = loaded, kind, keep_first
         self.model = loaded.model
         parameter = next(self.model.parameters(), None)
@@ -101,9 +108,9 @@ class EvaluationTask:
         if readout is not None and self.nd.task != "base":
             raise ValueError("a read-out is chosen for a base model; a model with a head "
                              "explains its next token or class")
-        if kind == "next-token":
+        if kind in NEXT_TOKEN_KINDS:
             if not self.causal:
-                raise ValueError("the next-token task needs a causal LM (a *ForCausalLM model)")
+                raise ValueError(f"the {kind} task needs a causal LM (a *ForCausalLM model)")
             readout = NextToken()
         elif self.causal:
             self.template = template or SENTIMENT_TEMPLATE

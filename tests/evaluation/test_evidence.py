@@ -136,7 +136,7 @@ def test_complete_methods_rank_the_planted_evidence_first_and_position_does_not(
     options = {**METHODS[method].options, "seed": 0}
     if method == "decomposition_ig_attention":
         options["n_steps"] = 64
-    attr = METHODS[method].fn(task, batch, batch.index, options)
+    attr = METHODS[method].fn(task, batch, task.targets(batch.index), options)
     evidence = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
     evidence[:, 2] = True
     rr, top1, _ = reciprocal_ranks(attr, batch.attention_mask, evidence)
@@ -151,12 +151,44 @@ def test_the_default_gives_the_tokens_the_whole_contrast(planted):
     tokens own the whole explained value."""
     task, examples = planted
     batch = task.batch([ev._as_example(e, k) for k, e in enumerate(examples)])
-    target, _ = task.decomposition_target(batch.index)
+    target, _ = task.decomposition_target(task.targets(batch.index))
     for reference in ("zero", None):  # the paper's, and the default (centred)
         contributions, bias = task.nd.attribute(batch.input_ids, target=target, reference=reference,
                                                 return_bias=True)
         torch.testing.assert_close(contributions.sum(1), task.values(batch), rtol=1e-4, atol=1e-5)
         assert float(bias.abs().max()) < 1e-5
+
+
+def test_the_task_is_evidence_from_the_start_and_its_target_the_contrast(planted):
+    """The kind is set once, before the checks; the methods' target is each row's (good, bad)
+    token ids, not the example's index."""
+    task, examples = planted
+    assert task.kind == "evidence" and task.kinds == ("evidence",)
+    batch = task.batch([ev._as_example(e, k) for k, e in enumerate(examples)][::-1][:3])
+    target = task.targets(batch.index)
+    assert target.tolist() == [[e.good, e.bad] for e in examples[::-1][:3]]
+    readout, sign = task.decomposition_target(target)
+    assert readout.positive.tolist() == target[:, 0].tolist() and readout.negative.tolist() == target[:, 1].tolist()
+    assert sign.tolist() == [1.0, 1.0, 1.0]
+    with torch.no_grad():
+        logits = task.forward(batch.attention_mask, input_ids=batch.input_ids).logits[:, -1]
+    expected = torch.stack([logits[r, g] - logits[r, b] for r, (g, b) in enumerate(target.tolist())])
+    torch.testing.assert_close(task.values(batch), expected)
+    # Captum repeats the target with the integration steps or perturbations: (B, 2) rows work
+    options = {**METHODS["integrated_gradients"].options, "n_steps": 4, "internal_batch_size": 5}
+    attr = METHODS["integrated_gradients"].fn(task, batch, target, options)
+    assert attr.shape == batch.input_ids.shape and bool(torch.isfinite(attr).all())
+    from captum_ffb.evaluation.methods import _captum_forward
+
+    with torch.no_grad():
+        embeds = task.model.get_input_embeddings()(batch.input_ids)
+        twice = _captum_forward(task)(embeds.repeat(2, 1, 1), batch.attention_mask, target)
+    torch.testing.assert_close(twice, expected.repeat(2))
+    # only the evidence task takes the kind
+    from captum_ffb.evaluation.tasks import EvaluationTask
+
+    with pytest.raises(ValueError, match="unknown task 'evidence'; choose from next-token, sentiment"):
+        EvaluationTask(task.loaded, "evidence")
 
 
 def test_an_evidence_run_end_to_end(tmp_path):

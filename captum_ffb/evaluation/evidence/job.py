@@ -83,13 +83,14 @@ class EvidenceJob:
             for position in e.evidence:
                 evidence[row, width - len(e.ids) + position] = True
         values = task.values(b)
+        target = task.targets(b.index)  # each row's (good, bad) token ids: what is explained
         out: dict[str, np.ndarray] = {"index": b.index.cpu().numpy(), "value": values.cpu().numpy()}
         for name in self.methods:
             options = {**METHODS[name].options, **self.options.get(name, {}), "seed": self.seed}
             if name == "attnlrp":
                 options["precomputed"] = pre
             start = time.perf_counter()
-            attr = METHODS[name].fn(task, b, b.index, options).float().cpu()
+            attr = METHODS[name].fn(task, b, target, options).float().cpu()
             out[f"{name}.seconds"] = np.array([time.perf_counter() - start])
             if not torch.isfinite(attr).all():
                 raise RuntimeError(f"{name} gave non-finite attributions")

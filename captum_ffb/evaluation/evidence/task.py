@@ -11,33 +11,42 @@ from torch import Tensor
 
 from captum_ffb.evaluation.evidence.data import EvidenceExample
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask, Example
-from captum_ffb.readouts import Contrast, NextToken
+from captum_ffb.readouts import Contrast
 
 
 class EvidenceTask(EvaluationTask):
-    r"""An :class:`~captum_ffb.evaluation.tasks.EvaluationTask` on evidence examples: the
-    method's ``target`` is the example's index, and what is explained is its contrast
-    ``logit(good) − logit(bad)`` at the last position.
+    r"""An :class:`~captum_ffb.evaluation.tasks.EvaluationTask` of kind ``"evidence"``: what is
+    explained for each example is its contrast ``logit(good) − logit(bad)`` at the last
+    position, so the methods' ``target`` is ``(B, 2)``: each row's good and bad token ids
+    (:meth:`targets` of the batch's example indices, ``batch.index``).
 
     Args:
         loaded (LoadedModel): a causal LM.
         examples (Sequence[EvidenceExample]): the examples, by index.
     """
 
+    kinds = ("evidence",)
+
     def __init__(self, loaded: Any, examples: Sequence[EvidenceExample]) -> None:
-        super().__init__(loaded, "next-token")
-        self.kind = "evidence"
-        self.readout = NextToken()
+        super().__init__(loaded, "evidence")
+        #: ``(E, 2)`` the good and bad token ids of every example
         self.pairs = torch.tensor([[e.good, e.bad] for e in examples], dtype=torch.long)
 
+    def targets(self, index: Tensor) -> Tensor:
+        """``(B, 2)`` the good and bad token ids of the examples at ``index`` (example indices,
+        as in ``Batch.index``): the ``target`` the methods explain."""
+        return self.pairs.to(index.device)[index]
+
     def decomposition_target(self, target: Tensor) -> tuple[Contrast, Tensor]:
-        pairs = self.pairs.to(target.device)[target]
-        return Contrast(pairs[:, 0], pairs[:, 1]), torch.ones(target.shape[0], device=target.device)
+        """The ``NormDecomposition`` target of ``(B, 2)`` good and bad token ids: their
+        :class:`~captum_ffb.readouts.Contrast`, with the sign 1."""
+        return Contrast(target[:, 0], target[:, 1]), torch.ones(target.shape[0], device=target.device)
 
     def contrast(self, logits: Tensor, target: Tensor) -> Tensor:
-        """``(B,)`` ``logit(good) − logit(bad)`` from last-position logits ``(B, V)``."""
-        pairs = self.pairs.to(logits.device)[target]
-        return logits.gather(1, pairs[:, :1])[:, 0] - logits.gather(1, pairs[:, 1:])[:, 0]
+        """``(B,)`` ``logit(good) − logit(bad)`` from last-position logits ``(B, V)`` and
+        ``(B, 2)`` good and bad token ids."""
+        target = target.to(logits.device)
+        return logits.gather(1, target[:, :1])[:, 0] - logits.gather(1, target[:, 1:])[:, 0]
 
     def target_score(self, inputs_embeds: Tensor, attention_mask: Tensor, target: Tensor) -> Tensor:
         outputs = self.forward(attention_mask, inputs_embeds=inputs_embeds)
@@ -47,7 +56,7 @@ class EvidenceTask(EvaluationTask):
         """``(B,)`` the explained contrast on the unperturbed inputs."""
         with torch.no_grad():
             outputs = self.forward(batch.attention_mask, input_ids=batch.input_ids)
-        return self.contrast(outputs.logits[:, -1], batch.index)
+        return self.contrast(outputs.logits[:, -1], self.targets(batch.index))
 
 
 def _as_example(e: EvidenceExample, index: int) -> Example:
