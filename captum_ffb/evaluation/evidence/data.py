@@ -185,4 +185,3 @@ def select_evidence(tokenizer: Any, rows: Sequence[EvidenceRow], max_length: int
         else:
             examples.append(example)
     return examples, skipped
-

@@ -206,5 +206,3 @@ def _attnlrp_contrasts(examples: list[EvidenceExample], path: Path, model_dir: s
     relevances, _ = attnlrp_relevance(requests, model_dir=model_dir, timeout=None)
     with atomic_open(path, "wb") as handle:
         np.savez(handle, **{f"r{k}": r for k, r in enumerate(relevances)})
-
-

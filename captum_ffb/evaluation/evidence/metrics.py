@@ -85,4 +85,3 @@ def summarise_evidence(shards: list[dict[str, np.ndarray]], examples: Sequence[E
         row["seconds_per_example"] = seconds / max(len(index), 1)
         summary["methods"][method] = row
     return summary
-
