@@ -149,7 +149,7 @@ def _single_token(tokenizer: Any, text: str) -> int:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
-        raise ValueError(f"--target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); "
+        raise ValueError(f"target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); "
                          "give one token (mind the leading space, e.g. ' Paris')")
     return int(ids[0])
 
@@ -225,7 +225,7 @@ def explain_text(
     ids = ids.to(next(loaded.model.parameters()).device)
     n_prompt = ids.shape[1]
     if generate:
-        check_new_tokens(generate, n_prompt, loaded.model.config, name="--generate")
+        check_new_tokens(generate, n_prompt, loaded.model.config, name="generate")
     want_maps = maps if maps is not None else (nd.task == "base" or n_prompt <= MAPS_UP_TO)
     common = dict(text=text, model_name=loaded.name, model_type=loaded.model_type, task=nd.task,
                   route=route, prompt_length=n_prompt)
@@ -266,24 +266,24 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
     get_architecture(getattr(config, "model_type", None)).check_config(config)
     task = task or task_from_config(config)
     if target is not None and task != "causal_lm":
-        raise ValueError("--target names a next token: it needs a causal LM")
+        raise ValueError("target names a next token: it needs a causal LM")
     if class_index is not None and task != "sequence_classification":
-        raise ValueError("--class needs a sequence classifier")
+        raise ValueError("class_index needs a sequence classifier")
     if generate and task != "causal_lm":
-        raise ValueError("--generate needs a causal LM")
+        raise ValueError("generate needs a causal LM")
     if generate < 0:
-        raise ValueError(f"--generate must be a positive number of tokens, got {generate}")
+        raise ValueError(f"generate must be a positive number of tokens, got {generate}")
     if generate:  # the prompt has at least one token: the exact check follows the tokenizer
-        check_new_tokens(generate, 1, config, name="--generate")
+        check_new_tokens(generate, 1, config, name="generate")
     if readout is not None and task != "base":
         raise ValueError("a read-out is chosen for a base model; a model with a head explains "
                          "its next token or class")
     if components is not None:
         check_granularity(components)
         if generate:
-            raise ValueError("--components explains one output; leave out --generate")
+            raise ValueError("components explains one output; leave out generate")
         if task == "base" and readout is None and not fits_minilm_head(config):
-            raise ValueError("--components needs an output to explain: this base model has none "
+            raise ValueError("components needs an output to explain: this base model has none "
                              "(the bundled sentiment head fits only all-MiniLM-L6-v2)")
     return task
 
@@ -311,7 +311,7 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
     tokenizer = loaded.tokenizer
     n_prompt = ids.shape[1]
     if generate:
-        generated = generate_greedily(loaded.model, ids, generate, name="--generate").tolist()
+        generated = generate_greedily(loaded.model, ids, generate, name="generate").tolist()
         if not generated:
             raise ValueError("the model generated nothing to explain")
         sequence = torch.cat([ids, ids.new_tensor(generated[:-1])[None]], dim=1)
@@ -351,7 +351,7 @@ def _explain_classifier(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor,
     """A class (given or predicted) of a sequence classifier, and its read-out."""
     classes = nd.head.output.weight.shape[0]
     if class_index is not None and not 0 <= class_index < classes:
-        raise ValueError(f"--class {class_index} does not exist: the model has {classes} classes")
+        raise ValueError(f"class_index {class_index} does not exist: the model has {classes} classes")
     result, check = _run(nd, ids, [ClassLogit(class_index)], route, maps)
     readout = result.readouts[0]
     chosen = int(readout.index)

@@ -125,6 +125,8 @@ class LayerNormDecomposition(LayerAttribution):
         if any(family.for_block(module) is not self.spec for module in layers[1:]):
             raise ValueError("the layers mix encoder and decoder blocks; give blocks of one stack")
         self._config = config_of(self._model, *layers)
+        if self._config is not None:
+            family.check_config(self._config)  # once, where the blocks are bound
         self.chain = chain_for(self.spec, self._config)
         for module in layers:
             self._check_block(module)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -65,6 +66,16 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
     print(f"captum-ffb: warning: {text}", file=sys.stderr if file is None else file)
 
 
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """A library message in the command line's words: each parameter the command maps to a
+    flag (``class_index`` → ``--class``), where the message names it (at its start, or before
+    a value, ``=`` or ``:``), becomes the flag."""
+    for name, flag in flags.items():
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?=( \S|=|:|$))" if "_" in name
+                         else rf"^{re.escape(name)}(?= )|(?<=leave out ){re.escape(name)}\b", flag, message)
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``captum-ffb`` console script."""
     parser = build_parser()
@@ -85,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 warnings.simplefilter("ignore")
             return int(args.run(args) or 0)
     except USER_ERRORS as error:
-        print(f"captum-ffb: error: {error}", file=sys.stderr)
+        print(f"captum-ffb: error: {as_flags(str(error), getattr(args, 'flags', {}))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("captum-ffb: interrupted", file=sys.stderr)

@@ -103,3 +103,22 @@ def _check_local_gpus(gpus_per_worker: float, workers: int | None) -> None:
         asked = f"--gpus-per-worker {gpus_per_worker:g}" + (f" with --workers {workers}" if workers else "")
         raise UsageError(f"{asked} needs {needed:g} GPUs, and this machine has {count}; use "
                          "--gpus-per-worker 0 (CPU), or --address to join a Ray cluster with GPUs")
+
+
+def check_port(host: str, port: int | None) -> None:
+    """A one-line error, before any weights load, when ``host:port`` cannot be listened on
+    (``None`` or 0: any free port)."""
+    import socket
+
+    if port is None:
+        return
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must lie between 0 and 65535 (0: any free port), got {port}")
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error} "
+                             "(choose another --port)") from None

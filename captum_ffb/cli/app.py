@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 
-from captum_ffb.cli._common import UsageError, check_model_options
+from captum_ffb.cli._common import UsageError, check_model_options, check_port
 from captum_ffb.cli._options import add_shared_options
 
 EXAMPLES = """\
@@ -53,19 +52,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def check_port(host: str, port: int | None) -> None:
-    """A one-line error, before any weights load, when ``host:port`` cannot be listened on."""
-    if port is None:
-        return
-    if not 1 <= port <= 65535:
-        raise UsageError(f"--port must lie between 1 and 65535, got {port}")
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from captum_ffb.integrations.gradio_app import import_gradio, launch
     from captum_ffb.models import load_model, model_config
@@ -75,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise UsageError(str(error)) from None
     check_port(args.host, args.port)
+    if args.port == 0:
+        args.port = None  # Gradio's first free port
     config = model_config(args.model)
     check_model_options(config)
     if not args.quiet:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 GRANULARITIES = ("block", "sublayer", "head")
 DEFAULT_OUT = default_out("explain")
+#: The library's parameter names this command's messages show as its flags.
+FLAGS = {"class_index": "--class", "generate": "--generate", "target": "--target", "components": "--components",
+         "max_new_tokens": "--generate", "batch_size": "--batch-size"}
 #: How many tokens an encoder–decoder generates when --generate is not given.
 DEFAULT_NEW_TOKENS = 20
 
@@ -105,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "up to 256 tokens)")
     add_shared_options(parser, "explain", "model", "out", "format", "device", "dtype", "quiet")
     add_engine_options(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, flags=FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:

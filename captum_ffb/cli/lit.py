@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 
-from captum_ffb.cli._common import UsageError
+from captum_ffb.cli._common import UsageError, check_port
 from captum_ffb.cli._options import add_deprecated_alias, add_shared_options
 
 DEFAULT_PORT = 5432
@@ -61,18 +60,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _check_port(host: str, port: int) -> None:
-    """A one-line error, before any weights load, when ``host:port`` cannot be served."""
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be between 0 and 65535, got {port}")
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        try:
-            probe.bind((host, port))
-        except OSError as error:
-            raise UsageError(f"cannot serve on {host}:{port}: {error.strerror or error} "
-                             "(choose another --port)") from None
-
-
 def _quiet_logs() -> None:
     """LIT's own messages below errors (absl), and no line per request (werkzeug)."""
     import logging
@@ -93,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     if args.n < 1:
         raise UsageError(f"--n must be at least 1, got {args.n}")
-    _check_port(args.host, args.port)
+    check_port(args.host, args.port)
     if args.data is not None:
         from captum_ffb.corpus import read_texts
 

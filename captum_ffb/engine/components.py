@@ -282,9 +282,8 @@ def propagate_components(
     prepare: Callable[[Block], Block] | None = None,
 ) -> tuple[ComponentSums, Decomposition]:
     """The forward route from ``start`` through every block, reading each writer through its
-    direct path as it passes. Returns the direct effects (in stream order) and the last
-    block's output decomposition."""
-    check_granularity(granularity)
+    direct path as it passes (``granularity`` checked by the caller). Returns the direct
+    effects (in stream order) and the last block's output decomposition."""
     writers = {step.name: step.source for step in chain.stream if step.kind == "write"}
     if not {"attention", "ff"} <= set(writers) <= {"attention", "cross_attention", "ff"}:
         raise ValueError(f"component attributions read an attention, an FF and (decoders of "

@@ -58,9 +58,8 @@ class LayerResult:
 
 
 def chain_for(spec: ArchitectureSpec, config: Any) -> Chain:
-    """The chain that applies to a model of this family and config."""
-    if config is not None:
-        spec.check_config(config)
+    """The chain that applies to a model of this family and config (the config is checked
+    once, where the model is bound: ``WholeModel``, ``LayerNormDecomposition``)."""
     return get_chain(spec.chain_name(config))
 
 

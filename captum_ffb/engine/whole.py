@@ -255,6 +255,8 @@ class WholeModel:
         self.model_type = model_type or model_type_of(model)
         self.family = get_architecture(self.model_type)
         self.config = config_of(model)
+        if self.config is not None:
+            self.family.check_config(self.config)  # once, where the model is bound
         self.source: Stack | None = None
         if self.family.decoder is not None:
             self.head = resolve_head(model, self.family.decoder)

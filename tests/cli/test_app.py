@@ -24,7 +24,7 @@ def test_without_gradio_one_line_names_the_extra(monkeypatch, one_line, no_model
 
 @needs_gradio
 def test_a_port_out_of_range_or_taken_is_refused_before_the_model_loads(one_line, no_model):
-    assert one_line(["app", "--port", "70000"]) == "--port must lie between 1 and 65535, got 70000"
+    assert one_line(["app", "--port", "70000"]) == "--port must lie between 0 and 65535 (0: any free port), got 70000"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

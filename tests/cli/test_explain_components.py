@@ -91,7 +91,7 @@ def test_a_classifier_and_a_base_model_with_a_read_out(classifier_dir, base_dir)
 
 
 def test_library_refusals(lm_dir, base_dir):
-    with pytest.raises(ValueError, match="^--components explains one output; leave out --generate$"):
+    with pytest.raises(ValueError, match="^components explains one output; leave out generate$"):  # its words
         explain_text(TEXT, load_saved(lm_dir), generate=2, components="sublayer")
     with pytest.raises(ValueError, match="needs an output to explain: this base model has none"):
         explain_text(TEXT, load_saved(base_dir), components="sublayer")

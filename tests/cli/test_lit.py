@@ -39,7 +39,7 @@ needs_lit = pytest.mark.skipif(
 
 @needs_lit
 @pytest.mark.parametrize("argv, message", [
-    (["--port", "70000"], "--port must be between 0 and 65535, got 70000"),
+    (["--port", "70000"], "--port must lie between 0 and 65535 (0: any free port), got 70000"),
     (["--n", "0"], "--n must be at least 1, got 0"),
     (["--data", "no-such-file.txt", "--port", "0"],
      "--data no-such-file.txt: no such file (or use rotten_tomatoes)"),
@@ -55,7 +55,7 @@ def test_a_port_in_use_is_refused_before_the_weights_load(one_line, no_model):
         taken.listen()
         port = taken.getsockname()[1]
         message = one_line(["lit", "--port", str(port)])
-    assert message.startswith(f"cannot serve on 127.0.0.1:{port}: ")
+    assert message.startswith(f"cannot listen on 127.0.0.1:{port}: ")
     assert message.endswith("(choose another --port)")
 
 
