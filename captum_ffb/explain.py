@@ -68,6 +68,9 @@ class Explanation:
         components (ComponentAttribution, optional): the first explained output split over
                     tokens × components (direct effects; ``tokens`` are ``labels``), when
                     asked for.
+        result (ExplainedOutput, optional): the numbers these views are read from (the one
+                    result type of every explained output; ``contributions`` above adds a
+                    zero column for a generation's last token, which is an output only).
     """
 
     text: str
@@ -88,6 +91,7 @@ class Explanation:
     labels: list[str] = field(default_factory=list)
     target_labels: list[str] = field(default_factory=list)
     components: ComponentAttribution | None = None
+    result: ExplainedOutput | None = None
 
     def __post_init__(self) -> None:
         if not self.labels:
@@ -337,7 +341,7 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
                               contributions=contributions.detach(), values=values.detach(),
                               bias=result.bias.detach(), delta=result.delta.detach(), check=check,
                               labels=display_tokens(tokens, tokenizer),
-                              target_labels=display_tokens(labels, tokenizer, strip=False))
+                              target_labels=display_tokens(labels, tokenizer, strip=False), result=result)
     explanation.maps = result.maps[0].detach() if result.maps is not None else None
     if maps and generate:  # the maps are of the prompt
         with torch.no_grad():
@@ -363,7 +367,8 @@ def _explain_classifier(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor,
     explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, loaded.tokenizer),
                               explained=what, targets=[label], contributions=result.contributions.detach(),
                               values=value.detach(), bias=result.bias.detach(), delta=result.delta.detach(),
-                              check=check, maps=None if result.maps is None else result.maps[0].detach())
+                              check=check, maps=None if result.maps is None else result.maps[0].detach(),
+                              result=result)
     return explanation, readout
 
 
@@ -398,6 +403,7 @@ def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, reado
     explanation.bias = result.bias.detach()
     explanation.delta = result.delta.detach()
     explanation.maps = None if result.maps is None else result.maps[0].detach()
+    explanation.result = result
     return explanation, result.readouts[0]
 
 
