@@ -39,11 +39,11 @@ class TextMaps:
         delta (dict): ``layer → scope → completeness residual`` (float).
         causal (bool): whether token ``i`` sees only tokens ``j ≤ i`` (from the family's spec).
         n_target (int, optional): for an encoder–decoder's decoder layers, how many of
-                    ``tokens`` are the target's (the decoder's input); the rest are the
-                    source's. The maps are then square over ``[target | source]``: rows are
-                    the target's (a decoder block writes no source row; those rows are zero)
-                    and columns both players' (the source columns come through the
-                    cross-attention).
+                    ``tokens`` are the target's (the decoder's input): the last ones, after
+                    the source's. The maps are then square over ``[source | target]``: the
+                    target's rows hold values (a decoder block writes no source row; those
+                    rows are zero) over both players' columns (the source columns come
+                    through the cross-attention).
     """
 
     text: str
@@ -61,6 +61,16 @@ class TextMaps:
     causal: bool = False
     n_target: int | None = None
 
+    @property
+    def n_source(self) -> int:
+        """How many of ``tokens`` come first as an encoder–decoder's source (0 otherwise)."""
+        return 0 if self.n_target is None else len(self.tokens) - self.n_target
+
+    @property
+    def rows(self) -> slice:
+        """The rows of a map that hold values: every row, or an encoder–decoder's target rows."""
+        return slice(self.n_source, None)
+
     def ff_amp(self, layer: int) -> Tensor:
         """The FF-amp map of ``layer``: column-normalised map after FF minus before FF."""
         before, after = self.ff_pair
@@ -77,6 +87,7 @@ class TextMaps:
             "scopes": list(self.scopes),
             "ff_pair": list(self.ff_pair),
             "n_target": self.n_target,
+            "n_source": self.n_source,
             "layers": {
                 str(layer): {
                     "maps": {s: self.maps[layer][s].tolist() for s in self.scopes},
@@ -222,7 +233,7 @@ def text_maps(
 
     For an encoder–decoder (T5, BART, Marian, ...), ``text`` is the source and ``target``
     the target (or ``text`` is ``"SOURCE ||| TARGET"``); the maps are the decoder layers'
-    over the players ``[target | source]`` (see :attr:`TextMaps.n_target`).
+    over the players ``[source | target]`` (see :attr:`TextMaps.n_target`).
 
     Args:
         text (str): the input; not empty, valid UTF-8 (see :func:`check_text`).
@@ -260,8 +271,8 @@ def text_maps(
 def _collected(results: Any, loaded: LoadedModel, lnd: LayerNormDecomposition, names: Sequence[str],
                indices: list[int], n_layers: int, **fields: Any) -> TextMaps:
     """The :class:`TextMaps` of one text from ``lnd.attribute``'s ``(maps, delta)`` per layer;
-    with ``n_target`` among ``fields``, each ``(n_target, P)`` map goes into the first rows of
-    a square ``(P, P)`` one."""
+    with ``n_target`` among ``fields``, each ``(n_target, P)`` map goes into the last rows of a
+    square ``(P, P)`` one (the players ``[source | target]``)."""
     out = TextMaps(model_name=loaded.name, model_type=loaded.model_type, chain=lnd.chain.name,
                    scopes=tuple(n for n in lnd.scopes if n in names), ff_pair=lnd.chain.ff_pair,
                    layers=indices, n_layers=n_layers, **fields)
@@ -271,7 +282,7 @@ def _collected(results: Any, loaded: LoadedModel, lnd: LayerNormDecomposition, n
             square = m[0]
             if out.n_target is not None:
                 square = m.new_zeros(m.shape[-1], m.shape[-1])
-                square[:out.n_target] = m[0]
+                square[out.n_source:] = m[0]
             out.maps[i][name] = square
         out.delta[i] = {name: float(d[0]) for name, d in delta.items()}
     return out
@@ -433,8 +444,8 @@ def _pair_maps(text: str, loaded: LoadedModel, layers: Sequence[int] | str, scop
     results = lnd.attribute(first, scope=names, return_convergence_delta=True, forward_kwargs=kwargs)
     target_tokens = loaded.tokenizer.convert_ids_to_tokens(decoded[0].tolist())
     return _collected(results, loaded, lnd, names, indices, len(blocks), text=f"{source} {PAIR_SEPARATOR} {target}",
-                      tokens=target_tokens + source_tokens,
-                      input_ids=decoded[0].tolist() + (first[0].tolist() if audio is None else []),
+                      tokens=source_tokens + target_tokens,
+                      input_ids=(first[0].tolist() if audio is None else []) + decoded[0].tolist(),
                       causal=True, n_target=len(target_tokens))
 
 

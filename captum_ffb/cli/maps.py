@@ -31,7 +31,7 @@ examples:
   captum-ffb maps "She loves math rather than" --model ./my-gpt2 --layer 2 --out gpt2_maps
   captum-ffb maps "Hello world" --scopes Atb AtbFf --format html,json
   captum-ffb maps "the cat sat ||| le chat" --model ./my-marian
-      an encoder–decoder: SOURCE ||| TARGET; the decoder layers' maps over [target | source]
+      an encoder–decoder: SOURCE ||| TARGET; the decoder layers' maps over [source | target]
       (the cross-attention's own map is scope Cross)
 
 files written to --out:

@@ -410,7 +410,7 @@ def source_of(block: Block) -> Decomposition:
 
 
 def with_source_players(block: Block, decomposition: Decomposition) -> Decomposition:
-    """``decomposition`` (over the block's own players) over the players ``[own | source]``,
+    """``decomposition`` (over the block's own players) over the players ``[source | own]``,
     the source players owning nothing of it yet; unchanged (dense) when the block's
     ``source`` is given, whose players are then the block's own (a whole model's)."""
     if block.source is not None:
@@ -419,12 +419,12 @@ def with_source_players(block: Block, decomposition: Decomposition) -> Decomposi
     dense = decomposition.dense()
     terms = dense.terms
     zeros = terms.new_zeros(*terms.shape[:2], source.n_in, terms.shape[-1])
-    players = _joined_masks(dense.player_mask, dense.n_in, source.player_mask, source.n_in, terms)
-    return Decomposition(torch.cat([terms, zeros], dim=2), dense.bias, dense.token_mask, players)
+    players = _joined_masks(source.player_mask, source.n_in, dense.player_mask, dense.n_in, terms)
+    return Decomposition(torch.cat([zeros, terms], dim=2), dense.bias, dense.token_mask, players)
 
 
 def cross_attention(block: Block, rules: Rules, target: Decomposition) -> Decomposition:
-    r"""The cross-attention's output over the players ``[target | source]`` (over the
+    r"""The cross-attention's output over the players ``[source | target]`` (over the
     block's own players when its ``source`` is given).
 
     With the probabilities frozen, the output at target position ``i`` is
@@ -438,8 +438,8 @@ def cross_attention(block: Block, rules: Rules, target: Decomposition) -> Decomp
         return Decomposition(out.terms, out.bias, target.token_mask, source.player_mask)
     terms = out.terms
     zeros = terms.new_zeros(*terms.shape[:2], target.n_in, terms.shape[-1])
-    players = _joined_masks(target.player_mask, target.n_in, source.player_mask, source.n_in, terms)
-    return Decomposition(torch.cat([zeros, terms], dim=2), out.bias, target.token_mask, players)
+    players = _joined_masks(source.player_mask, source.n_in, target.player_mask, target.n_in, terms)
+    return Decomposition(torch.cat([terms, zeros], dim=2), out.bias, target.token_mask, players)
 
 
 def _post_ln_cross_mix(block: Block, rules: Rules, start: Decomposition | None) -> State:

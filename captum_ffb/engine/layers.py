@@ -243,7 +243,7 @@ def row_chunks(block: Block, rows_per_chunk: int | None, budget: int, n_players:
     batch, n, width = block.capture.inputs.shape
     players = n if n_players is None else n_players
     if block.spec.has_cross_attention and block.source is None:
-        players += block.encoder_output.shape[1]  # the source players follow the target's
+        players += block.encoder_output.shape[1]  # the source players come before the target's
     if rows_per_chunk is None:
         item = torch.finfo(block.dtype).bits // 8
         per_row = batch * players * (2 * ff_width(block) + 8 * width) * item

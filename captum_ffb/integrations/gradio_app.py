@@ -309,7 +309,7 @@ def _build_pair_app(loaded: LoadedModel) -> Any:
                     scope_picker = gr.CheckboxGroup(scopes, value=scopes, label="Scopes", elem_id="ffb-scopes")
                     ff_amp = gr.Checkbox(value=True, label="FF-amp panel (after FF − before FF)")
                     normalize = gr.Radio(list(NORMALIZATIONS), value="raw norms", label="Colour scale")
-                maps_figure = gr.Image(label="Maps over [target | source]", format="png", interactive=False,
+                maps_figure = gr.Image(label="Maps over [source | target]", format="png", interactive=False,
                                        buttons=IMAGE_BUTTONS, elem_id="ffb-maps")
                 with gr.Accordion("Interactive view", open=True):
                     maps_view = gr.HTML(elem_id="ffb-maps-view")

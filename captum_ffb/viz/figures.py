@@ -123,18 +123,19 @@ def plot_maps(
     fig = Figure(figsize=(ncols * size * 1.15, nrows * size + 0.6), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     font = max(3.0, min(9.0, 26.0 * size / max(n, 1)))
-    # an encoder–decoder's decoder layers: only the target's rows hold values (and labels)
-    shown = getattr(maps, "n_target", None) if isinstance(maps, TextMaps) else None
+    # an encoder–decoder's decoder layers: only the target's rows (the last ones) hold values
+    shown = maps.rows if isinstance(maps, TextMaps) else slice(None)
     for ax, (index, scope) in zip(axes, panels):
         row_label, scope_maps = rows[index]
         if scope:
             matrix = _normalized(scope_maps[scope].detach().float().cpu(), normalize)
-            _heatmap(fig, ax, matrix[:shown], labels, font, cmap, vmin=0.0)
+            _heatmap(fig, ax, matrix[shown], labels, font, cmap, vmin=0.0, row_labels=labels[shown])
             ax.set_title(f"{row_label}{scope}", fontsize=10)
         else:
             amp = ff_amp_of(scope_maps, pair).cpu()
             bound = float(amp.abs().max()) or 1.0
-            _heatmap(fig, ax, amp[:shown], labels, font, amp_cmap, vmin=-bound, vmax=bound)
+            _heatmap(fig, ax, amp[shown], labels, font, amp_cmap, vmin=-bound, vmax=bound,
+                     row_labels=labels[shown])
             ax.set_title(f"{row_label}FF-amp ({pair[1]} − {pair[0]})", fontsize=10)
     for k, ax in enumerate(axes):
         if k >= len(panels):
@@ -187,8 +188,10 @@ def _heatmap(
     cmap: str,
     vmin: float,
     vmax: float | None = None,
+    row_labels: list[str] | None = None,
 ) -> None:
-    rows = matrix.shape[0]  # fewer than the labels: the first rows only (a decoder's target)
+    row_labels = labels if row_labels is None else row_labels  # a decoder's target rows only
+    rows = matrix.shape[0]
     image = ax.imshow(matrix.numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest",
                       aspect="equal" if rows == len(labels) else "auto")
     n = len(labels)
@@ -197,7 +200,7 @@ def _heatmap(
     ax.set_xticks(ticks, [labels[t] for t in ticks], rotation=90, fontsize=font)
     row_step = max(1, rows // 60)
     row_ticks = list(range(0, rows, row_step))
-    ax.set_yticks(row_ticks, [labels[t] for t in row_ticks], fontsize=font)
+    ax.set_yticks(row_ticks, [row_labels[t] for t in row_ticks], fontsize=font)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)

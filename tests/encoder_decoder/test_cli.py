@@ -27,10 +27,10 @@ def test_maps_of_a_source_and_a_target(folder, tmp_path, capsys):
     assert "largest completeness residual" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["maps.html", "maps.json", "maps_layer00.png", "maps_layer01.png"]
     data = json.loads((out / "maps.json").read_text())
-    n_target = data["n_target"]
+    n_target, n_source = data["n_target"], data["n_source"]  # the players: [source | target]
     source_tokens = SOURCE.split() + ["</s>"]
-    assert data["tokens"][n_target:] == source_tokens
-    assert data["tokens"][:n_target] == ["<pad>", *TARGET.split(), "</s>"]
+    assert data["tokens"][:n_source] == source_tokens
+    assert data["tokens"][n_source:] == ["<pad>", *TARGET.split(), "</s>"] and n_target == len(data["tokens"]) - n_source
     assert "Cross" in data["scopes"]
     # the maps equal the layer attribution's, rows of the source empty
     loaded = load_saved(folder)
@@ -42,8 +42,8 @@ def test_maps_of_a_source_and_a_target(folder, tmp_path, capsys):
     expected = lnd.attribute(enc.input_ids, scope="Cross", forward_kwargs={
         "attention_mask": enc.attention_mask, "decoder_input_ids": decoder_ids})
     got = torch.tensor(data["layers"]["1"]["maps"]["Cross"])
-    torch.testing.assert_close(got[:n_target], expected[0])
-    assert got[n_target:].abs().max() == 0
+    torch.testing.assert_close(got[n_source:], expected[0])
+    assert got[:n_source].abs().max() == 0
     for residuals in (entry["completeness_residual"] for entry in data["layers"].values()):
         assert max(residuals.values()) < 1e-4
 

@@ -1,5 +1,5 @@
 """Layer maps of encoder–decoders: every scope of both stacks reproduces the model's own
-tensors, decoder maps cover the players ``[target | source]``, and padding owns nothing."""
+tensors, decoder maps cover the players ``[source | target]``, and padding owns nothing."""
 
 from __future__ import annotations
 
@@ -37,15 +37,15 @@ def test_decoder_scopes_reproduce_the_models_tensors(name):
             assert value.max() < 1e-5, (name, index, scope, value)
         for scope, value in maps.items():
             assert value.shape == (2, n_target, n_target + n_source), (scope, value.shape)
-        # the cross-attention alone reads the source only
-        assert maps["Cross"][:, :, :n_target].abs().max() == 0
-        assert maps["Cross"][:, :, n_target:].abs().max() > 0
+        # the cross-attention alone reads the source only (the players: [source | target])
+        assert maps["Cross"][:, :, n_source:].abs().max() == 0
+        assert maps["Cross"][:, :, :n_source].abs().max() > 0
         # the target's padded row and (token sources) the source's padded columns own nothing
         last = maps[lnd.chain.output_scope]
         assert last[1, -1].abs().max() == 0
         if not family.audio:
-            assert last[1, :, n_target + n_source - 2:].abs().max() == 0
-            assert last[0, :, n_target + n_source - 2:].abs().min() > 0
+            assert last[1, :, n_source - 2:n_source].abs().max() == 0
+            assert last[0, :, n_source - 2:n_source].abs().min() > 0
         # the whole layer is the next hidden state (the last one is after the final norm)
         if index + 1 < len(blocks):
             first, kwargs = split_source(inputs)
@@ -92,7 +92,8 @@ def test_cross_map_is_the_norm_based_cross_attention():
     terms = torch.einsum("bhts,bhsd->btsd", probs, per_head)
     expected = terms.norm(dim=-1) * inputs["attention_mask"][:, None, :] * inputs["decoder_attention_mask"][:, :, None]
     n_target = inputs["decoder_input_ids"].shape[1]
-    assert torch.allclose(maps["Cross"][:, :, n_target:], expected.detach(), atol=1e-5)
+    n_source = maps["Cross"].shape[-1] - n_target
+    assert torch.allclose(maps["Cross"][:, :, :n_source], expected.detach(), atol=1e-5)
 
 
 def test_layers_of_both_stacks_at_once_are_refused():
