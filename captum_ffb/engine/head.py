@@ -30,6 +30,7 @@ from captum_ffb.engine.block import (
     projection_weights,
     resolve,
 )
+from captum_ffb.engine.frozen import ACTIVE, frozen_value
 from captum_ffb.engine.model import base_model_of, final_norm_of
 
 
@@ -303,6 +304,11 @@ def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: He
         def softcap(t: Tensor) -> Tensor:
             return cap * torch.tanh(t / cap)
 
-        slope = element_wise_rule(rules).slope(softcap, chosen.detach().float()).to(chosen.dtype)
-        chosen = softcap(chosen.detach()) + (chosen - chosen.detach()) * slope
+        slope = frozen_value("softcap", head, lambda: element_wise_rule(rules).slope(
+            softcap, chosen.detach().float())).to(chosen.dtype)
+        store = ACTIVE.get()
+        if store is not None and store.replaying:  # the recorded frozen map, linear in the logit
+            chosen = chosen * slope
+        else:
+            chosen = softcap(chosen.detach()) + (chosen - chosen.detach()) * slope
     return (chosen * target.coefficients.to(chosen.dtype)).sum(-1)

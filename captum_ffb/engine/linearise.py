@@ -46,10 +46,12 @@ from captum_ffb.engine.capture import (
     attention_function,
     attention_implementation,
     computes_probabilities_inline,
+    eager_attention,
     inner_norms,
     patched_attention_methods,
     softmax_hooks,
 )
+from captum_ffb.engine.frozen import ACTIVE, FrozenCoefficients, frozen_value
 from captum_ffb.engine.head import element_wise_rule
 from captum_ffb.engine.scores import inner_norm_rule
 from captum_ffb.rules import Attention, Linear, Residual
@@ -99,6 +101,14 @@ def _scored_implementation(original: str) -> str:
     return name
 
 
+def _weighted_values(weights: Tensor, value: Tensor) -> Tensor:
+    """``weights @ value`` over grouped keys and values ``(B, H, n, d_head)``."""
+    groups = weights.shape[1] // value.shape[1]
+    if groups > 1:
+        value = value.repeat_interleave(groups, dim=1)
+    return torch.matmul(weights.to(value.dtype), value)
+
+
 def _frozen_implementation(original: str) -> str:
     """Register (once) an attention implementation that runs ``original`` with the queries
     and keys detached, under its own name; return that name."""
@@ -110,8 +120,18 @@ def _frozen_implementation(original: str) -> str:
         return name
 
     def frozen(module, query, key, value, attention_mask, **kwargs):
-        function = attention_function(module, original)
-        return function(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+        store = ACTIVE.get()
+        if store is None:
+            function = attention_function(module, original)
+            return function(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+        # a recorded (or replayed) frozen model: the probabilities of the recorded pass
+        if store.replaying:
+            weights = store.value("attention", module, lambda: None)
+            return _weighted_values(weights, value).transpose(1, 2).contiguous(), weights
+        output, weights = eager_attention(module)(module, query.detach(), key.detach(), value, attention_mask,
+                                                  **kwargs)
+        store.value("attention", module, weights.detach)
+        return output, weights
 
     AttentionInterface.register(name, frozen)
     masks = ALL_MASK_ATTENTION_FUNCTIONS
@@ -146,8 +166,15 @@ def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequenc
 
     def detach_qk(module: nn.Module, original: Callable) -> Callable:
         def method(query, key, value, *args, **kwargs):
+            store = ACTIVE.get()
+            if scoring_rule is None and store is not None and store.replaying:
+                weights = store.value("attention", module, lambda: None)
+                return _weighted_values(weights, value), weights
             if scoring_rule is None:
-                return original(query.detach(), key.detach(), value, *args, **kwargs)
+                output, weights = original(query.detach(), key.detach(), value, *args, **kwargs)
+                if store is not None:
+                    store.value("attention", module, weights.detach)
+                return output, weights
             output, weights = original(query.detach(), key.detach(), value.detach(), *args, **kwargs)
             mask = args[0] if args else kwargs.get("attention_mask")
             scale = getattr(module, "scale_attn", None)
@@ -238,19 +265,32 @@ class Linearisation:
         self._handles.clear()
 
 
+def _fixed_probabilities(module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """An inline softmax's output detached (the recorded one in a replayed pass)."""
+    return lambda probabilities: frozen_value("softmax", module, probabilities.detach)
+
+
+def _replaying() -> bool:
+    store = ACTIVE.get()
+    return store is not None and store.replaying
+
+
 def _norm_hook(module: nn.Module, spec: ArchitectureSpec, config: Any, rule: Any):
-    weight, _, eps = norm_parameters(module, spec, config)
+    weight, bias, eps = norm_parameters(module, spec, config)
 
     def hook(mod, args, kwargs, output):
         x = args[0] if args else next(iter(kwargs.values()))
         real = x.detach()
-        scale = rule.frozen_scale(real.to(torch.float32), eps).to(x.dtype)
-        delta = _delta(x)
+        scale = frozen_value("norm", mod, lambda: rule.frozen_scale(real.to(torch.float32), eps)).to(x.dtype)
+        replay = _replaying()  # the recorded frozen map on the whole input, not value-preserving
+        delta = x if replay else _delta(x)
         if getattr(rule, "centres", False):
             delta = delta - delta.mean(dim=-1, keepdim=True)
         delta = delta * scale[..., None]
         if weight is not None:
             delta = delta * weight.detach()
+        if replay:
+            return (delta if bias is None else delta + bias.detach()).to(output.dtype)
         return output.detach() + delta.to(output.dtype)
 
     return hook
@@ -274,7 +314,9 @@ def _activation_between(store: dict[str, Tensor], key: str, fn: Callable[[Tensor
     def hook(module, args):
         z = args[0]
         s = store.pop(key)[..., columns]
-        slope = rule.slope(fn, s.detach().to(torch.float32)).to(z.dtype)
+        slope = frozen_value("activation", module, lambda: rule.slope(fn, s.detach().to(torch.float32))).to(z.dtype)
+        if _replaying():  # the frozen map, linear in the pre-activation
+            return (s * slope, *args[1:])
         return (z.detach() + _delta(s) * slope, *args[1:])
 
     return hook
@@ -291,16 +333,22 @@ def _gated_between(store: dict[str, Tensor], gate_key: str, up_key: str, fn: Cal
         b = store[up_key][..., up_columns]
         store.pop(gate_key)
         store.pop(up_key, None)  # kept no longer than needed (the values, not the graph)
-        coeff_a, coeff_b = rule.slopes(fn, a.detach().to(torch.float32), b.detach().to(torch.float32))
+        coeff_a, coeff_b = frozen_value("gated", module, lambda: rule.slopes(
+            fn, a.detach().to(torch.float32), b.detach().to(torch.float32)))
+        if _replaying():  # the frozen map: c_A ⊙ A + c_B ⊙ B
+            return (a * coeff_a.to(z.dtype) + b * coeff_b.to(z.dtype), *args[1:])
         return (z.detach() + _delta(a) * coeff_a.to(z.dtype) + _delta(b) * coeff_b.to(z.dtype), *args[1:])
 
     return hook
 
 
 def _detach_output(module, args, output):
-    if isinstance(output, tuple):
-        return tuple(o.detach() if isinstance(o, Tensor) and o.is_floating_point() else o for o in output)
-    return output.detach()
+    def detached() -> Any:
+        if isinstance(output, tuple):
+            return tuple(o.detach() if isinstance(o, Tensor) and o.is_floating_point() else o for o in output)
+        return output.detach()
+
+    return frozen_value("fixed", module, detached)
 
 
 def _experts_hook(moe: MoEAdapter, rule: Any):
@@ -310,16 +358,18 @@ def _experts_hook(moe: MoEAdapter, rule: Any):
 
     def hook(module, args, kwargs, output):
         x, top_index, top_weights = moe.experts_arguments(args, kwargs)
-        dx = _delta(x)
+        replay = _replaying()
+        dx = x if replay else _delta(x)
         real = x.detach()
         weights = moe.dense_routing(top_weights.detach(), top_index, x.dtype)
         extra = torch.zeros_like(real)
         for expert in torch.nonzero(weights.abs().sum(0)).flatten().tolist():
             w_gate, w_up, w_down = (weight.detach() for weight in moe.expert_weights(expert))
-            coeff_a, coeff_b = rule.slopes(fn, (real @ w_gate).float(), (real @ w_up).float())
+            coeff_a, coeff_b = frozen_value(f"expert {expert}", module, lambda g=w_gate, u=w_up: rule.slopes(
+                fn, (real @ g).float(), (real @ u).float()))
             hidden = (dx @ w_gate) * coeff_a.to(x.dtype) + (dx @ w_up) * coeff_b.to(x.dtype)
             extra = extra + (hidden @ w_down) * weights[:, expert, None]
-        return output.detach() + extra
+        return extra if replay else output.detach() + extra
 
     return hook
 
@@ -393,7 +443,7 @@ class _Hooks:
                         "and keys cannot be read: rules that credit them are not available; use the "
                         "frozen-attention rules (the default)")
                 self.state.inline = True
-                for handle in softmax_hooks(module, Tensor.detach):
+                for handle in softmax_hooks(module, _fixed_probabilities(module)):
                     self.add(handle)
 
     def norm(self, module: nn.Module | None, rule: Any = None) -> None:
@@ -522,6 +572,7 @@ def linearise(
     watch: Mapping[str, nn.Module] | None = None,
     recompute: bool = False,
     source: tuple[ArchitectureSpec, Sequence[nn.Module], nn.Module | None] | None = None,
+    coefficients: FrozenCoefficients | None = None,
 ) -> Iterator[Linearisation]:
     r"""Freeze the model's coefficients for the forward passes run inside the context.
 
@@ -543,11 +594,18 @@ def linearise(
         source (tuple, optional): for an encoder–decoder, the encoder's ``(spec, blocks,
                     final norm)``: frozen too, its first block's input the leaf
                     ``source_inputs`` (``blocks`` and ``final_norm`` are then the decoder's).
+        coefficients (FrozenCoefficients, optional): record every coefficient of this pass
+                    into it, or (``coefficients.replayed()``) run the frozen model of a
+                    recorded pass: its coefficients, applied to whatever this pass computes
+                    (see :mod:`captum_ffb.engine.frozen`; attention runs eager to record).
 
     Yields:
         Linearisation
     """
     frozen = FrozenRules.of(rules)
+    if coefficients is not None and (recompute or frozen.attention is not None):
+        raise ValueError("a recorded frozen model keeps frozen probabilities and every block's tensors "
+                         "(no rule that credits the scores, no recomputation)")
     state = Linearisation()
     hooks = _Hooks(spec, config_of(model), frozen, state)
     methods: dict[str, list[nn.Module]] = {}
@@ -577,8 +635,13 @@ def linearise(
                 _warm_up(blocks, spec, frozen)  # cached coefficients: the same work in both passes
                 stack.enter_context(_recomputed(blocks))
             owners = [model, *blocks, *(source[1] if source is not None else ())]
-            stack.enter_context(frozen_attention(owners, methods, frozen.attention, eager=state.inline))
+            stack.enter_context(frozen_attention(owners, methods, frozen.attention,
+                                                 eager=state.inline or coefficients is not None))
             stack.enter_context(torch.enable_grad())
-            yield state
+            token = ACTIVE.set(coefficients)
+            try:
+                yield state
+            finally:
+                ACTIVE.reset(token)
     finally:
         state.remove()

@@ -1,0 +1,552 @@
+r"""Attribution graphs of the stock model: which writer of the residual stream fed which, exactly.
+
+With every coefficient frozen at its value in the real pass, the model is linear in every
+writer of the residual stream (METHOD.md, "Attribution graphs"): the players (tokens), each
+attention sublayer or head, each FF block or neuron. For a writer ``A`` with output ``o_A``
+and frozen gradient ``G_A = ∂output/∂o_A``, its **value** is ``T_A = ⟨G_A, o_A⟩``; an **edge**
+``A → B`` carries ``w = ⟨G_B, J_B o_A⟩`` with ``J_B`` the frozen map from the stream ``B``
+reads to its output; ``A → output`` carries ``A``'s direct effect. Flow is conserved at
+every node: ``Σ in-edges + bias = T_B = Σ out-edges (+ direct)``.
+
+One recorded pass computes it all (:func:`graph_pass`): the frozen model runs with every
+writer reading its stream through a leaf of its own, so that
+
+* the gradient of the output at a writer's output, in that pass, is its *direct* covector
+  (the stream reaches the output through norms and the head only);
+* ``J_Bᵀ G`` is a vector–Jacobian product from ``B``'s output to its own leaf (through ``B``
+  alone), and pulling that covector back from where ``B`` reads the stream to where each
+  earlier writer wrote it crosses only residual connections and frozen norms;
+* the total covectors follow from the last writer to the first (``G_A = g_A^direct + Σ_B
+  pull-back of J_Bᵀ G_B``), the edges per position from the same products with one cotangent
+  per position.
+
+The coefficients of the pass are recorded (:mod:`captum_ffb.engine.frozen`), so any edit of
+it — a node removed, one edge cut, an output patched from another run — can be run again in
+the same frozen model (:func:`frozen_value_with`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from captum_ffb.architectures.paths import has_path, resolve
+from captum_ffb.architectures.spec import ArchitectureSpec
+from captum_ffb.engine.block import watched_modules
+from captum_ffb.engine.frozen import FrozenCoefficients
+from captum_ffb.engine.head import HeadTarget
+from captum_ffb.engine.linearise import linearise
+from captum_ffb.engine.players import token_contributions
+
+#: How finely the graph splits the writers.
+GRAPH_GRANULARITIES = ("sublayer", "head", "neuron")
+#: The node kinds of :class:`~captum_ffb.engine.graph.GraphTape` (and of the graph's dict).
+NODE_KINDS = ("token", "attention", "head", "ff", "neuron", "cross_attention", "bias", "output")
+
+
+@dataclass
+class Writer:
+    """One writer of the residual stream in a recorded pass.
+
+    Attributes:
+        key (str): ``"block.<l>.attention"``, ``"block.<l>.ff"``.
+        layer (int): its block.
+        kind (str): ``"attention"`` or ``"ff"``.
+        output (Tensor): ``(B, n, d)`` what it adds to the stream (its graph kept).
+        read (str): the key of the stream point it reads (:attr:`GraphTape.reads`).
+        parts (Tensor, optional): ``(B, n, k, w)`` the input of its output projection split
+                    into its parts (the heads of an attention, the neurons of an FF: ``w`` 1),
+                    when the graph is finer than sublayers.
+    """
+
+    key: str
+    layer: int
+    kind: str
+    output: Tensor
+    read: str
+    parts: Tensor | None = None
+    raw: Tensor | None = None
+
+    def part_grad(self, outputs: Tensor, cotangents: Tensor, batched: bool = False) -> Tensor:
+        """The gradient at the parts (``raw``, the recorded tensor, reshaped as ``parts``)."""
+        if batched:
+            (found,) = _batched_grad(outputs, [self.raw], cotangents)
+            return found.reshape(found.shape[0], *self.parts.shape)
+        (found,) = _grad(outputs, [self.raw], cotangents)
+        return found.reshape(self.parts.shape)
+
+
+@dataclass
+class GraphTape:
+    """What one frozen pass with separate reads recorded.
+
+    Attributes:
+        value (Tensor): ``(B,)`` the explained value (with its graph).
+        inputs (Tensor): ``(B, n, d)`` the first block's input, a leaf.
+        writers (list[Writer]): in stream order.
+        reads (dict): stream point → ``(the stream there, with its graph; the leaf the writer
+                    read instead)``.
+        coefficients (FrozenCoefficients): the pass's coefficients (to replay it).
+        output (Any): the model's output.
+    """
+
+    value: Tensor
+    inputs: Tensor
+    writers: list[Writer]
+    reads: dict[str, tuple[Tensor, Tensor]]
+    coefficients: FrozenCoefficients
+    output: Any = None
+    raw_parts: dict[str, Tensor] = field(default_factory=dict)
+
+
+def _module(block: nn.Module, path: str | None) -> nn.Module | None:
+    return resolve(block, path) if path and has_path(block, path) else None
+
+
+def read_modules(block: nn.Module, spec: ArchitectureSpec, pre_norm: bool) -> dict[str, nn.Module]:
+    """Writer → the module whose input is the stream that writer reads (replaced by a leaf of
+    its own): a Pre-LN writer's norm, else its first module (a Post-LN attention module, the
+    FF's input projection, or the module around a gated FF's two input projections)."""
+    found: dict[str, nn.Module] = {}
+    attention = _module(block, spec.norm1) if pre_norm else None
+    found["attention"] = attention or _module(block, spec.attention)
+    ff = _module(block, spec.norm2) if pre_norm else None
+    if ff is None:
+        if spec.moe is not None and has_path(block, spec.moe.module):
+            ff = resolve(block, spec.moe.module)
+        elif spec.ff_gate is not None:  # the module around the two input projections
+            parent = spec.ff_in.path.rsplit(".", 1)[0] if "." in spec.ff_in.path else ""
+            ff = resolve(block, parent) if parent else None
+        else:
+            ff = _module(block, spec.ff_in.path)
+    found["ff"] = ff
+    return found
+
+
+def _swap_first(args: tuple[Any, ...], kwargs: dict[str, Any], new: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if args:
+        return (new, *args[1:]), kwargs
+    key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+    return args, {**kwargs, key: new}
+
+
+def _first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+    if args:
+        return args[0]
+    return kwargs["hidden_states"] if "hidden_states" in kwargs else next(iter(kwargs.values()))
+
+
+@dataclass
+class _Recorder:
+    """The hooks of :func:`graph_pass` (registered after the linearisation's own)."""
+
+    tape_reads: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    parts: dict[str, Tensor] = field(default_factory=dict)
+    handles: list[Any] = field(default_factory=list)
+
+    def read(self, module: nn.Module, key: str) -> None:
+        def hook(mod, args, kwargs):
+            if key in self.tape_reads:  # a module shared by two writers (one LN for both)
+                return _swap_first(args, kwargs, self.tape_reads[key][1])
+            stream = _first(args, kwargs)
+            leaf = stream.detach().requires_grad_(True)
+            self.tape_reads[key] = (stream, leaf)
+            return _swap_first(args, kwargs, leaf)
+
+        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def write(self, module: nn.Module, key: str) -> None:
+        def hook(mod, args, output):
+            kept = output[0] if isinstance(output, tuple) else output
+            self.outputs[key] = kept
+            copy = kept.clone()  # a block may add to it in place (Falcon): the stream gets a copy
+            return (copy, *output[1:]) if isinstance(output, tuple) else copy
+
+        self.handles.append(module.register_forward_hook(hook))
+
+    def part(self, module: nn.Module, key: str) -> None:
+        def hook(mod, args):
+            self.parts[key] = args[0]
+
+        self.handles.append(module.register_forward_pre_hook(hook))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str, Callable],
+               granularity: str, coefficients: FrozenCoefficients | None = None,
+               edit: Callable[[_Recorder], list[Any]] | None = None) -> GraphTape:
+    """One pass of the frozen model in which every writer reads the stream through a leaf of
+    its own, recording its coefficients (or replaying ``coefficients``; ``edit`` may add hooks
+    that change the pass, registered last)."""
+    if granularity not in GRAPH_GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRAPH_GRANULARITIES)}, got {granularity!r}")
+    engine.refuse_two_stacks("an attribution graph")
+    model, head = engine.model, engine.head
+    store = FrozenCoefficients() if coefficients is None else coefficients
+    recorder = _Recorder()
+    pre_norm = engine.chain.name in ("pre_ln", "parallel")
+    kwargs = dict(request.kwargs)
+    if "use_cache" in _parameters(model):
+        kwargs["use_cache"] = False
+    plan: list[tuple[str, int, str, nn.Module, str, nn.Module | None]] = []
+    for index, block in enumerate(engine.blocks):
+        spec = engine.family.for_block(block)
+        roles = watched_modules(block, spec)
+        reads = read_modules(block, spec, pre_norm)
+        attention_out = roles.get("attention_post_norm") or roles["attn_out"]
+        plan.append((f"block.{index}.attention", index, "attention", attention_out,
+                     _read_key(index, reads, "attention"),
+                     roles["attn_out"] if granularity != "sublayer" else None))
+        neuron = roles.get("ff_out") if granularity == "neuron" and roles.get("router") is None else None
+        plan.append((f"block.{index}.ff", index, "ff", roles["ff"], _read_key(index, reads, "ff"), neuron))
+    training = model.training
+    model.eval()
+    watch = {} if head.output is None else {"output": head.output}
+    try:
+        with linearise(model, engine.stack.spec, engine.stack.blocks, rules, head.final_norm,
+                       head.linearised_steps(), watch, coefficients=store) as frozen:
+            for index, block in enumerate(engine.blocks):
+                spec = engine.family.for_block(block)
+                for name, module in read_modules(block, spec, pre_norm).items():
+                    if module is not None:
+                        recorder.read(module, _read_key(index, read_modules(block, spec, pre_norm), name))
+            for key, _, _, module, _, parts in plan:
+                recorder.write(module, key)
+                if parts is not None:
+                    recorder.part(parts, key)
+            extra = [] if edit is None else edit(recorder)
+            try:
+                output = model(*request.args, **kwargs)
+                value = engine._linearised_value(output, frozen, target, rules)
+            finally:
+                for handle in extra:
+                    handle.remove()
+            inputs = frozen.inputs
+    finally:
+        recorder.remove()
+        model.train(training)
+    n_heads = int(getattr(engine.config, "num_attention_heads", 1) or 1)
+    writers = []
+    for key, layer, kind, _, read, _parts in plan:
+        raw = recorder.parts.get(key)
+        part = None
+        if raw is not None:
+            batch = tape_batch = request.read_mask.shape[0]
+            part = raw.reshape(tape_batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
+            split = n_heads if kind == "attention" else part.shape[-1]
+            part = part.reshape(batch, part.shape[1], split, -1)
+        writers.append(Writer(key, layer, kind, recorder.outputs[key], read, part, raw))
+    return GraphTape(value, inputs, writers, recorder.tape_reads, store, output)
+
+
+def _read_key(index: int, reads: dict[str, nn.Module | None], name: str) -> str:
+    """The stream point a writer reads (one key for two writers that share a module)."""
+    module = reads[name]
+    shared = [other for other, m in reads.items() if m is module]
+    return f"block.{index}.read.{shared[0]}"
+
+
+def _parameters(model: nn.Module) -> set[str]:
+    import inspect
+
+    return set(inspect.signature(model.forward).parameters)
+
+
+# --------------------------------------------------------------------------- covectors
+def _grad(outputs: Tensor, inputs: Sequence[Tensor], cotangent: Tensor) -> list[Tensor]:
+    found = torch.autograd.grad(outputs, list(inputs), grad_outputs=cotangent, retain_graph=True,
+                                allow_unused=True)
+    return [torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs)]
+
+
+def _batched_grad(outputs: Tensor, inputs: Sequence[Tensor], cotangents: Tensor) -> list[Tensor]:
+    """``[(k, *x.shape)]``: one gradient per cotangent ``(k, *outputs.shape)``."""
+    if cotangents.shape[0] == 1:
+        return [g[None] for g in _grad(outputs, inputs, cotangents[0])]
+    try:
+        found = torch.autograd.grad(outputs, list(inputs), grad_outputs=cotangents, retain_graph=True,
+                                    allow_unused=True, is_grads_batched=True)
+        return [torch.zeros((cotangents.shape[0], *x.shape), dtype=x.dtype, device=x.device) if g is None else g
+                for g, x in zip(found, inputs)]
+    except RuntimeError:  # an operation vmap cannot batch: one cotangent at a time
+        per = [_grad(outputs, inputs, c) for c in cotangents]
+        return [torch.stack([p[k] for p in per]) for k in range(len(inputs))]
+
+
+@dataclass
+class Covectors:
+    """The frozen gradients of a recorded pass.
+
+    Attributes:
+        direct (dict): writer key → ``(B, n, d)`` its direct covector (to the output through
+                    later norms and the head only); ``"inputs"`` the players' stream.
+        total (dict): writer key → ``(B, n, d)`` its total covector ``G`` (all paths).
+    """
+
+    direct: dict[str, Tensor]
+    total: dict[str, Tensor]
+
+
+def earlier(tape: GraphTape, index: int) -> list[Writer]:
+    """The writers before ``tape.writers[index]``."""
+    return tape.writers[:index]
+
+
+def covectors(tape: GraphTape) -> Covectors:
+    """Direct and total covectors of every writer (and of the players' stream ``"inputs"``):
+    the direct ones from the output's gradient in the pass, the totals from the last writer to
+    the first, each writer's ``J_Bᵀ G_B`` pulled back to the earlier ones."""
+    outputs = [w.output for w in tape.writers] + [tape.inputs]
+    keys = [w.key for w in tape.writers] + ["inputs"]
+    direct = dict(zip(keys, _grad(tape.value.sum(), outputs, torch.ones_like(tape.value.sum()))))
+    total = {key: g.clone() for key, g in direct.items()}
+    for index in range(len(tape.writers) - 1, -1, -1):
+        writer = tape.writers[index]
+        stream, leaf = tape.reads[writer.read]
+        (back,) = _grad(writer.output, [leaf], total[writer.key])
+        sources = earlier(tape, index)
+        pulled = _grad(stream, [w.output for w in sources] + [tape.inputs], back)
+        for source, g in zip([w.key for w in sources] + ["inputs"], pulled):
+            total[source] = total[source] + g
+    return Covectors(direct, total)
+
+
+def pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """For ``k`` cotangents at writer ``index``'s output ``(k, B, n, d)``: its own
+    ``J_Bᵀ`` products ``(k, B, n, d)`` at the stream it reads, and those pulled back to every
+    earlier writer's output and to the players' stream (the list, earlier writers first)."""
+    writer = tape.writers[index]
+    stream, leaf = tape.reads[writer.read]
+    (back,) = _batched_grad(writer.output, [leaf], cotangents)
+    sources = [w.output for w in earlier(tape, index)] + [tape.inputs]
+    return back, _batched_grad(stream, sources, back)
+
+
+def part_pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """As :func:`pulled_back`, for cotangents at writer ``index``'s parts (its output
+    projection's input, ``(k, B, n, p, w)``)."""
+    writer = tape.writers[index]
+    stream, leaf = tape.reads[writer.read]
+    flat = cotangents.reshape(cotangents.shape[0], *writer.raw.shape)
+    (back,) = _batched_grad(writer.raw, [leaf], flat)
+    sources = [w.output for w in earlier(tape, index)] + [tape.inputs]
+    return back, _batched_grad(stream, sources, back)
+
+
+def part_covectors(tape: GraphTape, index: int, total: Tensor) -> Tensor:
+    """A writer's covector at its parts ``(B, n, p, w)`` from its total covector at its output."""
+    return tape.writers[index].part_grad(tape.writers[index].output, total)
+
+
+def source_covectors(tape: GraphTape, index: int, pulled: list[Tensor]) -> list[Tensor]:
+    """The covectors at the earlier writers' *parts* (``(k, B, n, p, w)``), from those at
+    their outputs, for writers split into parts (the others unchanged)."""
+    out = []
+    for writer, covector in zip(earlier(tape, index), pulled):
+        if writer.parts is None:
+            out.append(covector)
+            continue
+        out.append(writer.part_grad(writer.output, covector, batched=True))
+    return out + pulled[len(out):]
+
+
+def token_values(covector: Tensor, inputs: Tensor, reference: Tensor | None, seen: Tensor | None,
+                 mask: Tensor) -> Tensor:
+    """``(…, B, n)`` each player's value for covectors at the players' stream ``(…, B, n, d)``
+    (its start measured from the reference, as :func:`~captum_ffb.engine.players.token_contributions`)."""
+    shape = covector.shape[:-2]
+    flat = covector.reshape(-1, *covector.shape[-2:])
+    b = inputs.shape[0]
+    found = []
+    for c in flat.reshape(-1, b, *flat.shape[-2:]):
+        found.append(token_contributions(c, inputs, reference, seen) * mask.to(c.dtype))
+    return torch.stack(found).reshape(*shape[:-1], b, -1) if shape else found[0]
+
+
+def iter_positions(n: int, chunk: int) -> Iterator[slice]:
+    for first in range(0, n, chunk):
+        yield slice(first, min(n, first + chunk))
+
+
+# --------------------------------------------------------------------------- the graph
+@dataclass
+class GraphData:
+    """An attribution graph's numbers, before any view: nodes in a table and edges as
+    coordinates.
+
+    Attributes:
+        kinds (list[str]): each node's kind (:data:`NODE_KINDS`).
+        layers (list[int]): each node's block (−1 for tokens, the bias and the output).
+        heads (list[int]): each node's part (head, neuron; −1 for none).
+        positions (list[int]): each node's position (−1 for the bias and the output).
+        values (Tensor): ``(N,)`` each node's value (the output's: the explained value).
+        sources (Tensor): ``(E,)`` long, the edges' source nodes.
+        targets (Tensor): ``(E,)`` long, their target nodes.
+        weights (Tensor): ``(E,)`` their weights.
+        bias (int): the bias node's index; ``output`` the output node's.
+    """
+
+    kinds: list[str]
+    layers: list[int]
+    heads: list[int]
+    positions: list[int]
+    values: Tensor
+    sources: Tensor
+    targets: Tensor
+    weights: Tensor
+    bias: int
+    output: int
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+
+class _Nodes:
+    """The node table, filled writer by writer."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str] = []
+        self.layers: list[int] = []
+        self.heads: list[int] = []
+        self.positions: list[int] = []
+        self.values: list[Tensor] = []
+
+    def add(self, kind: str, layer: int, head: int, positions: Sequence[int], values: Tensor) -> list[int]:
+        first = len(self.kinds)
+        for p in positions:
+            self.kinds.append(kind)
+            self.layers.append(layer)
+            self.heads.append(head)
+            self.positions.append(int(p))
+        self.values.append(values.reshape(-1))
+        return list(range(first, len(self.kinds)))
+
+
+def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None, seen: Tensor | None,
+                mask: Tensor, chunk: int = 16) -> GraphData:
+    """Every node and every non-zero edge of one recorded pass (batch of one).
+
+    Args:
+        tape (GraphTape): the pass (:func:`graph_pass`).
+        covectors_ (Covectors): its covectors (:func:`covectors`).
+        reference (Tensor, optional): the players' reference ``(1, n, d)`` (``None``: zero).
+        seen (Tensor, optional): the centred reference's averaged positions ``(1, n)``.
+        mask (Tensor): ``(1, n)`` the real positions.
+        chunk (int): target nodes per batched vector–Jacobian product.
+    """
+    x = tape.inputs.detach()
+    n = x.shape[1]
+    real = [int(p) for p in mask[0].nonzero()[:, 0]]
+    table = _Nodes()
+    total, direct = covectors_.total, covectors_.direct
+    token_ids = torch.full((n,), -1, dtype=torch.long)
+    token_ids[real] = torch.tensor(table.add("token", -1, -1, real, token_values(
+        total["inputs"], x, reference, seen, mask)[0, real]))
+    # writers (or their parts) in stream order: node ids (n, parts), -1 on padding
+    ids: list[Tensor] = []
+    part_totals: list[Tensor | None] = []
+    for index, writer in enumerate(tape.writers):
+        g = total[writer.key]
+        if writer.parts is None:
+            found = torch.full((n, 1), -1, dtype=torch.long)
+            values = _seq(g * writer.output.detach(), n).sum(-1)[0]
+            found[real, 0] = torch.tensor(table.add(writer.kind, writer.layer, -1, real, values[real]))
+            part_totals.append(None)
+        else:
+            gz = part_covectors(tape, index, g)
+            part_totals.append(gz)
+            values = (gz * writer.parts.detach()).sum(-1)[0]  # (n, parts)
+            kind = "head" if writer.kind == "attention" else "neuron"
+            found = torch.full((n, values.shape[1]), -1, dtype=torch.long)
+            for j in range(values.shape[1]):
+                found[real, j] = torch.tensor(table.add(kind, writer.layer, j, real, values[real, j]))
+        ids.append(found)
+    bias = table.add("bias", -1, -1, [-1], torch.zeros(1, dtype=x.dtype))[0]
+    output = table.add("output", -1, -1, [-1], tape.value.detach().to(x.dtype).reshape(1))[0]
+    values = torch.cat([v.detach().to(x.dtype) for v in table.values])
+    edges = _Edges(len(values), x.dtype)
+    # edges into every writer node, a chunk of target nodes at a time
+    for index, writer in enumerate(tape.writers):
+        g = total[writer.key] if writer.parts is None else part_totals[index]
+        wanted = [(p, j) for j in range(ids[index].shape[1]) for p in real]
+        for first in range(0, len(wanted), chunk):
+            group = wanted[first:first + chunk]
+            cot = torch.zeros((len(group), *g.shape), dtype=g.dtype, device=g.device)
+            for k, (p, j) in enumerate(group):
+                if writer.parts is None:
+                    cot[k, :, p] = g[:, p]
+                else:
+                    cot[k, :, p, j] = g[:, p, j]
+            _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
+            pulled = source_covectors(tape, index, pulled[:-1]) + [pulled[-1]]
+            dst = torch.tensor([int(ids[index][p, max(j, 0)]) for p, j in group])
+            for source_index, covector in enumerate(pulled[:-1]):
+                source = tape.writers[source_index]
+                if source.parts is None:
+                    w = (_seq(covector, n, 1)[:, 0] * _seq(source.output.detach(), n)[0]).sum(-1)
+                else:
+                    w = (covector[:, 0] * source.parts.detach()[0]).sum(-1)  # (k, n, parts)
+                w = w.reshape(len(group), n, -1)
+                edges.add(ids[source_index][None].expand_as(w), dst[:, None, None].expand_as(w), w)
+            tokens = token_values(pulled[-1], x, reference, seen, mask)[:, 0]  # (k, n)
+            edges.add(token_ids[None].expand_as(tokens), dst[:, None].expand_as(tokens), tokens)
+    # the bias: what each writer node receives beyond the nodes' edges (its own constants and
+    # the stream's); into the output: every node's direct effect, then the head's constants
+    writer_nodes = torch.cat([i.reshape(-1) for i in ids])
+    writer_nodes = writer_nodes[writer_nodes >= 0]
+    edges.add(torch.full_like(writer_nodes, bias), writer_nodes,
+              values[writer_nodes] - edges.inflow[writer_nodes])
+    for index, writer in enumerate(tape.writers):
+        d = direct[writer.key]
+        w = _seq(d * writer.output.detach(), n).sum(-1)[0][:, None] if writer.parts is None else \
+            (part_covectors(tape, index, d) * writer.parts.detach()).sum(-1)[0]
+        edges.add(ids[index], torch.full_like(ids[index], output), w)
+    direct_tokens = token_values(direct["inputs"], x, reference, seen, mask)[0]
+    edges.add(token_ids, torch.full_like(token_ids, output), direct_tokens)
+    edges.add(torch.tensor([bias]), torch.tensor([output]),
+              (values[output] - edges.inflow[output]).reshape(1))
+    values[bias] = edges.outflow(bias)
+    return GraphData(table.kinds, table.layers, table.heads, table.positions, values,
+                     *edges.stacked(), bias, output)
+
+
+def _seq(t: Tensor, n: int, leading: int = 0) -> Tensor:
+    """A writer's tensor ``(…, B·n, d)`` (some families flatten the batch before the FF) as
+    ``(…, B, n, d)``; ``leading`` dimensions kept in front."""
+    if t.dim() - leading == 2:
+        return t.reshape(*t.shape[:leading], -1, n, t.shape[-1])
+    return t
+
+
+class _Edges:
+    """Edges as coordinates, kept where their weight is not zero (or the source is padding)."""
+
+    def __init__(self, size: int, dtype: torch.dtype) -> None:
+        self.sources: list[Tensor] = []
+        self.targets: list[Tensor] = []
+        self.weights: list[Tensor] = []
+        self.inflow = torch.zeros(size, dtype=dtype)
+
+    def add(self, source: Tensor, target: Tensor, weight: Tensor) -> None:
+        source, target, weight = source.reshape(-1), target.reshape(-1), weight.detach().reshape(-1).cpu()
+        keep = (source >= 0) & (target >= 0) & (weight != 0)
+        source, target, weight = source[keep], target[keep], weight[keep].to(self.inflow.dtype)
+        self.sources.append(source)
+        self.targets.append(target)
+        self.weights.append(weight)
+        self.inflow.index_add_(0, target, weight)
+
+    def outflow(self, node: int) -> Tensor:
+        return sum((w[s == node].sum() for s, w in zip(self.sources, self.weights)), torch.zeros(()))
+
+    def stacked(self) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.cat(self.sources), torch.cat(self.targets), torch.cat(self.weights)
