@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from captum_ffb._deprecation import keyword_only
 from captum_ffb.attr._door import Door, captum_return, one_input, route_of
 from captum_ffb.attr.components import ComponentAttribution
+from captum_ffb.attr.graph import AttributionGraph
 from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.layers import DEFAULT_MEMORY_BUDGET
@@ -239,6 +240,17 @@ class NormDecomposition(Door, Attribution):
                                        n_groups, captured)
         return ComponentAttribution(table.contributions, table.bias, table.names, table.real, table.delta,
                                     granularity)
+
+    @log_usage()
+    @serialized
+    def attribute_graph(self, inputs: Tensor, target: Any = None, **options: Any) -> AttributionGraph:
+        r"""The exact attribution graph of one output of one input: tokens, the writers of the
+        stream at each position, the bias and the output, flow conserved at every node.
+        ``options`` (granularity, pruning, ``max_nodes``, ``baseline_inputs``, ``reference``,
+        ``rules`` …) as in :func:`captum_ffb.attr.graph.attribution_graph`."""
+        from captum_ffb.attr.graph import attribution_graph
+
+        return attribution_graph(self, inputs, target, **options)
 
     @log_usage()
     @serialized

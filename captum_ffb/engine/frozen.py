@@ -26,10 +26,14 @@ ACTIVE: contextvars.ContextVar[FrozenCoefficients | None] = contextvars.ContextV
 class FrozenCoefficients:
     """The coefficients of one linearised pass, in the order its modules computed them."""
 
-    def __init__(self, values: dict[tuple[Any, ...], Any] | None = None, replaying: bool = False) -> None:
+    def __init__(self, values: dict[tuple[Any, ...], Any] | None = None, replaying: bool = False,
+                 scores: bool = False) -> None:
         self.values: dict[tuple[Any, ...], Any] = {} if values is None else values
         self.replaying = replaying
         self._calls: dict[tuple[str, int], int] = defaultdict(int)
+        #: with ``scores``: attention module → ``(query, key, scaling)`` as its attention
+        #: function read them, with their graphs (a score's split over the writers)
+        self.scores: dict[int, tuple[Any, Any, float]] | None = {} if scores else None
 
     def replayed(self) -> FrozenCoefficients:
         """A store that hands these coefficients back (a fresh count of calls)."""

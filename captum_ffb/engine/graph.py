@@ -185,8 +185,10 @@ def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str
                granularity: str, coefficients: FrozenCoefficients | None = None,
                edit: Callable[[_Recorder], list[Any]] | None = None) -> GraphTape:
     """One pass of the frozen model in which every writer reads the stream through a leaf of
-    its own, recording its coefficients (or replaying ``coefficients``; ``edit`` may add hooks
-    that change the pass, registered last)."""
+    its own, recording its coefficients into ``coefficients`` (a new store by default; with
+    ``FrozenCoefficients(scores=True)`` also every head's queries and keys; a store's
+    ``replayed()`` runs the recorded frozen model again), ``edit`` adding hooks that change
+    the pass (registered last)."""
     if granularity not in GRAPH_GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRAPH_GRANULARITIES)}, got {granularity!r}")
     engine.refuse_two_stacks("an attribution graph")
@@ -393,6 +395,8 @@ class GraphData:
         targets (Tensor): ``(E,)`` long, their target nodes.
         weights (Tensor): ``(E,)`` their weights.
         bias (int): the bias node's index; ``output`` the output node's.
+        left_out (Tensor, optional): ``(N,)`` per node, what it receives from writer nodes
+                    whose edges were not computed (``max_nodes``).
     """
 
     kinds: list[str]
@@ -405,6 +409,7 @@ class GraphData:
     weights: Tensor
     bias: int
     output: int
+    left_out: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -432,7 +437,7 @@ class _Nodes:
 
 
 def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None, seen: Tensor | None,
-                mask: Tensor, chunk: int = 16) -> GraphData:
+                mask: Tensor, chunk: int = 16, max_nodes: int | None = None) -> GraphData:
     """Every node and every non-zero edge of one recorded pass (batch of one).
 
     Args:
@@ -442,6 +447,9 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
         seen (Tensor, optional): the centred reference's averaged positions ``(1, n)``.
         mask (Tensor): ``(1, n)`` the real positions.
         chunk (int): target nodes per batched vector–Jacobian product.
+        max_nodes (int, optional): compute the edges into (and out of) only this many writer
+                    nodes, those of largest ``|value|`` (the others keep their values; the
+                    output's direct edges are always computed).
     """
     x = tape.inputs.detach()
     n = x.shape[1]
@@ -474,18 +482,28 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
     output = table.add("output", -1, -1, [-1], tape.value.detach().to(x.dtype).reshape(1))[0]
     values = torch.cat([v.detach().to(x.dtype) for v in table.values])
     edges = _Edges(len(values), x.dtype)
+    chosen = None  # the writer nodes whose edges are computed (None: every one)
+    writer_all = torch.cat([i.reshape(-1) for i in ids])
+    writer_all = writer_all[writer_all >= 0]
+    if max_nodes is not None and len(writer_all) > max_nodes:
+        order = values[writer_all].abs().argsort(descending=True)
+        chosen = torch.zeros(len(values), dtype=torch.bool)
+        chosen[writer_all[order[:max_nodes]]] = True
+        ids = [torch.where(chosen[i.clamp_min(0)] & (i >= 0), i, torch.full_like(i, -2)) for i in ids]
     # edges into every writer node, a chunk of target nodes at a time
     for index, writer in enumerate(tape.writers):
         g = total[writer.key] if writer.parts is None else part_totals[index]
-        wanted = [(p, j) for j in range(ids[index].shape[1]) for p in real]
+        wanted = [(p, j) for j in range(ids[index].shape[1]) for p in real if ids[index][p, j] >= 0]
         for first in range(0, len(wanted), chunk):
             group = wanted[first:first + chunk]
-            cot = torch.zeros((len(group), *g.shape), dtype=g.dtype, device=g.device)
+            seq = _seq(g, n)  # a flattened (B·n, d) write as (B, n, d)
+            cot = torch.zeros((len(group), *seq.shape), dtype=g.dtype, device=g.device)
             for k, (p, j) in enumerate(group):
                 if writer.parts is None:
-                    cot[k, :, p] = g[:, p]
+                    cot[k, :, p] = seq[:, p]
                 else:
-                    cot[k, :, p, j] = g[:, p, j]
+                    cot[k, :, p, j] = seq[:, p, j]
+            cot = cot.reshape(len(group), *g.shape)
             _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
             pulled = source_covectors(tape, index, pulled[:-1]) + [pulled[-1]]
             dst = torch.tensor([int(ids[index][p, max(j, 0)]) for p, j in group])
@@ -504,7 +522,7 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
     writer_nodes = torch.cat([i.reshape(-1) for i in ids])
     writer_nodes = writer_nodes[writer_nodes >= 0]
     edges.add(torch.full_like(writer_nodes, bias), writer_nodes,
-              values[writer_nodes] - edges.inflow[writer_nodes])
+              values[writer_nodes] - edges.inflow[writer_nodes] - edges.dropped[writer_nodes])
     for index, writer in enumerate(tape.writers):
         d = direct[writer.key]
         w = _seq(d * writer.output.detach(), n).sum(-1)[0][:, None] if writer.parts is None else \
@@ -513,10 +531,10 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
     direct_tokens = token_values(direct["inputs"], x, reference, seen, mask)[0]
     edges.add(token_ids, torch.full_like(token_ids, output), direct_tokens)
     edges.add(torch.tensor([bias]), torch.tensor([output]),
-              (values[output] - edges.inflow[output]).reshape(1))
+              (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
     values[bias] = edges.outflow(bias)
     return GraphData(table.kinds, table.layers, table.heads, table.positions, values,
-                     *edges.stacked(), bias, output)
+                     *edges.stacked(), bias, output, None if chosen is None else edges.dropped)
 
 
 def _seq(t: Tensor, n: int, leading: int = 0) -> Tensor:
@@ -535,9 +553,13 @@ class _Edges:
         self.targets: list[Tensor] = []
         self.weights: list[Tensor] = []
         self.inflow = torch.zeros(size, dtype=dtype)
+        #: per node, what it receives from nodes left out (``max_nodes``)
+        self.dropped = torch.zeros(size, dtype=dtype)
 
     def add(self, source: Tensor, target: Tensor, weight: Tensor) -> None:
         source, target, weight = source.reshape(-1), target.reshape(-1), weight.detach().reshape(-1).cpu()
+        left_out = (source == -2) & (target >= 0)  # from a node whose edges are not kept
+        self.dropped.index_add_(0, target[left_out], weight[left_out].to(self.dropped.dtype))
         keep = (source >= 0) & (target >= 0) & (weight != 0)
         source, target, weight = source[keep], target[keep], weight[keep].to(self.inflow.dtype)
         self.sources.append(source)
@@ -550,3 +572,81 @@ class _Edges:
 
     def stacked(self) -> tuple[Tensor, Tensor, Tensor]:
         return torch.cat(self.sources), torch.cat(self.targets), torch.cat(self.weights)
+
+
+# --------------------------------------------------------------------------- the real model's writers
+@dataclass
+class RealWriters:
+    """The writers' outputs (and parts) in a pass of the real model, with the real gradient of
+    the explained value at them where asked.
+
+    Attributes:
+        value (Tensor): ``(B,)`` the explained value.
+        outputs (dict): writer key → ``(B, n, d)`` its output.
+        parts (dict): writer key → ``(B, n, p, w)`` its parts (granularities finer than sublayers).
+        gradients (dict): writer key → the real gradient at its output (and ``"<key>.parts"``
+                    at its parts), when asked.
+    """
+
+    value: Tensor
+    outputs: dict[str, Tensor]
+    parts: dict[str, Tensor]
+    gradients: dict[str, Tensor] = field(default_factory=dict)
+
+
+def real_writers(engine: Any, request: Any, target: HeadTarget, granularity: str, gradients: bool = False
+                 ) -> RealWriters:
+    """One pass of the real model recording every writer's output (and parts), and with
+    ``gradients`` the real gradient of the explained value at each (what attribution
+    patching multiplies)."""
+    from captum_ffb.engine.head import target_value
+
+    model = engine.model
+    recorder = _Recorder()
+    n_heads = int(getattr(engine.config, "num_attention_heads", 1) or 1)
+    keys = []
+    for index, block in enumerate(engine.blocks):
+        spec = engine.family.for_block(block)
+        roles = watched_modules(block, spec)
+        for kind, module in (("attention", roles.get("attention_post_norm") or roles["attn_out"]), ("ff", roles["ff"])):
+            key = f"block.{index}.{kind}"
+            keys.append((key, kind))
+            recorder.write(module, key)
+            if granularity == "head" and kind == "attention":
+                recorder.part(roles["attn_out"], key)
+            if granularity == "neuron" and kind == "ff" and roles.get("ff_out") is not None and roles.get("router") is None:
+                recorder.part(roles["ff_out"], key)
+    kwargs = dict(request.kwargs)
+    if "use_cache" in _parameters(model):
+        kwargs["use_cache"] = False
+    training = model.training
+    model.eval()
+    try:
+        with torch.set_grad_enabled(gradients):
+            output = model(*request.args, **kwargs)
+            value = target_value(engine.head, output, target)
+            batch = request.read_mask.shape[0]
+            parts = {}
+            for key, kind in keys:
+                raw = recorder.parts.get(key)
+                if raw is not None:
+                    part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
+                    split = n_heads if kind == "attention" else part.shape[-1]
+                    parts[key] = part.reshape(batch, part.shape[1], split, -1)
+            found = RealWriters(value, {k: _seq(v, request.read_mask.shape[1]) for k, v in recorder.outputs.items()},
+                                parts)
+            if gradients:
+                names = list(recorder.outputs) + [f"{k}.parts" for k in recorder.parts]
+                tensors = list(recorder.outputs.values()) + list(recorder.parts.values())
+                grads = _grad(value.sum(), tensors, torch.ones_like(value.sum()))
+                for name, g in zip(names, grads):
+                    g = _seq(g, request.read_mask.shape[1]) if not name.endswith(".parts") else \
+                        g.reshape(parts[name[:-6]].shape)
+                    found.gradients[name] = g.detach()
+            found.outputs = {k: v.detach() for k, v in found.outputs.items()}
+            found.parts = {k: v.detach() for k, v in found.parts.items()}
+            found.value = value.detach()
+    finally:
+        recorder.remove()
+        model.train(training)
+    return found

@@ -131,6 +131,10 @@ def _frozen_implementation(original: str) -> str:
         output, weights = eager_attention(module)(module, query.detach(), key.detach(), value, attention_mask,
                                                   **kwargs)
         store.value("attention", module, weights.detach)
+        if store.scores is not None:
+            scaling = kwargs.get("scaling")
+            scaling = scaling if scaling is not None else getattr(module, "scaling", None) or query.shape[-1] ** -0.5
+            store.scores[id(module)] = (query, key, float(scaling))
         return output, weights
 
     AttentionInterface.register(name, frozen)
@@ -174,6 +178,10 @@ def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequenc
                 output, weights = original(query.detach(), key.detach(), value, *args, **kwargs)
                 if store is not None:
                     store.value("attention", module, weights.detach)
+                    if store.scores is not None:
+                        scale = getattr(module, "scale_attn", None)
+                        store.scores[id(module)] = (query, key, 1.0 / float(scale) if scale is not None
+                                                    else query.shape[-1] ** -0.5)
                 return output, weights
             output, weights = original(query.detach(), key.detach(), value.detach(), *args, **kwargs)
             mask = args[0] if args else kwargs.get("attention_mask")
@@ -462,7 +470,8 @@ class _Hooks:
         for role in spec.norm_roles():
             if is_present(block, getattr(spec, role)):
                 self.norm(resolve(block, getattr(spec, role)))
-        if self.frozen.attention is not None:
+        store = ACTIVE.get()
+        if self.frozen.attention is not None or (store is not None and store.scores is not None):
             for inner in inner_norms(resolve(block, spec.attention)).values():
                 self.norm(inner, inner_norm_rule(inner))
         moe = MoEAdapter.of(block, spec)
@@ -609,6 +618,7 @@ def linearise(
     state = Linearisation()
     hooks = _Hooks(spec, config_of(model), frozen, state)
     methods: dict[str, list[nn.Module]] = {}
+    token = ACTIVE.set(coefficients)
     try:
         hooks.leaf_input(blocks[0])
         stacks = [(hooks, blocks, "")]
@@ -638,10 +648,7 @@ def linearise(
             stack.enter_context(frozen_attention(owners, methods, frozen.attention,
                                                  eager=state.inline or coefficients is not None))
             stack.enter_context(torch.enable_grad())
-            token = ACTIVE.set(coefficients)
-            try:
-                yield state
-            finally:
-                ACTIVE.reset(token)
+            yield state
     finally:
+        ACTIVE.reset(token)
         state.remove()

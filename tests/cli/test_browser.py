@@ -257,3 +257,75 @@ def test_explanation_page_components_tab(tmp_path):
     assert r["tip"] == (f'token 2 \u201c{table["tokens"][2]}\u201d \u00d7 {table["components"][1]}: '
                         f"{_js_format(value)}")
     assert len(r["top"]) == 10
+
+
+GRAPH_DRIVER = """
+<pre id="ffb-result"></pre>
+<script>
+window.addEventListener("load", function () {
+  var v = window.ffbGraph, r = {}, G = v.data;
+  r.state = document.body.dataset.state;
+  r.nodes = v.nodes(); r.edges = v.edges();
+  r.circles = Array.from(document.querySelectorAll("#ffb-graph .node")).map(function (c) {
+    return [c.dataset.id, +c.getAttribute("cx"), +c.getAttribute("cy"), +c.getAttribute("r")]; });
+  var head = Object.keys(G.query_key)[0];
+  document.querySelector('#ffb-graph .node[data-id="' + head + '"]').dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  r.head = head; r.chosen = document.body.dataset.chosen;
+  r.sources = Array.from(document.querySelectorAll("#ffb-panel ol.source code")).map(function (c) { return c.textContent; });
+  r.targets = Array.from(document.querySelectorAll("#ffb-panel ol.target code")).map(function (c) { return c.textContent; });
+  r.qk = document.querySelectorAll("#ffb-panel ol.qk li").length;
+  r.faded = document.querySelectorAll("#ffb-graph .edge.faded").length;
+  document.getElementById("ffb-result").textContent = JSON.stringify(r);
+});
+</script>
+"""
+
+
+def test_graph_page_draws_every_kept_node_and_lists_a_heads_edges(tmp_path):
+    if CHROMIUM is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI must run the browser test: Chromium is not installed")
+        pytest.skip("Chromium is not installed")
+    from tests.models import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "model")
+    out = tmp_path / "out"
+    assert main(["graph", "the cat sat on the mat because", "--model", str(model), "--out", str(out),
+                 "--node-threshold", "0.95", "--quiet"]) == 0
+    saved = json.loads((out / "graph.json").read_text())
+    driven = tmp_path / "driven.html"
+    driven.write_text((out / "graph.html").read_text(encoding="utf-8").replace("</body>", GRAPH_DRIVER + "</body>"),
+                      encoding="utf-8")
+    dom = _chromium("--virtual-time-budget=5000", "--dump-dom", driven.as_uri(), tmp_path=tmp_path).stdout
+    found = re.search(r'<pre id="ffb-result">(.*?)</pre>', dom, re.S)
+    assert found and found.group(1), "the page's script did not run"
+    r = json.loads(html.unescape(found.group(1)))
+    assert r["state"] == "drawn" and r["nodes"] == len(saved["nodes"])
+    assert r["edges"] == sum(1 for link in saved["links"] if "kind" not in link)
+    position = {c[0]: c[1:] for c in r["circles"]}
+    tokens = [n for n in saved["nodes"] if n["kind"] == "token"]
+    # tokens along the bottom, left to right; the output above everything
+    assert len({position[n["id"]][1] for n in tokens}) == 1
+    xs = [position[n["id"]][0] for n in sorted(tokens, key=lambda n: n["position"])]
+    assert xs == sorted(xs)
+    assert position["output"][1] < min(y for node, (_, y, _) in position.items() if node != "output")
+    # blocks go upwards
+    writers = [n for n in saved["nodes"] if n["kind"] in ("head", "ff")]
+    for a in writers:
+        for b in writers:
+            if a["layer"] < b["layer"]:
+                assert position[a["id"]][1] > position[b["id"]][1]
+    # node size grows with |value| (among writers)
+    ordered = sorted(writers, key=lambda n: abs(n["value"]))
+    radii = [position[n["id"]][2] for n in ordered]
+    assert radii == sorted(radii)
+    # clicking a head lists its kept in- and out-edges, largest first, and its query–key pairs
+    head = r["head"]
+    assert r["chosen"] == head
+    into = sorted((link for link in saved["links"] if link["target"] == head and "kind" not in link),
+                  key=lambda link: -abs(link["weight"]))
+    out_ = sorted((link for link in saved["links"] if link["source"] == head and "kind" not in link),
+                  key=lambda link: -abs(link["weight"]))
+    assert r["sources"] == [link["source"] for link in into][:15]
+    assert r["targets"] == [link["target"] for link in out_][:15]
+    assert r["qk"] > 0 and r["faded"] == r["edges"] - len(into) - len(out_)

@@ -1,0 +1,143 @@
+r"""Query–key attribution: why a head attends where it does, split exactly over the writers.
+
+With the norm scales frozen, a head's pre-softmax score ``s_ps = q_p · k_s · scale`` is
+bilinear in the residual stream at the query position ``p`` and at the key position ``s``
+(rotary embeddings are a fixed rotation per position; query/key norms are frozen too, and
+biases are constants). Every writer of the stream at ``p`` (a token, an earlier attention
+sublayer or head, an FF block or neuron) contributes a query part ``q_A`` and every writer at
+``s`` a key part ``k_A'``, so ``s_ps = Σ_{A, A'} q_A · k_A' · scale`` plus the terms of the
+parts owed to no writer (``"bias"``), exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from captum_ffb.architectures.paths import resolve
+from captum_ffb.attr.graph import node_id
+from captum_ffb.engine.frozen import FrozenCoefficients
+from captum_ffb.engine.graph import _batched_grad, graph_pass, source_covectors, token_values
+
+__all__ = ["ScoreSplitter"]
+
+
+class ScoreSplitter:
+    """Splits the scores of one input's heads over pairs of writers (one recorded pass of the
+    frozen model, run at the first call and kept).
+
+    Args:
+        nd (NormDecomposition): the attribution (its engine and model).
+        request (Request): the input, checked.
+        rules (dict): the rules (frozen attention probabilities).
+        target (HeadTarget): the explained output (the pass reads it).
+        granularity (str): the graph's (writers split into heads or neurons or not).
+        reference (Tensor, optional), seen (Tensor, optional): the players' reference or the
+                    centred reference's averaged positions (as the graph's token nodes).
+    """
+
+    def __init__(self, nd: Any, request: Any, rules: Any, target: Any, granularity: str,
+                 reference: Tensor | None = None, seen: Tensor | None = None) -> None:
+        self.nd, self.request, self.rules, self.target = nd, request, rules, target
+        self.granularity, self.reference, self.seen = granularity, reference, seen
+        self._tape = None
+
+    def release(self) -> None:
+        """Forget the recorded pass (its memory); the next call runs it again."""
+        self._tape = None
+
+    @property
+    def tape(self) -> Any:
+        if self._tape is None:
+            self._tape = graph_pass(self.nd.engine, self.request, self.target, self.rules, self.granularity,
+                                    coefficients=FrozenCoefficients(scores=True))
+        return self._tape
+
+    def __call__(self, layer: int, head: int, query_position: int, key_position: int) -> dict[Any, float]:
+        engine = self.nd.engine
+        n_blocks = len(engine.blocks)
+        if not 0 <= layer < n_blocks:
+            raise ValueError(f"layer {layer} does not exist: the model has {n_blocks} blocks")
+        tape = self.tape
+        block = engine.blocks[layer]
+        attention = resolve(block, engine.family.for_block(block).attention)
+        if tape.coefficients.scores is None or id(attention) not in tape.coefficients.scores:
+            raise ValueError(f"{engine.model_type}'s attention computes its scores inline: its queries and "
+                             "keys cannot be read, so its scores cannot be split")
+        query, key, scaling = tape.coefficients.scores[id(attention)]
+        heads, n = query.shape[1], query.shape[2]
+        if not 0 <= head < heads:
+            raise ValueError(f"head {head} does not exist: block {layer} has {heads} heads")
+        mask = self.request.read_mask
+        for name, position in (("query_position", query_position), ("key_position", key_position)):
+            if not 0 <= position < n or not bool(mask[0, position]):
+                raise ValueError(f"{name} {position} is not a real position (0 … {n - 1})")
+        index = next(k for k, w in enumerate(tape.writers) if w.key == f"block.{layer}.attention")
+        kv = head // (heads // key.shape[1])
+        q_parts, q_bias = self._parts(tape, index, query, head, query_position)
+        k_parts, k_bias = self._parts(tape, index, key, kv, key_position)
+        found: dict[Any, float] = {}
+        for q_id, q in q_parts.items():
+            for k_id, k in k_parts.items():
+                value = float((q * k).sum()) * scaling
+                if value != 0.0:
+                    found[(q_id, k_id)] = value
+            found[(q_id, "bias")] = float((q * k_bias).sum()) * scaling
+        for k_id, k in k_parts.items():
+            found[("bias", k_id)] = float((q_bias * k).sum()) * scaling
+        found[("bias", "bias")] = float((q_bias * k_bias).sum()) * scaling
+        return found
+
+    def probabilities(self, layer: int, head: int, query_position: int) -> Tensor:
+        """``(n,)`` the attention probabilities of head ``head`` of block ``layer`` at query
+        position ``query_position`` over the key positions (the clean pass's)."""
+        engine = self.nd.engine
+        if not 0 <= layer < len(engine.blocks):
+            raise ValueError(f"layer {layer} does not exist: the model has {len(engine.blocks)} blocks")
+        block = engine.blocks[layer]
+        attention = resolve(block, engine.family.for_block(block).attention)
+        weights = self.tape.coefficients.values.get(("attention", id(attention), 0))
+        if weights is None:
+            raise ValueError(f"{engine.model_type}'s attention computes its probabilities inline: they were not kept")
+        if not 0 <= head < weights.shape[1]:
+            raise ValueError(f"head {head} does not exist: block {layer} has {weights.shape[1]} heads")
+        if not 0 <= query_position < weights.shape[2]:
+            raise ValueError(f"query_position {query_position} is not a position (0 … {weights.shape[2] - 1})")
+        return weights[0, head, query_position].detach().float()
+
+    def _parts(self, tape: Any, index: int, tensor: Tensor, head: int, position: int
+               ) -> tuple[dict[str, Tensor], Tensor]:
+        """A query's (or key's) part from each writer at ``position`` ``{node id: (e,)}`` and
+        what no writer owns ``(e,)``."""
+        writer = tape.writers[index]
+        stream, leaf = tape.reads[writer.read]
+        width = tensor.shape[-1]
+        cot = torch.zeros((width, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        rows = torch.arange(width)
+        cot[rows, 0, head, position, rows] = 1.0
+        (at_leaf,) = _batched_grad(tensor, [leaf], cot)  # (e, B, n, d): each component's covector
+        sources = [w.output for w in tape.writers[:index]] + [tape.inputs]
+        pulled = _batched_grad(stream, sources, at_leaf)
+        pulled = source_covectors(tape, index, pulled[:-1]) + [pulled[-1]]
+        parts: dict[str, Tensor] = {}
+        for source, covector in zip(tape.writers[:index], pulled[:-1]):
+            if source.parts is None:
+                out = source.output.detach()
+                out = out.reshape(1, -1, out.shape[-1]) if out.dim() == 2 else out
+                c = covector.reshape(width, 1, -1, covector.shape[-1])
+                parts[node_id(source.kind, source.layer, -1, position)] = (c[:, 0, position] * out[0, position]).sum(-1)
+            else:
+                values = (covector[:, 0, position] * source.parts.detach()[0, position]).sum(-1)  # (e, parts)
+                kind = "head" if source.kind == "attention" else "neuron"
+                for j in range(values.shape[1]):
+                    parts[node_id(kind, source.layer, j, position)] = values[:, j]
+        tokens = token_values(pulled[-1], tape.inputs.detach(), self.reference, self.seen,
+                              self.request.read_mask)[:, 0]  # (e, n)
+        for player in self.request.read_mask[0].nonzero()[:, 0].tolist():
+            if bool(tokens[:, player].any()):
+                parts[node_id("token", -1, -1, player)] = tokens[:, player]
+        real = tensor.detach()[0, head, position]
+        owned = sum(parts.values(), torch.zeros_like(real))
+        return {k: v.detach() for k, v in parts.items() if bool(v.any())}, (real - owned).detach()

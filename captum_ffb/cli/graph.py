@@ -1,0 +1,185 @@
+"""``captum-ffb graph``: the exact attribution graph of one text's output, as JSON, an offline
+HTML page and circuit-tracer's (Neuronpedia's) graph JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from captum_ffb.cli._common import UsageError
+from captum_ffb.cli._options import add_shared_options, default_out, model_placement
+from captum_ffb.outputs import check_out_dir, write_json
+
+DEFAULT_OUT = default_out("graph")
+#: What ``--format`` chooses from.
+GRAPH_FORMATS = ("json", "html", "neuronpedia")
+GRANULARITIES = ("sublayer", "head", "neuron")
+#: The library's parameter names this command's messages show as its flags.
+FLAGS = {"baseline_inputs": "--baseline", "node_threshold": "--node-threshold",
+         "edge_threshold": "--edge-threshold", "max_nodes": "--max-nodes", "target": "--target"}
+
+EXAMPLES = f"""\
+examples:
+  captum-ffb graph "When Mary and John went to the store, John gave a drink to" --model ./SmolLM2
+      the predicted next token's graph at head granularity, pruned as circuit-tracer prunes,
+      into ./{DEFAULT_OUT}/
+  captum-ffb graph "When Mary and John went to the store, John gave a drink to" --model ./SmolLM2 \\
+      --target " Mary" --baseline "When Alice and Bob went to the store, Bob gave a drink to"
+      every component node also carries its patching estimates from the corrupted prompt
+  captum-ffb graph "a charming film" --granularity sublayer --no-prune
+      the bundled all-MiniLM-L6-v2 and its sentiment head, every node and every edge
+
+files written to --out:
+  graph.json              nodes (id, kind, layer, head, position, value, influence, patch
+                          estimates) and links (source, target, weight) of the kept graph
+  graph.html              an offline page: tokens at the bottom, blocks upwards, the output
+                          on top; click a node for its edges and a head's query–key pairs
+  graph_neuronpedia.json  the same graph in circuit-tracer's schema (metadata, qParams,
+                          nodes, links), for its frontend or Neuronpedia's graph viewer
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "graph",
+        help="the exact attribution graph of one output: JSON, an offline page, Neuronpedia's JSON",
+        description=(
+            "Build the exact attribution graph of TEXT's output (the predicted next token or "
+            "class by default): tokens, every attention head (or sublayer) and FF block at "
+            "every position, the bias and the output, flow conserved at every node; prune it "
+            "as circuit-tracer does and write it as JSON, an offline HTML page and "
+            "circuit-tracer's graph JSON."
+        ),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("text", help="the input text (quote it)")
+    parser.add_argument("--target", default=None, metavar="TOKEN",
+                        help="a causal LM's next token to explain, as text (one token, e.g. ' Mary'); "
+                        "the prediction by default")
+    parser.add_argument("--class", dest="class_index", type=int, default=None, metavar="K",
+                        help="a sequence classifier's class to explain; the predicted one by default")
+    parser.add_argument("--granularity", default="head", choices=GRANULARITIES,
+                        help="writer nodes: each attention sublayer, each head (default) or each "
+                        "FF neuron (heads too), at each position")
+    parser.add_argument("--baseline", default=None, metavar="TEXT",
+                        help="a corrupted prompt of the same length in tokens: every component node "
+                        "then carries its patching estimates")
+    parser.add_argument("--node-threshold", type=float, default=0.8, metavar="SHARE",
+                        help="pruning: the share of influence on the output the kept nodes hold "
+                        "(default 0.8, circuit-tracer's)")
+    parser.add_argument("--edge-threshold", type=float, default=0.98, metavar="SHARE",
+                        help="pruning: the share the kept edges hold (default 0.98)")
+    parser.add_argument("--no-prune", action="store_true", help="keep every node and every non-zero edge")
+    parser.add_argument("--max-nodes", type=int, default=None, metavar="N",
+                        help="compute edges for the N writer nodes of largest |value| only (long inputs)")
+    parser.add_argument("--neuronpedia", action="store_true",
+                        help="write graph_neuronpedia.json (also when --format leaves it out)")
+    parser.add_argument("--format", default=",".join(GRAPH_FORMATS), metavar="LIST",
+                        help=f"comma list of {', '.join(GRAPH_FORMATS)} (default: all three)")
+    add_shared_options(parser, "graph", "model", "out", "dtype", "quiet")
+    parser.set_defaults(run=run)
+
+
+def _formats(value: str, neuronpedia: bool) -> list[str]:
+    formats = [f.strip().lower() for f in value.split(",") if f.strip()]
+    unknown = [f for f in formats if f not in GRAPH_FORMATS]
+    if unknown or not formats:
+        raise UsageError(f"unknown format {unknown[0] if unknown else value!r}; choose from {', '.join(GRAPH_FORMATS)}")
+    if neuronpedia and "neuronpedia" not in formats:
+        formats.append("neuronpedia")
+    return list(dict.fromkeys(formats))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the graph of ``args.text`` and write the chosen files."""
+    from captum_ffb.cli import as_flags
+    from captum_ffb.text import check_text
+
+    check_text(args.text)
+    formats = _formats(args.format, args.neuronpedia)
+    for name in ("node_threshold", "edge_threshold"):
+        value = getattr(args, name)
+        if not 0.0 <= value <= 1.0:
+            raise UsageError(f"--{name.replace('_', '-')} must lie between 0 and 1, got {value}")
+    if args.max_nodes is not None and args.max_nodes < 1:
+        raise UsageError(f"--max-nodes must be at least 1, got {args.max_nodes}")
+    placement = model_placement(args)
+    out = check_out_dir(args.out)
+    from captum_ffb.explain import check_request
+    from captum_ffb.models import load_model, model_config
+
+    config = model_config(args.model)
+    task = check_request(config, args.text, args.target, args.class_index)
+    if args.baseline is not None:
+        check_text(args.baseline)
+    say = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr, flush=True))
+    say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task,
+                        **placement.load_options())
+    try:
+        graph, ids = _graph(args, loaded)
+    except ValueError as error:
+        raise UsageError(as_flags(str(error), FLAGS)) from None
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if "json" in formats:
+        written.append(write_json(out / "graph.json", graph.to_dict()))
+    if "html" in formats:
+        from captum_ffb.viz.graph import save_graph_html
+
+        say("query–key pairs of the largest heads ...")
+        written.append(save_graph_html(graph, out / "graph.html"))
+    if "neuronpedia" in formats:
+        from captum_ffb.viz.graph import save_neuronpedia_graph
+
+        written.append(save_neuronpedia_graph(graph, out / "graph_neuronpedia.json", args.text,
+                                              scan=f"captum-ffb:{loaded.name}", token_ids=ids))
+    if not args.quiet:
+        _summary(graph, loaded.name)
+        for path in written:
+            print(path)
+    return 0
+
+
+def _graph(args: argparse.Namespace, loaded: Any) -> tuple[Any, list[int]]:
+    from captum_ffb.attr import NormDecomposition
+    from captum_ffb.readouts import default_readout
+    from captum_ffb.text import encode_text
+
+    nd = NormDecomposition(loaded.model)
+    ids = encode_text(args.text, loaded)["input_ids"]
+    baseline = None
+    if args.baseline is not None:
+        baseline = encode_text(args.baseline, loaded)["input_ids"]
+        if baseline.shape != ids.shape:
+            raise UsageError(f"--baseline must have as many tokens as TEXT ({ids.shape[1]}), it has "
+                             f"{baseline.shape[1]}")
+    target: Any = args.target if args.target is not None else args.class_index
+    if target is None and nd.task == "base":
+        target = default_readout(loaded.model)
+        if target is None:
+            raise UsageError("this base model has no output to explain (the bundled sentiment head fits only "
+                             "all-MiniLM-L6-v2): give a model with a head")
+    graph = nd.attribute_graph(ids, target, granularity=args.granularity, prune=not args.no_prune,
+                               node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
+                               max_nodes=args.max_nodes, baseline_inputs=baseline)
+    return graph, ids[0].tolist()
+
+
+def _summary(graph: Any, model_name: str) -> None:
+    d = graph.data
+    inflow, outflow = graph.flow()
+    writers = [k for k, kind in enumerate(d.kinds) if kind not in ("token", "bias", "output")]
+    # in-flow matches by construction (the bias edge takes the model's constants); out-flow is the check
+    residual = max((abs(float(outflow[k] - d.values[k])) for k in range(d.output)), default=0.0)
+    print(f"{model_name}: {len(graph.tokens)} tokens; explained “{graph.output_label}”, value {graph.value:.4f}")
+    print(f"  {len(d)} nodes and {len(d.weights)} edges; kept {int(graph.node_mask.sum())} nodes and "
+          f"{int(graph.edge_mask.sum())} edges holding {graph.kept_share:.1%} of the output; "
+          f"largest flow residual {residual:.1e}")
+    top = sorted((k for k in graph.node_mask.nonzero()[:, 0].tolist() if k in set(writers)),
+                 key=lambda k: -abs(float(d.values[k])))[:5]
+    ids = graph.ids()
+    for k in top:
+        print(f"    {ids[k]} @ {graph.tokens[d.positions[k]]}: {float(d.values[k]):+.4f}")

@@ -1,0 +1,251 @@
+"""Attribution graphs, checked against the model on every tiny family: (a) flow is conserved at
+every node of the unpruned graph, (b) the token nodes are ``attribute``'s contributions,
+(c) removing a node (or one edge) in the frozen model changes the output by its value (its
+weight), (d) score splits add up to the model's own scores, (e) the frozen patch estimate is
+the frozen model's finite difference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from captum_ffb import NormDecomposition
+from captum_ffb.attr.graph import AttributionGraph
+from captum_ffb.engine.frozen import FrozenCoefficients
+from captum_ffb.engine.graph import graph_pass
+from tests.models import INLINE_ATTENTION, TINY_MODELS, tiny_task_model, token_ids
+
+ENCODERS = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "modernbert", "distilbert", "deberta-v2"}
+FAMILIES = sorted(TINY_MODELS)
+#: bias-free families: their bias node may hold nothing (the centred reference moves none)
+BIAS_FREE = {"llama", "mistral", "qwen3", "gemma", "gemma2", "gemma3_text", "cohere", "olmo", "olmo2", "mixtral",
+             "qwen3_moe", "granite"}
+
+
+def _model(name: str) -> tuple[NormDecomposition, torch.Tensor, int]:
+    task = "sequence_classification" if name in ENCODERS else "causal_lm"
+    model = tiny_task_model(name, task)
+    return NormDecomposition(model), token_ids()[:1, :7], 2 if name in ENCODERS else 5  # not 1: a padding id
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_unpruned_graph_conserves_flow_and_its_tokens_are_the_contributions(name):
+    nd, ids, target = _model(name)
+    for granularity in ("sublayer", "head"):
+        graph = nd.attribute_graph(ids, target, granularity=granularity, prune=False)
+        d = graph.data
+        inflow, outflow = graph.flow()
+        writers = torch.tensor([k not in ("token", "bias", "output") for k in d.kinds])
+        scale = float(d.values.abs().max()) or 1.0
+        assert float((inflow - d.values)[writers].abs().max()) <= 1e-5 * scale  # in-flow (bias edge included)
+        assert float((outflow - d.values)[: d.output].abs().max()) <= 1e-5 * scale  # out-flow (direct edge included)
+        assert abs(float(inflow[d.output]) - graph.value) <= 1e-5 * scale
+        tokens = torch.tensor([k == "token" for k in d.kinds])
+        expected = nd.attribute(ids, target=target)[0]
+        torch.testing.assert_close(d.values[tokens], expected, atol=1e-5 * scale, rtol=1e-4)
+        if name in BIAS_FREE:  # nothing of a bias-free model is owed to no token
+            assert float(d.weights[d.sources == d.bias].abs().sum()) <= 1e-5 * scale
+
+
+def _replayed(nd, ids, target, store, edit):
+    """The frozen model of the recorded pass, with ``edit``'s hooks: its value."""
+    request = nd.engine.request((ids,), {})
+    head_target = nd._target(target, None, request.read_mask)
+    return float(graph_pass(nd.engine, request, head_target, nd.rules, "head", store.replayed(), edit).value.detach())
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "mixtral", "gpt_neox", "opt-post-ln", "phi3"])
+def test_removing_a_node_or_an_edge_in_the_frozen_model(name):
+    """(c): with every coefficient of the clean run fixed, the output falls by a node's value
+    when its output is removed, and by an edge's weight when only that write into one
+    writer's input is removed."""
+    nd, ids, target = _model(name)
+    request = nd.engine.request((ids,), {})
+    head_target = nd._target(target, None, request.read_mask)
+    store = FrozenCoefficients()
+    tape = graph_pass(nd.engine, request, head_target, nd.rules, "head", store)
+    graph = nd.attribute_graph(ids, target, granularity="sublayer", prune=False, reference="zero")
+    d = graph.data
+    clean = float(tape.value.detach())
+    ids_of = graph.ids()
+    ff = [k for k, kind in enumerate(d.kinds) if kind == "ff" and d.layers[k] == 0]
+    node = max(ff, key=lambda k: abs(float(d.values[k])))
+    layer, position = d.layers[node], d.positions[node]
+    module = _writer_module(nd, layer, "ff")
+
+    def remove(recorder):
+        def hook(mod, args, output):
+            out = (output[0] if isinstance(output, tuple) else output).clone()
+            out.reshape(1, ids.shape[1], -1)[:, position] = 0
+            return (out, *output[1:]) if isinstance(output, tuple) else out
+        return [module.register_forward_hook(hook)]
+
+    removed = _replayed(nd, ids, target, store, remove)
+    scale = max(abs(clean), 1e-3)
+    assert abs((clean - removed) - float(d.values[node])) <= 1e-4 * scale, (clean - removed, float(d.values[node]))
+    # one edge: the block-1 attention's input loses only the layer-0 FF's write at its position
+    edges = [(int(s), int(t), float(w)) for s, t, w in zip(d.sources, d.targets, d.weights)
+             if int(s) == node and d.kinds[int(t)] == "attention" and d.layers[int(t)] == 1]
+    if not edges:
+        pytest.skip("no edge from the chosen node into the next attention")
+    _, edge_target, weight = max(edges, key=lambda e: abs(e[2]))
+    read_module = _read_module(nd, 1, "attention")
+    with_node = {}
+    without_node = {}
+
+    def keep(into):
+        def install(recorder):
+            def hook(mod, args, kwargs):
+                x = args[0] if args else next(iter(kwargs.values()))
+                into["x"] = x.detach().clone()
+            return [read_module.register_forward_pre_hook(hook, with_kwargs=True)]
+        return install
+
+    _replayed(nd, ids, target, store, keep(with_node))
+    _replayed(nd, ids, target, store, lambda recorder: remove(recorder) + keep(without_node)(recorder))
+    contribution = with_node["x"] - without_node["x"]  # the node's write, as block 1 reads it
+    writer = _writer_module(nd, 1, "attention")
+    outputs = {}
+
+    def cut(record_into):
+        def install(recorder):
+            def pre(mod, args, kwargs):  # only this writer's reads lose the node's write
+                return _minus(args, kwargs, contribution, slice(None))
+
+            def post(mod, args, output):
+                record_into["y"] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+            return [read_module.register_forward_pre_hook(pre, with_kwargs=True), writer.register_forward_hook(post)]
+        return install
+
+    def watch(recorder):
+        def post(mod, args, output):
+            outputs["clean"] = (output[0] if isinstance(output, tuple) else output).detach().clone()
+        return [writer.register_forward_hook(post)]
+
+    _replayed(nd, ids, target, store, watch)
+    all_cut = _replayed(nd, ids, target, store, cut(outputs))
+    # every edge from the node into block 1's attention, together
+    assert abs((clean - all_cut) - sum(w for _, _, w in edges)) <= 1e-4 * scale
+    # one edge: only the target's row of block 1's attention output loses what the cut removed
+    change = (outputs["clean"] - outputs["y"]).reshape(1, ids.shape[1], -1)
+    query_position = d.positions[edge_target]
+
+    def one_row(recorder):
+        def post(mod, args, output):
+            out = (output[0] if isinstance(output, tuple) else output).clone()
+            out.reshape(1, ids.shape[1], -1)[:, query_position] -= change[:, query_position]
+            return (out, *output[1:]) if isinstance(output, tuple) else out
+        return [writer.register_forward_hook(post)]
+
+    edited = _replayed(nd, ids, target, store, one_row)
+    assert abs((clean - edited) - weight) <= 1e-4 * scale, (clean - edited, weight, ids_of[edge_target])
+
+
+def _minus(args, kwargs, contribution, position):
+    x = args[0] if args else next(iter(kwargs.values()))
+    mask = torch.zeros_like(x)
+    mask[:, position] = 1
+    new = x - contribution * mask
+    if args:
+        return (new, *args[1:]), kwargs
+    key = "hidden_states" if "hidden_states" in kwargs else next(iter(kwargs))
+    return args, {**kwargs, key: new}
+
+
+def _writer_module(nd, layer, kind):
+    from captum_ffb.engine.block import watched_modules
+
+    block = nd.engine.blocks[layer]
+    roles = watched_modules(block, nd.engine.family.for_block(block))
+    return roles["ff"] if kind == "ff" else roles.get("attention_post_norm") or roles["attn_out"]
+
+
+def _read_module(nd, layer, kind):
+    from captum_ffb.engine.graph import read_modules
+
+    block = nd.engine.blocks[layer]
+    return read_modules(block, nd.engine.family.for_block(block), nd.engine.chain.name in ("pre_ln", "parallel"))[kind]
+
+
+@pytest.mark.parametrize("name", sorted(set(FAMILIES) - INLINE_ATTENTION - ENCODERS)[:12] + ["bert", "gpt2"])
+def test_score_splits_add_up_to_the_models_scores(name):
+    """(d)"""
+    nd, ids, target = _model(name)
+    graph = nd.attribute_graph(ids, target, granularity="head", prune=False)
+    tape = graph.scorer.tape
+    for layer in range(len(nd.engine.blocks)):
+        from captum_ffb.architectures.paths import resolve
+
+        block = nd.engine.blocks[layer]
+        attention = resolve(block, nd.engine.family.for_block(block).attention)
+        query, key, scaling = tape.coefficients.scores[id(attention)]
+        head = query.shape[1] - 1
+        kv = head // (query.shape[1] // key.shape[1])
+        q, s = ids.shape[1] - 1, 2
+        real = float((query[0, head, q] * key[0, kv, s]).sum().detach()) * scaling
+        split = graph.score_split(layer, head, q, s)
+        assert abs(sum(split.values()) - real) <= 1e-5 * max(1.0, abs(real))
+        assert all(isinstance(k, tuple) and len(k) == 2 for k in split)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "qwen2_moe", "gemma2"])
+def test_the_frozen_patch_estimate_is_the_frozen_finite_difference(name):
+    """(e): patching a head's (or FF block's) output from the baseline run, in the frozen
+    model of the clean run, changes the output by the node's frozen estimate."""
+    nd, ids, target = _model(name)
+    baseline = ids.clone()
+    baseline[0, 1], baseline[0, 3] = 11, 13
+    graph = nd.attribute_graph(ids, target, granularity="head", prune=False, baseline_inputs=baseline)
+    d = graph.data
+    estimates = graph.patch_estimates["frozen"]
+    request = nd.engine.request((ids,), {})
+    head_target = nd._target(target, None, request.read_mask)
+    store = FrozenCoefficients()
+    clean = float(graph_pass(nd.engine, request, head_target, nd.rules, "head", store).value.detach())
+    from captum_ffb.engine.graph import real_writers
+
+    base = real_writers(nd.engine, nd.engine.request((baseline,), {}), head_target, "head")
+    ff = [k for k, kind in enumerate(d.kinds) if kind == "ff"]
+    node = max(ff, key=lambda k: abs(float(estimates[k])))
+    layer, position = d.layers[node], d.positions[node]
+    module = _writer_module(nd, layer, "ff")
+    patched_value = base.outputs[f"block.{layer}.ff"][:, position]
+
+    def patch(recorder):
+        def hook(mod, args, output):
+            out = (output[0] if isinstance(output, tuple) else output).clone()
+            out.reshape(1, ids.shape[1], -1)[:, position] = patched_value
+            return (out, *output[1:]) if isinstance(output, tuple) else out
+        return [module.register_forward_hook(hook)]
+
+    patched = _replayed(nd, ids, target, store, patch)
+    assert abs((clean - patched) - float(estimates[node])) <= 1e-4 * max(abs(clean), 1e-3)
+
+
+def test_pruning_keeps_tokens_and_output_and_reports_its_share():
+    nd, ids, target = _model("llama")
+    full = nd.attribute_graph(ids, target, granularity="head", prune=False)
+    pruned = full.prune()
+    assert isinstance(pruned, AttributionGraph)
+    d = pruned.data
+    kinds = [d.kinds[k] for k in pruned.node_mask.nonzero()[:, 0].tolist()]
+    assert kinds.count("token") == ids.shape[1] and "output" in kinds
+    assert int(pruned.node_mask.sum()) < len(d) and 0 < int(pruned.edge_mask.sum()) < len(d.weights)
+    assert abs(full.kept_share - 1.0) < 1e-5 and pruned.kept_share <= 1.0 + 1e-6
+    everything = full.prune(node_threshold=1.0, edge_threshold=1.0)
+    assert int(everything.edge_mask.sum()) > int(pruned.edge_mask.sum())
+    as_dict = pruned.to_dict()
+    ids_kept = {node["id"] for node in as_dict["nodes"]}
+    assert all(link["source"] in ids_kept and link["target"] in ids_kept for link in as_dict["links"])
+    with pytest.raises(ValueError, match="node_threshold must lie between 0 and 1"):
+        full.prune(node_threshold=1.5)
+
+
+def test_max_nodes_leaves_out_the_smallest_and_says_so():
+    nd, ids, target = _model("llama")
+    full = nd.attribute_graph(ids, target, granularity="head", prune=False)
+    few = nd.attribute_graph(ids, target, granularity="head", prune=False, max_nodes=10)
+    writers = [k for k in few.node_mask.nonzero()[:, 0].tolist() if few.data.kinds[k] == "head"]
+    assert 0 < len(writers) <= 10
+    assert float(few.data.left_out.abs().sum()) > 0
+    torch.testing.assert_close(few.data.values, full.data.values)

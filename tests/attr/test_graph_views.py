@@ -1,0 +1,176 @@
+"""An attribution graph's contract (``to_dict``), its pruning, its query–key pairs, its exports
+(circuit-tracer's schema, validated by circuit-tracer's own pydantic classes) and
+activation patching."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from captum_ffb import NormDecomposition
+from captum_ffb.baselines.patching import activation_patching
+from captum_ffb.cli import main
+from captum_ffb.viz.graph import graph_html, neuronpedia_graph
+from tests.models import tiny_task_model, token_ids
+
+KINDS = {"token", "attention", "head", "ff", "neuron", "bias", "output"}
+
+
+@pytest.fixture(scope="module")
+def llama():
+    nd = NormDecomposition(tiny_task_model("llama", "causal_lm"))
+    return nd, token_ids()[:1, :7]
+
+
+def test_to_dict_holds_every_node_and_every_non_zero_edge(llama):
+    nd, ids = llama
+    graph = nd.attribute_graph(ids, 5, prune=False)
+    found = graph.to_dict()
+    assert {n["kind"] for n in found["nodes"]} <= KINDS
+    assert {"token", "head", "ff", "bias", "output"} <= {n["kind"] for n in found["nodes"]}
+    assert len(found["nodes"]) == len(graph.data)
+    assert len(found["links"]) == len(graph.data.weights) and all(link["weight"] != 0 for link in found["links"])
+    for node in found["nodes"]:
+        assert {"id", "kind", "layer", "head", "position", "value"} <= set(node)
+    ids_ = {n["id"] for n in found["nodes"]}
+    assert all(link["source"] in ids_ and link["target"] in ids_ for link in found["links"])
+    into_output = sum(link["weight"] for link in found["links"] if link["target"] == "output")
+    assert math.isclose(into_output, found["value"], rel_tol=1e-5, abs_tol=1e-6)
+    assert json.loads(json.dumps(found)) == found  # JSON as it stands
+
+
+def test_pruning_keeps_the_ends_and_says_what_it_keeps(llama):
+    nd, ids = llama
+    full = nd.attribute_graph(ids, 5, prune=False)
+    pruned = full.prune(0.5, 0.9)
+    kinds = [full.data.kinds[k] for k in pruned.node_mask.nonzero()[:, 0].tolist()]
+    assert kinds.count("token") == ids.shape[1] and "output" in kinds and "bias" in kinds
+    assert int(pruned.node_mask.sum()) < len(full.data) and int(pruned.edge_mask.sum()) < len(full.data.weights)
+    assert pruned.kept_share != 1.0 and full.kept_share == pytest.approx(1.0)
+    # the kept edges only join kept nodes, and every kept writer keeps an edge in and out
+    d = pruned.data
+    kept = pruned.edge_mask & pruned.node_mask[d.sources] & pruned.node_mask[d.targets]
+    for k in pruned.node_mask.nonzero()[:, 0].tolist():
+        if d.kinds[k] in ("head", "ff"):
+            assert bool(kept[d.targets == k].any()) and bool(kept[d.sources == k].any())
+    assert full.prune(1.0, 1.0).node_mask.sum() >= pruned.node_mask.sum()
+    with pytest.raises(ValueError, match="node_threshold"):
+        full.prune(1.5, 0.9)
+
+
+def test_max_nodes_reports_what_it_leaves_out(llama):
+    nd, ids = llama
+    full = nd.attribute_graph(ids, 5, prune=False)
+    few = nd.attribute_graph(ids, 5, prune=False, max_nodes=4)
+    writers = [k for k, kind in enumerate(full.data.kinds) if kind in ("head", "ff")]
+    shown = [k for k in writers if bool(few.node_mask[k])]
+    assert 0 < len(shown) <= 4
+    torch.testing.assert_close(few.data.values, full.data.values)
+    assert float(few.data.left_out.abs().sum()) > 0
+
+
+def test_query_key_pairs_and_qk_links(llama):
+    nd, ids = llama
+    graph = nd.attribute_graph(ids, 5, prune=False)
+    pairs = graph.query_key_pairs(heads=3, keys=2, top=4)
+    assert 0 < len(pairs) <= 3
+    for head, entries in pairs.items():
+        assert head.startswith("block.") and ".head." in head
+        for entry in entries:
+            assert 0 <= entry["probability"] <= 1 and len(entry["pairs"]) <= 4
+        probabilities = [e["probability"] for e in entries]
+        assert probabilities == sorted(probabilities, reverse=True)
+    layer, head, position = 1, 0, ids.shape[1] - 1
+    assert float(graph.attention(layer, head, position).sum()) == pytest.approx(1.0, abs=1e-5)
+    links = graph.attach_score_pairs(layer, head, position, 2, top=3)
+    assert len(links) == 3 and all(link["kind"] == "qk" for link in links)
+    assert graph.to_dict()["links"][-3:] == links
+    with pytest.raises(ValueError, match="head 99"):
+        graph.score_split(layer, 99, position, 2)
+    with pytest.raises(ValueError, match="key_position"):
+        graph.score_split(layer, head, position, 50)
+
+
+def _graph_models():
+    """circuit-tracer's own pydantic classes, read from its installed files without importing
+    the package (its ``__init__`` needs torch extras we do not install)."""
+    spec = importlib.util.find_spec("circuit_tracer")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("circuit-tracer is not installed (the README installs it with --no-deps)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "frontend" / "graph_models.py"
+    module_spec = importlib.util.spec_from_file_location("_circuit_tracer_graph_models", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_neuronpedia_json_is_what_circuit_tracer_reads(llama):
+    nd, ids = llama
+    graph = nd.attribute_graph(ids, 5)
+    found = neuronpedia_graph(graph, "a prompt", token_ids=ids[0].tolist())
+    model = _graph_models().Model(**found)
+    assert len(model.nodes) == int(graph.node_mask.sum())
+    types = {n.feature_type for n in model.nodes}
+    assert {"embedding", "logit"} <= types and not any("error" in t for t in types)
+    ids_ = {n.node_id for n in model.nodes}
+    assert len(ids_) == len(model.nodes)
+    assert all(link["source"] in ids_ and link["target"] in ids_ for link in model.links)
+    logits = [n for n in model.nodes if n.feature_type == "logit"]
+    assert len(logits) == 1 and logits[0].is_target_logit
+    assert model.metadata.prompt_tokens == graph.tokens
+
+
+def test_the_page_is_self_contained(llama):
+    nd, ids = llama
+    page = graph_html(nd.attribute_graph(ids, 5))
+    for pattern in ("src=", "href=", "@import", "url(", "fetch(", "XMLHttpRequest"):
+        assert pattern not in page
+    assert page.count("://") == 1  # the SVG namespace's name, never fetched
+    assert '"query_key"' in page and "ffb-graph-data" in page
+
+
+def test_activation_patching_against_the_estimates(llama):
+    nd, ids = llama
+    baseline = ids.clone()
+    baseline[0, 1], baseline[0, 3] = 11, 13
+    real = activation_patching(nd, ids, baseline, 5, "head", show_progress=False)
+    heads = nd.engine.config.num_attention_heads * len(nd.engine.blocks)
+    assert len(real.of("head")) == heads and len(real.of("ff")) == len(nd.engine.blocks)
+    graph = nd.attribute_graph(ids, 5, prune=False, baseline_inputs=baseline)
+    assert real.clean == pytest.approx(graph.value, abs=1e-5)
+    for name in ("frozen", "atp", "default"):
+        estimates = graph.component_estimates(name)
+        assert set(estimates) == set(real.effects)
+    # a patch that changes nothing has no effect
+    same = activation_patching(nd, ids, ids, 5, "sublayer", show_progress=False)
+    assert max(abs(v) for v in same.effects.values()) < 1e-6
+    with pytest.raises(ValueError, match="shape"):
+        activation_patching(nd, ids, baseline[:, :5], 5)
+    with pytest.raises(ValueError, match="granularity"):
+        activation_patching(nd, ids, baseline, 5, "neuron")
+    with pytest.raises(ValueError, match="estimator"):
+        graph.component_estimates("nope")
+
+
+def test_cli_writes_the_three_files(tmp_path):
+    from tests.models import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "model")
+    out = tmp_path / "out"
+    assert main(["graph", "the cat sat on the mat because", "--model", str(model), "--out", str(out),
+                 "--baseline", "the dog sat on the mat because", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["graph.html", "graph.json", "graph_neuronpedia.json"]
+    saved = json.loads((out / "graph.json").read_text())
+    assert any("patch_estimate" in n for n in saved["nodes"])
+    _graph_models().Model(**json.loads((out / "graph_neuronpedia.json").read_text()))
+    assert main(["graph", "the cat", "--model", str(model), "--out", str(tmp_path / "o2"),
+                 "--baseline", "the cat sat", "--quiet"]) == 2
+    assert main(["graph", "the cat", "--model", str(model), "--out", str(tmp_path / "o3"),
+                 "--node-threshold", "2", "--quiet"]) == 2
+    assert main(["graph", "the cat", "--model", str(model), "--out", str(tmp_path / "o4"),
+                 "--format", "svg", "--quiet"]) == 2
