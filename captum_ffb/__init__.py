@@ -20,12 +20,14 @@ from captum_ffb.architectures import (
     supported_architectures,
 )
 from captum_ffb.attr import (
+    AttributionGraph,
     Contrast,
     Direction,
     LayerNormDecomposition,
     LLMNormAttribution,
     NormDecomposition,
 )
+from captum_ffb.baselines.patching import activation_patching
 from captum_ffb.decomposition import (
     Decomposition,
     FactoredDecomposition,
@@ -38,6 +40,7 @@ __version__ = "0.3.0"
 
 __all__ = [
     "ArchitectureSpec",
+    "AttributionGraph",
     "Chain",
     "Contrast",
     "Decomposition",
@@ -50,6 +53,7 @@ __all__ = [
     "Projection",
     "TokenwiseDecomposition",
     "UnsupportedArchitectureError",
+    "activation_patching",
     "get_architecture",
     "model_lock",
     "register_architecture",

@@ -248,6 +248,55 @@ def explain_text(
     return explanation
 
 
+def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_index: int | None = None,
+               baseline: str | None = None, granularity: str = "head", prune: bool = True,
+               node_threshold: float = 0.8, edge_threshold: float = 0.98, max_nodes: int | None = None) -> Any:
+    r"""The exact attribution graph of ``text``'s output (what ``captum-ffb graph`` and the
+    app's Graph tab draw): :meth:`~captum_ffb.attr.NormDecomposition.attribute_graph` on the
+    encoded text, its tokens shown as people read them.
+
+    Args:
+        text (str): the input.
+        loaded (LoadedModel): the model.
+        target (str, optional): a causal LM's next token, as text (one token).
+        class_index (int, optional): a sequence classifier's class.
+        baseline (str, optional): a corrupted text of the same length in tokens: the nodes
+                    then carry patching estimates.
+        granularity, prune, node_threshold, edge_threshold, max_nodes: as in
+                    :func:`~captum_ffb.attr.graph.attribution_graph`.
+
+    Returns:
+        AttributionGraph: with ``token_ids`` set (the input's ids).
+    """
+    from captum_ffb.readouts import default_readout
+
+    check_text(text)
+    nd = NormDecomposition(loaded.model)
+    ids = encode_text(text, loaded)["input_ids"]
+    corrupted = None
+    if baseline is not None:
+        check_text(baseline)
+        corrupted = encode_text(baseline, loaded)["input_ids"]
+        if corrupted.shape != ids.shape:
+            raise ValueError(f"baseline must have as many tokens as the text ({ids.shape[1]}), it has "
+                             f"{corrupted.shape[1]}")
+    if target is not None and nd.task != "causal_lm":
+        raise ValueError("target names a next token: it needs a causal LM")
+    if class_index is not None and nd.task != "sequence_classification":
+        raise ValueError("class_index needs a sequence classifier")
+    chosen: Any = _single_token(loaded.tokenizer, target) if target is not None else class_index
+    if chosen is None and nd.task == "base":
+        chosen = default_readout(loaded.model)
+        if chosen is None:
+            raise ValueError("this base model has no output to explain (the bundled sentiment head fits only "
+                             "all-MiniLM-L6-v2): give a model with a head")
+    graph = nd.attribute_graph(ids, chosen, granularity=granularity, prune=prune, node_threshold=node_threshold,
+                               edge_threshold=edge_threshold, max_nodes=max_nodes, baseline_inputs=corrupted)
+    graph.tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()), loaded.tokenizer)
+    graph.token_ids = ids[0].tolist()
+    return graph
+
+
 def check_request(config: Any, text: str | None = None, target: str | None = None,
                   class_index: int | None = None, generate: int = 0, components: str | None = None,
                   readout: ReadOut | None = None, task: str | None = None) -> str:

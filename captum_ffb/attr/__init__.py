@@ -1,6 +1,7 @@
 """Captum attributions built on the decomposition: layer maps and whole-model contributions."""
 
 from captum_ffb.attr.components import ComponentAttribution, FFQuestion
+from captum_ffb.attr.graph import AttributionGraph
 from captum_ffb.attr.layer_norm_decomposition import (
     DEFAULT_MEMORY_BUDGET,
     LayerNormDecomposition,
@@ -10,6 +11,7 @@ from captum_ffb.attr.norm_decomposition import ExplainedReadOuts, NormDecomposit
 from captum_ffb.readouts import Contrast, Direction
 
 __all__ = [
+    "AttributionGraph",
     "DEFAULT_MEMORY_BUDGET",
     "ComponentAttribution",
     "Contrast",

@@ -18,24 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb.engine.graph import GraphData
+from captum_ffb.engine.graph import GraphData, node_id
 
 #: circuit-tracer's defaults: keep the nodes that hold this share of the influence on the
 #: output, then the edges that hold this share.
 NODE_THRESHOLD, EDGE_THRESHOLD = 0.8, 0.98
-
-
-def node_id(kind: str, layer: int, part: int, position: int) -> str:
-    """A node's id in the graph's dict: ``token.<p>``, ``block.<l>.attention.<p>``,
-    ``block.<l>.head.<h>.<p>``, ``block.<l>.ff.<p>``, ``block.<l>.neuron.<k>.<p>``, ``bias``,
-    ``output``."""
-    if kind in ("bias", "output"):
-        return kind
-    if kind == "token":
-        return f"token.{position}"
-    if part >= 0:
-        return f"block.{layer}.{kind}.{part}.{position}"
-    return f"block.{layer}.{kind}.{position}"
 
 
 @dataclass
@@ -59,6 +46,7 @@ class AttributionGraph:
         qk_links (list): the query–key pairs attached as links of their own kind.
         probability (float, optional): the model's probability of the explained token (or
                     class), when one unit is read.
+        token_ids (list[int], optional): the input's token ids.
     """
 
     data: GraphData
@@ -73,6 +61,7 @@ class AttributionGraph:
     scorer: Any = None
     qk_links: list[dict[str, Any]] = field(default_factory=list)
     probability: float | None = None
+    token_ids: list[int] | None = None
 
     @classmethod
     def of(cls, data: GraphData, tokens: list[str], output_label: str, granularity: str, **extra: Any
@@ -355,7 +344,8 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
     ids = request.args[0][0].tolist()
     tokens = nd.tokenizer.convert_ids_to_tokens(ids) if nd.tokenizer is not None else [str(i) for i in ids]
     label = _label(nd, head_target)
-    graph = AttributionGraph.of(data, tokens, label, granularity, probability=_probability(tape.output, head_target))
+    graph = AttributionGraph.of(data, tokens, label, granularity, probability=_probability(tape.output, head_target),
+                                token_ids=ids)
     if baseline_inputs is not None:
         from captum_ffb.attr.patching import patch_estimates
 

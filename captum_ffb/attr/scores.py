@@ -17,9 +17,14 @@ import torch
 from torch import Tensor
 
 from captum_ffb.architectures.paths import resolve
-from captum_ffb.attr.graph import node_id
 from captum_ffb.engine.frozen import FrozenCoefficients
-from captum_ffb.engine.graph import _batched_grad, graph_pass, source_covectors, token_values
+from captum_ffb.engine.graph import (
+    _batched_grad,
+    graph_pass,
+    node_id,
+    source_covectors,
+    token_values,
+)
 
 __all__ = ["ScoreSplitter"]
 

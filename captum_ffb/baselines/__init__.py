@@ -7,6 +7,8 @@
   (:func:`activation_study`);
 * agreement of maps: 1 − Spearman ρ, Pearson r, top-k overlap (:func:`compare`,
   :func:`compare_methods`);
+* activation patching, one patched pass per component: what an attribution graph's patching
+  estimates estimate (:func:`activation_patching`);
 * both studies on a piece of text, as ``captum-ffb compare`` runs them
   (:func:`compare_with_baselines`, :func:`activation_study_by_length`).
 """
@@ -30,6 +32,7 @@ from captum_ffb.baselines.gradients import (
     gradient_vectors,
 )
 from captum_ffb.baselines.maps import ALIASES, BASELINES, baseline_maps, resolve_baselines
+from captum_ffb.baselines.patching import PatchingResult, activation_patching, component_id
 from captum_ffb.baselines.shapley import shapley_maps, shapley_vectors
 from captum_ffb.baselines.study import (
     BaselineComparison,
@@ -52,7 +55,9 @@ __all__ = [
     "LayerContext",
     "LayerFunction",
     "LengthStudy",
+    "PatchingResult",
     "activation_decomposition",
+    "activation_patching",
     "activation_rule",
     "activation_study",
     "activation_study_by_length",
@@ -63,6 +68,7 @@ __all__ = [
     "compare",
     "compare_methods",
     "compare_with_baselines",
+    "component_id",
     "completeness_residual",
     "gradient_map",
     "gradient_maps",

@@ -16,7 +16,7 @@ DEFAULT_OUT = default_out("graph")
 GRAPH_FORMATS = ("json", "html", "neuronpedia")
 GRANULARITIES = ("sublayer", "head", "neuron")
 #: The library's parameter names this command's messages show as its flags.
-FLAGS = {"baseline_inputs": "--baseline", "node_threshold": "--node-threshold",
+FLAGS = {"baseline": "--baseline", "class_index": "--class", "node_threshold": "--node-threshold",
          "edge_threshold": "--edge-threshold", "max_nodes": "--max-nodes", "target": "--target"}
 
 EXAMPLES = f"""\
@@ -112,14 +112,17 @@ def run(args: argparse.Namespace) -> int:
 
     config = model_config(args.model)
     task = check_request(config, args.text, args.target, args.class_index)
-    if args.baseline is not None:
-        check_text(args.baseline)
     say = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr, flush=True))
     say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
     loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task,
                         **placement.load_options())
+    from captum_ffb.explain import graph_text
+
     try:
-        graph, ids = _graph(args, loaded)
+        graph = graph_text(args.text, loaded, target=args.target, class_index=args.class_index,
+                           baseline=args.baseline, granularity=args.granularity, prune=not args.no_prune,
+                           node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
+                           max_nodes=args.max_nodes)
     except ValueError as error:
         raise UsageError(as_flags(str(error), FLAGS)) from None
     out.mkdir(parents=True, exist_ok=True)
@@ -135,37 +138,12 @@ def run(args: argparse.Namespace) -> int:
         from captum_ffb.viz.graph import save_neuronpedia_graph
 
         written.append(save_neuronpedia_graph(graph, out / "graph_neuronpedia.json", args.text,
-                                              scan=f"captum-ffb:{loaded.name}", token_ids=ids))
+                                              scan=f"captum-ffb:{loaded.name}"))
     if not args.quiet:
         _summary(graph, loaded.name)
         for path in written:
             print(path)
     return 0
-
-
-def _graph(args: argparse.Namespace, loaded: Any) -> tuple[Any, list[int]]:
-    from captum_ffb.attr import NormDecomposition
-    from captum_ffb.readouts import default_readout
-    from captum_ffb.text import encode_text
-
-    nd = NormDecomposition(loaded.model)
-    ids = encode_text(args.text, loaded)["input_ids"]
-    baseline = None
-    if args.baseline is not None:
-        baseline = encode_text(args.baseline, loaded)["input_ids"]
-        if baseline.shape != ids.shape:
-            raise UsageError(f"--baseline must have as many tokens as TEXT ({ids.shape[1]}), it has "
-                             f"{baseline.shape[1]}")
-    target: Any = args.target if args.target is not None else args.class_index
-    if target is None and nd.task == "base":
-        target = default_readout(loaded.model)
-        if target is None:
-            raise UsageError("this base model has no output to explain (the bundled sentiment head fits only "
-                             "all-MiniLM-L6-v2): give a model with a head")
-    graph = nd.attribute_graph(ids, target, granularity=args.granularity, prune=not args.no_prune,
-                               node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
-                               max_nodes=args.max_nodes, baseline_inputs=baseline)
-    return graph, ids[0].tolist()
 
 
 def _summary(graph: Any, model_name: str) -> None:

@@ -415,6 +415,19 @@ class GraphData:
         return len(self.kinds)
 
 
+def node_id(kind: str, layer: int, part: int, position: int) -> str:
+    """A node's id in the graph's dict: ``token.<p>``, ``block.<l>.attention.<p>``,
+    ``block.<l>.head.<h>.<p>``, ``block.<l>.ff.<p>``, ``block.<l>.neuron.<k>.<p>``, ``bias``,
+    ``output``."""
+    if kind in ("bias", "output"):
+        return kind
+    if kind == "token":
+        return f"token.{position}"
+    if part >= 0:
+        return f"block.{layer}.{kind}.{part}.{position}"
+    return f"block.{layer}.{kind}.{position}"
+
+
 class _Nodes:
     """The node table, filled writer by writer."""
 

@@ -13,6 +13,9 @@
   and the interactive :func:`~captum_ffb.viz.html_view` (scope picker, FF-amp overlay, hover).
 - *Components*: the first output split over tokens × components
   (``explain_text(..., components=...)``, :func:`~captum_ffb.viz.plot_components`).
+- *Graph*: the output's exact attribution graph (:func:`~captum_ffb.explain.graph_text`,
+  what ``captum-ffb graph`` writes), pruned, on :func:`~captum_ffb.viz.graph.graph_html`'s
+  page (click a node for its edges and a head's query–key pairs).
 
 The server listens on 127.0.0.1 unless told otherwise, sends no telemetry (Gradio's
 analytics are switched off before it is imported, and on the app) and needs no network: the
@@ -201,10 +204,36 @@ class AppEvents:
         title = f'"{explanation.target_labels[0]}": {explanation.explained}'
         return figure_image(plot_components(explanation.components, title=title)), components_table(explanation)
 
+    def graph(self, text: str, target: str, class_index: int | None, baseline: str, granularity: str,
+              node_threshold: float) -> tuple:
+        """The Graph tab: a summary and the graph's page."""
+        from captum_ffb.explain import graph_text
+        from captum_ffb.viz.graph import graph_html
+        from captum_ffb.viz.html import framed_page
+
+        gr = import_gradio()
+        try:
+            options = {k: v for k, v in self.options(target, class_index, 0).items() if k != "generate"}
+            graph = graph_text(text, self.loaded, baseline=baseline.strip() or None, granularity=granularity,
+                               node_threshold=float(node_threshold), **options)
+        except ValueError as error:
+            raise gr.Error(str(error)) from None
+        return graph_summary(graph), framed_page(graph_html(graph), height=720)
+
     def redraw(self, maps: TextMaps | None, layer: int, scopes: list[str], ff_amp: bool,
                normalize: str) -> Any:
         """The Layer maps figure after a change of layer, scopes or options."""
         return redraw_maps(maps, layer, scopes, ff_amp, normalize)
+
+
+def graph_summary(graph: Any) -> str:
+    """What a graph explains and keeps, as Markdown."""
+    d = graph.data
+    _, outflow = graph.flow()
+    residual = max((abs(float(outflow[k] - d.values[k])) for k in range(d.output)), default=0.0)
+    return (f"Explained: `{graph.output_label}`, value {graph.value:.4f}. {len(d)} nodes, {len(d.weights)} edges; "
+            f"kept {int(graph.node_mask.sum())} nodes and {int(graph.edge_mask.sum())} edges holding "
+            f"{graph.kept_share:.1%} of the output. Largest flow residual {residual:.1e}.")
 
 
 def redraw_maps(maps: TextMaps | None, layer: int, scopes: list[str], ff_amp: bool, normalize: str) -> Any:
@@ -391,6 +420,18 @@ def build_app(loaded: LoadedModel) -> Any:
                                              elem_id="ffb-components")
                 components_frame = gr.Dataframe(interactive=False, elem_id="ffb-components-table",
                                                 max_height=420)
+            with gr.Tab("Graph", id="graph", visible=events.has_output):
+                gr.Markdown("The output's exact attribution graph: tokens, every head (or sublayer) and FF "
+                            "block at every position, the bias and the output; every edge exact, pruned "
+                            "as circuit-tracer prunes. Click a node on the page for its edges.")
+                with gr.Row():
+                    graph_granularity = gr.Radio(["sublayer", "head"], value="head", label="Writer nodes")
+                    node_threshold = gr.Slider(0.1, 1.0, value=0.8, step=0.05, label="Node threshold")
+                    baseline = gr.Textbox(label="Corrupted text of the same length (patching estimates; "
+                                          "optional)", elem_id="ffb-baseline")
+                    build = gr.Button("Build graph", elem_id="ffb-graph-build")
+                graph_summary_ = gr.Markdown(elem_id="ffb-graph-summary")
+                graph_view = gr.HTML(elem_id="ffb-graph-view")
         controls = [layer, scope_picker, ff_amp, normalize]
         request = dict(fn=events.explain, inputs=[text, target, class_index, generate, *controls],
                        outputs=[summary, figure, table, page, maps_state, maps_figure, maps_view], **queue)
@@ -404,6 +445,8 @@ def build_app(loaded: LoadedModel) -> Any:
 
         split.click(split_with_progress, inputs=[text, target, class_index, granularity],
                     outputs=[components_figure, components_frame], **queue)
+        build.click(events.graph, inputs=[text, target, class_index, baseline, graph_granularity, node_threshold],
+                    outputs=[graph_summary_, graph_view], **queue)
         for control in controls:
             control.change(events.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
     return app

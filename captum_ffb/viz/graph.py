@@ -228,14 +228,15 @@ def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", s
         prompt (str): the text.
         slug (str): the graph's name in the viewer.
         scan (str): what produced it (a model's name).
-        token_ids (list[int], optional): the input's token ids (node ids of the tokens;
-                    positions when not given).
+        token_ids (list[int], optional): the input's token ids (in the tokens' node ids;
+                    the graph's own by default).
 
     Returns:
         dict: ``{"metadata", "qParams", "nodes", "links"}``.
     """
     d = graph.data
     ids = graph.ids()
+    token_ids = token_ids if token_ids is not None else graph.token_ids
     layers = max([layer for layer in d.layers if layer >= 0], default=-1) + 1
     widths: dict[int, int] = {}
     for k in range(len(d)):

@@ -106,6 +106,17 @@ def test_the_components_table_is_explain_texts(lm):
     assert image.size[0] > 200
 
 
+def test_the_graph_tab_is_graph_texts(lm):
+    from captum_ffb.explain import graph_text
+
+    session = gradio_app.AppEvents(lm)
+    summary, page = session.graph(TEXT, "", -1, "", "head", 0.8)
+    expected = graph_text(TEXT, lm)
+    assert f"kept {int(expected.node_mask.sum())} nodes" in summary and "iframe" in page
+    with pytest.raises(gradio.Error, match="baseline"):
+        session.graph(TEXT, "", -1, "the cat", "head", 0.8)
+
+
 def test_mistakes_show_as_gradio_errors(lm):
     session = gradio_app.AppEvents(lm)
     with pytest.raises(gradio.Error, match="2 tokens"):

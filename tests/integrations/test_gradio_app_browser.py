@@ -206,6 +206,31 @@ def test_the_components_tab_shows_the_table_of_explain_text(server, page):
     _tab(page, "Contributions")
 
 
+def test_the_graph_tab_draws_the_graph_of_graph_text(server, page):
+    _, loaded = server
+    text = "the big red dog"
+    _explain(page, text)
+    _tab(page, "Graph")
+    page.find_element("id", "ffb-graph-build").click()
+    from captum_ffb.explain import graph_text
+
+    expected = graph_text(text, loaded)
+    summary = _wait(page, lambda d: next((s.text for s in d.find_elements("id", "ffb-graph-summary")
+                                          if "Explained" in s.text), None))
+    assert f"kept {int(expected.node_mask.sum())} nodes" in summary
+    page.switch_to.frame(_wait(page, lambda d: d.find_element("css selector", "#ffb-graph-view iframe")))
+    try:
+        drawn = _wait(page, lambda d: d.execute_script("return window.ffbGraph && window.ffbGraph.nodes();"))
+        assert drawn == int(expected.node_mask.sum())
+        assert page.execute_script("return window.ffbGraph.choose('output');")
+        listed = [c.text for c in page.find_elements("css selector", "#ffb-panel ol.source code")]
+        into = expected.edges_of("output")["in"]
+        assert listed == [source for source, _ in into][:15]
+    finally:
+        page.switch_to.default_content()
+        _tab(page, "Contributions")
+
+
 def test_the_page_fetches_nothing_from_outside(server, page):
     app, _ = server
     time.sleep(0.5)
