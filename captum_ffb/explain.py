@@ -272,6 +272,9 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
 
     check_text(text)
     nd = NormDecomposition(loaded.model)
+    if loaded.spec.decoder is not None:
+        return _graph_pair(text, loaded, nd, target, baseline, granularity=granularity, prune=prune,
+                           node_threshold=node_threshold, edge_threshold=edge_threshold, max_nodes=max_nodes)
     ids = encode_text(text, loaded)["input_ids"]
     corrupted = None
     if baseline is not None:
@@ -294,6 +297,33 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
                                edge_threshold=edge_threshold, max_nodes=max_nodes, baseline_inputs=corrupted)
     graph.tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()), loaded.tokenizer)
     graph.token_ids = ids[0].tolist()
+    return graph
+
+
+def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: str | None, baseline: str | None,
+                **options: Any) -> Any:
+    """:func:`graph_text` for an encoder–decoder: ``"SOURCE ||| PREFIX"``, the next target
+    token after the decoder's start token and the prefix (which may be empty)."""
+    from captum_ffb.text import PAIR_SEPARATOR, check_one_separator, decoder_ids
+
+    if PAIR_SEPARATOR not in text:
+        raise ValueError(f"an encoder–decoder's graph explains the next target token: give 'SOURCE {PAIR_SEPARATOR} "
+                         f"PREFIX' (the prefix may be empty)")
+    if baseline is not None:
+        raise ValueError("baseline: patching estimates are for one-stack models; an encoder–decoder's graph has none")
+    check_one_separator(text)
+    source, prefix = (part.strip() for part in text.split(PAIR_SEPARATOR, 1))
+    check_text(source)
+    encoded = encode_text(source, loaded)
+    decoded = decoder_ids(prefix, loaded)
+    eos = loaded.model.config.eos_token_id
+    if decoded.shape[1] > 1 and eos is not None and int(decoded[0, -1]) == int(eos):
+        decoded = decoded[:, :-1]  # the tokenizer closed the prefix; the graph explains what follows it
+    chosen = _single_token(loaded.tokenizer, target) if target is not None else None
+    graph = nd.attribute_graph(encoded["input_ids"], chosen, forward_kwargs={
+        "attention_mask": encoded["attention_mask"], "decoder_input_ids": decoded}, **options)
+    tokens = loaded.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist() + decoded[0].tolist())
+    graph.tokens = display_tokens(tokens, loaded.tokenizer)
     return graph
 
 

@@ -23,6 +23,10 @@ from captum_ffb.engine.graph import GraphData, node_id
 #: circuit-tracer's defaults: keep the nodes that hold this share of the influence on the
 #: output, then the edges that hold this share.
 NODE_THRESHOLD, EDGE_THRESHOLD = 0.8, 0.98
+#: A pruned graph computes the edges of this many writer nodes (those of largest ``|value|``;
+#: the rest send what they send as "left out"): pruning keeps far fewer, and the edges are
+#: the graph's cost. An unpruned graph computes every node's edges unless told otherwise.
+DEFAULT_MAX_NODES = 256
 
 
 @dataclass
@@ -47,6 +51,8 @@ class AttributionGraph:
         probability (float, optional): the model's probability of the explained token (or
                     class), when one unit is read.
         token_ids (list[int], optional): the input's token ids.
+        n_source (int, optional): an encoder–decoder's source length (positions
+                    ``0 … n_source − 1`` are the source's, the rest the target's).
     """
 
     data: GraphData
@@ -62,6 +68,7 @@ class AttributionGraph:
     qk_links: list[dict[str, Any]] = field(default_factory=list)
     probability: float | None = None
     token_ids: list[int] | None = None
+    n_source: int | None = None
 
     @classmethod
     def of(cls, data: GraphData, tokens: list[str], output_label: str, granularity: str, **extra: Any
@@ -263,7 +270,7 @@ class AttributionGraph:
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
                  for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
         return {"granularity": self.granularity, "value": self.value, "output": self.output_label,
-                "tokens": self.tokens, "kept_share": self.kept_share, "thresholds": self.thresholds,
+                "tokens": self.tokens, "n_source": self.n_source, "kept_share": self.kept_share, "thresholds": self.thresholds,
                 "nodes": nodes, "links": links + list(self.qk_links)}
 
 
@@ -313,7 +320,8 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
         prune (bool): prune as circuit-tracer does (:meth:`AttributionGraph.prune`).
         node_threshold, edge_threshold (float): the pruning's shares of influence kept.
         max_nodes (int, optional): compute edges for this many writer nodes only (largest
-                    ``|value|``); what the others send is reported as left out.
+                    ``|value|``); what the others send is reported as left out (default:
+                    :data:`DEFAULT_MAX_NODES` when pruning, every node when not).
         baseline_inputs (Tensor, optional): a corrupted input of the same length: every
                     node then carries patching estimates (:mod:`captum_ffb.attr.patching`).
         additional_forward_args, forward_kwargs, reference, rules: as in ``attribute``.
@@ -323,8 +331,15 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
         (pruning only hides nodes and edges, ``kept_share`` says how much of the output the
         kept graph holds).
     """
-    from captum_ffb.engine.graph import build_graph, covectors, graph_pass
+    from captum_ffb.engine.graph import GRAPH_GRANULARITIES, build_graph, covectors, graph_pass
 
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
+        raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
+    for name, share in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name} must lie between 0 and 1, got {share}")
+    if granularity not in GRAPH_GRANULARITIES:
+        raise ValueError(f"granularity must be one of {', '.join(GRAPH_GRANULARITIES)}, got {granularity!r}")
     engine = nd.engine
     reference = nd.reference if reference is None else reference
     request = nd._request(inputs, additional_forward_args, forward_kwargs, reference)
@@ -335,17 +350,17 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
         raise ValueError("rules: an attribution graph freezes the attention probabilities (the paper's "
                          "rules); its query–key pairs come from score_split")
     head_target = resolved_target(nd, request, target)
+    if baseline_inputs is not None:
+        engine.refuse_two_stacks("patching estimates")
     tape = graph_pass(engine, request, head_target, chosen, granularity)
     found = covectors(tape)
-    seen = engine._shared(reference, request.read_mask, head_target)
-    r = None if seen is not None else engine._reference(reference, tape.inputs.detach(), request.read_mask,
-                                                         request.args, request.kwargs)
-    data = build_graph(tape, found, r, seen, request.read_mask, max_nodes=max_nodes)
-    ids = request.args[0][0].tolist()
-    tokens = nd.tokenizer.convert_ids_to_tokens(ids) if nd.tokenizer is not None else [str(i) for i in ids]
+    players = _players(engine, request, tape, reference, head_target)
+    limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
+    data = build_graph(tape, found, players, max_nodes=limit)
+    tokens, ids = _token_labels(nd, request, tape)
     label = _label(nd, head_target)
     graph = AttributionGraph.of(data, tokens, label, granularity, probability=_probability(tape.output, head_target),
-                                token_ids=ids)
+                                token_ids=ids, n_source=None if tape.source_inputs is None else tape.source_inputs.shape[1])
     if baseline_inputs is not None:
         from captum_ffb.attr.patching import patch_estimates
 
@@ -353,8 +368,44 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
                                                 granularity)
     from captum_ffb.attr.scores import ScoreSplitter
 
-    graph.scorer = ScoreSplitter(nd, request, chosen, head_target, granularity, r, seen)
+    graph.scorer = ScoreSplitter(nd, request, chosen, head_target, granularity, players)
     return graph.prune(node_threshold, edge_threshold) if prune else graph
+
+
+def _token_labels(nd: Any, request: Any, tape: Any) -> tuple[list[str], list[int] | None]:
+    """The players' labels in the layout, and their token ids (``None`` where the source is
+    audio: its players are frames)."""
+    source = request.args[0]
+    if source.is_floating_point():  # a speech encoder's frames
+        ids = None
+        labels = [f"frame {j}" for j in range(tape.source_inputs.shape[1])]
+    else:
+        ids = source[0].tolist()
+        labels = nd.tokenizer.convert_ids_to_tokens(ids) if nd.tokenizer is not None else [str(i) for i in ids]
+    if tape.source_inputs is not None:
+        target = request.kwargs["decoder_input_ids"][0].tolist()
+        labels = labels + (nd.tokenizer.convert_ids_to_tokens(target) if nd.tokenizer is not None
+                           else [str(i) for i in target])
+        ids = None if ids is None else ids + target
+    return labels, ids
+
+
+def _players(engine: Any, request: Any, tape: Any, reference: Any, target: Any) -> list[Any]:
+    """Each segment's players (:class:`~captum_ffb.engine.graph.Players`) as ``attribute``
+    measures them: the chosen reference, or for the centred one the positions the explained
+    output sees (all of an encoder–decoder's source)."""
+    from captum_ffb.engine.graph import Players
+
+    leaves = [leaf.detach() for leaf in tape.leaves]
+    masks = engine._masks(request, [x.shape[:2] for x in leaves])
+    seen = engine._shared(reference, request.read_mask, target)
+    found = []
+    for k, (x, mask) in enumerate(zip(leaves, masks)):
+        if seen is not None:
+            found.append(Players(mask, None, (seen if k == len(leaves) - 1 else mask).to(x.device)))
+        else:
+            found.append(Players(mask, engine._reference(reference, x, mask, request.args, request.kwargs)))
+    return found
 
 
 def resolved_target(nd: Any, request: Any, target: Any) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from captum_ffb.architectures.paths import resolve
 from captum_ffb.engine.frozen import FrozenCoefficients
@@ -39,14 +39,17 @@ class ScoreSplitter:
         rules (dict): the rules (frozen attention probabilities).
         target (HeadTarget): the explained output (the pass reads it).
         granularity (str): the graph's (writers split into heads or neurons or not).
-        reference (Tensor, optional), seen (Tensor, optional): the players' reference or the
-                    centred reference's averaged positions (as the graph's token nodes).
+        players (list[Players]): each segment's players, as the graph's token nodes measure
+                    them.
+
+    Positions are the layout's (``[source | target]`` for an encoder–decoder, whose decoder
+    self-attention's scores split over the decoder's writers).
     """
 
     def __init__(self, nd: Any, request: Any, rules: Any, target: Any, granularity: str,
-                 reference: Tensor | None = None, seen: Tensor | None = None) -> None:
+                 players: Any) -> None:
         self.nd, self.request, self.rules, self.target = nd, request, rules, target
-        self.granularity, self.reference, self.seen = granularity, reference, seen
+        self.granularity, self.players = granularity, players
         self._tape = None
 
     def release(self) -> None:
@@ -60,26 +63,39 @@ class ScoreSplitter:
                                     coefficients=FrozenCoefficients(scores=True))
         return self._tape
 
+    def _attention(self, layer: int) -> tuple[nn.Module, Any]:
+        """Block ``layer``'s (self-)attention module and the tape's writer of it."""
+        engine = self.nd.engine
+        blocks = ([] if engine.source is None else list(engine.source.blocks)) + list(engine.blocks)
+        if not 0 <= layer < len(blocks):
+            raise ValueError(f"layer {layer} does not exist: the model has {len(blocks)} blocks")
+        block = blocks[layer]
+        writer = next(w for w in self.tape.writers if w.key == f"block.{layer}.attention")
+        return resolve(block, engine.family.for_block(block).attention), writer
+
+    def _position(self, writer: Any, name: str, position: int) -> int:
+        """A layout position as a position of the writer's segment (checked)."""
+        mask = self.players[writer.segment].mask
+        inside = position - writer.offset
+        if not 0 <= inside < writer.n or not bool(mask[0, inside]):
+            raise ValueError(f"{name} {position} is not a real position of block {writer.layer}'s input "
+                             f"({writer.offset} … {writer.offset + writer.n - 1})")
+        return inside
+
     def __call__(self, layer: int, head: int, query_position: int, key_position: int) -> dict[Any, float]:
         engine = self.nd.engine
-        n_blocks = len(engine.blocks)
-        if not 0 <= layer < n_blocks:
-            raise ValueError(f"layer {layer} does not exist: the model has {n_blocks} blocks")
         tape = self.tape
-        block = engine.blocks[layer]
-        attention = resolve(block, engine.family.for_block(block).attention)
+        attention, writer = self._attention(layer)
         if tape.coefficients.scores is None or id(attention) not in tape.coefficients.scores:
             raise ValueError(f"{engine.model_type}'s attention computes its scores inline: its queries and "
                              "keys cannot be read, so its scores cannot be split")
         query, key, scaling = tape.coefficients.scores[id(attention)]
-        heads, n = query.shape[1], query.shape[2]
+        heads = query.shape[1]
         if not 0 <= head < heads:
             raise ValueError(f"head {head} does not exist: block {layer} has {heads} heads")
-        mask = self.request.read_mask
-        for name, position in (("query_position", query_position), ("key_position", key_position)):
-            if not 0 <= position < n or not bool(mask[0, position]):
-                raise ValueError(f"{name} {position} is not a real position (0 … {n - 1})")
-        index = next(k for k, w in enumerate(tape.writers) if w.key == f"block.{layer}.attention")
+        query_position = self._position(writer, "query_position", query_position)
+        key_position = self._position(writer, "key_position", key_position)
+        index = tape.writers.index(writer)
         kv = head // (heads // key.shape[1])
         q_parts, q_bias = self._parts(tape, index, query, head, query_position)
         k_parts, k_bias = self._parts(tape, index, key, kv, key_position)
@@ -97,25 +113,21 @@ class ScoreSplitter:
 
     def probabilities(self, layer: int, head: int, query_position: int) -> Tensor:
         """``(n,)`` the attention probabilities of head ``head`` of block ``layer`` at query
-        position ``query_position`` over the key positions (the clean pass's)."""
-        engine = self.nd.engine
-        if not 0 <= layer < len(engine.blocks):
-            raise ValueError(f"layer {layer} does not exist: the model has {len(engine.blocks)} blocks")
-        block = engine.blocks[layer]
-        attention = resolve(block, engine.family.for_block(block).attention)
+        position ``query_position`` over the key positions of its input (the clean pass's;
+        for an encoder–decoder's decoder, over the target)."""
+        attention, writer = self._attention(layer)
         weights = self.tape.coefficients.values.get(("attention", id(attention), 0))
         if weights is None:
-            raise ValueError(f"{engine.model_type}'s attention computes its probabilities inline: they were not kept")
+            raise ValueError(f"{self.nd.engine.model_type}'s attention computes its probabilities inline: they "
+                             "were not kept")
         if not 0 <= head < weights.shape[1]:
             raise ValueError(f"head {head} does not exist: block {layer} has {weights.shape[1]} heads")
-        if not 0 <= query_position < weights.shape[2]:
-            raise ValueError(f"query_position {query_position} is not a position (0 … {weights.shape[2] - 1})")
-        return weights[0, head, query_position].detach().float()
+        return weights[0, head, self._position(writer, "query_position", query_position)].detach().float()
 
     def _parts(self, tape: Any, index: int, tensor: Tensor, head: int, position: int
                ) -> tuple[dict[str, Tensor], Tensor]:
-        """A query's (or key's) part from each writer at ``position`` ``{node id: (e,)}`` and
-        what no writer owns ``(e,)``."""
+        """A query's (or key's) part from each writer at ``position`` (of the reading writer's
+        segment) ``{node id: (e,)}`` and what no writer owns ``(e,)``."""
         writer = tape.writers[index]
         stream, leaf = tape.reads[writer.read]
         width = tensor.shape[-1]
@@ -123,26 +135,31 @@ class ScoreSplitter:
         rows = torch.arange(width)
         cot[rows, 0, head, position, rows] = 1.0
         (at_leaf,) = _batched_grad(tensor, [leaf], cot)  # (e, B, n, d): each component's covector
-        sources = [w.output for w in tape.writers[:index]] + [tape.inputs]
+        sources = [w.output for w in tape.writers[:index]] + tape.leaves
         pulled = _batched_grad(stream, sources, at_leaf)
-        pulled = source_covectors(tape, index, pulled[:-1]) + [pulled[-1]]
+        pulled = source_covectors(tape, index, pulled[:index]) + pulled[index:]
         parts: dict[str, Tensor] = {}
-        for source, covector in zip(tape.writers[:index], pulled[:-1]):
+        at = position + writer.offset
+        for source, covector in zip(tape.writers[:index], pulled[:index]):
+            if source.segment != writer.segment:
+                continue  # another stack's stream (an encoder's, read through cross-attention nodes)
             if source.parts is None:
                 out = source.output.detach()
                 out = out.reshape(1, -1, out.shape[-1]) if out.dim() == 2 else out
                 c = covector.reshape(width, 1, -1, covector.shape[-1])
-                parts[node_id(source.kind, source.layer, -1, position)] = (c[:, 0, position] * out[0, position]).sum(-1)
+                parts[node_id(source.kind, source.layer, -1, at)] = (c[:, 0, position] * out[0, position]).sum(-1)
             else:
                 values = (covector[:, 0, position] * source.parts.detach()[0, position]).sum(-1)  # (e, parts)
                 kind = "head" if source.kind == "attention" else "neuron"
                 for j in range(values.shape[1]):
-                    parts[node_id(kind, source.layer, j, position)] = values[:, j]
-        tokens = token_values(pulled[-1], tape.inputs.detach(), self.reference, self.seen,
-                              self.request.read_mask)[:, 0]  # (e, n)
-        for player in self.request.read_mask[0].nonzero()[:, 0].tolist():
+                    parts[node_id(kind, source.layer, j, at)] = values[:, j]
+        segment = self.players[writer.segment]
+        leaf_x = tape.leaves[writer.segment].detach()
+        tokens = token_values(pulled[index + writer.segment], leaf_x, segment.reference, segment.seen,
+                              segment.mask)[:, 0]  # (e, n)
+        for player in segment.mask[0].nonzero()[:, 0].tolist():
             if bool(tokens[:, player].any()):
-                parts[node_id("token", -1, -1, player)] = tokens[:, player]
+                parts[node_id("token", -1, -1, player + writer.offset)] = tokens[:, player]
         real = tensor.detach()[0, head, position]
         owned = sum(parts.values(), torch.zeros_like(real))
         return {k: v.detach() for k, v in parts.items() if bool(v.any())}, (real - owned).detach()

@@ -29,6 +29,9 @@ examples:
       every component node also carries its patching estimates from the corrupted prompt
   captum-ffb graph "a charming film" --granularity sublayer --no-prune
       the bundled all-MiniLM-L6-v2 and its sentiment head, every node and every edge
+  captum-ffb graph "the cat sat on the mat ||| le chat" --model ./my-marian
+      an encoder–decoder: the next target token after the prefix, over [source | target],
+      each decoder block's cross-attention a node of its own
 
 files written to --out:
   graph.json              nodes (id, kind, layer, head, position, value, influence, patch
@@ -54,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("text", help="the input text (quote it)")
+    parser.add_argument("text", help="the input text (quote it); for an encoder–decoder, 'SOURCE ||| PREFIX' "
+                        "(the next target token after the prefix is explained)")
     parser.add_argument("--target", default=None, metavar="TOKEN",
                         help="a causal LM's next token to explain, as text (one token, e.g. ' Mary'); "
                         "the prediction by default")
@@ -111,7 +115,14 @@ def run(args: argparse.Namespace) -> int:
     from captum_ffb.models import load_model, model_config
 
     config = model_config(args.model)
-    task = check_request(config, args.text, args.target, args.class_index)
+    from captum_ffb.architectures import get_architecture
+
+    if get_architecture(config.model_type).decoder is not None:  # 'SOURCE ||| PREFIX', the next target token
+        if args.class_index is not None:
+            raise UsageError("--class needs a sequence classifier")
+        task = "seq2seq_lm"
+    else:
+        task = check_request(config, args.text, args.target, args.class_index)
     say = (lambda message: None) if args.quiet else (lambda message: print(message, file=sys.stderr, flush=True))
     say(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...")
     loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task,

@@ -39,6 +39,7 @@ from captum_ffb.architectures.spec import ArchitectureSpec
 from captum_ffb.engine.block import watched_modules
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.head import HeadTarget
+from captum_ffb.engine.layers import chain_for
 from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.players import token_contributions
 
@@ -53,14 +54,19 @@ class Writer:
     """One writer of the residual stream in a recorded pass.
 
     Attributes:
-        key (str): ``"block.<l>.attention"``, ``"block.<l>.ff"``.
-        layer (int): its block.
-        kind (str): ``"attention"`` or ``"ff"``.
+        key (str): ``"block.<l>.attention"``, ``"block.<l>.cross_attention"``, ``"block.<l>.ff"``.
+        layer (int): its block (an encoder–decoder's decoder blocks after the encoder's).
+        kind (str): ``"attention"``, ``"cross_attention"`` or ``"ff"``.
         output (Tensor): ``(B, n, d)`` what it adds to the stream (its graph kept).
         read (str): the key of the stream point it reads (:attr:`GraphTape.reads`).
         parts (Tensor, optional): ``(B, n, k, w)`` the input of its output projection split
                     into its parts (the heads of an attention, the neurons of an FF: ``w`` 1),
                     when the graph is finer than sublayers.
+        raw (Tensor, optional): the parts as recorded (with their graph).
+        segment (int): the players it writes over (0: the tokens, or an encoder–decoder's
+                    source; 1: its target).
+        n (int): the segment's length; ``offset`` its first position in the layout
+                    ``[source | target]``.
     """
 
     key: str
@@ -70,6 +76,9 @@ class Writer:
     read: str
     parts: Tensor | None = None
     raw: Tensor | None = None
+    segment: int = 0
+    n: int = 0
+    offset: int = 0
 
     def part_grad(self, outputs: Tensor, cotangents: Tensor, batched: bool = False) -> Tensor:
         """The gradient at the parts (``raw``, the recorded tensor, reshaped as ``parts``)."""
@@ -86,12 +95,14 @@ class GraphTape:
 
     Attributes:
         value (Tensor): ``(B,)`` the explained value (with its graph).
-        inputs (Tensor): ``(B, n, d)`` the first block's input, a leaf.
+        inputs (Tensor): ``(B, n, d)`` the first block's input, a leaf (an encoder–decoder's
+                    decoder's).
         writers (list[Writer]): in stream order.
         reads (dict): stream point → ``(the stream there, with its graph; the leaf the writer
                     read instead)``.
         coefficients (FrozenCoefficients): the pass's coefficients (to replay it).
         output (Any): the model's output.
+        source_inputs (Tensor, optional): an encoder–decoder's encoder's first input, a leaf.
     """
 
     value: Tensor
@@ -100,7 +111,17 @@ class GraphTape:
     reads: dict[str, tuple[Tensor, Tensor]]
     coefficients: FrozenCoefficients
     output: Any = None
-    raw_parts: dict[str, Tensor] = field(default_factory=dict)
+    source_inputs: Tensor | None = None
+
+    @property
+    def leaves(self) -> list[Tensor]:
+        """The players' streams: ``[source, target]`` or ``[tokens]``."""
+        return [self.inputs] if self.source_inputs is None else [self.source_inputs, self.inputs]
+
+    @property
+    def leaf_keys(self) -> list[str]:
+        """Their keys in :class:`Covectors`."""
+        return ["inputs"] if self.source_inputs is None else ["source_inputs", "inputs"]
 
 
 def _module(block: nn.Module, path: str | None) -> nn.Module | None:
@@ -188,43 +209,62 @@ def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str
     its own, recording its coefficients into ``coefficients`` (a new store by default; with
     ``FrozenCoefficients(scores=True)`` also every head's queries and keys; a store's
     ``replayed()`` runs the recorded frozen model again), ``edit`` adding hooks that change
-    the pass (registered last)."""
+    the pass (registered last).
+
+    An encoder–decoder's writers are the encoder's blocks' (layers ``0 … L_e − 1``, over the
+    source) then the decoder's (layers ``L_e …``, over the target), each decoder block's
+    cross-attention a writer of its own that reads the encoder's output (its value
+    projection's input: with the probabilities frozen, nothing else of it depends on a
+    writer)."""
     if granularity not in GRAPH_GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(GRAPH_GRANULARITIES)}, got {granularity!r}")
-    engine.refuse_two_stacks("an attribution graph")
     model, head = engine.model, engine.head
     store = FrozenCoefficients() if coefficients is None else coefficients
     recorder = _Recorder()
-    pre_norm = engine.chain.name in ("pre_ln", "parallel")
     kwargs = dict(request.kwargs)
     if "use_cache" in _parameters(model):
         kwargs["use_cache"] = False
-    plan: list[tuple[str, int, str, nn.Module, str, nn.Module | None]] = []
-    for index, block in enumerate(engine.blocks):
-        spec = engine.family.for_block(block)
-        roles = watched_modules(block, spec)
-        reads = read_modules(block, spec, pre_norm)
-        attention_out = roles.get("attention_post_norm") or roles["attn_out"]
-        plan.append((f"block.{index}.attention", index, "attention", attention_out,
-                     _read_key(index, reads, "attention"),
-                     roles["attn_out"] if granularity != "sublayer" else None))
-        neuron = roles.get("ff_out") if granularity == "neuron" and roles.get("router") is None else None
-        plan.append((f"block.{index}.ff", index, "ff", roles["ff"], _read_key(index, reads, "ff"), neuron))
+    stacks = ([] if engine.source is None else [engine.source]) + [engine.stack]
+    plan: list[_Planned] = []
+    reads: list[tuple[nn.Module, str]] = []
+    first = 0
+    for segment, stack in enumerate(stacks):
+        pre_norm = chain_for(stack.spec, engine.config).name in ("pre_ln", "parallel")
+        heads = _heads(engine.config, decoder=segment == 1)
+        for offset, block in enumerate(stack.blocks):
+            index = first + offset
+            spec = engine.family.for_block(block)
+            roles = watched_modules(block, spec)
+            found = read_modules(block, spec, pre_norm)
+            for name, module in found.items():
+                if module is not None:
+                    reads.append((module, _read_key(index, found, name)))
+            attention_out = roles.get("attention_post_norm") or roles["attn_out"]
+            plan.append(_Planned(f"block.{index}.attention", index, "attention", attention_out,
+                                 _read_key(index, found, "attention"),
+                                 roles["attn_out"] if granularity != "sublayer" else None, segment, heads))
+            if segment == 1 and engine.source is not None:
+                key = f"block.{index}.read.cross"
+                reads.append((roles["cross_value"], key))
+                plan.append(_Planned(f"block.{index}.cross_attention", index, "cross_attention", roles["cross_out"],
+                                     key, None, segment, heads))
+            neuron = roles.get("ff_out") if granularity == "neuron" and roles.get("router") is None else None
+            plan.append(_Planned(f"block.{index}.ff", index, "ff", roles["ff"], _read_key(index, found, "ff"), neuron,
+                                 segment, heads))
+        first += len(stack.blocks)
+    source = None if engine.source is None else (engine.source.spec, engine.source.blocks, engine.source.final_norm)
     training = model.training
     model.eval()
     watch = {} if head.output is None else {"output": head.output}
     try:
         with linearise(model, engine.stack.spec, engine.stack.blocks, rules, head.final_norm,
-                       head.linearised_steps(), watch, coefficients=store) as frozen:
-            for index, block in enumerate(engine.blocks):
-                spec = engine.family.for_block(block)
-                for name, module in read_modules(block, spec, pre_norm).items():
-                    if module is not None:
-                        recorder.read(module, _read_key(index, read_modules(block, spec, pre_norm), name))
-            for key, _, _, module, _, parts in plan:
-                recorder.write(module, key)
-                if parts is not None:
-                    recorder.part(parts, key)
+                       head.linearised_steps(), watch, coefficients=store, source=source) as frozen:
+            for module, key in reads:
+                recorder.read(module, key)
+            for step in plan:
+                recorder.write(step.module, step.key)
+                if step.parts is not None:
+                    recorder.part(step.parts, step.key)
             extra = [] if edit is None else edit(recorder)
             try:
                 output = model(*request.args, **kwargs)
@@ -232,22 +272,48 @@ def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str
             finally:
                 for handle in extra:
                     handle.remove()
-            inputs = frozen.inputs
+            leaves = [frozen.inputs] if source is None else [frozen.source_inputs, frozen.inputs]
     finally:
         recorder.remove()
         model.train(training)
-    n_heads = int(getattr(engine.config, "num_attention_heads", 1) or 1)
+    lengths = [leaf.shape[1] for leaf in leaves]
+    offsets = [sum(lengths[:k]) for k in range(len(lengths))]
     writers = []
-    for key, layer, kind, _, read, _parts in plan:
-        raw = recorder.parts.get(key)
+    batch = request.read_mask.shape[0]
+    for step in plan:
+        raw = recorder.parts.get(step.key)
         part = None
         if raw is not None:
-            batch = tape_batch = request.read_mask.shape[0]
-            part = raw.reshape(tape_batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
-            split = n_heads if kind == "attention" else part.shape[-1]
+            part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
+            split = step.heads if step.kind == "attention" else part.shape[-1]
             part = part.reshape(batch, part.shape[1], split, -1)
-        writers.append(Writer(key, layer, kind, recorder.outputs[key], read, part, raw))
-    return GraphTape(value, inputs, writers, recorder.tape_reads, store, output)
+        writers.append(Writer(step.key, step.layer, step.kind, recorder.outputs[step.key], step.read, part, raw,
+                              segment=step.segment, n=lengths[step.segment], offset=offsets[step.segment]))
+    return GraphTape(value, leaves[-1], writers, recorder.tape_reads, store, output,
+                     source_inputs=leaves[0] if len(leaves) == 2 else None)
+
+
+@dataclass
+class _Planned:
+    """A writer of :func:`graph_pass`, before the pass."""
+
+    key: str
+    layer: int
+    kind: str
+    module: nn.Module
+    read: str
+    parts: nn.Module | None
+    segment: int
+    heads: int
+
+
+def _heads(config: Any, decoder: bool) -> int:
+    """The attention heads of a stack's blocks (an encoder–decoder's decoder may differ)."""
+    if decoder:
+        found = getattr(config, "decoder_attention_heads", None)
+        if found:
+            return int(found)
+    return int(getattr(config, "num_attention_heads", 1) or 1)
 
 
 def _read_key(index: int, reads: dict[str, nn.Module | None], name: str) -> str:
@@ -304,11 +370,12 @@ def earlier(tape: GraphTape, index: int) -> list[Writer]:
 
 
 def covectors(tape: GraphTape) -> Covectors:
-    """Direct and total covectors of every writer (and of the players' stream ``"inputs"``):
-    the direct ones from the output's gradient in the pass, the totals from the last writer to
-    the first, each writer's ``J_Bᵀ G_B`` pulled back to the earlier ones."""
-    outputs = [w.output for w in tape.writers] + [tape.inputs]
-    keys = [w.key for w in tape.writers] + ["inputs"]
+    """Direct and total covectors of every writer (and of the players' streams, ``"inputs"``
+    and an encoder–decoder's ``"source_inputs"``): the direct ones from the output's gradient
+    in the pass, the totals from the last writer to the first, each writer's ``J_Bᵀ G_B``
+    pulled back to the earlier ones."""
+    outputs = [w.output for w in tape.writers] + tape.leaves
+    keys = [w.key for w in tape.writers] + tape.leaf_keys
     direct = dict(zip(keys, _grad(tape.value.sum(), outputs, torch.ones_like(tape.value.sum()))))
     total = {key: g.clone() for key, g in direct.items()}
     for index in range(len(tape.writers) - 1, -1, -1):
@@ -316,8 +383,8 @@ def covectors(tape: GraphTape) -> Covectors:
         stream, leaf = tape.reads[writer.read]
         (back,) = _grad(writer.output, [leaf], total[writer.key])
         sources = earlier(tape, index)
-        pulled = _grad(stream, [w.output for w in sources] + [tape.inputs], back)
-        for source, g in zip([w.key for w in sources] + ["inputs"], pulled):
+        pulled = _grad(stream, [w.output for w in sources] + tape.leaves, back)
+        for source, g in zip([w.key for w in sources] + tape.leaf_keys, pulled):
             total[source] = total[source] + g
     return Covectors(direct, total)
 
@@ -325,11 +392,12 @@ def covectors(tape: GraphTape) -> Covectors:
 def pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[Tensor, list[Tensor]]:
     """For ``k`` cotangents at writer ``index``'s output ``(k, B, n, d)``: its own
     ``J_Bᵀ`` products ``(k, B, n, d)`` at the stream it reads, and those pulled back to every
-    earlier writer's output and to the players' stream (the list, earlier writers first)."""
+    earlier writer's output and to the players' streams (the list: the ``index`` earlier
+    writers, then :attr:`GraphTape.leaves`)."""
     writer = tape.writers[index]
     stream, leaf = tape.reads[writer.read]
     (back,) = _batched_grad(writer.output, [leaf], cotangents)
-    sources = [w.output for w in earlier(tape, index)] + [tape.inputs]
+    sources = [w.output for w in earlier(tape, index)] + tape.leaves
     return back, _batched_grad(stream, sources, back)
 
 
@@ -340,7 +408,7 @@ def part_pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[T
     stream, leaf = tape.reads[writer.read]
     flat = cotangents.reshape(cotangents.shape[0], *writer.raw.shape)
     (back,) = _batched_grad(writer.raw, [leaf], flat)
-    sources = [w.output for w in earlier(tape, index)] + [tape.inputs]
+    sources = [w.output for w in earlier(tape, index)] + tape.leaves
     return back, _batched_grad(stream, sources, back)
 
 
@@ -351,7 +419,8 @@ def part_covectors(tape: GraphTape, index: int, total: Tensor) -> Tensor:
 
 def source_covectors(tape: GraphTape, index: int, pulled: list[Tensor]) -> list[Tensor]:
     """The covectors at the earlier writers' *parts* (``(k, B, n, p, w)``), from those at
-    their outputs, for writers split into parts (the others unchanged)."""
+    their outputs (``pulled``: the ``index`` earlier writers' first), for writers split into
+    parts (the others, and the players' streams after them, unchanged)."""
     out = []
     for writer, covector in zip(earlier(tape, index), pulled):
         if writer.parts is None:
@@ -449,38 +518,55 @@ class _Nodes:
         return list(range(first, len(self.kinds)))
 
 
-def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None, seen: Tensor | None,
-                mask: Tensor, chunk: int = 16, max_nodes: int | None = None) -> GraphData:
+@dataclass
+class Players:
+    """One segment's players as the graph measures them: its real positions ``mask``
+    ``(1, n)``, its reference ``(1, n, d)`` (``None``: zero) and, for the centred reference,
+    the positions ``seen`` ``(1, n)`` whose mean the players are measured from."""
+
+    mask: Tensor
+    reference: Tensor | None = None
+    seen: Tensor | None = None
+
+
+def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Players], chunk: int = 16,
+                max_nodes: int | None = None) -> GraphData:
     """Every node and every non-zero edge of one recorded pass (batch of one).
 
     Args:
         tape (GraphTape): the pass (:func:`graph_pass`).
         covectors_ (Covectors): its covectors (:func:`covectors`).
-        reference (Tensor, optional): the players' reference ``(1, n, d)`` (``None``: zero).
-        seen (Tensor, optional): the centred reference's averaged positions ``(1, n)``.
-        mask (Tensor): ``(1, n)`` the real positions.
+        players (list[Players]): per segment of :attr:`GraphTape.leaves`, its players.
         chunk (int): target nodes per batched vector–Jacobian product.
         max_nodes (int, optional): compute the edges into (and out of) only this many writer
                     nodes, those of largest ``|value|`` (the others keep their values; the
                     output's direct edges are always computed).
+
+    Positions are the layout's: ``[source | target]`` for an encoder–decoder.
     """
-    x = tape.inputs.detach()
-    n = x.shape[1]
-    real = [int(p) for p in mask[0].nonzero()[:, 0]]
+    leaves = [leaf.detach() for leaf in tape.leaves]
+    lengths = [leaf.shape[1] for leaf in leaves]
+    offsets = [sum(lengths[:k]) for k in range(len(lengths))]
+    reals = [[int(p) for p in segment.mask[0].nonzero()[:, 0]] for segment in players]
     table = _Nodes()
     total, direct = covectors_.total, covectors_.direct
-    token_ids = torch.full((n,), -1, dtype=torch.long)
-    token_ids[real] = torch.tensor(table.add("token", -1, -1, real, token_values(
-        total["inputs"], x, reference, seen, mask)[0, real]))
+    token_ids = []
+    for key, x, segment, real, offset in zip(tape.leaf_keys, leaves, players, reals, offsets):
+        found = torch.full((x.shape[1],), -1, dtype=torch.long)
+        values = token_values(total[key], x, segment.reference, segment.seen, segment.mask)[0, real]
+        found[real] = torch.tensor(table.add("token", -1, -1, [p + offset for p in real], values), dtype=torch.long)
+        token_ids.append(found)
     # writers (or their parts) in stream order: node ids (n, parts), -1 on padding
     ids: list[Tensor] = []
     part_totals: list[Tensor | None] = []
     for index, writer in enumerate(tape.writers):
         g = total[writer.key]
+        real, n = reals[writer.segment], writer.n
+        at = [p + writer.offset for p in real]
         if writer.parts is None:
             found = torch.full((n, 1), -1, dtype=torch.long)
             values = _seq(g * writer.output.detach(), n).sum(-1)[0]
-            found[real, 0] = torch.tensor(table.add(writer.kind, writer.layer, -1, real, values[real]))
+            found[real, 0] = torch.tensor(table.add(writer.kind, writer.layer, -1, at, values[real]), dtype=torch.long)
             part_totals.append(None)
         else:
             gz = part_covectors(tape, index, g)
@@ -489,12 +575,13 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
             kind = "head" if writer.kind == "attention" else "neuron"
             found = torch.full((n, values.shape[1]), -1, dtype=torch.long)
             for j in range(values.shape[1]):
-                found[real, j] = torch.tensor(table.add(kind, writer.layer, j, real, values[real, j]))
+                found[real, j] = torch.tensor(table.add(kind, writer.layer, j, at, values[real, j]), dtype=torch.long)
         ids.append(found)
-    bias = table.add("bias", -1, -1, [-1], torch.zeros(1, dtype=x.dtype))[0]
-    output = table.add("output", -1, -1, [-1], tape.value.detach().to(x.dtype).reshape(1))[0]
-    values = torch.cat([v.detach().to(x.dtype) for v in table.values])
-    edges = _Edges(len(values), x.dtype)
+    dtype = leaves[-1].dtype
+    bias = table.add("bias", -1, -1, [-1], torch.zeros(1, dtype=dtype))[0]
+    output = table.add("output", -1, -1, [-1], tape.value.detach().to(dtype).reshape(1))[0]
+    values = torch.cat([v.detach().to(dtype) for v in table.values])
+    edges = _Edges(len(values), dtype)
     chosen = None  # the writer nodes whose edges are computed (None: every one)
     writer_all = torch.cat([i.reshape(-1) for i in ids])
     writer_all = writer_all[writer_all >= 0]
@@ -503,13 +590,14 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
         chosen = torch.zeros(len(values), dtype=torch.bool)
         chosen[writer_all[order[:max_nodes]]] = True
         ids = [torch.where(chosen[i.clamp_min(0)] & (i >= 0), i, torch.full_like(i, -2)) for i in ids]
+    n_leaves = len(leaves)
     # edges into every writer node, a chunk of target nodes at a time
     for index, writer in enumerate(tape.writers):
         g = total[writer.key] if writer.parts is None else part_totals[index]
-        wanted = [(p, j) for j in range(ids[index].shape[1]) for p in real if ids[index][p, j] >= 0]
+        wanted = [(p, j) for j in range(ids[index].shape[1]) for p in reals[writer.segment] if ids[index][p, j] >= 0]
         for first in range(0, len(wanted), chunk):
             group = wanted[first:first + chunk]
-            seq = _seq(g, n)  # a flattened (B·n, d) write as (B, n, d)
+            seq = _seq(g, writer.n)  # a flattened (B·n, d) write as (B, n, d)
             cot = torch.zeros((len(group), *seq.shape), dtype=g.dtype, device=g.device)
             for k, (p, j) in enumerate(group):
                 if writer.parts is None:
@@ -518,18 +606,21 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
                     cot[k, :, p, j] = seq[:, p, j]
             cot = cot.reshape(len(group), *g.shape)
             _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
-            pulled = source_covectors(tape, index, pulled[:-1]) + [pulled[-1]]
+            pulled = source_covectors(tape, index, pulled[:index]) + pulled[index:]
             dst = torch.tensor([int(ids[index][p, max(j, 0)]) for p, j in group])
-            for source_index, covector in enumerate(pulled[:-1]):
+            for source_index, covector in enumerate(pulled[:index]):
                 source = tape.writers[source_index]
                 if source.parts is None:
-                    w = (_seq(covector, n, 1)[:, 0] * _seq(source.output.detach(), n)[0]).sum(-1)
+                    w = (_seq(covector, source.n, 1)[:, 0] * _seq(source.output.detach(), source.n)[0]).sum(-1)
                 else:
                     w = (covector[:, 0] * source.parts.detach()[0]).sum(-1)  # (k, n, parts)
-                w = w.reshape(len(group), n, -1)
+                w = w.reshape(len(group), source.n, -1)
                 edges.add(ids[source_index][None].expand_as(w), dst[:, None, None].expand_as(w), w)
-            tokens = token_values(pulled[-1], x, reference, seen, mask)[:, 0]  # (k, n)
-            edges.add(token_ids[None].expand_as(tokens), dst[:, None].expand_as(tokens), tokens)
+            for s_ in range(n_leaves):
+                segment = players[s_]
+                tokens = token_values(pulled[index + s_], leaves[s_], segment.reference, segment.seen,
+                                      segment.mask)[:, 0]  # (k, n)
+                edges.add(token_ids[s_][None].expand_as(tokens), dst[:, None].expand_as(tokens), tokens)
     # the bias: what each writer node receives beyond the nodes' edges (its own constants and
     # the stream's); into the output: every node's direct effect, then the head's constants
     writer_nodes = torch.cat([i.reshape(-1) for i in ids])
@@ -538,11 +629,12 @@ def build_graph(tape: GraphTape, covectors_: Covectors, reference: Tensor | None
               values[writer_nodes] - edges.inflow[writer_nodes] - edges.dropped[writer_nodes])
     for index, writer in enumerate(tape.writers):
         d = direct[writer.key]
-        w = _seq(d * writer.output.detach(), n).sum(-1)[0][:, None] if writer.parts is None else \
+        w = _seq(d * writer.output.detach(), writer.n).sum(-1)[0][:, None] if writer.parts is None else \
             (part_covectors(tape, index, d) * writer.parts.detach()).sum(-1)[0]
         edges.add(ids[index], torch.full_like(ids[index], output), w)
-    direct_tokens = token_values(direct["inputs"], x, reference, seen, mask)[0]
-    edges.add(token_ids, torch.full_like(token_ids, output), direct_tokens)
+    for key, x, segment, found in zip(tape.leaf_keys, leaves, players, token_ids):
+        direct_tokens = token_values(direct[key], x, segment.reference, segment.seen, segment.mask)[0]
+        edges.add(found, torch.full_like(found, output), direct_tokens)
     edges.add(torch.tensor([bias]), torch.tensor([output]),
               (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
     values[bias] = edges.outflow(bias)

@@ -9,12 +9,21 @@
   of an explanation (``captum-ffb explain``).
 - :func:`plot_components`, :func:`components_html`: the tokens × components table of
   :meth:`~captum_ffb.attr.NormDecomposition.attribute_components`.
+- :func:`graph_html`, :func:`save_graph_html`, :func:`neuronpedia_graph`,
+  :func:`save_neuronpedia_graph`: an attribution graph as an offline page and as
+  circuit-tracer's (Neuronpedia's) graph JSON.
 """
 
 from captum_ffb.viz.components import components_html, plot_components
 from captum_ffb.viz.explanation import explanation_html, plot_contributions, save_explanation_html
 from captum_ffb.viz.export import bertviz_view, to_bertviz, to_captum, to_inseq
 from captum_ffb.viz.figures import plot_maps
+from captum_ffb.viz.graph import (
+    graph_html,
+    neuronpedia_graph,
+    save_graph_html,
+    save_neuronpedia_graph,
+)
 from captum_ffb.viz.html import html_view, save_html, show_html
 from captum_ffb.viz.records import to_visualization_records
 
@@ -22,12 +31,16 @@ __all__ = [
     "bertviz_view",
     "components_html",
     "explanation_html",
+    "graph_html",
     "html_view",
+    "neuronpedia_graph",
     "plot_components",
     "plot_contributions",
     "plot_maps",
     "save_explanation_html",
+    "save_graph_html",
     "save_html",
+    "save_neuronpedia_graph",
     "show_html",
     "to_bertviz",
     "to_captum",

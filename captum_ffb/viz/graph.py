@@ -1,9 +1,10 @@
 r"""Views of an :class:`~captum_ffb.attr.graph.AttributionGraph`: an offline HTML page and the
 JSON that circuit-tracer's frontend and Neuronpedia's graph viewer read.
 
-The page (:func:`graph_html`) draws the kept graph as SVG: the tokens along the bottom, two
-rows per block above them (attention, then FF; heads or neurons side by side within their
-position's column), the output on top and the bias at the left. A node's area grows with
+The page (:func:`graph_html`) draws the kept graph as SVG: the tokens along the bottom, a row
+per block and writer above them (attention, cross-attention, then FF; heads or neurons side
+by side within their position's column; only rows with a kept node), the output on top and
+the bias at the left. A node's area grows with
 ``|value|``; an edge is red where its weight is positive and blue where negative (the
 package's one colour scale), thicker where larger. Clicking a node lists its in- and
 out-edges and, for a head, the writer pairs that made its score at the positions it
@@ -13,7 +14,7 @@ is inline: the page requests nothing.
 :func:`neuronpedia_graph` writes circuit-tracer 0.5's schema (``metadata``, ``qParams``,
 ``nodes``, ``links``): tokens as ``embedding`` nodes, the output as the ``logit`` node, the
 model's own components as nodes of their own ``feature_type`` (``attention``, ``attention
-head``, ``mlp``, ``mlp neuron``) and the bias as ``bias``. There is no error node: the graph
+head``, ``cross attention``, ``mlp``, ``mlp neuron``) and the bias as ``bias``. There is no error node: the graph
 is exact.
 """
 
@@ -30,7 +31,7 @@ __all__ = ["graph_html", "neuronpedia_graph", "save_graph_html", "save_neuronped
 
 #: circuit-tracer's ``feature_type`` for each node kind of ours
 FEATURE_TYPES = {"token": "embedding", "output": "logit", "attention": "attention", "head": "attention head",
-                 "ff": "mlp", "neuron": "mlp neuron", "bias": "bias"}
+                 "cross_attention": "cross attention", "ff": "mlp", "neuron": "mlp neuron", "bias": "bias"}
 
 _STYLE = """
 #ffb-graph-wrap { display: flex; flex-wrap: wrap; gap: 14px; align-items: flex-start; }
@@ -53,13 +54,18 @@ _SCRIPT = r"""
   var G = JSON.parse(document.getElementById("ffb-graph-data").textContent);
   var svg = document.getElementById("ffb-graph"), panel = document.getElementById("ffb-panel");
   var NS = "http://www.w3.org/2000/svg";  // the SVG namespace's name, not a request
-  var n = G.tokens.length, layers = 0, parts = {};
+  var n = G.tokens.length, parts = {}, rowOf = {}, rows = [];
+  var ROW = {attention: 0, head: 0, cross_attention: 1, ff: 2, neuron: 2}, LABEL = ["attention", "cross-attention", "FF"];
   G.nodes.forEach(function (d) {
-    if (d.layer >= 0) layers = Math.max(layers, d.layer + 1);
+    if (d.layer >= 0 && rowOf[d.layer + "." + ROW[d.kind]] === undefined) {
+      rowOf[d.layer + "." + ROW[d.kind]] = -1; rows.push([d.layer, ROW[d.kind]]);
+    }
     if (d.head >= 0) { var k = d.layer + "." + d.kind; parts[k] = Math.max(parts[k] || 0, d.head + 1); }
   });
+  rows.sort(function (a, b) { return a[0] - b[0] || a[1] - b[1]; });
+  rows.forEach(function (r, i) { rowOf[r[0] + "." + r[1]] = i; });
   var col = Math.max(64, Math.min(120, 900 / Math.max(n, 1))), rowH = 46, left = 120, bottom = 70;
-  var width = left + col * n + 20, height = bottom + rowH * (2 * layers + 1) + 30;
+  var width = left + col * n + 20, height = bottom + rowH * (rows.length + 1) + 30;
   svg.setAttribute("width", width); svg.setAttribute("height", height);
   var byId = {}, top = 0;
   G.nodes.forEach(function (d) {
@@ -71,8 +77,7 @@ _SCRIPT = r"""
     else if (d.kind === "output") { x = left + col * (n - 0.5); y = 24; }
     else if (d.kind === "bias") { x = 30; y = height - bottom + 18; }
     else {
-      var row = 2 * d.layer + (d.kind === "attention" || d.kind === "head" ? 0 : 1);
-      y = height - bottom - rowH * (row + 1);
+      y = height - bottom - rowH * (rowOf[d.layer + "." + ROW[d.kind]] + 1);
       if (d.head >= 0) { var m = parts[d.layer + "." + d.kind]; x += (d.head + 0.5 - m / 2) * (col * 0.8 / m); }
     }
     return [x, y];
@@ -87,12 +92,16 @@ _SCRIPT = r"""
     (parent || svg).appendChild(e);
     return e;
   }
-  for (var l = 0; l < layers; l++) {
-    ["attention", "FF"].forEach(function (label, r) {
-      var y = height - bottom - rowH * (2 * l + r + 1);
-      el("line", {x1: left, x2: width - 10, y1: y, y2: y, stroke: "#eee"});
-      el("text", {x: 4, y: y + 4, "class": "row"}).textContent = "block " + l + " " + label;
-    });
+  rows.forEach(function (r, i) {
+    var y = height - bottom - rowH * (i + 1);
+    el("line", {x1: left, x2: width - 10, y1: y, y2: y, stroke: "#eee"});
+    el("text", {x: 4, y: y + 4, "class": "row"}).textContent = "block " + r[0] + " " + LABEL[r[1]];
+  });
+  if (G.n_source) {  // an encoder–decoder: the source's columns, then the target's
+    var xs = left + col * G.n_source;
+    el("line", {x1: xs, x2: xs, y1: 10, y2: height - 10, stroke: "#999", "stroke-dasharray": "4 3"});
+    el("text", {x: xs - 6, y: height - 6, "text-anchor": "end", "class": "row"}).textContent = "source";
+    el("text", {x: xs + 6, y: height - 6, "class": "row"}).textContent = "target";
   }
   var edgeLayer = el("g", {}), nodeLayer = el("g", {});
   G.nodes.forEach(function (d) { d.xy = place(d); d.r = radius(d); d.into = []; d.out = []; byId[d.id] = d; });
@@ -189,7 +198,7 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
               f'{graph.granularity} granularity · {int(graph.node_mask.sum())} of {len(graph.data)} nodes, '
               f'{int(graph.edge_mask.sum())} of {len(graph.data.weights)} edges kept, holding '
               f'{graph.kept_share:.1%} of the output</p>'
-              '<p class="note">Tokens at the bottom, blocks upwards (attention, then FF), the output on top. '
+              '<p class="note">Tokens at the bottom, blocks upwards (attention, cross-attention, FF), the output on top. '
               'A node\'s size grows with |value| (its total effect on the output); edges are red where '
               'positive, blue where negative. Click a node for its edges (and a head\'s query–key pairs).</p>')
     body = ('<div id="ffb-graph-wrap"><div class="scroll"><svg id="ffb-graph"></svg></div>'
@@ -263,7 +272,8 @@ def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", s
                         clerp="the model's own bias terms")
         else:
             heads = max(widths.get(layer, 1), 1)
-            feature = {"head": part, "attention": 0, "ff": heads, "neuron": heads + 1 + part}[kind]
+            feature = {"head": part, "attention": 0, "cross_attention": heads, "ff": heads + 1,
+                       "neuron": heads + 2 + part}[kind]
             node.update(node_id=f"{layer}_{feature}_{position}", feature=_cantor(layer, feature), layer=str(layer),
                         ctx_idx=position, jsNodeId=f"{layer}_{feature}-0",
                         clerp=ids[k] + (f" @ {graph.tokens[position]}" if 0 <= position < len(graph.tokens) else ""))

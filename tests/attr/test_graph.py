@@ -10,10 +10,19 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
+from captum_ffb.architectures.paths import resolve
 from captum_ffb.attr.graph import AttributionGraph
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.graph import graph_pass
-from tests.models import INLINE_ATTENTION, TINY_MODELS, tiny_task_model, token_ids
+from tests.models import (
+    INLINE_ATTENTION,
+    TINY_MODELS,
+    TINY_SEQ2SEQ,
+    seq2seq_inputs,
+    split_source,
+    tiny_task_model,
+    token_ids,
+)
 
 ENCODERS = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "modernbert", "distilbert", "deberta-v2"}
 FAMILIES = sorted(TINY_MODELS)
@@ -174,8 +183,6 @@ def test_score_splits_add_up_to_the_models_scores(name):
     graph = nd.attribute_graph(ids, target, granularity="head", prune=False)
     tape = graph.scorer.tape
     for layer in range(len(nd.engine.blocks)):
-        from captum_ffb.architectures.paths import resolve
-
         block = nd.engine.blocks[layer]
         attention = resolve(block, nd.engine.family.for_block(block).attention)
         query, key, scaling = tape.coefficients.scores[id(attention)]
@@ -249,3 +256,96 @@ def test_max_nodes_leaves_out_the_smallest_and_says_so():
     assert 0 < len(writers) <= 10
     assert float(few.data.left_out.abs().sum()) > 0
     torch.testing.assert_close(few.data.values, full.data.values)
+
+
+SEQ2SEQ = sorted(TINY_SEQ2SEQ)
+BIAS_FREE_SEQ2SEQ = {"t5", "t5-gated", "mt5", "umt5"}
+
+
+def _seq2seq(name):
+    family = TINY_SEQ2SEQ[name]
+    source, kwargs = split_source(seq2seq_inputs(family))
+    return family, NormDecomposition(family.build()), source[:1], {k: v[:1] for k, v in kwargs.items()}
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_encoder_decoder_graphs_conserve_flow_over_source_and_target(name):
+    """Encoder writers over the source, decoder writers (cross-attention included) over the
+    target, in the layout [source | target]: (a) and (b) as for one stack."""
+    family, nd, source, kwargs = _seq2seq(name)
+    for granularity in ("sublayer", "head"):
+        graph = nd.attribute_graph(source, 5, forward_kwargs=kwargs, granularity=granularity, prune=False)
+        d = graph.data
+        assert "cross_attention" in d.kinds
+        inflow, outflow = graph.flow()
+        writers = torch.tensor([k not in ("token", "bias", "output") for k in d.kinds])
+        scale = float(d.values.abs().max())
+        assert float((inflow - d.values)[writers].abs().max()) <= 1e-5 * scale
+        assert float((outflow - d.values)[: d.output].abs().max()) <= 1e-5 * scale
+        src, tgt = nd.attribute(source, target=5, forward_kwargs=kwargs)
+        n_source = src.shape[1]
+        tokens = [k for k, kind in enumerate(d.kinds) if kind == "token"]
+        expected = torch.cat([src[0], tgt[0]])
+        for k in tokens:
+            assert abs(float(d.values[k]) - float(expected[d.positions[k]])) <= 1e-5 * scale
+        # encoder writers sit over the source, decoder writers over the target
+        n_encoder = len(nd.engine.source.blocks)
+        for k, kind in enumerate(d.kinds):
+            if kind not in ("token", "bias", "output"):
+                assert (d.positions[k] < n_source) == (d.layers[k] < n_encoder), (kind, d.layers[k], d.positions[k])
+        if name in BIAS_FREE_SEQ2SEQ:
+            assert float(d.weights[d.sources == d.bias].abs().sum()) <= 1e-5 * scale
+        if family.audio:
+            assert graph.tokens[0] == "frame 0" and graph.token_ids is None
+
+
+@pytest.mark.parametrize("name", ["bart", "t5"])
+def test_removing_a_cross_attention_node_in_the_frozen_model(name):
+    """(c) for a node that reads the encoder: zeroing its output at one target position."""
+    _, nd, source, kwargs = _seq2seq(name)
+    request = nd.engine.request((source,), kwargs)
+    head_target = nd._target(5, None, request.read_mask)
+    store = FrozenCoefficients()
+    clean = float(graph_pass(nd.engine, request, head_target, nd.rules, "sublayer", store).value.detach())
+    graph = nd.attribute_graph(source, 5, forward_kwargs=kwargs, granularity="sublayer", prune=False)
+    d = graph.data
+    cross = [k for k, kind in enumerate(d.kinds) if kind == "cross_attention"]
+    node = max(cross, key=lambda k: abs(float(d.values[k])))
+    from captum_ffb.engine.block import watched_modules
+
+    n_encoder = len(nd.engine.source.blocks)
+    block = nd.engine.blocks[d.layers[node] - n_encoder]
+    module = watched_modules(block, nd.engine.family.for_block(block))["cross_out"]
+    position = d.positions[node] - source.shape[1]
+
+    def remove(recorder):
+        def hook(mod, args, output):
+            out = (output[0] if isinstance(output, tuple) else output).clone()
+            out[:, position] = 0
+            return (out, *output[1:]) if isinstance(output, tuple) else out
+        return [module.register_forward_hook(hook)]
+
+    removed = float(graph_pass(nd.engine, request, head_target, nd.rules, "sublayer", store.replayed(),
+                               remove).value.detach())
+    assert abs((clean - removed) - float(d.values[node])) <= 1e-4 * max(abs(clean), 1e-3)
+
+
+@pytest.mark.parametrize("name", ["bart", "t5"])
+def test_encoder_decoder_score_splits_add_up(name):
+    """(d) for a decoder's self-attention, positions in the layout [source | target]."""
+    _, nd, source, kwargs = _seq2seq(name)
+    graph = nd.attribute_graph(source, 5, forward_kwargs=kwargs, granularity="head", prune=False)
+    n_source, n_encoder = source.shape[1], len(nd.engine.source.blocks)
+    layer = n_encoder + 1
+    tape = graph.scorer.tape
+    attention = resolve(nd.engine.blocks[1], nd.engine.family.for_block(nd.engine.blocks[1]).attention)
+    query, key, scaling = tape.coefficients.scores[id(attention)]
+    q, s = 2, 1
+    real = float((query[0, 0, q] * key[0, 0, s]).sum().detach()) * scaling
+    split = graph.score_split(layer, 0, n_source + q, n_source + s)
+    assert abs(sum(split.values()) - real) <= 1e-5 * max(1.0, abs(real))
+    assert all(k == "bias" or int(k.rsplit(".", 1)[1]) >= n_source for pair in split for k in pair)
+    with pytest.raises(ValueError, match="query_position"):
+        graph.score_split(layer, 0, 0, n_source)
+    with pytest.raises(ValueError, match="patching estimates"):
+        nd.attribute_graph(source, 5, forward_kwargs=kwargs, baseline_inputs=source)

@@ -174,3 +174,31 @@ def test_cli_writes_the_three_files(tmp_path):
                  "--node-threshold", "2", "--quiet"]) == 2
     assert main(["graph", "the cat", "--model", str(model), "--out", str(tmp_path / "o4"),
                  "--format", "svg", "--quiet"]) == 2
+
+
+def test_bad_requests_are_refused_before_any_pass(llama):
+    nd, ids = llama
+    for options, match in [({"max_nodes": 0}, "max_nodes"), ({"max_nodes": 2.5}, "max_nodes"),
+                           ({"node_threshold": -0.1}, "node_threshold"), ({"edge_threshold": 2}, "edge_threshold"),
+                           ({"granularity": "expert"}, "granularity")]:
+        with pytest.raises(ValueError, match=match):
+            nd.attribute_graph(ids, 5, **options)
+    with pytest.raises(ValueError, match="one input at a time"):
+        nd.attribute_graph(torch.cat([ids, ids]), 5)
+    with pytest.raises(ValueError, match="baseline_inputs"):
+        nd.attribute_graph(ids, 5, baseline_inputs=ids[:, :3])
+
+
+def test_cli_graph_of_an_encoder_decoder(tmp_path):
+    from tests.models import save_tiny_seq2seq
+
+    model = save_tiny_seq2seq(tmp_path / "model")
+    out = tmp_path / "out"
+    assert main(["graph", "the cat sat on the mat ||| le chat", "--model", str(model), "--out", str(out),
+                 "--no-prune", "--granularity", "sublayer", "--quiet"]) == 0
+    saved = json.loads((out / "graph.json").read_text())
+    assert saved["n_source"] and "cross_attention" in {n["kind"] for n in saved["nodes"]}
+    _graph_models().Model(**json.loads((out / "graph_neuronpedia.json").read_text()))
+    assert main(["graph", "the cat sat", "--model", str(model), "--out", str(tmp_path / "o2"), "--quiet"]) == 2
+    assert main(["graph", "the cat ||| le", "--model", str(model), "--out", str(tmp_path / "o3"),
+                 "--baseline", "the dog ||| le", "--quiet"]) == 2
