@@ -34,7 +34,7 @@ class AttributionGraph:
     r"""An exact attribution graph of one explained output.
 
     Attributes:
-        data (GraphData): every node and edge (the engine's numbers).
+        data (~captum_ffb.engine.graph.GraphData): every node and edge (the engine's numbers).
         tokens (list[str]): the input tokens (labels of the token nodes).
         output_label (str): what is explained, in words (a token, a class).
         granularity (str): ``"sublayer"``, ``"head"`` or ``"neuron"``.
@@ -90,7 +90,7 @@ class AttributionGraph:
         return float(self.data.values[self.data.output])
 
     def ids(self) -> list[str]:
-        """Every node's id (see :func:`node_id`)."""
+        """Every node's id (see :func:`~captum_ffb.engine.graph.node_id`)."""
         d = self.data
         return [node_id(k, layer, part, p) for k, layer, part, p in zip(d.kinds, d.layers, d.heads, d.positions)]
 
@@ -317,11 +317,11 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
         inputs (Tensor): ``(1, n)`` token ids.
         target (int, str, ReadOut, optional): as in ``attribute`` (``None``: the prediction).
         granularity (str): ``"sublayer"``, ``"head"`` (default) or ``"neuron"``.
-        prune (bool): prune as circuit-tracer does (:meth:`AttributionGraph.prune`).
+        prune (bool): prune as circuit-tracer does (:meth:`~captum_ffb.attr.AttributionGraph.prune`).
         node_threshold, edge_threshold (float): the pruning's shares of influence kept.
         max_nodes (int, optional): compute edges for this many writer nodes only (largest
                     ``|value|``); what the others send is reported as left out (default:
-                    :data:`DEFAULT_MAX_NODES` when pruning, every node when not).
+                    :data:`~captum_ffb.attr.graph.DEFAULT_MAX_NODES` when pruning, every node when not).
         baseline_inputs (Tensor, optional): a corrupted input of the same length: every
                     node then carries patching estimates (:mod:`captum_ffb.attr.patching`).
         additional_forward_args, forward_kwargs, reference, rules: as in ``attribute``.

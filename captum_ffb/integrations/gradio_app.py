@@ -14,7 +14,7 @@
 - *Components*: the first output split over tokens × components
   (``explain_text(..., components=...)``, :func:`~captum_ffb.viz.plot_components`).
 - *Graph*: the output's exact attribution graph (:func:`~captum_ffb.explain.graph_text`,
-  what ``captum-ffb graph`` writes), pruned, on :func:`~captum_ffb.viz.graph.graph_html`'s
+  what ``captum-ffb graph`` writes), pruned, on :func:`~captum_ffb.viz.graph_html`'s
   page (click a node for its edges and a head's query–key pairs).
 
 The server listens on 127.0.0.1 unless told otherwise, sends no telemetry (Gradio's

@@ -1,4 +1,4 @@
-r"""Views of an :class:`~captum_ffb.attr.graph.AttributionGraph`: an offline HTML page and the
+r"""Views of an :class:`~captum_ffb.attr.AttributionGraph`: an offline HTML page and the
 JSON that circuit-tracer's frontend and Neuronpedia's graph viewer read.
 
 The page (:func:`graph_html`) draws the kept graph as SVG: the tokens along the bottom, a row
@@ -8,7 +8,7 @@ the bias at the left. A node's area grows with
 ``|value|``; an edge is red where its weight is positive and blue where negative (the
 package's one colour scale), thicker where larger. Clicking a node lists its in- and
 out-edges and, for a head, the writer pairs that made its score at the positions it
-attends most (:meth:`~captum_ffb.attr.graph.AttributionGraph.query_key_pairs`). Everything
+attends most (:meth:`~captum_ffb.attr.AttributionGraph.query_key_pairs`). Everything
 is inline: the page requests nothing.
 
 :func:`neuronpedia_graph` writes circuit-tracer 0.5's schema (``metadata``, ``qParams``,
@@ -181,7 +181,7 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
         graph (AttributionGraph): the graph (pruned or not).
         title (str, optional): the page's title (default: what is explained).
         query_key (dict, optional): head node id → its query–key pairs
-                    (:meth:`~captum_ffb.attr.graph.AttributionGraph.query_key_pairs`; computed
+                    (:meth:`~captum_ffb.attr.AttributionGraph.query_key_pairs`; computed
                     here for the largest heads when ``None`` and the graph can split scores).
 
     Returns:
