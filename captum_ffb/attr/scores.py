@@ -22,7 +22,6 @@ from captum_ffb.engine.graph import (
     _batched_grad,
     graph_pass,
     node_id,
-    source_covectors,
     token_values,
 )
 
@@ -137,22 +136,25 @@ class ScoreSplitter:
         (at_leaf,) = _batched_grad(tensor, [leaf], cot)  # (e, B, n, d): each component's covector
         sources = [w.output for w in tape.writers[:index]] + tape.leaves
         pulled = _batched_grad(stream, sources, at_leaf)
-        pulled = source_covectors(tape, index, pulled[:index]) + pulled[index:]
         parts: dict[str, Tensor] = {}
         at = position + writer.offset
-        for source, covector in zip(tape.writers[:index], pulled[:index]):
+        for source_index, (source, covector) in enumerate(zip(tape.writers[:index], pulled[:index])):
             if source.segment != writer.segment:
                 continue  # another stack's stream (an encoder's, read through cross-attention nodes)
+            c = covector.reshape(width, 1, -1, covector.shape[-1])[:, 0, position]  # (e, d) at the output
             if source.parts is None:
                 out = source.output.detach()
                 out = out.reshape(1, -1, out.shape[-1]) if out.dim() == 2 else out
-                c = covector.reshape(width, 1, -1, covector.shape[-1])
-                parts[node_id(source.kind, source.layer, -1, at)] = (c[:, 0, position] * out[0, position]).sum(-1)
+                parts[node_id(source.kind, source.layer, -1, at)] = (c * out[0, position]).sum(-1)
+                continue
+            if source.kind == "attention":
+                values = c @ tape.part_outputs(source_index)[position].T  # (e, heads)
             else:
-                values = (covector[:, 0, position] * source.parts.detach()[0, position]).sum(-1)  # (e, parts)
-                kind = "head" if source.kind == "attention" else "neuron"
-                for j in range(values.shape[1]):
-                    parts[node_id(kind, source.layer, j, at)] = values[:, j]
+                at_parts = source.part_grad(source.output, covector, batched=True)
+                values = (at_parts[:, 0, position] * source.parts.detach()[0, position]).sum(-1)  # (e, parts)
+            kind = "head" if source.kind == "attention" else "neuron"
+            for j in range(values.shape[1]):
+                parts[node_id(kind, source.layer, j, at)] = values[:, j]
         segment = self.players[writer.segment]
         leaf_x = tape.leaves[writer.segment].detach()
         tokens = token_values(pulled[index + writer.segment], leaf_x, segment.reference, segment.seen,

@@ -120,8 +120,30 @@ class GraphTape:
 
     @property
     def leaf_keys(self) -> list[str]:
-        """Their keys in :class:`Covectors`."""
+        """Their keys in :class:`~captum_ffb.engine.graph.Covectors`."""
         return ["inputs"] if self.source_inputs is None else ["source_inputs", "inputs"]
+
+    def part_outputs(self, index: int) -> Tensor:
+        """``(n, p, d)``: what each part of writer ``index`` (a head) adds to the stream at each
+        position, ``J part_j`` for the frozen linear map ``J`` from its parts to its output
+        (its output projection, and a frozen post-norm), computed once and kept. An edge
+        from a part is then a dot product with the covector at the writer's output, not a
+        vector–Jacobian product through the projection."""
+        cache = self.__dict__.setdefault("_part_outputs", {})
+        if index not in cache:
+            writer = self.writers[index]
+            parts = writer.parts.detach()
+            k = parts.shape[2]
+            tangents = torch.zeros((k, *parts.shape), dtype=parts.dtype, device=parts.device)
+            for j in range(k):
+                tangents[j, :, :, j] = parts[:, :, j]
+            tangents = tangents.reshape(k, *writer.raw.shape)
+            # J v by the double-vector–Jacobian trick: u ↦ ⟨Jᵀu, v⟩ has the gradient J v
+            dummy = torch.zeros_like(writer.output, requires_grad=True)
+            (transposed,) = torch.autograd.grad(writer.output, writer.raw, dummy, create_graph=True)
+            (found,) = _batched_grad(transposed, [dummy], tangents)
+            cache[index] = _seq(found, writer.n, 1)[:, 0].permute(1, 0, 2).detach()  # (n, p, d)
+        return cache[index]
 
 
 def _module(block: nn.Module, path: str | None) -> nn.Module | None:
@@ -455,7 +477,7 @@ class GraphData:
     coordinates.
 
     Attributes:
-        kinds (list[str]): each node's kind (:data:`NODE_KINDS`).
+        kinds (list[str]): each node's kind (:data:`~captum_ffb.engine.graph.NODE_KINDS`).
         layers (list[int]): each node's block (−1 for tokens, the bias and the output).
         heads (list[int]): each node's part (head, neuron; −1 for none).
         positions (list[int]): each node's position (−1 for the bias and the output).
@@ -535,7 +557,7 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
 
     Args:
         tape (GraphTape): the pass (:func:`graph_pass`).
-        covectors_ (Covectors): its covectors (:func:`covectors`).
+        covectors_ (Covectors): its covectors (:func:`~captum_ffb.engine.graph.covectors`).
         players (list[Players]): per segment of :attr:`GraphTape.leaves`, its players.
         chunk (int): target nodes per batched vector–Jacobian product.
         max_nodes (int, optional): compute the edges into (and out of) only this many writer
@@ -606,14 +628,17 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
                     cot[k, :, p, j] = seq[:, p, j]
             cot = cot.reshape(len(group), *g.shape)
             _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
-            pulled = source_covectors(tape, index, pulled[:index]) + pulled[index:]
             dst = torch.tensor([int(ids[index][p, max(j, 0)]) for p, j in group])
             for source_index, covector in enumerate(pulled[:index]):
                 source = tape.writers[source_index]
+                at_output = _seq(covector, source.n, 1)[:, 0]  # (k, n, d)
                 if source.parts is None:
-                    w = (_seq(covector, source.n, 1)[:, 0] * _seq(source.output.detach(), source.n)[0]).sum(-1)
-                else:
-                    w = (covector[:, 0] * source.parts.detach()[0]).sum(-1)  # (k, n, parts)
+                    w = (at_output * _seq(source.output.detach(), source.n)[0]).sum(-1)
+                elif source.kind == "attention":  # heads: dot products with what each head writes
+                    w = torch.einsum("knd,npd->knp", at_output, tape.part_outputs(source_index))
+                else:  # neurons: through the output projection (a head's way would hold n·d_ff·d)
+                    at_parts = source.part_grad(source.output, covector, batched=True)
+                    w = (at_parts[:, 0] * source.parts.detach()[0]).sum(-1)  # (k, n, parts)
                 w = w.reshape(len(group), source.n, -1)
                 edges.add(ids[source_index][None].expand_as(w), dst[:, None, None].expand_as(w), w)
             for s_ in range(n_leaves):
