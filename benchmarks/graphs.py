@@ -1,0 +1,173 @@
+"""Cost of attribution graphs, measured in one run.
+
+Run from the repository root::
+
+    python benchmarks/graphs.py                 # writes benchmarks/GRAPHS.md and .json
+    python benchmarks/graphs.py --sizes 128 --memory 0 --quick
+
+SmolLM2-135M-Instruct, the predicted next token of random ids: ``attribute_graph`` at head
+granularity, pruned with circuit-tracer's default thresholds (the default ``max_nodes``),
+against one plain forward + backward pass of the model (loss = the target logit, gradients of
+every parameter) and ``attribute`` (the backward route), interleaved and timed in the same run
+(best of ``--repeat``); ``score_split`` per call (after the first, which records the pass);
+and, each in a process of its own, the peak resident memory of the *unpruned* graph at
+``--memory`` tokens (Linux: the high-water mark reset after the model has loaded). One thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+METHODS = ["forward + backward", "attribute (backward route)", "attribute_graph (head, pruned)",
+           "attribute_graph (sublayer, pruned)"]
+
+
+def load():
+    from captum_ffb import NormDecomposition
+    from captum_ffb.models import load_model, smollm2_dir
+
+    loaded = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm")
+    return loaded.model, NormDecomposition(loaded.model)
+
+
+def inputs(model: torch.nn.Module, n: int) -> tuple[torch.Tensor, int]:
+    ids = torch.randint(100, model.config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n))
+    with torch.no_grad():
+        token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
+    return ids, token
+
+
+def timings(model, nd, n: int, repeat: int) -> tuple[list[dict], dict]:
+    ids, token = inputs(model, n)
+
+    def plain():
+        model.zero_grad(set_to_none=True)
+        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
+
+    runs = {
+        "forward + backward": plain,
+        "attribute (backward route)": lambda: nd.attribute(ids, target=token),
+        "attribute_graph (head, pruned)": lambda: nd.attribute_graph(ids, token),
+        "attribute_graph (sublayer, pruned)": lambda: nd.attribute_graph(ids, token, granularity="sublayer"),
+    }
+    for fn in runs.values():  # warm up
+        fn()
+    best = {name: float("inf") for name in runs}
+    for _ in range(repeat):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    graph = nd.attribute_graph(ids, token)
+    facts = {"kept_nodes": int(graph.node_mask.sum()), "kept_edges": int(graph.edge_mask.sum()),
+             "kept_share": graph.kept_share, "nodes": len(graph.data), "edges_computed": len(graph.data.weights)}
+    d = graph.data
+    layer, head = next((d.layers[k], d.heads[k]) for k in graph.node_mask.nonzero()[:, 0].tolist()
+                       if d.kinds[k] == "head")
+    graph.score_split(layer, head, n - 1, 0)  # records the pass
+    start = time.perf_counter()
+    calls = 5
+    for key in range(calls):
+        graph.score_split(layer, head, n - 1, key)
+    facts["score_split_s"] = (time.perf_counter() - start) / calls
+    rows = [{"n": n, "method": name, "seconds": best[name],
+             "ratio_to_forward_backward": best[name] / best["forward + backward"]} for name in runs]
+    return rows, facts
+
+
+def alone(n: int) -> None:
+    """In a process of its own: the unpruned head graph at ``n``; print its peak memory."""
+    import gc
+
+    model, nd = load()
+    ids, token = inputs(model, n)
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_bytes("VmRSS")
+    start = time.perf_counter()
+    graph = nd.attribute_graph(ids, token, prune=False)
+    seconds = time.perf_counter() - start
+    peak = _status_bytes("VmHWM")
+    print(json.dumps({"n": n, "seconds": seconds, "peak_bytes": peak, "added_bytes": peak - before,
+                      "nodes": len(graph.data), "edges": len(graph.data.weights)}))
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Attribution graphs: cost (SmolLM2-135M, next token)", "",
+             f"1 thread, torch {result['torch']}, best of {result['repeat']}, run {result['run']}; by "
+             "`python benchmarks/graphs.py`. Ratios are taken within this run. The pruned graph computes the "
+             "edges of the default `max_nodes` (256) writer nodes, then prunes with circuit-tracer's thresholds "
+             "(0.8 / 0.98).", "",
+             "| n | method | seconds | × forward + backward |", "|---|---|---:|---:|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['n']} | {row['method']} | {row['seconds']:.2f} | {row['ratio_to_forward_backward']:.2f} |")
+    lines += ["", "| n | graph nodes | edges computed | kept nodes | kept edges | kept share | `score_split` per call (s) |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for n, facts in result["facts"].items():
+        lines.append(f"| {n} | {facts['nodes']} | {facts['edges_computed']} | {facts['kept_nodes']} | "
+                     f"{facts['kept_edges']} | {facts['kept_share']:.1%} | {facts['score_split_s']:.3f} |")
+    if result.get("memory"):
+        m = result["memory"]
+        lines += ["", f"Unpruned head graph at n = {m['n']} (every node's edges: {m['nodes']} nodes, {m['edges']} "
+                  f"edges): {m['seconds']:.1f} s, peak resident memory {m['peak_bytes'] / 2**30:.2f} GiB "
+                  f"({m['added_bytes'] / 2**30:.2f} GiB above the loaded model)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="128,512")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--memory", type=int, default=32, help="n for the unpruned graph's memory (0: skip)")
+    parser.add_argument("--alone", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="n = 32, one repeat, no files")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.alone is not None:
+        alone(args.alone)
+        return 0
+    sizes = [32] if args.quick else [int(s) for s in args.sizes.split(",")]
+    model, nd = load()
+    result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
+              "machine": platform.processor() or platform.machine(), "repeat": 1 if args.quick else args.repeat,
+              "rows": [], "facts": {}}
+    for n in sizes:
+        rows, facts = timings(model, nd, n, result["repeat"])
+        result["rows"] += rows
+        result["facts"][str(n)] = facts
+        for row in rows:
+            print(f"n={n} {row['method']}: {row['seconds']:.2f} s ({row['ratio_to_forward_backward']:.2f}×)", flush=True)
+    if args.memory and not args.quick:
+        out = subprocess.run([sys.executable, __file__, "--alone", str(args.memory)], capture_output=True,
+                             text=True, check=True)
+        result["memory"] = json.loads(out.stdout.strip().splitlines()[-1])
+    if args.quick:
+        print(markdown(result))
+        return 0
+    here = Path(__file__).parent
+    (here / "GRAPHS.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (here / "GRAPHS.md").write_text(markdown(result), encoding="utf-8")
+    print(here / "GRAPHS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
