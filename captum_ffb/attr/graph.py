@@ -44,6 +44,10 @@ class AttributionGraph:
                     (circuit-tracer's, after pruning).
         patch_estimates (dict): estimator name → ``(N,)`` each node's estimated effect of
                     patching it from the baseline run (``baseline_inputs``).
+        patch_kappa (Tensor, optional): ``(N,)`` each node's κ, how far its patch moves the
+                    stream relative to the stream (:mod:`captum_ffb.attr.patching`).
+        patch_components (dict): estimator name → {component id: effect} for the components
+                    that estimator patched for real at every position (``"atp+exact"``).
         thresholds (dict): the pruning's parameters.
         scorer (Any, optional): computes score splits (:meth:`score_split`), bound to the
                     model and the input.
@@ -63,6 +67,8 @@ class AttributionGraph:
     edge_mask: Tensor
     influence: Tensor | None = None
     patch_estimates: dict[str, Tensor] = field(default_factory=dict)
+    patch_kappa: Tensor | None = None
+    patch_components: dict[str, dict[str, float]] = field(default_factory=dict)
     thresholds: dict[str, Any] = field(default_factory=dict)
     scorer: Any = None
     qk_links: list[dict[str, Any]] = field(default_factory=list)
@@ -102,12 +108,31 @@ class AttributionGraph:
             raise ValueError(f"no node {node!r} in this graph") from None
 
     def flow(self) -> tuple[Tensor, Tensor]:
-        """``(in-flow, out-flow)`` of every node over the whole graph (the bias edges and the
-        direct edges to the output included): each equals the node's value."""
+        """``(in-flow, out-flow)`` of every node over the whole graph (the bias edges, the
+        direct edges to the output and what ``max_nodes`` left out included): each equals the
+        node's value, except at the writer nodes whose edges ``max_nodes`` did not compute
+        (they have none)."""
         d = self.data
         inflow = torch.zeros(len(d), dtype=d.weights.dtype).index_add_(0, d.targets, d.weights)
+        if d.left_out is not None:
+            inflow = inflow + d.left_out.to(inflow.dtype)
         outflow = torch.zeros(len(d), dtype=d.weights.dtype).index_add_(0, d.sources, d.weights)
         return inflow, outflow
+
+    def flow_residual(self) -> float:
+        """The largest ``|in-flow − value|`` over the writer nodes whose edges were computed and
+        the output, and, when every node's edges were (``max_nodes`` not reached), the largest
+        ``|out-flow − value|`` over the tokens and the writers too: zero up to rounding."""
+        d = self.data
+        inflow, outflow = self.flow()
+        writers = torch.tensor([k not in ("token", "bias", "output") for k in d.kinds])
+        receives = writers.clone() if d.computed is None else writers & d.computed
+        receives[d.output] = True
+        residual = float((inflow - d.values)[receives].abs().max())
+        if d.computed is None:
+            sends = writers | torch.tensor([k == "token" for k in d.kinds])
+            residual = max(residual, float((outflow - d.values)[sends].abs().max()))
+        return residual
 
     def edges_of(self, node: str) -> dict[str, list[tuple[str, float]]]:
         """A node's kept edges: ``{"in": [(source, weight)], "out": [(target, weight)]}``,
@@ -131,7 +156,9 @@ class AttributionGraph:
         """Patching estimates summed over positions: component id (``block.<l>.head.<h>``,
         ``block.<l>.attention``, ``block.<l>.ff``) → the estimated effect of patching the
         component at every position (what :func:`~captum_ffb.baselines.activation_patching`
-        measures); the estimators are linear, so positions add."""
+        measures): the nodes' estimates added over positions, except for the components the
+        estimator patched for real at every position (``"atp+exact"``, where some node's κ
+        exceeds ``exact_above``), whose effect is that pass's."""
         if estimator not in self.patch_estimates:
             known = ", ".join(self.patch_estimates) or "none: build the graph with baseline_inputs"
             raise ValueError(f"estimator must be one of {known}, got {estimator!r}")
@@ -141,6 +168,7 @@ class AttributionGraph:
             if d.kinds[k] in ("head", "attention", "ff", "neuron"):
                 name = node_id(d.kinds[k], d.layers[k], d.heads[k], 0).rsplit(".", 1)[0]
                 found[name] = found.get(name, 0.0) + value
+        found.update(self.patch_components.get(estimator, {}))
         return found
 
     # ------------------------------------------------------------------ pruning
@@ -261,10 +289,10 @@ class AttributionGraph:
                 node["token"] = self.output_label
             if self.influence is not None:
                 node["influence"] = float(self.influence[k])
-            for name, estimates in self.patch_estimates.items():
-                if d.kinds[k] not in ("token", "bias", "output"):
-                    node.setdefault("patch_estimate", float(estimates[k]))
-                    node.setdefault("patch_estimates", {})[name] = float(estimates[k])
+            if self.patch_estimates and d.kinds[k] not in ("token", "bias", "output"):
+                node["patch_estimate"] = float(self.patch_estimates["default"][k])
+                node["patch_estimates"] = {name: float(v[k]) for name, v in self.patch_estimates.items()}
+                node["patch_kappa"] = float(self.patch_kappa[k])
             nodes.append(node)
         shown = self.node_mask[d.sources] & self.node_mask[d.targets] & self.edge_mask
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
@@ -308,7 +336,7 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
                       edge_threshold: float = EDGE_THRESHOLD, max_nodes: int | None = None,
                       baseline_inputs: Any = None, additional_forward_args: Any = None,
                       forward_kwargs: dict[str, Any] | None = None, reference: Any = None,
-                      rules: Any = None) -> AttributionGraph:
+                      rules: Any = None, exact_above: float | None = None) -> AttributionGraph:
     r"""The exact attribution graph of one output of one input (what
     :meth:`~captum_ffb.attr.NormDecomposition.attribute_graph` returns).
 
@@ -324,6 +352,9 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
                     :data:`~captum_ffb.attr.graph.DEFAULT_MAX_NODES` when pruning, every node when not).
         baseline_inputs (Tensor, optional): a corrupted input of the same length: every
                     node then carries patching estimates (:mod:`captum_ffb.attr.patching`).
+        exact_above (float, optional): the κ above which ``"atp+exact"`` patches a node for
+                    real (default :data:`~captum_ffb.attr.patching.EXACT_ABOVE`;
+                    ``math.inf``: never).
         additional_forward_args, forward_kwargs, reference, rules: as in ``attribute``.
 
     Returns:
@@ -352,6 +383,11 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
     head_target = resolved_target(nd, request, target)
     if baseline_inputs is not None:
         engine.refuse_two_stacks("patching estimates")
+    from captum_ffb.attr.patching import EXACT_ABOVE
+
+    exact_above = EXACT_ABOVE if exact_above is None else exact_above
+    if isinstance(exact_above, bool) or not isinstance(exact_above, (int, float)) or not exact_above > 0:
+        raise ValueError(f"exact_above must be a positive number (math.inf: never patch for real), got {exact_above!r}")
     tape = graph_pass(engine, request, head_target, chosen, granularity)
     found = covectors(tape)
     players = _players(engine, request, tape, reference, head_target)
@@ -364,8 +400,8 @@ def attribution_graph(nd: Any, inputs: Any, target: Any = None, *, granularity: 
     if baseline_inputs is not None:
         from captum_ffb.attr.patching import patch_estimates
 
-        graph.patch_estimates = patch_estimates(nd, request, head_target, chosen, tape, found, data, baseline_inputs,
-                                                granularity)
+        graph.patch_estimates, graph.patch_kappa, graph.patch_components = patch_estimates(nd, request, head_target, tape, found, data,
+                                                                   baseline_inputs, granularity, exact_above)
     from captum_ffb.attr.scores import ScoreSplitter
 
     graph.scorer = ScoreSplitter(nd, request, chosen, head_target, granularity, players)

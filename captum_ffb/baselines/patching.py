@@ -9,12 +9,11 @@ patching estimates (:mod:`captum_ffb.attr.patching`) estimate from two passes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 __all__ = ["PATCHING_GRANULARITIES", "PatchingResult", "activation_patching", "component_id"]
 
@@ -50,7 +49,7 @@ class PatchingResult:
 
 def activation_patching(model: Any, inputs: Tensor, baseline_inputs: Tensor, target: Any = None,
                         granularity: str = "head", *, forward_kwargs: dict[str, Any] | None = None,
-                        show_progress: bool = True) -> PatchingResult:
+                        batch_size: int = 16, show_progress: bool = True) -> PatchingResult:
     r"""Patch each component's output from the baseline run, one forward pass per component.
 
     Args:
@@ -61,6 +60,8 @@ def activation_patching(model: Any, inputs: Tensor, baseline_inputs: Tensor, tar
                     (``None``: the clean prediction).
         granularity (str): ``"head"`` (each head and each FF block) or ``"sublayer"``.
         forward_kwargs (dict, optional): further arguments of the model's forward.
+        batch_size (int): patched passes run together (each row of a batch the input with its
+                    own patch).
         show_progress (bool): a progress bar over the patched passes.
 
     Returns:
@@ -68,10 +69,11 @@ def activation_patching(model: Any, inputs: Tensor, baseline_inputs: Tensor, tar
     """
     from captum_ffb.attr.graph import resolved_target
     from captum_ffb.attr.norm_decomposition import NormDecomposition
-    from captum_ffb.engine.block import watched_modules
+    from captum_ffb.attr.patching import Patch, patched_values, writer_module
     from captum_ffb.engine.graph import real_writers
-    from captum_ffb.engine.head import target_value
 
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive number of passes, got {batch_size!r}")
     if granularity not in PATCHING_GRANULARITIES:
         raise ValueError(f"granularity must be one of {', '.join(PATCHING_GRANULARITIES)} (one patched pass per "
                          f"component), got {granularity!r}")
@@ -90,59 +92,29 @@ def activation_patching(model: Any, inputs: Tensor, baseline_inputs: Tensor, tar
     target = resolved_target(nd, request, target)
     base = real_writers(engine, corrupt, target, granularity)
     n_heads = int(getattr(engine.config, "num_attention_heads", 1) or 1)
-    patches: list[tuple[str, nn.Module, Callable[..., Any], bool]] = []
-    for index, block in enumerate(engine.blocks):
-        roles = watched_modules(block, engine.family.for_block(block))
+    names: list[str] = []
+    patches: list[Patch] = []
+    for index in range(len(engine.blocks)):
         key = f"block.{index}.attention"
         if granularity == "head":
             for head in range(n_heads):
-                patches.append((component_id("head", index, head), roles["attn_out"],
-                                _head_patch(base.parts[key][:, :, head], head, n_heads), True))
+                names.append(component_id("head", index, head))
+                patches.append(Patch(writer_module(engine, index, "head", part=True), base.parts[key][:, :, head],
+                                     head, n_heads))
         else:
-            patches.append((component_id("attention", index), roles.get("attention_post_norm") or roles["attn_out"],
-                            _output_patch(base.outputs[key]), False))
-        patches.append((component_id("ff", index), roles["ff"], _output_patch(base.outputs[f"block.{index}.ff"]), False))
-    kwargs = dict(request.kwargs)
-    model_ = nd.model
-    training = model_.training
-    model_.eval()
-    effects: dict[str, float] = {}
+            names.append(component_id("attention", index))
+            patches.append(Patch(writer_module(engine, index, "attention"), base.outputs[key]))
+        names.append(component_id("ff", index))
+        patches.append(Patch(writer_module(engine, index, "ff"), base.outputs[f"block.{index}.ff"]))
+    clean = float(real_writers(engine, request, target, "sublayer").value[0])
     bar = _progress(len(patches), show_progress)
     try:
-        with torch.no_grad():
-            clean = float(target_value(engine.head, model_(*request.args, **kwargs), target)[0])
-            for name, module, hook, before in patches:
-                handle = (module.register_forward_pre_hook(hook) if before else module.register_forward_hook(hook))
-                try:
-                    patched = float(target_value(engine.head, model_(*request.args, **kwargs), target)[0])
-                finally:
-                    handle.remove()
-                effects[name] = clean - patched
-                if bar is not None:
-                    bar.update(1)
+        values = patched_values(engine, request, target, patches, batch_size, bar)
     finally:
-        model_.train(training)
         if bar is not None:
             bar.close()
+    effects = {name: clean - value for name, value in zip(names, values)}
     return PatchingResult(effects, clean, float(base.value[0]))
-
-
-def _output_patch(value: Tensor) -> Callable[..., Any]:
-    def hook(module: nn.Module, args: Any, output: Any) -> Any:
-        kept = output[0] if isinstance(output, tuple) else output
-        new = value.reshape(kept.shape).to(kept.dtype)
-        return (new, *output[1:]) if isinstance(output, tuple) else new
-    return hook
-
-
-def _head_patch(value: Tensor, head: int, n_heads: int) -> Callable[..., Any]:
-    """Replace one head's slice of the output projection's input (``value``: ``(1, n, d_h)``)."""
-    def hook(module: nn.Module, args: Any) -> Any:
-        x = args[0]
-        shaped = x.reshape(*x.shape[:-1], n_heads, -1).clone()
-        shaped[..., head, :] = value.reshape(*shaped.shape[:-2], -1).to(x.dtype)
-        return (shaped.reshape(x.shape), *args[1:])
-    return hook
 
 
 def _progress(total: int, show: bool) -> Any:

@@ -131,19 +131,33 @@ class GraphTape:
         vector–Jacobian product through the projection."""
         cache = self.__dict__.setdefault("_part_outputs", {})
         if index not in cache:
-            writer = self.writers[index]
-            parts = writer.parts.detach()
-            k = parts.shape[2]
-            tangents = torch.zeros((k, *parts.shape), dtype=parts.dtype, device=parts.device)
-            for j in range(k):
-                tangents[j, :, :, j] = parts[:, :, j]
-            tangents = tangents.reshape(k, *writer.raw.shape)
-            # J v by the double-vector–Jacobian trick: u ↦ ⟨Jᵀu, v⟩ has the gradient J v
-            dummy = torch.zeros_like(writer.output, requires_grad=True)
-            (transposed,) = torch.autograd.grad(writer.output, writer.raw, dummy, create_graph=True)
-            (found,) = _batched_grad(transposed, [dummy], tangents)
-            cache[index] = _seq(found, writer.n, 1)[:, 0].permute(1, 0, 2).detach()  # (n, p, d)
+            cache[index] = self.part_writes(index, self.writers[index].parts.detach())
         return cache[index]
+
+    def part_writes(self, index: int, parts: Tensor) -> Tensor:
+        """``(n, p, d)``: ``J v_j`` for parts ``v`` shaped as writer ``index``'s (``(1, n, p, w)``):
+        what each part would add to the stream through the writer's frozen linear map ``J``."""
+        writer = self.writers[index]
+        k = parts.shape[2]
+        # J v by the double-vector–Jacobian trick: u ↦ ⟨Jᵀu, v⟩ has the gradient J v
+        dummy = torch.zeros_like(writer.output, requires_grad=True)
+        (transposed,) = torch.autograd.grad(writer.output, writer.raw, dummy, create_graph=True)
+        found = []
+        for start in range(0, k, 64):  # the tangents of 64 parts at a time (an FF has thousands)
+            chunk = range(start, min(k, start + 64))
+            tangents = torch.zeros((len(chunk), *parts.shape), dtype=parts.dtype, device=parts.device)
+            for row, j in enumerate(chunk):
+                tangents[row, :, :, j] = parts[:, :, j]
+            (written,) = _batched_grad(transposed, [dummy], tangents.reshape(len(chunk), *writer.raw.shape))
+            found.append(_seq(written, writer.n, 1)[:, 0].permute(1, 0, 2).detach())
+        return torch.cat(found, dim=1)  # (n, p, d)
+
+    def stream_after(self, index: int) -> Tensor:
+        """``(B, n, d)``: the stream just after writer ``index`` has written (the stream it
+        reads plus its output; in a parallel block, without its sibling's)."""
+        writer = self.writers[index]
+        stream = self.reads[writer.read][0].detach()
+        return _seq(stream, writer.n) + _seq(writer.output.detach(), writer.n)
 
 
 def _module(block: nn.Module, path: str | None) -> nn.Module | None:
@@ -488,6 +502,8 @@ class GraphData:
         bias (int): the bias node's index; ``output`` the output node's.
         left_out (Tensor, optional): ``(N,)`` per node, what it receives from writer nodes
                     whose edges were not computed (``max_nodes``).
+        computed (Tensor, optional): ``(N,)`` bool, the writer nodes whose in-edges were
+                    computed (``None``: every one).
     """
 
     kinds: list[str]
@@ -501,6 +517,7 @@ class GraphData:
     bias: int
     output: int
     left_out: Tensor | None = None
+    computed: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -664,7 +681,7 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
               (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
     values[bias] = edges.outflow(bias)
     return GraphData(table.kinds, table.layers, table.heads, table.positions, values,
-                     *edges.stacked(), bias, output, None if chosen is None else edges.dropped)
+                     *edges.stacked(), bias, output, None if chosen is None else edges.dropped, chosen)
 
 
 def _seq(t: Tensor, n: int, leading: int = 0) -> Tensor:
@@ -742,7 +759,7 @@ def real_writers(engine: Any, request: Any, target: HeadTarget, granularity: str
             key = f"block.{index}.{kind}"
             keys.append((key, kind))
             recorder.write(module, key)
-            if granularity == "head" and kind == "attention":
+            if granularity != "sublayer" and kind == "attention":  # the heads, in head and neuron graphs
                 recorder.part(roles["attn_out"], key)
             if granularity == "neuron" and kind == "ff" and roles.get("ff_out") is not None and roles.get("router") is None:
                 recorder.part(roles["ff_out"], key)

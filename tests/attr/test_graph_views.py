@@ -134,6 +134,21 @@ def test_the_page_is_self_contained(llama):
     assert '"query_key"' in page and "ffb-graph-data" in page
 
 
+def test_flow_residual_with_and_without_max_nodes(llama):
+    """Every node's edges: in- and out-flow equal the values; with ``max_nodes``, the in-flow of
+    the nodes whose edges were computed (what the others send counted as left out) still does,
+    while a node left without edges would not: the residual looks only where edges exist."""
+    nd, ids = llama
+    full = nd.attribute_graph(ids, 5, prune=False)
+    assert full.data.computed is None and full.flow_residual() < 1e-5
+    limited = nd.attribute_graph(ids, 5, prune=False, max_nodes=5)
+    d = limited.data
+    assert int(d.computed.sum()) == 5 and limited.flow_residual() < 1e-5
+    inflow, _ = limited.flow()
+    skipped = [k for k in range(len(d)) if d.kinds[k] in ("head", "ff") and not d.computed[k] and abs(float(d.values[k])) > 1e-3]
+    assert skipped and all(abs(float(inflow[k] - d.values[k])) > 1e-4 for k in skipped[:3])
+
+
 def test_activation_patching_against_the_estimates(llama):
     nd, ids = llama
     baseline = ids.clone()
@@ -147,6 +162,10 @@ def test_activation_patching_against_the_estimates(llama):
         estimates = graph.component_estimates(name)
         assert set(estimates) == set(real.effects)
     # a patch that changes nothing has no effect
+    one_by_one = activation_patching(nd, ids, baseline, 5, "head", batch_size=1, show_progress=False)
+    assert one_by_one.effects == pytest.approx(real.effects, abs=1e-5)
+    with pytest.raises(ValueError, match="batch_size"):
+        activation_patching(nd, ids, baseline, 5, batch_size=0)
     same = activation_patching(nd, ids, ids, 5, "sublayer", show_progress=False)
     assert max(abs(v) for v in same.effects.values()) < 1e-6
     with pytest.raises(ValueError, match="shape"):
@@ -155,6 +174,103 @@ def test_activation_patching_against_the_estimates(llama):
         activation_patching(nd, ids, baseline, 5, "neuron")
     with pytest.raises(ValueError, match="estimator"):
         graph.component_estimates("nope")
+
+
+@pytest.mark.parametrize("name, granularity", [("llama", "head"), ("gpt2", "sublayer"), ("llama", "neuron")])
+def test_atp_plus_exact_patches_the_nodes_above_its_kappa_for_real(name, granularity):
+    """``"atp+exact"`` is ``"atp"`` where κ ≤ exact_above and one real patched pass where κ is
+    larger; κ is the patch's size over the stream's just after the node writes."""
+    from captum_ffb.attr.patching import writer_module
+    from captum_ffb.engine.graph import real_writers
+    from captum_ffb.engine.head import target_value
+
+    nd = NormDecomposition(tiny_task_model(name, "causal_lm"))
+    ids = token_ids()[:1, :7]
+    baseline = ids.clone()
+    baseline[0, 1], baseline[0, 3] = 11, 13
+    never = nd.attribute_graph(ids, 5, granularity=granularity, prune=False, baseline_inputs=baseline,
+                               exact_above=math.inf)
+    assert torch.equal(never.patch_estimates["atp+exact"], never.patch_estimates["atp"])
+    kappa = never.patch_kappa
+    d = never.data
+    components = [k for k, kind in enumerate(d.kinds) if kind not in ("token", "bias", "output")]
+    assert all(float(kappa[k]) > 0 for k in components if d.positions[k] in (1, 3))
+    threshold = float(kappa[components].median())
+    graph = nd.attribute_graph(ids, 5, granularity=granularity, prune=False, baseline_inputs=baseline,
+                               exact_above=threshold)
+    above = [k for k in components if float(kappa[k]) > threshold]
+    below = [k for k in components if float(kappa[k]) <= threshold]
+    assert above and below
+    mixed, atp = graph.patch_estimates["atp+exact"], graph.patch_estimates["atp"]
+    assert torch.equal(mixed[below], atp[below])
+    assert torch.equal(graph.patch_estimates["default"], graph.patch_estimates["atp+exact"])
+    # the real single-node patch, by hand, for the node of largest κ
+    node = max(above, key=lambda k: float(kappa[k]))
+    request = nd.engine.request((ids,), {})
+    target = nd._target(5, None, request.read_mask)
+    base = real_writers(nd.engine, nd.engine.request((baseline,), {}), target, granularity)
+    layer, kind, part, p = d.layers[node], d.kinds[node], d.heads[node], d.positions[node]
+    key = f"block.{layer}.{'ff' if kind in ('ff', 'neuron') else 'attention'}"
+    module = writer_module(nd.engine, layer, kind, part=kind in ("head", "neuron"))
+    seen = {}
+
+    def hook(mod, args, output=None):
+        if output is None:  # a part of the module's input
+            x = args[0].clone(memory_format=torch.contiguous_format)
+            parts = base.parts[key]
+            x.reshape(1, ids.shape[1], parts.shape[2], -1)[0, p, part] = parts[0, p, part]
+            return (x,)
+        out = output.clone(memory_format=torch.contiguous_format)
+        out.reshape(1, ids.shape[1], -1)[0, p] = base.outputs[key][0, p]
+        return out
+
+    handle = (module.register_forward_pre_hook(hook) if kind in ("head", "neuron")
+              else module.register_forward_hook(hook))
+    with torch.no_grad():
+        try:
+            seen["patched"] = float(target_value(nd.engine.head, nd.model(ids), target)[0])
+        finally:
+            handle.remove()
+    assert float(mixed[node]) == pytest.approx(graph.value - seen["patched"], abs=1e-5)
+    # a component with a node above the threshold: its total is its own patched pass (all positions)
+    if granularity != "neuron":
+        real = activation_patching(nd, ids, baseline, 5, granularity, show_progress=False).effects
+        whole = graph.patch_components["atp+exact"]
+        assert whole and set(whole) <= set(real)
+        estimates = graph.component_estimates("atp+exact")
+        for name, effect in whole.items():
+            assert effect == pytest.approx(real[name], abs=1e-5) and estimates[name] == effect
+    saved = graph.to_dict()["nodes"]
+    assert all(n["patch_estimate"] == n["patch_estimates"]["default"] and "patch_kappa" in n
+               for n in saved if n["kind"] not in ("token", "bias", "output"))
+    with pytest.raises(ValueError, match="exact_above"):
+        nd.attribute_graph(ids, 5, baseline_inputs=baseline, exact_above=0)
+
+
+def test_kappa_is_the_patch_over_the_stream_after_the_write():
+    """κ of an FF node, by hand: ‖ff(clean) − ff(corrupt)‖ / ‖(the stream the FF reads) + ff(clean)‖."""
+    nd = NormDecomposition(tiny_task_model("llama", "causal_lm"))
+    ids = token_ids()[:1, :7]
+    baseline = ids.clone()
+    baseline[0, 2] = 17
+    graph = nd.attribute_graph(ids, 5, granularity="sublayer", prune=False, baseline_inputs=baseline,
+                               exact_above=math.inf)
+    block = nd.engine.blocks[1]
+    seen = {}
+    hooks = [block.post_attention_layernorm.register_forward_pre_hook(lambda m, a: seen.setdefault("read", a[0])),
+             block.mlp.register_forward_hook(lambda m, a, o: seen.setdefault("ff", o))]
+    with torch.no_grad():
+        nd.model(ids)
+        clean = dict(seen)
+        seen.clear()
+        nd.model(baseline)
+    for h in hooks:
+        h.remove()
+    expected = (clean["ff"] - seen["ff"])[0].norm(dim=-1) / (clean["read"] + clean["ff"])[0].norm(dim=-1)
+    d = graph.data
+    for p in range(ids.shape[1]):
+        (node,) = [k for k in range(len(d)) if d.kinds[k] == "ff" and d.layers[k] == 1 and d.positions[k] == p]
+        assert float(graph.patch_kappa[node]) == pytest.approx(float(expected[p]), rel=1e-4, abs=1e-7)
 
 
 def test_cli_writes_the_three_files(tmp_path):
