@@ -28,6 +28,7 @@ from captum_ffb.attr import (
     NormDecomposition,
 )
 from captum_ffb.baselines.patching import activation_patching
+from captum_ffb.context import ContextAttribution, context_attribution
 from captum_ffb.decomposition import (
     Decomposition,
     FactoredDecomposition,
@@ -42,6 +43,7 @@ __all__ = [
     "ArchitectureSpec",
     "AttributionGraph",
     "Chain",
+    "ContextAttribution",
     "Contrast",
     "Decomposition",
     "Direction",
@@ -54,6 +56,7 @@ __all__ = [
     "TokenwiseDecomposition",
     "UnsupportedArchitectureError",
     "activation_patching",
+    "context_attribution",
     "get_architecture",
     "model_lock",
     "register_architecture",

@@ -23,7 +23,6 @@ from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.attr.graph import AttributionGraph
 from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
-from captum_ffb.engine.layers import DEFAULT_MEMORY_BUDGET
 from captum_ffb.engine.locking import serialized
 from captum_ffb.engine.requests import (
     check_call,
@@ -83,8 +82,10 @@ class NormDecomposition(Door, Attribution):
         tokenizer (optional): the model's tokenizer, so that a target may be given as text
                     (``target=" Paris"``).
         model_type (str, optional): the architecture when the config does not say it.
-        memory_budget (int): bytes the row chunks and player groups may take (the backward
-                    route recomputes blocks rather than exceed it).
+        memory_budget (int, optional): bytes the row chunks and player groups may take
+                    (default :data:`~captum_ffb.engine.layers.DEFAULT_MEMORY_BUDGET`); the
+                    backward route recomputes blocks rather than exceed it (when not given:
+                    rather than exceed half the memory available).
         dtype (torch.dtype): the forward route's precision (float32 by default).
         show_progress (bool): progress bars over blocks and read-outs.
 
@@ -101,7 +102,7 @@ class NormDecomposition(Door, Attribution):
                       "reference"))
     def __init__(self, forward_func: nn.Module | Any, *, rules: Mapping[str, Callable] | None = None,
                  reference: str | int | Tensor = DEFAULT_REFERENCE, tokenizer: Any = None,
-                 model_type: str | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+                 model_type: str | None = None, memory_budget: int | None = None,
                  dtype: torch.dtype = torch.float32, show_progress: bool = False) -> None:
         if isinstance(forward_func, LoadedModel):  # its tokenizer comes along
             tokenizer = forward_func.tokenizer if tokenizer is None else tokenizer

@@ -15,6 +15,7 @@ from captum_ffb.cli._options import (
     model_placement,
     parse_formats,
 )
+from captum_ffb.context import DEFAULT_TEMPLATE, GROUPINGS
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.outputs import check_out_dir, save_figure, write_json, write_text
 
@@ -83,6 +84,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--data", default=None, metavar="FILE",
                         help="corpus mode: a .txt file (one text per line), .jsonl or .csv "
                         "(a text column); writes explanations.jsonl")
+    parser.add_argument("--context", default=None, metavar="FILE",
+                        help="causal LMs, context attribution: a long text file (a document, passages, a "
+                        "chat history) whose groups (--group-by) are the players; with --question")
+    parser.add_argument("--question", default=None, metavar="TEXT",
+                        help="with --context: what is asked of it (the prompt is the context, a blank "
+                        "line, the question; see --template)")
+    parser.add_argument("--group-by", choices=GROUPINGS, default="paragraph",
+                        help="with --context: the groups, paragraphs (blank lines; default), sentences or lines")
+    parser.add_argument("--template", default=DEFAULT_TEMPLATE, metavar="TEXT",
+                        help="with --context: the prompt, with {context} and {question} once each "
+                        "(default: '{context}\\n\\n{question}')")
     parser.add_argument("--batch-size", type=int, default=16, metavar="N",
                         help="corpus mode: texts per batch (default 16)")
     parser.add_argument("--overwrite", action="store_true",
@@ -114,6 +126,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from captum_ffb.explain import check_request, explain_text
 
+    if args.context is not None or args.question is not None:
+        return _run_context(args)
     if args.audio is not None:
         if args.data is not None or args.model is None:
             raise UsageError("--audio explains one WAV file with a speech encoder–decoder: give --model")
@@ -184,6 +198,71 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             print(path)
     return 0
+
+
+def _run_context(args: argparse.Namespace) -> int:
+    """``--context FILE --question TEXT``: the groups of a long context as players."""
+    from captum_ffb.context import context_attribution
+    from captum_ffb.corpus import read_text_file
+    from captum_ffb.explain import check_request
+    from captum_ffb.models import load_model, model_config
+    from captum_ffb.text import check_text
+
+    if args.context is None or args.question is None:
+        raise UsageError("context attribution takes both --context FILE and --question TEXT")
+    if args.text is not None or args.data is not None or args.audio is not None:
+        raise UsageError("--context explains one context and question: leave out TEXT, --data and --audio")
+    for flag, given in (("--class", args.class_index), ("--generate", args.generate), ("--components", args.components)):
+        if given is not None:
+            raise UsageError(f"{flag} does not apply to context attribution (--context)")
+    placement = model_placement(args)
+    formats = parse_formats(args.format)
+    out = check_out_dir(args.out)
+    context = read_text_file(args.context, "--context")
+    question = check_text(args.question)
+    check_text(context)
+    config = model_config(args.model)
+    task = check_request(config, None, args.target)
+    if task != "causal_lm":
+        raise UsageError("context attribution explains a causal LM's answer: give --model a causal LM")
+    if not args.quiet:
+        print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task, **placement.load_options())
+    from captum_ffb import NormDecomposition
+
+    limit = getattr(config, "max_position_embeddings", None)
+    found = context_attribution(NormDecomposition(loaded.model), loaded.tokenizer, context, question,
+                                group_by=args.group_by, target=args.target, template=args.template,
+                                max_tokens=limit)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    if "json" in formats:
+        written.append(write_json(out / "context.json", found.to_dict()))
+        rows = ["index,tokens,contribution,share,text"] + [
+            f"{g['index']},{g['tokens']},{g['contribution']!r},{g['share']!r},{_csv_field(g['text'])}"
+            for g in found.to_dict()["groups"]]
+        written.append(write_text(out / "context.csv", "\n".join(rows) + "\n"))
+    if "html" in formats:
+        from captum_ffb.viz.context import save_context_html
+
+        written.append(save_context_html(found, out / "context.html"))
+    if "png" in formats:
+        from captum_ffb.viz.context import plot_context
+
+        written.append(save_figure(plot_context(found), out / "context.png", dpi=150))
+    if not args.quiet:
+        print(f"{len(found.tokens)} tokens, {len(found.groups)} groups ({args.group_by}); explained: "
+              f"{found.target}, value {found.value:.4f} = Σ groups {float(found.contributions.sum()):.4f} + question "
+              f"{found.question:.4f} + rest {found.rest:.4f} + bias {found.bias:.4f} (delta {found.delta:.1e})")
+        for g, text, value in found.top(5):
+            print(f"  #{g:<4} {value:+.4f}  {' '.join(text.split())[:70]}")
+        for path in written:
+            print(path)
+    return 0
+
+
+def _csv_field(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"'
 
 
 def _print_components(table: ComponentAttribution, count: int = 5) -> None:

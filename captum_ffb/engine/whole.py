@@ -232,6 +232,20 @@ class ComponentTable:
 
 
 # --------------------------------------------------------------------------- the engine
+
+def available_bytes(device: torch.device) -> int:
+    """The memory available on ``device`` now: a GPU's free memory, the system's available
+    memory on Linux (``/proc/meminfo``), else :data:`DEFAULT_MEMORY_BUDGET`."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in open("/proc/meminfo", encoding="ascii"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return DEFAULT_MEMORY_BUDGET
+
 class WholeModel:
     r"""A model bound to its family: its stacks, its head and its rules, and both routes.
 
@@ -239,17 +253,19 @@ class WholeModel:
         model (nn.Module): a Hugging Face model of a supported family (a task model, or a base
                     model read through a direction).
         model_type (str, optional): the family when the config does not say it.
-        memory_budget (int): bytes the forward route's row chunks and player groups may take;
+        memory_budget (int, optional): bytes the forward route's row chunks and player groups
+                    may take (default :data:`~captum_ffb.engine.layers.DEFAULT_MEMORY_BUDGET`);
                     on the backward route, when the blocks' intermediate tensors would exceed
-                    it, each block is run again during the backward pass instead.
+                    it (when not given: half the memory available on the inputs' device), each
+                    block is run again during the backward pass instead.
         dtype (torch.dtype): the forward route's precision.
         show_progress (bool): progress bars over blocks and read-outs.
     """
 
     def __init__(self, model: nn.Module, model_type: str | None = None,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET, dtype: torch.dtype = torch.float32,
+                 memory_budget: int | None = None, dtype: torch.dtype = torch.float32,
                  show_progress: bool = False) -> None:
-        if memory_budget <= 0:
+        if memory_budget is not None and memory_budget <= 0:
             raise ValueError("memory_budget must be a positive number of bytes")
         self.model = model
         self.model_type = model_type or model_type_of(model)
@@ -273,7 +289,7 @@ class WholeModel:
         if self.source is None:
             self.head = resolve_head(model, self.stack.spec)
         self.chain = chain_for(self.stack.spec, self.config)
-        self.memory_budget = int(memory_budget)
+        self.memory_budget = memory_budget
         self.dtype = dtype
         self.show_progress = show_progress
         self._precision_warned = False
@@ -939,13 +955,26 @@ class WholeModel:
     def _replay(self, block: Block) -> Block:
         return replay_block(block, [self.model])
 
+    @property
+    def memory_budget(self) -> int:
+        """Bytes the forward route's row chunks and player groups may take."""
+        return self._memory_budget
+
+    @memory_budget.setter
+    def memory_budget(self, value: int | None) -> None:
+        self._memory_budget = DEFAULT_MEMORY_BUDGET if value is None else int(value)
+        self._budget_given = value is not None
+
     def _recompute(self, request: Request) -> bool:
         """Whether the backward route should recompute blocks instead of keeping their
-        intermediate tensors: when those would not fit ``memory_budget``."""
+        intermediate tensors: when those would not fit ``memory_budget`` if one was given,
+        else half the memory available on the inputs' device (keeping them costs about as
+        much as a plain backward pass keeps, and recomputing costs a second forward pass)."""
         width = getattr(self.config, "hidden_size", 0) or getattr(self.config, "d_model", 0) or 0
         ff = getattr(self.config, "intermediate_size", 0) or 4 * width
         per_block = request.read_mask.numel() * (2 * ff + 6 * width) * 4
-        return self.source is None and per_block * len(self.stack.blocks) > self.memory_budget
+        budget = self.memory_budget if self._budget_given else available_bytes(request.read_mask.device) // 2
+        return self.source is None and per_block * len(self.stack.blocks) > budget
 
     def _group_size(self, x: Tensor, rules: Mapping[str, Callable]) -> int:
         """How many players the forward route propagates at once (all of them when they fit

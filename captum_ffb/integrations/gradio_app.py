@@ -16,6 +16,9 @@
 - *Graph*: the output's exact attribution graph (:func:`~captum_ffb.explain.graph_text`,
   what ``captum-ffb graph`` writes), pruned, on :func:`~captum_ffb.viz.graph_html`'s
   page (click a node for its edges and a head's query–key pairs).
+- *Context* (causal LMs): a long context's paragraphs, sentences or lines as players
+  (:func:`~captum_ffb.context.context_attribution`, what ``captum-ffb explain --context``
+  computes), :func:`~captum_ffb.viz.plot_context`'s figure and a table.
 
 The server listens on 127.0.0.1 unless told otherwise, sends no telemetry (Gradio's
 analytics are switched off before it is imported, and on the app) and needs no network: the
@@ -220,6 +223,32 @@ class AppEvents:
             raise gr.Error(str(error)) from None
         return graph_summary(graph), framed_page(graph_html(graph), height=720)
 
+    def context(self, context: str, question: str, group_by: str, target: str) -> tuple:
+        """The Context tab (causal LMs): the groups of a long context as players, a figure
+        of the largest and a table of all."""
+        from captum_ffb.attr.norm_decomposition import NormDecomposition
+        from captum_ffb.context import context_attribution
+        from captum_ffb.text import check_text
+        from captum_ffb.viz.context import plot_context
+
+        gr = import_gradio()
+        try:
+            if self.task != "causal_lm":
+                raise ValueError(f"context attribution explains a causal LM's answer; "
+                                 f"{type(self.loaded.model).__name__} is a {self.task} model")
+            limit = getattr(self.loaded.model.config, "max_position_embeddings", None)
+            found = context_attribution(NormDecomposition(self.loaded.model), self.loaded.tokenizer,
+                                        check_text(context), check_text(question), group_by=group_by,
+                                        target=target or None, max_tokens=limit)
+        except ValueError as error:
+            raise gr.Error(str(error)) from None
+        import pandas as pd
+
+        rows = pd.DataFrame([{"group": g["index"], "contribution": round(g["contribution"], 4),
+                              "share": round(g["share"], 4), "tokens": g["tokens"], "text": g["text"][:200]}
+                             for g in found.to_dict()["groups"]]).sort_values("contribution", key=abs, ascending=False)
+        return figure_image(plot_context(found)), rows
+
     def redraw(self, maps: TextMaps | None, layer: int, scopes: list[str], ff_amp: bool,
                normalize: str) -> Any:
         """The Layer maps figure after a change of layer, scopes or options."""
@@ -229,8 +258,7 @@ class AppEvents:
 def graph_summary(graph: Any) -> str:
     """What a graph explains and keeps, as Markdown."""
     d = graph.data
-    _, outflow = graph.flow()
-    residual = max((abs(float(outflow[k] - d.values[k])) for k in range(d.output)), default=0.0)
+    residual = graph.flow_residual()
     return (f"Explained: `{graph.output_label}`, value {graph.value:.4f}. {len(d)} nodes, {len(d.weights)} edges; "
             f"kept {int(graph.node_mask.sum())} nodes and {int(graph.edge_mask.sum())} edges holding "
             f"{graph.kept_share:.1%} of the output. Largest flow residual {residual:.1e}.")
@@ -432,6 +460,19 @@ def build_app(loaded: LoadedModel) -> Any:
                     build = gr.Button("Build graph", elem_id="ffb-graph-build")
                 graph_summary_ = gr.Markdown(elem_id="ffb-graph-summary")
                 graph_view = gr.HTML(elem_id="ffb-graph-view")
+            with gr.Tab("Context", id="context", visible=events.task == "causal_lm"):
+                gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
+                            "history) and a question; every paragraph, sentence or line gets its exact "
+                            "contribution to the answer's next token, in one backward pass.")
+                with gr.Row():
+                    context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
+                    with gr.Column():
+                        question = gr.Textbox(label="Question", elem_id="ffb-question")
+                        group_by = gr.Radio(["paragraph", "sentence", "line"], value="paragraph", label="Groups")
+                        attribute_context = gr.Button("Attribute", elem_id="ffb-context-run")
+                context_figure = gr.Image(label="Groups by contribution", format="png", interactive=False,
+                                          buttons=IMAGE_BUTTONS, elem_id="ffb-context-figure")
+                context_frame = gr.Dataframe(interactive=False, elem_id="ffb-context-table", max_height=420)
         controls = [layer, scope_picker, ff_amp, normalize]
         request = dict(fn=events.explain, inputs=[text, target, class_index, generate, *controls],
                        outputs=[summary, figure, table, page, maps_state, maps_figure, maps_view], **queue)
@@ -447,6 +488,8 @@ def build_app(loaded: LoadedModel) -> Any:
                     outputs=[components_figure, components_frame], **queue)
         build.click(events.graph, inputs=[text, target, class_index, baseline, graph_granularity, node_threshold],
                     outputs=[graph_summary_, graph_view], **queue)
+        attribute_context.click(events.context, inputs=[context_text, question, group_by, target],
+                                outputs=[context_figure, context_frame], **queue)
         for control in controls:
             control.change(events.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
     return app

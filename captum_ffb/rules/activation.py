@@ -457,9 +457,48 @@ def _relu_mean_value(a: Tensor) -> Tensor:
     return a.clamp_min(0) / 2
 
 
+#: Bernoulli numbers B_2, B_4, … B_20 over (n + 1)!: Li₂(y) = u − u²/4 + Σ_k B_2k u^(2k+1) / (2k+1)!
+#: with u = −ln(1 − y) (the series converges for |u| < 2π; here u ≤ ln 2)
+_LI2_COEFFICIENTS = (1 / 36, -1 / 3600, 1 / 211680, -1 / 10886400, 1 / 526901760, -691 / 16999766784000,
+                     1 / 1120863744000, -3617 / 202741834755129600, 43867 / 121645100408832000000,
+                     -174611 / 22959003163441152000000)
+
+
+def _dilog_neg(x: Tensor) -> Tensor:
+    """``Li₂(−x)`` for ``0 ≤ x ≤ 1`` in float64: Landen's identity ``Li₂(−x) = −ln²(1+x)/2 −
+    Li₂(x/(1+x))`` and the Bernoulli series of ``Li₂`` in ``u = −ln(1 − y) = ln(1 + x)``."""
+    u = torch.log1p(x)
+    u2 = u * u
+    series = torch.zeros_like(u)
+    for c in reversed(_LI2_COEFFICIENTS):
+        series = series * u2 + c
+    li2_y = u - u2 / 4 + series * u2 * u
+    return -u2 / 2 - li2_y
+
+
+def _silu_mean_value(a: Tensor) -> Tensor:
+    """``∫₀¹ g(tA) dt`` for SiLU ``g(x) = x σ(x)``.
+
+    From ``∫₀^A u σ(u) du = A·softplus(A) + Li₂(−e^A) + π²/12``, with ``Li₂(−e^A)`` for ``A > 0``
+    by the inversion ``Li₂(−e^A) = −π²/6 − A²/2 − Li₂(−e^(−A))``; near zero the series
+    ``A/4 + A²/12 − A⁴/240`` avoids cancellation. Float64 inside, ``a``'s dtype out.
+    """
+    wide = a.to(torch.float64)
+    magnitude = wide.abs()
+    small = torch.exp(-magnitude)
+    dilog = _dilog_neg(small)  # Li₂(−e^(−|A|))
+    dilog = torch.where(wide > 0, -torch.pi**2 / 6 - wide**2 / 2 - dilog, dilog)  # Li₂(−e^A)
+    softplus = wide.clamp_min(0) + torch.log1p(small)  # exact beyond torch's threshold of 20
+    integral = wide * softplus + dilog + torch.pi**2 / 12
+    near = magnitude < 1e-2
+    safe = torch.where(near, torch.ones_like(wide), wide)
+    series = wide / 4 + wide**2 / 12 - wide**4 / 240
+    return torch.where(near, series, integral / safe).to(a.dtype)
+
+
 def mean_value_closed_form(fn: ActivationFn) -> Callable[[Tensor], Tensor] | None:
     """A closed form of ``A ↦ ∫₀¹ g(tA) dt`` for activations that have one (exact GELU,
-    ReLU), else ``None`` (then quadrature is used)."""
+    ReLU, SiLU), else ``None`` (then quadrature is used)."""
     if isinstance(fn, torch.nn.ReLU) or fn is torch.relu:
         return _relu_mean_value
     name = type(fn).__name__
@@ -468,4 +507,6 @@ def mean_value_closed_form(fn: ActivationFn) -> Callable[[Tensor], Tensor] | Non
         return _exact_gelu_mean_value
     if name == "GELUActivation" and getattr(fn, "act", None) is torch.nn.functional.gelu:
         return _exact_gelu_mean_value
+    if isinstance(fn, torch.nn.SiLU) or fn is torch.nn.functional.silu or name == "SiLUActivation":
+        return _silu_mean_value
     return None

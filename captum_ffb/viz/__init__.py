@@ -12,9 +12,12 @@
 - :func:`graph_html`, :func:`save_graph_html`, :func:`neuronpedia_graph`,
   :func:`save_neuronpedia_graph`: an attribution graph as an offline page and as
   circuit-tracer's (Neuronpedia's) graph JSON.
+- :func:`plot_context`, :func:`context_html`, :func:`save_context_html`: a long context's
+  groups by contribution (:func:`~captum_ffb.context.context_attribution`).
 """
 
 from captum_ffb.viz.components import components_html, plot_components
+from captum_ffb.viz.context import context_html, plot_context, save_context_html
 from captum_ffb.viz.explanation import explanation_html, plot_contributions, save_explanation_html
 from captum_ffb.viz.export import bertviz_view, to_bertviz, to_captum, to_inseq
 from captum_ffb.viz.figures import plot_maps
@@ -30,13 +33,16 @@ from captum_ffb.viz.records import to_visualization_records
 __all__ = [
     "bertviz_view",
     "components_html",
+    "context_html",
     "explanation_html",
     "graph_html",
     "html_view",
     "neuronpedia_graph",
     "plot_components",
+    "plot_context",
     "plot_contributions",
     "plot_maps",
+    "save_context_html",
     "save_explanation_html",
     "save_graph_html",
     "save_html",

@@ -248,6 +248,24 @@ def test_recomputing_blocks_changes_nothing(name):
     assert all("forward" not in vars(block) for block in kept.blocks)  # the patch is undone
 
 
+def test_without_a_budget_blocks_are_recomputed_only_when_memory_is_short(monkeypatch):
+    """No ``memory_budget`` given: the backward route keeps the blocks' tensors unless they
+    would take more than half the memory available; a budget given decides alone."""
+    import captum_ffb.engine.whole as whole
+
+    model = tiny_task_model("llama")
+    ids = token_ids()
+    nd = NormDecomposition(model)
+    request = nd.engine.request((ids,), {})
+    assert nd.memory_budget == whole.DEFAULT_MEMORY_BUDGET and not nd.engine._recompute(request)
+    monkeypatch.setattr(whole, "available_bytes", lambda device: 2)
+    assert nd.engine._recompute(request)
+    nd.memory_budget = 1 << 40  # set by hand: the budget decides
+    assert not nd.engine._recompute(request)
+    monkeypatch.undo()
+    assert whole.available_bytes(torch.device("cpu")) > 0
+
+
 @pytest.mark.parametrize("name", ["llama", "gpt2", "bert"])
 def test_one_block_at_a_time_and_player_parts_add_up(name):
     """With a budget too small for every block's probabilities, the forward route replays

@@ -117,6 +117,24 @@ def test_the_graph_tab_is_graph_texts(lm):
         session.graph(TEXT, "", -1, "the cat", "head", 0.8)
 
 
+def test_the_context_tab_is_context_attribution(lm, classifier):
+    from captum_ffb import NormDecomposition
+    from captum_ffb.context import context_attribution
+
+    context = "the cat sat on the mat .\n\nthe dog ran fast .\n\nshe loves math ."
+    session = gradio_app.AppEvents(lm)
+    image, table = session.context(context, "the cat was", "paragraph", "")
+    expected = context_attribution(NormDecomposition(lm.model), lm.tokenizer, context, "the cat was")
+    assert sorted(table["group"]) == [0, 1, 2] and image is not None
+    by_group = dict(zip(table["group"], table["contribution"]))
+    assert all(abs(by_group[g] - float(expected.contributions[g])) < 1e-4 for g in range(3))
+    assert list(table["contribution"].abs()) == sorted(table["contribution"].abs(), reverse=True)
+    with pytest.raises(gradio.Error, match="empty|visible"):
+        session.context("  ", "the cat was", "paragraph", "")
+    with pytest.raises(gradio.Error, match="causal LM"):
+        gradio_app.AppEvents(classifier).context(context, "the cat was", "paragraph", "")
+
+
 def test_mistakes_show_as_gradio_errors(lm):
     session = gradio_app.AppEvents(lm)
     with pytest.raises(gradio.Error, match="2 tokens"):

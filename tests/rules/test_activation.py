@@ -98,11 +98,26 @@ def test_exact_gelu_mean_value_closed_form_matches_quadrature():
     from captum_ffb.rules.activation import mean_value_closed_form
 
     closed = mean_value_closed_form(ACT2FN["gelu"])
-    assert closed is not None and mean_value_closed_form(nn.SiLU()) is None
+    assert closed is not None and mean_value_closed_form(nn.Tanh()) is None
     a = torch.cat([torch.linspace(-8, 8, 801, dtype=torch.float64), torch.tensor([0.0, 1e-5, -3e-4], dtype=torch.float64)])
     torch.testing.assert_close(closed(a), gate_mean_value(ACT2FN["gelu"], a, n_points=64), atol=1e-12, rtol=1e-10)
     relu = mean_value_closed_form(nn.ReLU())
     torch.testing.assert_close(relu(a), gate_mean_value(nn.ReLU(), a, n_points=2), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("fn", [nn.SiLU(), torch.nn.functional.silu, ACT2FN["silu"]])
+def test_silu_mean_value_closed_form_matches_quadrature(fn):
+    """``(A·softplus(A) + Li₂(−e^A) + π²/12) / A`` against 256-node Gauss–Legendre quadrature, on
+    both sides of zero, near zero (the series) and far out (the inversion of Li₂)."""
+    from captum_ffb.rules.activation import mean_value_closed_form
+
+    closed = mean_value_closed_form(fn)
+    assert closed is not None
+    a = torch.cat([torch.linspace(-40, 40, 4001, dtype=torch.float64),
+                   torch.tensor([0.0, 1e-9, -1e-5, 3e-3, -0.0099, 0.0101, 87.0, -87.0], dtype=torch.float64)])
+    reference = gate_mean_value(torch.nn.functional.silu, a, n_points=256)
+    torch.testing.assert_close(closed(a), reference, atol=1e-12, rtol=1e-10)
+    assert closed(a.float()).dtype == torch.float32
 
 
 def test_gated_rule_keeps_tokenwise_inputs_tokenwise():

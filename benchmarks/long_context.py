@@ -1,0 +1,144 @@
+"""Long contexts: whole-model attribution against one forward + backward pass, n = 512 … 8192.
+
+Run from the repository root::
+
+    python benchmarks/long_context.py                      # writes LONG_CONTEXT.md and .json here
+    python benchmarks/long_context.py --sizes 512 --quick  # a smoke test, no files
+
+SmolLM2-135M-Instruct in float32, the last position's predicted token of random token ids.
+Each (n, method) runs in a process of its own (the model loaded, one warm-up call at n = 64,
+the high-water mark of resident memory reset, then one timed call): the plain forward +
+backward pass of the same logit (the model's default attention, only the last position's
+logits, gradients of every parameter) and ``NormDecomposition(model).attribute(ids,
+target=token)`` (the default rules and route). ``--tree DIR`` runs the attribution from
+another checkout (a "before" column). Two threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+METHODS = ("forward + backward", "attribute")
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def child(method: str, n: int, tree: str) -> None:
+    """In a process of its own: one timed call; print seconds and peak memory as JSON."""
+    sys.path.insert(0, tree)
+    import gc
+
+    import torch
+
+    torch.set_num_threads(2)
+    from captum_ffb import NormDecomposition
+    from captum_ffb.models import load_model, smollm2_dir
+
+    model = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm").model.eval()
+    nd = NormDecomposition(model)
+
+    def ids_of(length: int) -> torch.Tensor:
+        return torch.randint(100, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
+
+    def plain(ids: torch.Tensor, token: int) -> None:
+        model.zero_grad(set_to_none=True)
+        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
+
+    def ours(ids: torch.Tensor, token: int) -> None:
+        nd.attribute(ids, target=token)
+
+    run = plain if method == "forward + backward" else ours
+    warm = ids_of(64)
+    run(warm, 0)
+    ids = ids_of(n)
+    with torch.no_grad():
+        token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_bytes("VmRSS")
+    start = time.perf_counter()
+    run(ids, token)
+    seconds = time.perf_counter() - start
+    peak = _status_bytes("VmHWM")
+    print(json.dumps({"n": n, "method": method, "seconds": seconds, "peak_bytes": peak, "added_bytes": peak - before}))
+
+
+def measure(method: str, n: int, tree: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--tree", tree],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def markdown(result: dict) -> str:
+    lines = ["# Long contexts: attribution against one forward + backward pass (SmolLM2-135M, float32)", "",
+             f"Run {result['run']} by `python benchmarks/long_context.py` (torch {result['torch']}, 2 threads, "
+             "each measurement in a process of its own, random token ids, the last position's predicted "
+             "token). Memory: the peak resident memory above the loaded model during the call.", "",
+             "| n | forward + backward (s) | attribute (s) | ratio | memory, forward + backward (GiB) | "
+             "memory, attribute (GiB) |", "|---:|---:|---:|---:|---:|---:|"]
+    for n, row in result["rows"].items():
+        plain, ours = row["forward + backward"], row["attribute"]
+        lines.append(f"| {n} | {plain['seconds']:.2f} | {ours['seconds']:.2f} | "
+                     f"{ours['seconds'] / plain['seconds']:.2f}× | {plain['added_bytes'] / 2**30:.2f} | "
+                     f"{ours['added_bytes'] / 2**30:.2f} |")
+    if result.get("before"):
+        lines += ["", f"Before (the attribution from `{result['before_tree']}`, same run):", "",
+                  "| n | attribute before (s) | ratio before | memory before (GiB) |", "|---:|---:|---:|---:|"]
+        for n, row in result["before"].items():
+            plain = result["rows"][n]["forward + backward"]
+            lines.append(f"| {n} | {row['seconds']:.2f} | {row['seconds'] / plain['seconds']:.2f}× | "
+                         f"{row['added_bytes'] / 2**30:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="512,2048,4096,8192")
+    parser.add_argument("--before", default=None, metavar="DIR", help="also time the attribution of this checkout")
+    parser.add_argument("--quick", action="store_true", help="print, write no files")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--tree", default=str(ROOT), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        child(args.child, args.n, args.tree)
+        return 0
+    import torch
+
+    result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
+              "machine": platform.processor() or platform.machine(), "rows": {}, "before": {},
+              "before_tree": args.before}
+    for n in (int(s) for s in args.sizes.split(",")):
+        row = {}
+        for method in METHODS:
+            row[method] = measure(method, n, str(ROOT))
+            print(json.dumps(row[method]), flush=True)
+        result["rows"][str(n)] = row
+        if args.before:
+            result["before"][str(n)] = measure("attribute", n, args.before)
+            print("before", json.dumps(result["before"][str(n)]), flush=True)
+    text = markdown(result)
+    print(text)
+    if not args.quick:
+        (HERE / "LONG_CONTEXT.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (HERE / "LONG_CONTEXT.md").write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
