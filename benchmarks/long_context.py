@@ -28,6 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ("forward + backward", "attribute")
+#: the rules that credit queries and keys, timed at ``--rule-sizes``
+RULES = {"attribute (IGAttention)": "IGAttention", "attribute (CompleteAttnLRPAttention)": "CompleteAttnLRPAttention"}
 
 
 def _status_bytes(field: str) -> int:
@@ -49,7 +51,12 @@ def child(method: str, n: int, tree: str) -> None:
     from captum_ffb.models import load_model, smollm2_dir
 
     model = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm").model.eval()
-    nd = NormDecomposition(model)
+    rules = {}
+    if method in RULES:
+        from captum_ffb import rules as rule_classes
+
+        rules = {"attention": getattr(rule_classes, RULES[method])()}
+    nd = NormDecomposition(model, rules=rules)
 
     def ids_of(length: int) -> torch.Tensor:
         return torch.randint(100, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
@@ -96,6 +103,18 @@ def markdown(result: dict) -> str:
         lines.append(f"| {n} | {plain['seconds']:.2f} | {ours['seconds']:.2f} | "
                      f"{ours['seconds'] / plain['seconds']:.2f}× | {plain['added_bytes'] / 2**30:.2f} | "
                      f"{ours['added_bytes'] / 2**30:.2f} |")
+    ruled = {n: row for n, row in result["rows"].items() if any(m in row for m in RULES)}
+    if ruled:
+        lines += ["", "The rules that credit queries and keys (`rules={\"attention\": ...}`; their backward pass "
+                  "runs through the probabilities, so it needs the eager attention):", "",
+                  "| n | rule | seconds | × forward + backward | memory (GiB) |", "|---:|---|---:|---:|---:|"]
+        for n, row in ruled.items():
+            for method in RULES:
+                if method in row:
+                    found = row[method]
+                    lines.append(f"| {n} | `{RULES[method]}` | {found['seconds']:.2f} | "
+                                 f"{found['seconds'] / row['forward + backward']['seconds']:.2f}× | "
+                                 f"{found['added_bytes'] / 2**30:.2f} |")
     if result.get("before"):
         lines += ["", f"Before (the attribution from `{result['before_tree']}`, same run):", "",
                   "| n | attribute before (s) | ratio before | memory before (GiB) |", "|---:|---:|---:|---:|"]
@@ -110,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="512,2048,4096,8192")
     parser.add_argument("--before", default=None, metavar="DIR", help="also time the attribution of this checkout")
+    parser.add_argument("--before-sizes", default="512,2048,4096", help="the sizes --before times")
+    parser.add_argument("--rule-sizes", default="512,2048", help="the sizes the score-crediting rules are timed at")
     parser.add_argument("--quick", action="store_true", help="print, write no files")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
@@ -129,9 +150,13 @@ def main(argv: list[str] | None = None) -> int:
             row[method] = measure(method, n, str(ROOT))
             print(json.dumps(row[method]), flush=True)
         result["rows"][str(n)] = row
-        if args.before:
+        if args.before and str(n) in args.before_sizes.split(","):
             result["before"][str(n)] = measure("attribute", n, args.before)
             print("before", json.dumps(result["before"][str(n)]), flush=True)
+        if str(n) in args.rule_sizes.split(","):
+            for method in RULES:
+                row[method] = measure(method, n, str(ROOT))
+                print(json.dumps(row[method]), flush=True)
     text = markdown(result)
     print(text)
     if not args.quick:

@@ -457,43 +457,36 @@ def _relu_mean_value(a: Tensor) -> Tensor:
     return a.clamp_min(0) / 2
 
 
-#: Bernoulli numbers B_2, B_4, … B_20 over (n + 1)!: Li₂(y) = u − u²/4 + Σ_k B_2k u^(2k+1) / (2k+1)!
-#: with u = −ln(1 − y) (the series converges for |u| < 2π; here u ≤ ln 2)
+#: Bernoulli numbers B_2k over (2k + 1)!, k = 1 … 7: Li₂(y) = u − u²/4 + Σ_k B_2k u^(2k+1) / (2k+1)!
+#: with u = −ln(1 − y) (the series converges for |u| < 2π; here u ≤ ln 2, and the first term
+#: left out is below 1e-15 of the sum)
 _LI2_COEFFICIENTS = (1 / 36, -1 / 3600, 1 / 211680, -1 / 10886400, 1 / 526901760, -691 / 16999766784000,
-                     1 / 1120863744000, -3617 / 202741834755129600, 43867 / 121645100408832000000,
-                     -174611 / 22959003163441152000000)
-
-
-def _dilog_neg(x: Tensor) -> Tensor:
-    """``Li₂(−x)`` for ``0 ≤ x ≤ 1`` in float64: Landen's identity ``Li₂(−x) = −ln²(1+x)/2 −
-    Li₂(x/(1+x))`` and the Bernoulli series of ``Li₂`` in ``u = −ln(1 − y) = ln(1 + x)``."""
-    u = torch.log1p(x)
-    u2 = u * u
-    series = torch.zeros_like(u)
-    for c in reversed(_LI2_COEFFICIENTS):
-        series = series * u2 + c
-    li2_y = u - u2 / 4 + series * u2 * u
-    return -u2 / 2 - li2_y
+                     1 / 1120863744000)
 
 
 def _silu_mean_value(a: Tensor) -> Tensor:
     """``∫₀¹ g(tA) dt`` for SiLU ``g(x) = x σ(x)``.
 
-    From ``∫₀^A u σ(u) du = A·softplus(A) + Li₂(−e^A) + π²/12``, with ``Li₂(−e^A)`` for ``A > 0``
-    by the inversion ``Li₂(−e^A) = −π²/6 − A²/2 − Li₂(−e^(−A))``; near zero the series
-    ``A/4 + A²/12 − A⁴/240`` avoids cancellation. Float64 inside, ``a``'s dtype out.
+    With ``F(A) = ∫₀^A u σ(u) du``: ``F(A) + F(−A) = A²/2``, and for ``A ≤ 0``, with ``x = e^A``
+    and ``u = ln(1 + x)``, ``F(A) = A·u + Li₂(−x) + π²/12`` where Landen's identity and the
+    Bernoulli series give ``Li₂(−x) = −u²/2 − u + u²/4 − Σ_k B_2k u^(2k+1)/(2k+1)!``. Near zero
+    the series ``A/4 + A²/12 − A⁴/240`` avoids cancellation. Float64 inside, ``a``'s dtype out.
     """
     wide = a.to(torch.float64)
     magnitude = wide.abs()
-    small = torch.exp(-magnitude)
-    dilog = _dilog_neg(small)  # Li₂(−e^(−|A|))
-    dilog = torch.where(wide > 0, -torch.pi**2 / 6 - wide**2 / 2 - dilog, dilog)  # Li₂(−e^A)
-    softplus = wide.clamp_min(0) + torch.log1p(small)  # exact beyond torch's threshold of 20
-    integral = wide * softplus + dilog + torch.pi**2 / 12
+    u = torch.exp(-magnitude).log1p_()
+    u2 = u * u
+    series = torch.full_like(u, _LI2_COEFFICIENTS[-1])
+    for c in reversed(_LI2_COEFFICIENTS[:-1]):
+        series.mul_(u2).add_(c)
+    # F(−|A|) = π²/12 − u (|A| + 1) − u²/4 − u³ Σ…
+    negative = series.mul_(u2).mul_(u).add_(u2, alpha=0.25).addcmul_(u, magnitude + 1).neg_().add_(torch.pi**2 / 12)
+    square = wide * wide
+    integral = torch.where(wide > 0, square.mul(0.5).sub_(negative), negative)
     near = magnitude < 1e-2
-    safe = torch.where(near, torch.ones_like(wide), wide)
-    series = wide / 4 + wide**2 / 12 - wide**4 / 240
-    return torch.where(near, series, integral / safe).to(a.dtype)
+    mean = integral.div_(torch.where(near, torch.ones_like(wide), wide))
+    series_near = wide / 4 + square / 12 - square * square / 240
+    return torch.where(near, series_near, mean).to(a.dtype)
 
 
 def mean_value_closed_form(fn: ActivationFn) -> Callable[[Tensor], Tensor] | None:
