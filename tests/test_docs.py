@@ -22,7 +22,8 @@ def built(tmp_path_factory):
     return out
 
 
-PAGES = ("index", "getting_started", "concepts", "examples", "layer_maps", "whole_model", "components", "encoder_decoder",
+PAGES = ("index", "getting_started", "concepts", "examples", "layer_maps", "whole_model", "components", "graphs",
+         "long_contexts", "encoder_decoder",
          "generation_and_tools", "analyses", "faithfulness", "baselines", "integrations", "app", "lit", "ferret",
          "cluster", "models", "architectures", "changelog", "api/index", "_copied/results/RESULTS",
          "_copied/results/COMPONENTS", *(f"_copied/tutorials/{p.stem}" for p in (DOCS.parent / "tutorials").glob("*.ipynb")))
