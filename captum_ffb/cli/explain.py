@@ -189,6 +189,13 @@ def run(args: argparse.Namespace) -> int:
                   f"(token share {_percent(float(explanation.token_share()[t]))}), delta "
                   f"{float(explanation.delta[t]):.1e}, first-token share "
                   f"{float(explanation.first_token_share()[t]):.0%}")
+        for t in range(min(len(explanation.target_labels), TOP_TARGETS)):
+            _print_top_tokens(explanation, t)
+        if len(explanation.target_labels) > TOP_TARGETS:
+            print(f"  (the top tokens of the other {len(explanation.target_labels) - TOP_TARGETS} outputs: "
+                  "explanation.json)")
+        if explanation.target_labels:
+            print(LEGEND)
         if explanation.check is not None:
             print(f"  checked against the forward route: its delta "
                   f"{explanation.check['forward_route_delta']:.1e}, largest relative difference "
@@ -263,6 +270,35 @@ def _run_context(args: argparse.Namespace) -> int:
 
 def _csv_field(text: str) -> str:
     return '"' + text.replace('"', '""') + '"'
+
+
+#: How many explained outputs get their top tokens printed; how many tokens each.
+TOP_TARGETS, TOP_TOKENS = 3, 8
+#: What the printed quantities mean, said once below them.
+LEGEND = """  what these are:
+    value = Σ tokens + bias exactly: each token's contribution is measured from a reference
+      input (by default the mean of the inputs, its own share given back to the tokens), and
+      the bias holds the model's own bias terms;
+      delta = |Σ tokens + bias − value|, the completeness residual (rounding only).
+    token share = Σ tokens / value: over 100% when the bias pulls the other way (negative).
+    first-token share = |c of the first token| / Σ |c|: how much the first token (often a
+      start token that attention rests on) takes."""
+
+
+def _print_top_tokens(explanation: Any, t: int, count: int = TOP_TOKENS, width: int = 16) -> None:
+    """Output ``t``'s ``count`` tokens of largest ``|contribution|``, with a bar of characters:
+    to the right of the axis a token raises the value, to the left it lowers it."""
+    row = explanation.contributions[t]
+    n = row.shape[0]
+    labels = explanation.labels or explanation.tokens
+    order = row.abs().argsort(descending=True)[:min(count, n)].tolist()
+    scale = float(row.abs().max()) or 1.0
+    print(f'  top tokens for "{explanation.target_labels[t]}" (█ right of | raises it, left lowers it):')
+    for j in order:
+        value = float(row[j])
+        bar = "█" * max(1, round(width * abs(value) / scale)) if value else ""
+        left, right = (bar, "") if value < 0 else ("", bar)
+        print(f"    {j:>4} {labels[j]!r:>16} {value:+9.4f} {left:>{width}}|{right}")
 
 
 def _print_components(table: ComponentAttribution, count: int = 5) -> None:

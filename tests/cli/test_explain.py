@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 import torch
@@ -68,6 +69,33 @@ def test_a_chosen_target_token(lm_dir, tmp_path):
     (out,) = data["outputs"]
     assert out["target"] == "dog"
     assert sum(out["contributions"]) + out["bias"] == pytest.approx(float(logits[-1, dog]), abs=1e-4)
+
+
+def test_the_terminal_shows_the_top_tokens_and_what_the_numbers_mean(lm_dir, tmp_path, capsys):
+    """Below the summary: each explained output's largest tokens, signed, with a bar of
+    characters on the side of their sign, largest first; then, once, what value, bias, delta,
+    token share and first-token share are."""
+    assert main(["explain", TEXT, "--model", str(lm_dir), "--target", " dog", "--format", "json",
+                 "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "out" / "explanation.json").read_text())
+    contributions = data["outputs"][0]["contributions"]
+    lines = printed.splitlines()
+    start = next(k for k, line in enumerate(lines) if line.startswith('  top tokens for "'))
+    rows = lines[start + 1:start + 1 + min(8, len(contributions))]
+    order = sorted(range(len(contributions)), key=lambda j: -abs(contributions[j]))[:len(rows)]
+    assert [int(r.split()[0]) for r in rows] == order
+    for row, j in zip(rows, order):
+        value = float(re.search(r" ([+-]\d+\.\d{4}) ", row).group(1))
+        assert value == pytest.approx(contributions[j], abs=1e-4)
+        axis = row.index("|")
+        assert ("█" in row[axis + 1:]) == (contributions[j] > 0) and ("█" in row[axis - 2:axis]) == (contributions[j] < 0)
+    assert printed.count("what these are:") == 1 and "token share = Σ tokens / value" in printed
+    assert main(["explain", TEXT, "--model", str(lm_dir), "--generate", "5", "--no-maps", "--format", "json",
+                 "--out", str(tmp_path / "gen")]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("  top tokens for ") == 3 and "the other 2 outputs" in printed
+    assert printed.count("what these are:") == 1
 
 
 def test_generation_explains_every_generated_token(lm_dir, tmp_path):
