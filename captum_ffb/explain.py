@@ -29,7 +29,7 @@ from captum_ffb.engine.components import check_granularity
 from captum_ffb.engine.generation import generate_greedily
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.models import LoadedModel, load_model
-from captum_ffb.readouts import ClassLogit, NextToken, ReadOut
+from captum_ffb.readouts import ClassLogit, Contrast, NextToken, ReadOut
 from captum_ffb.results import ExplainedOutput, first_token_share, token_share
 from captum_ffb.text import check_text, check_text_request, display_tokens, encode_text
 
@@ -170,6 +170,7 @@ def explain_text(
     components: str | None = None,
     show_progress: bool = False,
     config: Any = None,
+    contrast: tuple[str, str] | None = None,
 ) -> Explanation:
     r"""Explain ``text`` on ``model`` (the bundled all-MiniLM-L6-v2 by default).
 
@@ -207,6 +208,8 @@ def explain_text(
                     weights' progress bar; a bar over the component table's passes.
         config (PretrainedConfig, optional): the configuration of the model ``model`` names,
                     when already read (:func:`~captum_ffb.models.model_config`).
+        contrast (tuple[str, str], optional): a causal LM's ``logit(A) − logit(B)`` for two
+                    next tokens given as text (one token each), instead of one logit.
 
     Returns:
         Explanation
@@ -216,11 +219,11 @@ def explain_text(
 
     if isinstance(model, LoadedModel):
         check_request(model.model.config, text, target, class_index, generate, components, readout,
-                      task=task_of(model.model))
+                      task=task_of(model.model), contrast=contrast)
         loaded = model
     else:
         config = config if config is not None else model_config(model)
-        task = check_request(config, text, target, class_index, generate, components, readout)
+        task = check_request(config, text, target, class_index, generate, components, readout, contrast=contrast)
         if show_progress:
             print(f"loading {model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
         loaded = load_model(model, show_progress=show_progress, config=config, task=task)
@@ -234,7 +237,8 @@ def explain_text(
     common = dict(text=text, model_name=loaded.name, model_type=loaded.model_type, task=nd.task,
                   route=route, prompt_length=n_prompt)
     if nd.task == "causal_lm":
-        explanation, first = _explain_causal_lm(nd, loaded, ids, target, generate, route, want_maps, common)
+        explanation, first = _explain_causal_lm(nd, loaded, ids, target, generate, route, want_maps, common,
+                                                contrast)
     elif nd.task == "sequence_classification":
         explanation, first = _explain_classifier(nd, loaded, ids, class_index, route, want_maps, common)
     else:
@@ -329,7 +333,8 @@ def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: s
 
 def check_request(config: Any, text: str | None = None, target: str | None = None,
                   class_index: int | None = None, generate: int = 0, components: str | None = None,
-                  readout: ReadOut | None = None, task: str | None = None) -> str:
+                  readout: ReadOut | None = None, task: str | None = None,
+                  contrast: tuple[str, str] | None = None) -> str:
     r"""Check an explain request against a model's configuration, before any weights load;
     return the model's task. Every refusal of ``explain`` is made here, once (the command line
     only turns the ``ValueError`` into its one line).
@@ -350,6 +355,14 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
     task = task or task_from_config(config)
     if target is not None and task != "causal_lm":
         raise ValueError("target names a next token: it needs a causal LM")
+    if contrast is not None:
+        if task != "causal_lm":
+            raise ValueError("contrast compares two next tokens: it needs a causal LM")
+        if target is not None or generate:
+            raise ValueError("contrast explains logit(A) − logit(B) at the next position: leave out target and "
+                             "generate")
+        if len(contrast) != 2 or not all(isinstance(t, str) and t for t in contrast):
+            raise ValueError(f"contrast takes two next tokens as text, got {contrast!r}")
     if class_index is not None and task != "sequence_classification":
         raise ValueError("class_index needs a sequence classifier")
     if generate and task != "causal_lm":
@@ -387,8 +400,8 @@ def _run(nd: NormDecomposition, sequence: Tensor, readouts: list[ReadOut], route
 
 
 def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, target: str | None,
-                       generate: int, route: str, maps: bool,
-                       common: dict[str, Any]) -> tuple[Explanation, ReadOut]:
+                       generate: int, route: str, maps: bool, common: dict[str, Any],
+                       contrast: tuple[str, str] | None = None) -> tuple[Explanation, ReadOut]:
     """The next token (given or predicted), or every generated token; and the first one's
     read-out, made concrete."""
     tokenizer = loaded.tokenizer
@@ -400,6 +413,11 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
         sequence = torch.cat([ids, ids.new_tensor(generated[:-1])[None]], dim=1)
         readouts = [NextToken(token, n_prompt - 1 + t) for t, token in enumerate(generated)]
         what = f"the logit of each of the {len(generated)} generated tokens, read where it was predicted"
+    elif contrast is not None:
+        pair = [_single_token(tokenizer, t) for t in contrast]
+        sequence = ids
+        readouts = [Contrast(*pair)]
+        what = f"logit({contrast[0]!r}) − logit({contrast[1]!r}) at the next position"
     else:
         token = _single_token(tokenizer, target) if target is not None else None
         sequence = ids
@@ -408,10 +426,15 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
                 else "the logit of the next token " + repr(target))
     mask = torch.ones_like(sequence)
     result, check = _run(nd, sequence, readouts, route, maps and not generate, {"attention_mask": mask})
-    targets = [int(r.token) for r in result.readouts]
     values = torch.cat([r.value(result.outputs, mask) for r in result.readouts])
     contributions = result.contributions
-    labels = tokenizer.convert_ids_to_tokens(targets)
+    if contrast is not None:
+        targets = pair
+        shown = display_tokens(tokenizer.convert_ids_to_tokens(pair), tokenizer, strip=False)
+        labels = [f"{shown[0]!r} − {shown[1]!r}"]
+    else:
+        targets = [int(r.token) for r in result.readouts]
+        labels = tokenizer.convert_ids_to_tokens(targets)
     all_ids = torch.cat([sequence[0], sequence.new_tensor(targets[-1:])]) if generate else sequence[0]
     tokens = tokenizer.convert_ids_to_tokens(all_ids.tolist())
     if generate:  # the last generated token is an output only
@@ -420,7 +443,8 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
                               contributions=contributions.detach(), values=values.detach(),
                               bias=result.bias.detach(), delta=result.delta.detach(), check=check,
                               labels=display_tokens(tokens, tokenizer),
-                              target_labels=display_tokens(labels, tokenizer, strip=False), result=result)
+                              target_labels=labels if contrast is not None else display_tokens(labels, tokenizer, strip=False),
+                              result=result)
     explanation.maps = result.maps[0].detach() if result.maps is not None else None
     if maps and generate:  # the maps are of the prompt
         with torch.no_grad():

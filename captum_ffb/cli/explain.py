@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 GRANULARITIES = ("block", "sublayer", "head")
 DEFAULT_OUT = default_out("explain")
 #: The library's parameter names this command's messages show as its flags.
-FLAGS = {"class_index": "--class", "generate": "--generate", "target": "--target", "components": "--components",
+FLAGS = {"contrast": "--contrast", "class_index": "--class", "generate": "--generate", "target": "--target", "components": "--components",
          "max_new_tokens": "--generate", "batch_size": "--batch-size"}
 #: How many tokens an encoder–decoder generates when --generate is not given.
 DEFAULT_NEW_TOKENS = 20
@@ -36,6 +36,7 @@ examples:
       the bundled all-MiniLM-L6-v2, offline: the whole-model maps and the contributions of
       every token to the bundled sentiment head's logit, into ./{DEFAULT_OUT}/
   captum-ffb explain "The capital of France is" --model ./SmolLM2 --target " Paris"
+  captum-ffb explain "The capital of France is" --model ./SmolLM2 --contrast " Paris" " London"
   captum-ffb explain "Once upon a time" --model ./SmolLM2 --generate 8
   captum-ffb explain "a dull movie" --model ./my-classifier --class 1
   captum-ffb explain "the cat sat ||| le chat" --model ./my-marian
@@ -103,6 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--target", default=None, metavar="TOKEN",
                        help="causal LMs: the next token to explain, as text (one token); the "
                        "predicted one by default")
+    which.add_argument("--contrast", nargs=2, default=None, metavar=("A", "B"),
+                       help="causal LMs: explain logit(A) − logit(B) at the next position (two tokens as "
+                       "text, e.g. --contrast \" Paris\" \" London\")")
     which.add_argument("--class", dest="class_index", type=int, default=None, metavar="N",
                        help="sequence classifiers: the class to explain (default: the predicted one)")
     parser.add_argument("--generate", type=int, default=None, metavar="N",
@@ -137,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     engine, settings = engine_options(args)
     placement = model_placement(args)  # before the model loads
     if args.data is not None:
+        if args.contrast is not None:
+            raise UsageError("--contrast explains one text: leave out --data")
         return _run_corpus(args, engine, settings, placement)
     if engine != "local":
         raise UsageError("--engine ray is for the corpus mode (--data FILE)")
@@ -150,14 +156,17 @@ def run(args: argparse.Namespace) -> int:
     config = model_config(args.model)  # the request is checked before the weights load
     check_text_request(args.text, config, args.audio, args.model)
     if _is_encoder_decoder(config):
+        if args.contrast is not None:
+            raise UsageError("--contrast is for causal LMs (an encoder–decoder explains its target tokens)")
         return _run_seq2seq(args, formats, out, config, placement)
     task = check_request(config, args.text, args.target, args.class_index, args.generate or 0,
-                         args.components)
+                         args.components, contrast=args.contrast)
     if not args.quiet:
         print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
     loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task,
                         **placement.load_options())
     explanation = explain_text(args.text, loaded, target=args.target, class_index=args.class_index,
+                               contrast=None if args.contrast is None else tuple(args.contrast),
                                generate=args.generate or 0, route=args.route,
                                maps=False if args.no_maps else None, components=args.components,
                                show_progress=not args.quiet)
@@ -219,7 +228,8 @@ def _run_context(args: argparse.Namespace) -> int:
         raise UsageError("context attribution takes both --context FILE and --question TEXT")
     if args.text is not None or args.data is not None or args.audio is not None:
         raise UsageError("--context explains one context and question: leave out TEXT, --data and --audio")
-    for flag, given in (("--class", args.class_index), ("--generate", args.generate), ("--components", args.components)):
+    for flag, given in (("--class", args.class_index), ("--generate", args.generate), ("--components", args.components),
+                        ("--contrast", args.contrast)):
         if given is not None:
             raise UsageError(f"{flag} does not apply to context attribution (--context)")
     placement = model_placement(args)

@@ -71,6 +71,21 @@ def test_a_chosen_target_token(lm_dir, tmp_path):
     assert sum(out["contributions"]) + out["bias"] == pytest.approx(float(logits[-1, dog]), abs=1e-4)
 
 
+def test_a_contrast_of_two_next_tokens(lm_dir, tmp_path, capsys):
+    data = _run([TEXT, "--model", str(lm_dir), "--contrast", " dog", " cat", "--format", "json"], tmp_path / "out")
+    loaded, ids, logits = _own_logits(lm_dir, TEXT)
+    dog, cat = loaded.tokenizer.convert_tokens_to_ids(["dog", "cat"])
+    (out,) = data["outputs"]
+    assert sum(out["contributions"]) + out["bias"] == pytest.approx(float(logits[-1, dog] - logits[-1, cat]), abs=1e-4)
+    assert "−" in out["target"] and "logit" in data["explained"]
+    for extra in (["--target", " dog"], ["--generate", "2"], ["--class", "1"]):
+        assert main(["explain", TEXT, "--model", str(lm_dir), "--contrast", " dog", " cat", *extra,
+                     "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert main(["explain", TEXT, "--model", str(lm_dir), "--contrast", " dog", "--out", str(tmp_path / "x"),
+                 "--quiet"]) == 2
+    capsys.readouterr()
+
+
 def test_the_terminal_shows_the_top_tokens_and_what_the_numbers_mean(lm_dir, tmp_path, capsys):
     """Below the summary: each explained output's largest tokens, signed, with a bar of
     characters on the side of their sign, largest first; then, once, what value, bias, delta,
