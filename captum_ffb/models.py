@@ -386,13 +386,16 @@ def load_model(
         name_or_dir (str or PathLike, optional): ``None`` or ``"all-MiniLM-L6-v2"`` for the
                     bundled default; a local folder (with ``config.json`` and tokenizer
                     files, or with a ``.gguf`` file); or a Hugging Face id (needs hub access).
-        causal_lm (bool): load with a language-model head (``AutoModelForCausalLM``).
+        causal_lm (bool): load with a language-model head (``AutoModelForCausalLM``) whatever
+                    the configuration says.
         show_progress (bool): show transformers' weight-loading progress bar.
         config (PretrainedConfig, optional): the model's configuration from
                     :func:`model_config`, so that it is not read twice.
         task (str, optional): the head to load, one of ``TASKS`` (``causal_lm=True`` is
-                    the same as ``task="causal_lm"``); ``"auto"`` reads it from the config
-                    (:func:`task_from_config`).
+                    the same as ``task="causal_lm"``); by default (``"auto"``) the head the
+                    configuration names (its ``architectures``, :func:`task_from_config`): a
+                    folder saved from ``LlamaForCausalLM`` loads with its language-model head,
+                    the bundled all-MiniLM-L6-v2 as a base model.
         device (str or torch.device, optional): where the model runs; it is moved there after
                     loading (``None``: it stays on the cpu). Checked before the weights load
                     (:func:`check_device`).
@@ -412,7 +415,7 @@ def load_model(
         AutoTokenizer,
     )
 
-    task = task or ("causal_lm" if causal_lm else "base")
+    task = task or ("causal_lm" if causal_lm else "auto")
     if task not in (*TASKS, "auto"):
         raise ValueError(f"task must be one of {TASKS} or 'auto', got {task!r}")
     place = check_device(device) if device is not None else None

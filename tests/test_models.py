@@ -29,6 +29,21 @@ def test_a_saved_folder_loads(tmp_path):
     assert find_blocks(loaded.model) is loaded.model.encoder.layer
 
 
+def test_a_folder_loads_with_the_head_its_configuration_names(tmp_path):
+    """A folder saved from ``LlamaForCausalLM`` loads with its language-model head (its
+    ``config.json`` names the architecture), a classifier with its classifier, a base model
+    bare; ``task=`` and ``causal_lm=`` still choose."""
+    from tests.models import save_tiny_classifier, save_tiny_lm
+
+    lm = load_model(save_tiny_lm(tmp_path / "lm"), show_progress=False)
+    assert type(lm.model).__name__ == "LlamaForCausalLM" and lm.task == "causal_lm" and lm.causal_lm
+    classifier = load_model(save_tiny_classifier(tmp_path / "cls"), show_progress=False)
+    assert type(classifier.model).__name__ == "BertForSequenceClassification"
+    assert load_model(tmp_path / "lm", show_progress=False, task="base").task == "base"
+    bare = load_model(show_progress=False)  # the bundled all-MiniLM-L6-v2 is a base model
+    assert bare.task == "base" and type(bare.model).__name__ == "BertModel"
+
+
 def _weights_only(folder):
     """A folder with a tiny BERT's config.json and weights, and no tokenizer."""
     from transformers import BertConfig, BertModel
