@@ -68,6 +68,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default)",
     )
     parser.add_argument(
+        "--normalize", choices=("none", "row", "column", "exclude-special"), default="exclude-special",
+        help="the figures' colours: exclude-special (default: raw norms on a scale set without the first "
+        "and special tokens, which would saturate it), none (raw norms), row or column (each sums to 1)",
+    )
+    parser.add_argument(
         "--dpi", type=int, default=150,
         help=f"resolution of the PNG figures, {DPI_RANGE[0]} to {DPI_RANGE[1]} (default 150)",
     )
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
         written.append(save_html(maps, out / "maps.html"))
     if "png" in formats:
-        written += _write_pngs(maps, out, args.dpi, args.quiet)
+        written += _write_pngs(maps, out, args.dpi, args.quiet, args.normalize)
     if not args.quiet:
         worst = max(d for per_layer in maps.delta.values() for d in per_layer.values())
         print(
@@ -143,14 +148,14 @@ def _write_json(maps: Any, path: Path) -> Path:
     return write_json(path, data)
 
 
-def _write_pngs(maps: Any, out: Path, dpi: int, quiet: bool) -> list[Path]:
+def _write_pngs(maps: Any, out: Path, dpi: int, quiet: bool, normalize: str = "exclude-special") -> list[Path]:
     from tqdm.auto import tqdm
 
     from captum_ffb.viz.figures import plot_maps
 
     paths = []
     for layer in tqdm(maps.layers, desc="figures", unit="layer", disable=quiet):
-        figure = plot_maps(maps, layer=layer)
+        figure = plot_maps(maps, layer=layer, normalize=normalize)
         path = out / f"maps_layer{layer:02d}.png"
         save_figure(figure, path, dpi=dpi)
         paths.append(path)

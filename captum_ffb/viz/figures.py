@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-NORMALIZATIONS = ("none", "row", "column")
+NORMALIZATIONS = ("none", "row", "column", "exclude-special")
 
 
 @functools.lru_cache(maxsize=1)
@@ -53,7 +53,7 @@ def _require_matplotlib() -> None:
 
 
 def _normalized(matrix: Tensor, how: str) -> Tensor:
-    if how == "none":
+    if how in ("none", "exclude-special"):
         return matrix
     dim = -1 if how == "row" else -2
     total = matrix.sum(dim=dim, keepdim=True)
@@ -91,7 +91,11 @@ def plot_maps(
         ff_amp (bool): add the FF-amp panel when the scopes before and after FF are present.
         ff_pair (tuple[str, str], optional): the (before, after) FF scopes; found from the
                     scope names by default.
-        normalize (str): ``"none"`` (raw norms), ``"row"`` or ``"column"`` (each sums to 1).
+        normalize (str): ``"none"`` (raw norms), ``"row"`` or ``"column"`` (each sums to 1), or
+                    ``"exclude-special"``: raw norms on a colour scale set without the first
+                    token's and the special tokens' rows and columns (``[CLS]``, ``<s>`` …:
+                    where attention rests, their norms can be a hundred times the rest's);
+                    those cells go past the scale (the colour bar's arrow).
         cmap (str): colormap of the scope panels.
         amp_cmap (str): diverging colormap of the FF-amp panel.
         panel_size (float, optional): inches per panel; grows with the number of tokens by
@@ -120,7 +124,8 @@ def plot_maps(
     ncols = max(1, min(int(ncols), len(panels)))
     nrows = -(-len(panels) // ncols)
     size = panel_size or min(7.0, max(3.0, 0.12 * n + 2.0))
-    fig = Figure(figsize=(ncols * size * 1.15, nrows * size + 0.6), layout="constrained")
+    captioned = title is None and normalize != "none"  # a second title line says what the colours are
+    fig = Figure(figsize=(ncols * size * 1.15, nrows * size + (0.95 if captioned else 0.6)), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     font = max(3.0, min(9.0, 26.0 * size / max(n, 1)))
     # an encoder–decoder's decoder layers: only the target's rows (the last ones) hold values
@@ -129,7 +134,8 @@ def plot_maps(
         row_label, scope_maps = rows[index]
         if scope:
             matrix = _normalized(scope_maps[scope].detach().float().cpu(), normalize)
-            _heatmap(fig, ax, matrix[shown], labels, font, cmap, vmin=0.0, row_labels=labels[shown])
+            vmax = _scale_without_special(matrix, labels, shown) if normalize == "exclude-special" else None
+            _heatmap(fig, ax, matrix[shown], labels, font, cmap, vmin=0.0, vmax=vmax, row_labels=labels[shown])
             ax.set_title(f"{row_label}{scope}", fontsize=10)
         else:
             amp = ff_amp_of(scope_maps, pair).cpu()
@@ -145,8 +151,35 @@ def plot_maps(
             ax.set_ylabel("output token i")
         if k + ncols >= len(panels):
             ax.set_xlabel("input token j")
-    fig.suptitle(title if title is not None else default_title, fontsize=11)
+    heading = title if title is not None else default_title
+    if normalize == "exclude-special" and title is None:
+        heading += "\ncolours: ‖F_i(x_j)‖ on a scale set without the first and special tokens (they go past it)"
+    elif normalize in ("row", "column") and title is None:
+        heading += f"\ncolours: each {normalize} sums to 1"
+    fig.suptitle(heading, fontsize=11)
     return fig
+
+
+def special_positions(labels: Sequence[str]) -> list[int]:
+    """The first position and those whose token looks special (``[CLS]``, ``<s>``, ``<|…|>``)."""
+    found = [0] if labels else []
+    for k, label in enumerate(labels):
+        text = label.strip()
+        if k and len(text) > 2 and ((text[0], text[-1]) in (("[", "]"), ("<", ">"))):
+            found.append(k)
+    return found
+
+
+def _scale_without_special(matrix: Tensor, labels: Sequence[str], shown: Any) -> float | None:
+    """The largest value of ``matrix``'s shown rows outside the special rows and columns."""
+    keep_columns = torch.ones(matrix.shape[1], dtype=torch.bool)
+    keep_columns[special_positions(list(labels))] = False
+    keep_rows = keep_columns.clone()[shown] if matrix.shape[0] == matrix.shape[1] else torch.ones(
+        matrix[shown].shape[0], dtype=torch.bool)
+    inner = matrix[shown][keep_rows][:, keep_columns]
+    if inner.numel() == 0 or float(inner.max()) <= 0:
+        return None
+    return float(inner.max())
 
 
 def _rows(
@@ -204,5 +237,6 @@ def _heatmap(
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02)
+    beyond = vmax is not None and float(matrix.max()) > vmax
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02, extend="max" if beyond else "neither")
     bar.ax.tick_params(labelsize=7)

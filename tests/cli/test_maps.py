@@ -74,6 +74,21 @@ def test_layer_scopes_and_format_options(gpt2_dir, tmp_path, capsys):
     assert json.loads((out / "maps.json").read_text())["layers"]["0"]["ff_amp"] is None
 
 
+def test_normalize_chooses_the_figures_colours(bert_dir, tmp_path, monkeypatch, capsys):
+    import captum_ffb.viz.figures as figures
+
+    seen = []
+    original = figures.plot_maps
+    monkeypatch.setattr(figures, "plot_maps", lambda *a, **k: seen.append(k["normalize"]) or original(*a, **k))
+    for extra, expected in (([], "exclude-special"), (["--normalize", "row"], "row")):
+        assert main(["maps", "the cat sat", "--model", str(bert_dir), "--layer", "0", "--format", "png",
+                     "--out", str(tmp_path / expected), "--quiet", *extra]) == 0
+        assert seen[-1] == expected and (tmp_path / expected / "maps_layer00.png").exists()
+    assert main(["maps", "the cat sat", "--model", str(bert_dir), "--normalize", "max", "--quiet",
+                 "--out", str(tmp_path / "x")]) == 2
+    capsys.readouterr()
+
+
 def test_parsers():
     assert parse_formats("PNG, .json") == ["png", "json"]
     assert parse_layers("all") == "all" and parse_layers("0,-1") == [0, -1]

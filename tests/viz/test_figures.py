@@ -77,6 +77,28 @@ def test_options_scopes_no_amp_and_row_normalisation(bert_maps):
     assert len(_panels(plot_maps(partial, layer=0))) == 2  # nothing to subtract
 
 
+def test_exclude_special_sets_the_scale_without_the_first_and_special_tokens(bert_maps):
+    """Raw norms, drawn on a scale whose top is the largest value outside the first and the
+    special tokens' rows and columns; the colour bar says when cells go past it; the caption
+    says so."""
+    from captum_ffb.viz.figures import special_positions
+
+    labels = list(bert_maps.tokens)
+    special = special_positions(labels)
+    assert special[0] == 0 and all(labels[k].startswith("[") for k in special[1:])
+    assert special_positions(["a", "<s>", "b", "<|im_end|>", "<", "[]"]) == [0, 1, 3]
+    fig = plot_maps(bert_maps, layer=1, scopes=["AtbFf"], ff_amp=False, normalize="exclude-special")
+    ((_, image, _, artist),) = _panels(fig)
+    matrix = bert_maps.maps[1]["AtbFf"]
+    torch.testing.assert_close(torch.as_tensor(image), matrix)  # the values stay raw
+    keep = torch.ones(len(labels), dtype=torch.bool)
+    keep[special] = False
+    assert artist.get_clim()[1] == pytest.approx(float(matrix[keep][:, keep].max()))
+    assert "without the first and special tokens" in fig._suptitle.get_text()
+    bars = [a for a in fig.axes if a.get_label() == "<colorbar>"]
+    assert bars and (float(matrix.max()) > artist.get_clim()[1]) == (bars[0]._colorbar.extend == "max")
+
+
 def test_long_single_layer_wraps_panels(bert_maps):
     fig = plot_maps(bert_maps, layer=0, ncols=2)
     visible = [ax for ax in fig.axes if ax.get_visible() and ax.images]
