@@ -54,6 +54,11 @@ def _token_labels(result: ComponentAttribution, row: int, n: int) -> list[str]:
     return labels
 
 
+#: How the components outside the blocks are labelled in figures (``head``: the output head's
+#: own terms, not an attention head).
+OUTSIDE_LABELS = {"head": "output head", "embeddings": "embeddings"}
+
+
 def column_groups(names: list[str]) -> list[tuple[int, int, str]]:
     """``(first column, column after the last, label)`` of each run of columns: one per block
     (``"block <l>"``), and one per component outside the blocks (``"embeddings"``, ``"head"``)."""
@@ -120,16 +125,22 @@ def plot_components(
     image = ax.imshow(values.numpy(), cmap=cmap, norm=Normalize(-scale, scale), aspect="auto",
                       interpolation="nearest")
     if named:
-        ax.set_xticks(range(width), names, rotation=90, fontsize=6 if width > 30 else 8)
-    else:
+        ax.set_xticks(range(width), [OUTSIDE_LABELS.get(name, name) for name in names], rotation=90,
+                      fontsize=6 if width > 30 else 8)
+        ax.set_xlabel(f"component ({result.granularity})")
+    else:  # one tick per block, its number; the components outside the blocks named
         groups = column_groups(names)
         ax.set_xticks([(start + stop - 1) / 2 for start, stop, _ in groups],
-                      [label for _, _, label in groups], rotation=90, fontsize=6)
-        for start, _, _ in groups[1:]:
-            ax.axvline(start - 0.5, color="black", linewidth=0.6, alpha=0.6)
+                      [label.removeprefix("block ") if label.startswith("block ") else OUTSIDE_LABELS.get(label, label)
+                       for _, _, label in groups], rotation=90, fontsize=6)
+        for start, _, label in groups[1:]:
+            outside = not label.startswith("block ")
+            ax.axvline(start - 0.5, color="black", linewidth=1.4 if outside else 0.5, alpha=0.8 if outside else 0.5)
+        inside = {"head": "its attention heads, then its FF", "sublayer": "its attention, then its FF",
+                  "block": "one column"}.get(result.granularity, result.granularity)
+        ax.set_xlabel(f"block (each block: {inside}); the named columns lie outside the blocks")
     step = 1 if n <= NAMED_ROWS_UP_TO else -(-n // NAMED_ROWS_UP_TO)
     ax.set_yticks(range(0, n, step), labels[::step], fontsize=7)
-    ax.set_xlabel(f"component ({result.granularity})")
     ax.set_ylabel("input token")
     figure.colorbar(image, ax=ax, fraction=0.03, label="direct effect on the read-out")
     heading = _summary(result, row)

@@ -55,7 +55,8 @@ def test_a_column_per_component_and_a_row_per_token(tables):
     assert isinstance(figure, Figure)
     ax, image = _heat_map(figure)
     torch.testing.assert_close(torch.as_tensor(image.get_array().data), table.contributions[0].float())
-    assert [t.get_text() for t in ax.get_xticklabels()] == table.components
+    assert [t.get_text() for t in ax.get_xticklabels()] == [*table.components[:-1], "output head"]
+    assert table.components[-1] == "head" and ax.get_xlabel() == "component (sublayer)"
     assert [t.get_text() for t in ax.get_yticklabels()] == TOKENS
     # a symmetric diverging scale centred on zero, with its colour bar
     low, high = image.get_clim()
@@ -95,7 +96,8 @@ def test_head_granularity_names_every_head_of_a_small_model(tables):
     table = tables["head"]
     assert len(table.components) <= NAMED_COLUMNS_UP_TO
     ax, image = _heat_map(plot_components(table))
-    assert [t.get_text() for t in ax.get_xticklabels()] == table.components
+    shown = [name if name != "head" else "output head" for name in table.components]  # not an attention head
+    assert [t.get_text() for t in ax.get_xticklabels()] == shown
     assert image.get_array().shape == (len(TOKENS), len(table.components))
 
 
@@ -105,7 +107,8 @@ def test_hundreds_of_columns_are_named_by_block():
     ax, image = _heat_map(plot_components(table))
     assert image.get_array().shape == (12, len(table.components))
     labels = [t.get_text() for t in ax.get_xticklabels()]
-    assert labels == ["embeddings", *(f"block {b}" for b in range(30)), "head"]
+    assert labels == ["embeddings", *(str(b) for b in range(30)), "output head"]  # the blocks by number
+    assert ax.get_xlabel().startswith("block (each block: its attention heads, then its FF)")
     ticks = list(ax.get_xticks())
     assert ticks[:2] == [0, 6] and ticks[-1] == len(table.components) - 1  # a block's middle
     assert len(ax.lines) == 31  # a line before each block and before the head
