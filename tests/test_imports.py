@@ -24,7 +24,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("text", "corpus"),                       # one text's maps; reading texts and datasets
     ("jobs", "stats"),                        # where batches run; numbers over maps
     ("analysis", "evaluation", "baselines"),  # the studies
-    ("explain",),                             # one text explained
+    ("explain", "context"),                   # one text explained; a long context's groups
     ("viz",),                                 # pictures and pages
     ("integrations", "environment"),          # other tools; this environment's report
     ("cli", "app"),                           # entry points

@@ -245,7 +245,7 @@ def _run_context(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
     loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task, **placement.load_options())
-    from captum_ffb import NormDecomposition
+    from captum_ffb.attr import NormDecomposition
 
     limit = getattr(config, "max_position_embeddings", None)
     found = context_attribution(NormDecomposition(loaded.model), loaded.tokenizer, context, question,
