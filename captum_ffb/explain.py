@@ -275,7 +275,7 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
     from captum_ffb.readouts import default_readout
 
     check_text(text)
-    nd = NormDecomposition(loaded.model)
+    nd = NormDecomposition(loaded)  # its tokenizer names the explained token
     if loaded.spec.decoder is not None:
         return _graph_pair(text, loaded, nd, target, baseline, granularity=granularity, prune=prune,
                            node_threshold=node_threshold, edge_threshold=edge_threshold, max_nodes=max_nodes)
@@ -301,7 +301,16 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
                                edge_threshold=edge_threshold, max_nodes=max_nodes, baseline_inputs=corrupted)
     graph.tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()), loaded.tokenizer)
     graph.token_ids = ids[0].tolist()
+    graph.output_label = _shown_label(graph.output_label, loaded.tokenizer, nd.task)
     return graph
+
+
+def _shown_label(label: str, tokenizer: Any, task: str) -> str:
+    """The explained token(s) as people read them (``' Mary'``, not ``ĠMary``); classes as they are."""
+    if task == "sequence_classification" or tokenizer is None or label == "the read-out":
+        return label
+    parts = label.split(" − ")
+    return " − ".join(repr(t) for t in display_tokens(parts, tokenizer, strip=False))
 
 
 def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: str | None, baseline: str | None,
@@ -328,6 +337,7 @@ def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: s
         "attention_mask": encoded["attention_mask"], "decoder_input_ids": decoded}, **options)
     tokens = loaded.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist() + decoded[0].tolist())
     graph.tokens = display_tokens(tokens, loaded.tokenizer)
+    graph.output_label = _shown_label(graph.output_label, loaded.tokenizer, nd.task)
     return graph
 
 

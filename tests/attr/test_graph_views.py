@@ -283,6 +283,13 @@ def test_cli_writes_the_three_files(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["graph.html", "graph.json", "graph_neuronpedia.json"]
     saved = json.loads((out / "graph.json").read_text())
     assert any("patch_estimate" in n for n in saved["nodes"])
+    from tests.models import load_saved
+
+    loaded = load_saved(model)
+    ids = loaded.tokenizer("the cat sat on the mat because", return_tensors="pt").input_ids
+    with torch.no_grad():
+        predicted = int(loaded.model(ids).logits[0, -1].argmax())
+    assert saved["output"] == repr(loaded.tokenizer.decode([predicted]))  # the token as text, not its id
     _graph_models().Model(**json.loads((out / "graph_neuronpedia.json").read_text()))
     assert main(["graph", "the cat", "--model", str(model), "--out", str(tmp_path / "o2"),
                  "--baseline", "the cat sat", "--quiet"]) == 2
