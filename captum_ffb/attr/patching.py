@@ -146,11 +146,7 @@ def patch_estimates(nd: Any, request: Any, target: Any, tape: Any, found: Any, d
     from captum_ffb.engine.graph import node_id, part_covectors, real_writers
 
     engine = nd.engine
-    baseline = torch.as_tensor(baseline_inputs)
-    baseline = baseline[None] if baseline.dim() == 1 else baseline
-    if tuple(baseline.shape) != tuple(request.args[0].shape):
-        raise ValueError(f"baseline_inputs must have the inputs' shape {tuple(request.args[0].shape)} (a corrupted "
-                         f"prompt of the same length), got {tuple(baseline.shape)}")
+    baseline = baseline_like(baseline_inputs, request)
     corrupt = nd._request(baseline, request.args[1:] or None, request.kwargs)
     base = real_writers(engine, corrupt, target, granularity)
     real = real_writers(engine, request, target, granularity, gradients=True)
@@ -208,6 +204,17 @@ def patch_estimates(nd: Any, request: Any, target: Any, tape: Any, found: Any, d
     if DEFAULT_ESTIMATOR in whole:
         whole["default"] = dict(whole[DEFAULT_ESTIMATOR])
     return {name: value.detach() for name, value in estimates.items()}, kappa, whole
+
+
+def baseline_like(baseline_inputs: Any, request: Any) -> Tensor:
+    """``baseline_inputs`` as a ``(1, n)`` tensor of the request's inputs' shape (a corrupted
+    prompt of the same length), or a ``ValueError`` naming the parameter."""
+    baseline = torch.as_tensor(baseline_inputs)
+    baseline = baseline[None] if baseline.dim() == 1 else baseline
+    if tuple(baseline.shape) != tuple(request.args[0].shape):
+        raise ValueError(f"baseline_inputs must have the inputs' shape {tuple(request.args[0].shape)} (a corrupted "
+                         f"prompt of the same length), got {tuple(baseline.shape)}")
+    return baseline
 
 
 def writer_module(engine: Any, layer: int, kind: str, part: bool = False) -> nn.Module:

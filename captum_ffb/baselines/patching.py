@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
 __all__ = ["PATCHING_GRANULARITIES", "PatchingResult", "activation_patching", "component_id"]
@@ -69,7 +68,7 @@ def activation_patching(model: Any, inputs: Tensor, baseline_inputs: Tensor, tar
     """
     from captum_ffb.attr.graph import resolved_target
     from captum_ffb.attr.norm_decomposition import NormDecomposition
-    from captum_ffb.attr.patching import Patch, patched_values, writer_module
+    from captum_ffb.attr.patching import Patch, baseline_like, patched_values, writer_module
     from captum_ffb.engine.graph import real_writers
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -83,11 +82,7 @@ def activation_patching(model: Any, inputs: Tensor, baseline_inputs: Tensor, tar
     request = nd._request(inputs, None, forward_kwargs, nd.reference)
     if request.batch_size != 1:
         raise ValueError("inputs: activation patching runs one input at a time (a batch of 1)")
-    baseline = torch.as_tensor(baseline_inputs)
-    baseline = baseline[None] if baseline.dim() == 1 else baseline
-    if tuple(baseline.shape) != tuple(request.args[0].shape):
-        raise ValueError(f"baseline_inputs must have the inputs' shape {tuple(request.args[0].shape)} (a corrupted "
-                         f"prompt of the same length), got {tuple(baseline.shape)}")
+    baseline = baseline_like(baseline_inputs, request)
     corrupt = nd._request(baseline, None, forward_kwargs, nd.reference)
     target = resolved_target(nd, request, target)
     base = real_writers(engine, corrupt, target, granularity)
