@@ -29,7 +29,23 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 METHODS = ("forward + backward", "attribute")
 #: the rules that credit queries and keys, timed at ``--rule-sizes``
-RULES = {"attribute (IGAttention)": "IGAttention", "attribute (CompleteAttnLRPAttention)": "CompleteAttnLRPAttention"}
+RULES = {"attribute (IGAttention)": "IGAttention()",
+         "attribute (IGAttention, 4 points, exact)": "IGAttention(n_steps=4, exact=True)",
+         "attribute (CompleteAttnLRPAttention)": "CompleteAttnLRPAttention()"}
+#: the encoder–decoder route, timed at ``--seq2seq-sizes`` on a BART-base-sized model (random
+#: weights: none are available offline) with a source of n tokens and a 16-token target prefix
+SEQ2SEQ = ("forward + backward (encoder–decoder)", "attribute (encoder–decoder)")
+PREFIX = 16
+
+
+def seq2seq_model(n: int):
+    """A BART-base-sized encoder–decoder (6 + 6 blocks, d = 768, 12 heads) with random weights."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = BartConfig(max_position_embeddings=max(1024, n + 2), attn_implementation="sdpa")
+    return BartForConditionalGeneration(config).eval()
 
 
 def _status_bytes(field: str) -> int:
@@ -50,30 +66,42 @@ def child(method: str, n: int, tree: str) -> None:
     from captum_ffb import NormDecomposition
     from captum_ffb.models import load_model, smollm2_dir
 
-    model = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm").model.eval()
+    seq2seq = method in SEQ2SEQ
+    if seq2seq:
+        model = seq2seq_model(n)
+    else:
+        model = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm").model.eval()
     rules = {}
     if method in RULES:
         from captum_ffb import rules as rule_classes
 
-        rules = {"attention": getattr(rule_classes, RULES[method])()}
+        rules = {"attention": eval(RULES[method], vars(rule_classes))}  # a rule's constructor call
     nd = NormDecomposition(model, rules=rules)
 
     def ids_of(length: int) -> torch.Tensor:
         return torch.randint(100, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(length))
 
+    prefix = ids_of(PREFIX)
+    kwargs = {"decoder_input_ids": prefix} if seq2seq else {}
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        if seq2seq:
+            return model(ids, decoder_input_ids=prefix).logits[:, -1:]
+        return model(ids, logits_to_keep=1).logits
+
     def plain(ids: torch.Tensor, token: int) -> None:
         model.zero_grad(set_to_none=True)
-        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
+        logits(ids)[0, -1, token].backward()
 
     def ours(ids: torch.Tensor, token: int) -> None:
-        nd.attribute(ids, target=token)
+        nd.attribute(ids, target=token, forward_kwargs=kwargs or None)
 
-    run = plain if method == "forward + backward" else ours
+    run = plain if method.startswith("forward + backward") else ours
     warm = ids_of(64)
     run(warm, 0)
     ids = ids_of(n)
     with torch.no_grad():
-        token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
+        token = int(logits(ids)[0, -1].argmax())
     model.zero_grad(set_to_none=True)
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")
@@ -106,7 +134,8 @@ def markdown(result: dict) -> str:
     ruled = {n: row for n, row in result["rows"].items() if any(m in row for m in RULES)}
     if ruled:
         lines += ["", "The rules that credit queries and keys (`rules={\"attention\": ...}`; their backward pass "
-                  "runs through the probabilities, so it needs the eager attention):", "",
+                  "rebuilds the probabilities chunk by chunk and, for `IGAttention`, one softmax per "
+                  "quadrature point):", "",
                   "| n | rule | seconds | × forward + backward | memory (GiB) |", "|---:|---|---:|---:|---:|"]
         for n, row in ruled.items():
             for method in RULES:
@@ -115,6 +144,18 @@ def markdown(result: dict) -> str:
                     lines.append(f"| {n} | `{RULES[method]}` | {found['seconds']:.2f} | "
                                  f"{found['seconds'] / row['forward + backward']['seconds']:.2f}× | "
                                  f"{found['added_bytes'] / 2**30:.2f} |")
+    paired = {n: row for n, row in result["rows"].items() if all(m in row for m in SEQ2SEQ)}
+    if paired:
+        lines += ["", "The encoder–decoder route (a BART-base-sized model, random weights; a source of n "
+                  f"tokens, a {PREFIX}-token target prefix, the last target position's predicted token; "
+                  "the default route):", "",
+                  "| source n | forward + backward (s) | attribute (s) | ratio | memory, forward + backward (GiB) "
+                  "| memory, attribute (GiB) |", "|---:|---:|---:|---:|---:|---:|"]
+        for n, row in paired.items():
+            plain, ours = (row[m] for m in SEQ2SEQ)
+            lines.append(f"| {n} | {plain['seconds']:.2f} | {ours['seconds']:.2f} | "
+                         f"{ours['seconds'] / plain['seconds']:.2f}× | {plain['added_bytes'] / 2**30:.2f} | "
+                         f"{ours['added_bytes'] / 2**30:.2f} |")
     if result.get("before"):
         lines += ["", f"Before (the attribution from `{result['before_tree']}`, same run):", "",
                   "| n | attribute before (s) | ratio before | memory before (GiB) |", "|---:|---:|---:|---:|"]
@@ -131,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", default=None, metavar="DIR", help="also time the attribution of this checkout")
     parser.add_argument("--before-sizes", default="512,2048,4096", help="the sizes --before times")
     parser.add_argument("--rule-sizes", default="512,2048", help="the sizes the score-crediting rules are timed at")
+    parser.add_argument("--seq2seq-sizes", default="512,2048", help="the source sizes the encoder–decoder is timed at")
     parser.add_argument("--quick", action="store_true", help="print, write no files")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
@@ -155,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             print("before", json.dumps(result["before"][str(n)]), flush=True)
         if str(n) in args.rule_sizes.split(","):
             for method in RULES:
+                row[method] = measure(method, n, str(ROOT))
+                print(json.dumps(row[method]), flush=True)
+        if str(n) in args.seq2seq_sizes.split(","):
+            for method in SEQ2SEQ:
                 row[method] = measure(method, n, str(ROOT))
                 print(json.dumps(row[method]), flush=True)
     text = markdown(result)

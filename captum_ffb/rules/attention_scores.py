@@ -89,6 +89,19 @@ def allowed_keys(mask: Tensor | None, shape: tuple[int, ...], device: torch.devi
     return mask > torch.finfo(mask.dtype).min / 2
 
 
+def row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """``⟨a_i, b_i⟩`` for each row ``i`` of the last dimension, kept as a size-1 dimension (by
+    ``einsum``: one read of each tensor and no product tensor; on the CPU several times faster
+    than ``(a * b).sum(-1)`` or a batch of ``1 × n`` products)."""
+    return torch.einsum("...j,...j->...", a, b).unsqueeze(-1)
+
+
+def uniform_attention(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """The softmax at zero scores: uniform over the allowed keys (rows without one are 0)."""
+    weights = allowed.to(dtype)
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1)
+
+
 def _repeat(tensor: Tensor, groups: int, dim: int = 1) -> Tensor:
     return tensor if groups == 1 else tensor.repeat_interleave(groups, dim=dim)
 
@@ -108,8 +121,12 @@ class _MaskedSoftmax:
         self.valid = None if bool(valid.all()) else valid.to(dtype)
 
     def __call__(self, scores: Tensor) -> Tensor:
-        out = torch.softmax(scores + self.shift, dim=-1)
-        return out if self.valid is None else out * self.valid
+        return self.scaled(scores, 1.0)
+
+    def scaled(self, scores: Tensor, factor: float) -> Tensor:
+        """The softmax of ``factor · scores``."""
+        out = torch.softmax(torch.add(self.shift, scores, alpha=factor), dim=-1)
+        return out if self.valid is None else out.mul_(self.valid)
 
 
 def _capped(scores: Tensor, softcap: float | None) -> tuple[Tensor, Tensor | None]:
@@ -131,6 +148,13 @@ class SoftmaxLinearisation:
     probs: list[Tensor]
     slopes: list[Tensor | None]
 
+    def mean_probs(self) -> Tensor:
+        """``Σ_k w_k a_k``."""
+        out = self.probs[0] * self.weights[0]
+        for w, a in zip(self.weights[1:], self.probs[1:]):
+            out.add_(a, alpha=w)
+        return out
+
     def apply(self, scores: Tensor, rows: slice = slice(None)) -> Tensor:
         """``L`` applied to each row of ``scores`` (the rows ``rows`` of the linearisation)."""
         out = torch.zeros_like(scores)
@@ -142,11 +166,21 @@ class SoftmaxLinearisation:
         return out
 
     def transpose(self, grad: Tensor) -> Tensor:
-        out = torch.zeros_like(grad)
+        if len(self.probs) > 1 and all(d is None for d in self.slopes):
+            # G ⊙ Σ_k w_k a_k − Σ_k w_k ⟨a_k, G⟩ a_k: one pass over each row of probabilities
+            out = grad * self.mean_probs()
+            for w, a in zip(self.weights, self.probs):
+                out.addcmul_(a, row_dot(a, grad), value=-w)
+            return out
+        out = None
         for w, a, d in zip(self.weights, self.probs, self.slopes):
-            ag = a * grad
-            part = ag - a * ag.sum(-1, keepdim=True)
-            out.add_(part if d is None else d * part, alpha=w)
+            part = (grad - row_dot(a, grad)).mul_(a)  # a ⊙ (G − ⟨a, G⟩)
+            if d is not None:
+                part.mul_(d)
+            if out is None:
+                out = part.mul_(w) if w != 1.0 else part
+            else:
+                out.add_(part, alpha=w)
         return out
 
     def transpose_values(self, values: Tensor, rows: slice = slice(None)) -> Tensor:
@@ -190,14 +224,12 @@ class _ScoreCredit(torch.autograd.Function):
         for first in range(0, n, size):
             rows = slice(first, min(n, first + size))
             q, g = query[:, :, rows], grad[:, :, rows]
-            raw = torch.matmul(q, key.transpose(-1, -2)) * scaling
-            permitted = allowed[:, :, rows].expand_as(raw)
-            probs = masked_softmax(_capped(raw, softcap)[0], permitted)
-            uniform = masked_softmax(torch.zeros_like(raw), permitted)
-            linear, rest = rule.softmax_map(raw, permitted, probs, softcap)
-            coefficients, _ = rule._with_remainder(rule.value_coefficients(probs, uniform), rest)
+            raw = torch.matmul(q * scaling, key.transpose(-1, -2))
+            # the mask stays (B, 1, r, n) where it is shared by the heads: broadcast, not copied
+            coefficients, linear = rule.backward_maps(raw, allowed[:, :, rows], softcap)
             grad_value += torch.matmul(coefficients.transpose(-1, -2), g)
-            scores = linear.transpose(torch.matmul(g, value.transpose(-1, -2))).mul_(0.25 * scaling)
+            # ½ (value/score split) · ½ (query/key split) · scale, applied to the (r, e) side
+            scores = linear.transpose(torch.matmul(g * (0.25 * scaling), value.transpose(-1, -2)))
             grad_query[:, :, rows] = torch.matmul(scores, key)
             grad_key += torch.matmul(scores.transpose(-1, -2), q)
         return grad_query, grad_key, grad_value, None, None, None, None
@@ -217,13 +249,29 @@ class ScoreCreditingAttention(Rule):
     #: softmax rows the linearisation keeps per quadrature point (memory of the backward pass)
     steps = 1
 
-    def value_coefficients(self, probs: Tensor, uniform: Tensor) -> Tensor:  # pragma: no cover
+    def value_coefficients(self, probs: Tensor, allowed: Tensor) -> Tensor:  # pragma: no cover
+        """The values' coefficients of ``α·V`` (``allowed``: the keys each query may attend to)."""
         raise NotImplementedError
 
-    def softmax_map(self, scores: Tensor, allowed: Tensor, probs: Tensor | None, softcap: float | None
-                    ) -> tuple[SoftmaxLinearisation, Tensor | None]:  # pragma: no cover
-        """``(L, e)``: the linearised softmax on the raw scores and the part owed to no player."""
+    def softmax_map(self, scores: Tensor, allowed: Tensor, probs: Tensor | None, softcap: float | None,
+                    remainder: bool = True) -> tuple[SoftmaxLinearisation, Tensor | None]:  # pragma: no cover
+        """``(L, e)``: the linearised softmax on the raw scores and the part owed to no player
+        (``None`` when ``remainder`` is false)."""
         raise NotImplementedError
+
+    def backward_maps(self, scores: Tensor, allowed: Tensor, softcap: float | None
+                      ) -> tuple[Tensor, SoftmaxLinearisation]:
+        """For a chunk of query rows on the backward route: the values' coefficients (with
+        the remainder folded in where the rule hands it to the players) and ``L``."""
+        probs = masked_softmax(_capped(scores, softcap)[0], allowed)
+        linear, rest = self.softmax_map(scores, allowed, probs, softcap, remainder=self.needs_remainder)
+        coefficients, _ = self._with_remainder(self.value_coefficients(probs, allowed), rest)
+        return coefficients, linear
+
+    @property
+    def needs_remainder(self) -> bool:
+        """Whether the values' coefficients on the backward route need the remainder ``e``."""
+        return bool(getattr(self, "remainder_to_values", False))
 
     # ------------------------------------------------------------------ shared pieces
     def _coefficients(self, scores: ScorePath, probs: Tensor, dtype: torch.dtype):
@@ -231,10 +279,9 @@ class ScoreCreditingAttention(Rule):
         query = scores.query.to(dtype)
         key = _repeat(scores.key.to(dtype), groups)
         raw = torch.matmul(query, key.transpose(-1, -2)) * scores.scaling
-        allowed = scores.allowed.expand_as(raw)
-        uniform = masked_softmax(torch.zeros_like(raw), allowed)
+        allowed = scores.allowed
         linear, rest = self.softmax_map(raw, allowed, probs, scores.softcap)
-        coefficients, rest = self._with_remainder(self.value_coefficients(probs, uniform), rest)
+        coefficients, rest = self._with_remainder(self.value_coefficients(probs, allowed), rest)
         return query, key, groups, coefficients, linear, rest
 
     def _with_remainder(self, coefficients: Tensor, rest: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -371,23 +418,27 @@ class IGAttention(ScoreCreditingAttention):
     def steps(self) -> int:  # type: ignore[override]
         return self.n_steps
 
-    def value_coefficients(self, probs: Tensor, uniform: Tensor) -> Tensor:
-        return 0.5 * (probs + uniform)
+    def value_coefficients(self, probs: Tensor, allowed: Tensor) -> Tensor:
+        return 0.5 * (probs + uniform_attention(allowed, probs.dtype))
 
-    def softmax_map(self, scores, allowed, probs, softcap):
+    def softmax_map(self, scores, allowed, probs, softcap, remainder: bool = True):
         nodes, weights = gauss_legendre(self.n_steps)
         softmax = _MaskedSoftmax(allowed, scores.dtype)
         steps, slopes = [], []
         for t in nodes:
+            if softcap is None:
+                steps.append(softmax.scaled(scores, t))
+                slopes.append(None)
+                continue
             capped, slope = _capped(t * scores, softcap)
             steps.append(softmax(capped))
             slopes.append(slope)
         linear = SoftmaxLinearisation(weights, steps, slopes)
-        if not self.exact:
+        if not (self.exact and remainder):
             return linear, None
         if probs is None:
             probs = softmax(_capped(scores, softcap)[0])
-        return linear, probs * allowed - softmax(torch.zeros_like(scores)) - linear.apply(scores)
+        return linear, probs * allowed - uniform_attention(allowed, scores.dtype) - linear.apply(scores)
 
 
 class AttnLRPAttention(ScoreCreditingAttention):
@@ -406,16 +457,27 @@ class AttnLRPAttention(ScoreCreditingAttention):
         >>> nd = NormDecomposition(model, rules={"attention": AttnLRPAttention()})
     """
 
-    def value_coefficients(self, probs: Tensor, uniform: Tensor) -> Tensor:
+    def value_coefficients(self, probs: Tensor, allowed: Tensor) -> Tensor:
         return 0.5 * probs
 
-    def softmax_map(self, scores, allowed, probs, softcap):
+    def softmax_map(self, scores, allowed, probs, softcap, remainder: bool = True):
         _, slope = _capped(scores, softcap)
         if probs is None:
             probs = masked_softmax(_capped(scores, softcap)[0], allowed)
         probs = probs * allowed
         linear = SoftmaxLinearisation([1.0], [probs], [slope])
-        return linear, probs - linear.apply(scores)
+        return linear, (probs - linear.apply(scores) if remainder else None)
+
+    def backward_maps(self, scores, allowed, softcap):
+        if softcap is not None:
+            return super().backward_maps(scores, allowed, softcap)
+        probs = masked_softmax(scores, allowed)  # 0 off the allowed keys
+        linear = SoftmaxLinearisation([1.0], [probs], [None])
+        if not self.needs_remainder:
+            return 0.5 * probs, linear
+        # ½α + ½e = α − ½ J(s̄)·s̄ = α − ½ α ⊙ (s̄ − ⟨α, s̄⟩)
+        coefficients = (scores - row_dot(probs, scores)).mul_(-0.5).add_(1).mul_(probs)
+        return coefficients, linear
 
 
 class CompleteAttnLRPAttention(AttnLRPAttention):
