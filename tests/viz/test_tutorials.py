@@ -66,3 +66,18 @@ def test_tutorial_runs(path, executed):
     outputs = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
+
+
+@pytest.mark.parametrize("path", sorted(TUTORIALS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_committed_tutorials_carry_their_outputs(path):
+    """The site renders the notebooks as committed (``nb_execution_mode = "off"``): each is
+    committed executed, top to bottom, with its figures and without an error or the noise of
+    stderr (progress bars, warnings naming the machine's paths)."""
+    import json
+
+    book = json.loads(path.read_text(encoding="utf-8"))
+    code = [c for c in book["cells"] if c["cell_type"] == "code"]
+    assert [c["execution_count"] for c in code] == list(range(1, len(code) + 1))
+    outputs = [o for c in code for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error" or o.get("name") == "stderr"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "committed without its figures"
