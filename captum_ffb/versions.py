@@ -18,7 +18,7 @@ from packaging.version import Version
 #: distribution → (lowest tested, highest tested) version.
 TESTED: dict[str, tuple[str, str]] = {
     "transformers": ("5.0.0", "5.24.0"),
-    "torch": ("2.6.0", "2.13.0"),
+    "torch": ("2.6.0", "2.15.0"),
     "captum": ("0.8.0", "0.9.0"),
 }
 

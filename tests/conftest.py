@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from captum_ffb.cli import main
@@ -45,10 +47,16 @@ def base_dir(tmp_path_factory):
 @pytest.fixture()
 def one_line(capsys):
     """``one_line(argv)``: run the command line, check that it printed exactly one error line
-    and nothing else and exited with 2; return the message after ``captum-ffb: error: ``."""
+    and nothing else and exited with 2; return the message after ``captum-ffb: error: ``.
+    The command runs under Python's own warning filters, as a user's does (pytest's show
+    other packages' pending deprecations, which a command line run does not print)."""
 
     def run(argv: list[str]) -> str:
-        code = main(argv)
+        with warnings.catch_warnings():
+            warnings.resetwarnings()
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            code = main(argv)
         captured = capsys.readouterr()
         assert code == 2, captured.err
         assert captured.out == "", captured.out

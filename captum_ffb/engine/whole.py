@@ -239,9 +239,10 @@ def available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
-        for line in open("/proc/meminfo", encoding="ascii"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     return DEFAULT_MEMORY_BUDGET

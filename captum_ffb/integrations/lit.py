@@ -151,6 +151,9 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 5432, quiet: bool = Fal
     from werkzeug.serving import make_server
 
     server = make_server(host, port, app, threaded=True)
+    # Ctrl+C stops at once: requests still being answered do not hold the process open
+    # (socketserver's default joins every request thread on close)
+    server.daemon_threads, server.block_on_close = True, False
     try:
         if not quiet:
             print(f"LIT is ready at http://{host}:{server.port} (Ctrl+C stops it)",
