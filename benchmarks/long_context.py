@@ -113,6 +113,14 @@ def child(method: str, n: int, tree: str) -> None:
     print(json.dumps({"n": n, "method": method, "seconds": seconds, "peak_bytes": peak, "added_bytes": peak - before}))
 
 
+def _commit(tree: str | None) -> str | None:
+    """The short commit of the checkout at ``tree`` (``None`` where it is not a git checkout)."""
+    if tree is None:
+        return None
+    out = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
+
+
 def measure(method: str, n: int, tree: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--tree", tree],
                          capture_output=True, text=True, check=True)
@@ -157,7 +165,8 @@ def markdown(result: dict) -> str:
                          f"{ours['seconds'] / plain['seconds']:.2f}× | {plain['added_bytes'] / 2**30:.2f} | "
                          f"{ours['added_bytes'] / 2**30:.2f} |")
     if result.get("before"):
-        lines += ["", f"Before (the attribution from `{result['before_tree']}`, same run):", "",
+        lines += ["", f"Before (the attribution of the checkout at `{result['before_tree']}`, commit "
+                  f"{result.get('before_commit') or 'unknown'}, same run):", "",
                   "| n | attribute before (s) | ratio before | memory before (GiB) |", "|---:|---:|---:|---:|"]
         for n, row in result["before"].items():
             plain = result["rows"][n]["forward + backward"]
@@ -185,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
               "machine": platform.processor() or platform.machine(), "rows": {}, "before": {},
-              "before_tree": args.before}
+              "before_tree": args.before, "before_commit": _commit(args.before)}
     for n in (int(s) for s in args.sizes.split(",")):
         row = {}
         for method in METHODS:

@@ -93,3 +93,9 @@ def test_getting_started_installs_as_the_readme_does():
 
     readme = setup_block((ROOT / "README.md").read_text(encoding="utf-8"))
     assert setup_block((DOCS / "getting_started.md").read_text(encoding="utf-8")) == readme
+
+
+def test_the_tutorial_count_in_getting_started_is_the_folders():
+    words = {"five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10}
+    said = re.search(r"`tutorials/` holds (\w+) notebooks", (DOCS / "getting_started.md").read_text(encoding="utf-8"))
+    assert said and words[said.group(1)] == len(list((ROOT / "tutorials").glob("*.ipynb")))
