@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from captum_ffb import Direction, LayerNormDecomposition, NormDecomposition
+from captum_ffb import Direction, LayerNormDecomposition, NormDecomposition, context_attribution
 from tests.models import (
     TINY_SEQ2SEQ,
     save_tiny,
@@ -27,6 +27,7 @@ from tests.models import (
     save_tiny_whisper,
     tiny_lm,
     tiny_models,
+    wordpiece_tokenizer,
     write_wav,
 )
 
@@ -242,7 +243,7 @@ def api():
     marian = TINY_SEQ2SEQ["marian"].build()
     return {"lm": lm, "nd": NormDecomposition(lm), "base": base, "nd_base": NormDecomposition(base),
             "marian": marian, "nd_marian": NormDecomposition(marian),
-            "lnd": LayerNormDecomposition(base, base.encoder.layer[0])}
+            "lnd": LayerNormDecomposition(base, base.encoder.layer[0]), "tokenizer": wordpiece_tokenizer()}
 
 
 IDS = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
@@ -311,6 +312,32 @@ API_CASES = [
     ("attribute_steps with an id out of the vocabulary",
      lambda a: a["nd"].attribute_steps(IDS[:1] + 60, targets=[3], positions=[4]),
      ValueError, r"inputs holds the token id 69, outside the model's vocabulary"),
+    # attribution graphs (issue 38)
+    ("a graph of a batch", lambda a: a["nd"].attribute_graph(IDS, target=3),
+     ValueError, r"inputs: an attribution graph explains one input at a time"),
+    ("a graph at an unknown granularity", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, granularity="layer"),
+     ValueError, r"granularity must be one of sublayer, head, neuron, got 'layer'"),
+    ("a graph with no writer nodes", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, max_nodes=0),
+     ValueError, r"max_nodes must be a positive number of nodes, got 0"),
+    ("a node threshold past 1", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, node_threshold=1.5),
+     ValueError, r"node_threshold must lie between 0 and 1, got 1.5"),
+    ("a corrupted prompt of another length",
+     lambda a: a["nd"].attribute_graph(IDS[:1], target=3, baseline_inputs=IDS[:1, :4]),
+     ValueError, r"baseline_inputs must have the inputs' shape \(1, 5\)"),
+    ("a negative patching threshold",
+     lambda a: a["nd"].attribute_graph(IDS[:1], target=3, baseline_inputs=IDS[1:], exact_above=-1),
+     ValueError, r"exact_above must be a positive number"),
+    # context attribution (issue 39)
+    ("context groups of an unknown kind",
+     lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", group_by="word"),
+     ValueError, r"group_by must be one of"),
+    ("an empty context", lambda a: context_attribution(a["nd"], a["tokenizer"], " ", "Why?"),
+     ValueError, r"context is empty"),
+    ("a question that is not a string", lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", 3),
+     TypeError, r"question must be a string, got int"),
+    ("a template without the question",
+     lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", "Why?", template="{context} so"),
+     ValueError, r"template must hold \{context\} and \{question\} once each"),
 ]
 
 

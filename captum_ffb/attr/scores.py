@@ -24,6 +24,7 @@ from captum_ffb.engine.graph import (
     node_id,
     token_values,
 )
+from captum_ffb.engine.locking import serialized
 
 __all__ = ["ScoreSplitter"]
 
@@ -50,6 +51,11 @@ class ScoreSplitter:
         self.nd, self.request, self.rules, self.target = nd, request, rules, target
         self.granularity, self.players = granularity, players
         self._tape = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The model (its lock serialises the replays of its frozen pass)."""
+        return self.nd.model
 
     def release(self) -> None:
         """Forget the recorded pass (its memory); the next call runs it again."""
@@ -81,6 +87,7 @@ class ScoreSplitter:
                              f"({writer.offset} … {writer.offset + writer.n - 1})")
         return inside
 
+    @serialized
     def __call__(self, layer: int, head: int, query_position: int, key_position: int) -> dict[Any, float]:
         engine = self.nd.engine
         tape = self.tape
@@ -110,6 +117,7 @@ class ScoreSplitter:
         found[("bias", "bias")] = float((q_bias * k_bias).sum()) * scaling
         return found
 
+    @serialized
     def probabilities(self, layer: int, head: int, query_position: int) -> Tensor:
         """``(n,)`` the attention probabilities of head ``head`` of block ``layer`` at query
         position ``query_position`` over the key positions of its input (the clean pass's;

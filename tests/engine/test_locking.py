@@ -139,3 +139,22 @@ def test_the_lock_is_one_per_model():
     a, b = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
     assert model_lock(a) is model_lock(a)
     assert model_lock(a) is not model_lock(b)
+
+
+def test_concurrent_graphs_and_score_splits_equal_sequential_ones():
+    """Attribution graphs (and the score splits they read from the model's frozen pass)
+    built in four threads at once, beside plain attributions of the same model."""
+    model = tiny_lm("llama")
+    nd = NormDecomposition(model)
+    torch.manual_seed(2)
+    inputs = [torch.randint(4, 50, (1, 6)) for _ in range(12)]
+
+    def call(k: int):
+        if k % 3 == 2:
+            return nd.attribute(inputs[k], target=5, return_bias=True)
+        graph = nd.attribute_graph(inputs[k], target=5, granularity="head", prune=False)
+        split = graph.score_split(1, 0, 5, 2)
+        return graph.data.weights, graph.data.values, torch.tensor(sorted(split.values()))
+
+    expected = [call(k) for k in range(12)]
+    _same(_in_threads(call), expected)
