@@ -196,6 +196,31 @@ CLI_CASES = [
     ("--n 0, spelt the old way (analyze)",
      ["analyze", "--model", "{bert}", "--data", "{r}/corpus.txt", "--max-seqs", "0", "--quiet"],
      "--n must be at least 1, got 0"),
+    # issue 40: the contrast and the figures' colours
+    ("--contrast with --target", ["explain", "the cat", "--model", "{gpt2}", "--contrast", " a", " b",
+                                  "--target", " a"],
+     "argument --target: not allowed with argument --contrast (see captum-ffb explain --help)"),
+    ("--contrast with --generate", ["explain", "the cat", "--model", "{gpt2}", "--contrast", " a", " b",
+                                    "--generate", "2"],
+     "re:.*contrast explains logit\\(A\\) − logit\\(B\\) at the next position: leave out .*generate.*"),
+    ("--contrast on a classifier", ["explain", "the cat", "--model", "{bert}", "--contrast", " a", " b"],
+     "re:.*contrast compares two next tokens: it needs a causal LM"),
+    ("--contrast with one token", ["explain", "the cat", "--model", "{gpt2}", "--contrast", " a"],
+     "re:argument --contrast: expected 2 arguments \\(see captum-ffb explain --help\\)"),
+    ("--contrast in the corpus mode", ["explain", "--data", "{r}/corpus.txt", "--model", "{gpt2}",
+                                       "--contrast", " a", " b"],
+     "--contrast explains one text: leave out --data"),
+    ("an unknown colour normalisation", ["maps", "the cat", "--model", "{bert}", "--normalize", "max"],
+     "re:argument --normalize: invalid choice: 'max' .*\\(see captum-ffb maps --help\\)"),
+    # issue 39: context attribution
+    ("--context without --question", ["explain", "--context", "{r}/corpus.txt", "--model", "{gpt2}"],
+     "context attribution takes both --context FILE and --question TEXT"),
+    ("--context with --contrast", ["explain", "--context", "{r}/corpus.txt", "--question", "Why?",
+                                   "--model", "{gpt2}", "--contrast", " a", " b"],
+     "--contrast does not apply to context attribution (--context)"),
+    ("an unknown grouping", ["explain", "--context", "{r}/corpus.txt", "--question", "Why?", "--model", "{gpt2}",
+                             "--group-by", "word"],
+     "re:argument --group-by: invalid choice: 'word' .*"),
 ]
 
 
