@@ -189,14 +189,8 @@ def context_attribution(nd: Any, tokenizer: Any, context: str, question: str, gr
 
 
 def _predicted(nd: Any, ids: Tensor) -> int:
-    """The model's next token after ``ids`` (its last position's logits only, where it can)."""
-    import inspect
-
-    import torch
-
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(nd.model.forward).parameters else {}
-    with torch.no_grad():
-        return int(nd.model(ids, **keep).logits[0, -1].argmax())
+    """The model's next token after ``ids``."""
+    return int(nd.engine.predict(nd.engine.request((ids,), {})).logits[0, -1].argmax())
 
 
 def _label(tokenizer: Any, target: Any) -> str:

@@ -450,8 +450,7 @@ def resolved_target(nd: Any, request: Any, target: Any) -> Any:
     from captum_ffb.readouts import ClassLogit, NextToken, ReadOut
 
     if target is None or (isinstance(target, ReadOut) and getattr(target, "token", 0) is None):
-        with torch.no_grad():
-            outputs = nd.model(*request.args, **request.kwargs)
+        outputs = nd.engine.predict(request)
         readout = target if target is not None else (
             NextToken() if nd.task != "sequence_classification" else ClassLogit())
         target = nd._text_free(readout).resolve(outputs, request.read_mask.long())

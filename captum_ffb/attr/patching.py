@@ -31,6 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.engine.passes import ModelPass
+
 __all__ = ["DEFAULT_ESTIMATOR", "ESTIMATORS", "EXACT_ABOVE", "Patch", "patch_estimates", "patched_values"]
 
 #: The estimators by name.
@@ -68,37 +70,26 @@ def patched_values(engine: Any, request: Any, target: Any, patches: Sequence[Pat
     batch (each row of the batch the input with its own patch)."""
     from captum_ffb.engine.head import target_value
 
-    model = engine.model
     n = request.read_mask.shape[1]
     values: list[float] = []
-    training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for start in range(0, len(patches), batch_size):
-                chunk = list(patches[start:start + batch_size])
-                rows = len(chunk)
-                handles = _register(chunk, rows, n)
-                try:
-                    args = tuple(_repeat(a, rows) for a in request.args)
-                    kwargs = {k: _repeat(v, rows) for k, v in request.kwargs.items()}
-                    output = model(*args, **kwargs)
-                    values += target_value(engine.head, output, _repeat_target(target, rows)).tolist()
-                finally:
-                    for handle in handles:
-                        handle.remove()
-                if bar is not None:
-                    bar.update(rows)
-    finally:
-        model.train(training)
+    for start in range(0, len(patches), batch_size):
+        chunk = list(patches[start:start + batch_size])
+        rows = len(chunk)
+        with ModelPass(engine.model) as run:
+            _register(run, chunk, rows, n)
+            args = tuple(_repeat(a, rows) for a in request.args)
+            kwargs = {k: _repeat(v, rows) for k, v in request.kwargs.items()}
+            output = run.run(*args, **kwargs)
+        values += target_value(engine.head, output, _repeat_target(target, rows)).tolist()
+        if bar is not None:
+            bar.update(rows)
     return values
 
 
-def _register(chunk: list[Patch], rows: int, n: int) -> list[Any]:
+def _register(run: ModelPass, chunk: list[Patch], rows: int, n: int) -> None:
     groups: dict[tuple[int, bool], list[tuple[int, Patch]]] = {}
     for row, patch in enumerate(chunk):
         groups.setdefault((id(patch.module), patch.part >= 0), []).append((row, patch))
-    handles = []
     for (_, before), edits in groups.items():
         module = edits[0][1].module
         if before:
@@ -109,7 +100,7 @@ def _register(chunk: list[Patch], rows: int, n: int) -> list[Any]:
                     where = slice(None) if patch.position is None else patch.position
                     view[row, where, patch.part] = patch.value.reshape(n, -1)[where].to(x.dtype)
                 return (x, *args[1:])
-            handles.append(module.register_forward_pre_hook(pre))
+            run.before(module, pre)
         else:
             def post(mod: nn.Module, args: Any, output: Any, edits: list[tuple[int, Patch]] = edits) -> Any:
                 kept = output[0] if isinstance(output, tuple) else output
@@ -119,8 +110,7 @@ def _register(chunk: list[Patch], rows: int, n: int) -> list[Any]:
                     where = slice(None) if patch.position is None else patch.position
                     view[row, where] = patch.value.reshape(n, -1)[where].to(new.dtype)
                 return (new, *output[1:]) if isinstance(output, tuple) else new
-            handles.append(module.register_forward_hook(post))
-    return handles
+            run.after(module, post)
 
 
 def _repeat(value: Any, rows: int) -> Any:

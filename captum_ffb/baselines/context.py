@@ -12,7 +12,6 @@ Everything is recorded by the engine's single capture (:func:`captum_ffb.engine.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,9 +23,9 @@ from captum_ffb.attr import LayerNormDecomposition
 from captum_ffb.decomposition import ScratchArena
 from captum_ffb.engine import (
     Block,
+    ModelPass,
     Outputs,
     capture_layers,
-    recording_attention,
     row_chunks,
     run_block,
 )
@@ -96,16 +95,15 @@ class LayerFunction:
             for k, v in self._kwargs.items()
         }
         hidden = hidden.to(self._dtype)
-        training = self.module.training
-        self.module.eval()  # dropout would make the function random
-        try:
-            with recording_attention([*self._owners, self.module]):
-                if self._hidden_keyword:
-                    out = self.module(*args, hidden_states=hidden, **kwargs)
-                else:
-                    out = self.module(hidden, *args, **kwargs)
-        finally:
-            self.module.train(training)
+        # in eval mode (dropout would make the function random), with the attention the
+        # decomposition read (the model's own eager function), differentiable
+        with ModelPass(self._owners[0] if self._owners else self.module, owners=[self.module], grad=True,
+                       inputs_only=False) as run:
+            run.attention("eager")
+            if self._hidden_keyword:
+                out = run.call(self.module, *args, hidden_states=hidden, **kwargs)
+            else:
+                out = run.call(self.module, hidden, *args, **kwargs)
         return _first_tensor(out).float()
 
 
@@ -238,12 +236,6 @@ def capture_layer(
     decomposers = [LayerNormDecomposition(forward_func, m, model_type=model_type) for m in layers]
     kwargs = dict(forward_kwargs or {})
     model = forward_func if isinstance(forward_func, nn.Module) else None
-    if model is not None and "use_cache" not in kwargs:
-        try:
-            if "use_cache" in inspect.signature(model.forward).parameters:
-                kwargs["use_cache"] = False  # a cache would grow on every replay
-        except (TypeError, ValueError):
-            pass
     blocks, _ = capture_layers(
         forward_func, model, layers, decomposers[0].spec, inputs, additional_forward_args, kwargs,
         with_next_norms=with_next_norms, keep_calls=True,

@@ -14,7 +14,6 @@ from captum_ffb.engine.capture import (
     ModelCapture,
     capture,
     forward_arguments,
-    recording_attention,
     token_mask_of,
 )
 from captum_ffb.engine.chains import NEXT_NORM_SCOPE, PARALLEL, POST_LN, PRE_LN, Chain
@@ -39,6 +38,7 @@ from captum_ffb.engine.model import (
     model_type_of,
     next_norms,
 )
+from captum_ffb.engine.passes import ModelPass
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -50,6 +50,7 @@ __all__ = [
     "BlockCapture",
     "BlockWatch",
     "Chain",
+    "ModelPass",
     "LayerResult",
     "ModelCapture",
     "Outputs",
@@ -67,7 +68,6 @@ __all__ = [
     "model_type_of",
     "next_norms",
     "norm_parameters",
-    "recording_attention",
     "reference",
     "resolve",
     "resolve_rules",

@@ -1,4 +1,4 @@
-"""One forward pass with hooks: the real tensors the decompositions use and are checked against.
+"""A recorded pass: the real tensors the decompositions use and are checked against.
 
 Attention probabilities come from the model's own attention function: while capturing, the
 model runs with a recording attention implementation registered in transformers'
@@ -11,56 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from captum_ffb._private import (
-    get_attention_implementation,
-    has_attention_implementation,
-    model_eager_attention,
-    set_attention_implementation,
-)
+from captum_ffb._private import model_eager_attention
+from captum_ffb.engine.passes import ModelPass, eager_attention, register_attention
 
 RECORDING_IMPLEMENTATION = "captum_ffb_recording"
 
 _recording: contextvars.ContextVar[dict[int, list[Any]] | None] = contextvars.ContextVar(
     "captum_ffb_recording", default=None
 )
-
-
-def _generic_eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Plain eager attention with grouped-query support, for modules without their own."""
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
-    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask[:, :, :, : key.shape[-2]]
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    output = torch.matmul(weights, value).transpose(1, 2).contiguous()
-    return output, weights
-
-
-def eager_attention(module: nn.Module) -> Callable:
-    """The eager attention function of ``module``'s own modeling file, or a generic one."""
-    return model_eager_attention(module) or _generic_eager_attention
-
-
-def attention_function(module: nn.Module, implementation: str) -> Callable:
-    """The attention function the implementation ``implementation`` names (the module's own
-    eager one for ``"eager"`` and for names transformers does not know)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if implementation == "eager" or implementation not in ALL_ATTENTION_FUNCTIONS:
-        return eager_attention(module)
-    return ALL_ATTENTION_FUNCTIONS[implementation]
 
 
 def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
@@ -76,128 +40,11 @@ def _recording_attention(module: nn.Module, query: Tensor, key: Tensor, value: T
     return output, weights
 
 
-class _SoftmaxDispatch:
-    """``torch.nn.functional.softmax`` replaced while any thread needs it: each thread's
-    innermost handler sees the results of the softmax calls made in that thread; other
-    threads' calls pass through untouched, and the original is back once no thread needs it."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._users = 0
-        self._original: Callable | None = None
-        self._local = threading.local()
-
-    def _handlers(self) -> list[Callable[[Tensor], Tensor]]:
-        handlers = getattr(self._local, "handlers", None)
-        if handlers is None:
-            handlers = self._local.handlers = []
-        return handlers
-
-    def _softmax(self, *args: Any, **kwargs: Any) -> Tensor:
-        original = self._original if self._original is not None else torch.softmax
-        out = original(*args, **kwargs)
-        handlers = self._handlers()
-        return handlers[-1](out) if handlers else out
-
-    def push(self, handler: Callable[[Tensor], Tensor]) -> None:
-        self._handlers().append(handler)
-        with self._lock:
-            if self._users == 0:
-                self._original = torch.nn.functional.softmax
-                torch.nn.functional.softmax = self._softmax
-            self._users += 1
-
-    def pop(self) -> None:
-        handlers = self._handlers()
-        if handlers:
-            handlers.pop()
-        with self._lock:
-            self._users -= 1
-            if self._users == 0 and self._original is not None:
-                torch.nn.functional.softmax = self._original
-                self._original = None
-
-
-_softmax_dispatch = _SoftmaxDispatch()
-
-
-def softmax_hooks(module: nn.Module, on_output: Callable[[Tensor], Tensor]) -> list[Any]:
-    """Hooks that, while ``module`` runs, pass every ``torch.nn.functional.softmax`` result
-    of the running thread through ``on_output`` (to record it, or to detach it); the function
-    is restored when the module returns or raises. For attention modules whose modeling file
-    computes the probabilities inline, without transformers' attention interface (T5 before
-    transformers 5.1's interface). Softmax calls of other threads are not touched."""
-    entered: list[bool] = []
-
-    def enter(mod, args, kwargs):
-        _softmax_dispatch.push(on_output)
-        entered.append(True)
-
-    def leave(mod, args, kwargs, output):
-        if entered:
-            entered.pop()
-            _softmax_dispatch.pop()
-
-    return [module.register_forward_pre_hook(enter, with_kwargs=True),
-            module.register_forward_hook(leave, with_kwargs=True, always_call=True)]
-
-
 def computes_probabilities_inline(module: nn.Module, method: str | None) -> bool:
     """Whether ``module`` neither calls transformers' attention interface (its modeling file
     has no eager attention function) nor has a spec's attention method: its probabilities are
-    then read from the softmax it calls (:func:`softmax_hooks`)."""
+    then read from the softmax it calls (:meth:`~captum_ffb.engine.passes.ModelPass.softmax`)."""
     return method is None and model_eager_attention(module) is None
-
-
-_registered: set[str] = set()
-
-
-def register_attention_implementation(name: str, function: Any) -> None:
-    """Register (once) ``function`` as the attention implementation ``name`` in transformers'
-    ``AttentionInterface``, with the eager mask."""
-    if name in _registered:
-        return
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    AttentionInterface.register(name, function)
-    AttentionMaskInterface.register(name, eager_mask)
-    _registered.add(name)
-
-
-def configs_of(modules: Sequence[nn.Module]) -> list[Any]:
-    """The distinct transformers configs reachable from ``modules`` (model and sub-modules)."""
-    seen: dict[int, Any] = {}
-    for root in modules:
-        for module in root.modules():
-            config = getattr(module, "config", None)
-            if config is not None and has_attention_implementation(config):
-                seen.setdefault(id(config), config)
-    return list(seen.values())
-
-
-@contextlib.contextmanager
-def attention_implementation(modules: Sequence[nn.Module], name: str | Callable[[str | None], str | None]
-                             ) -> Iterator[None]:
-    """Run the models owning ``modules`` with the attention implementation ``name``, or with
-    ``name(current)`` for each config (``None``: keep the current one); restored afterwards."""
-    configs = configs_of(modules)
-    saved = [get_attention_implementation(config) for config in configs]
-    for config, current in zip(configs, saved):
-        chosen = name(current) if callable(name) else name
-        if chosen is not None:
-            set_attention_implementation(config, chosen)
-    try:
-        yield
-    finally:
-        for config, value in zip(configs, saved):
-            set_attention_implementation(config, value)
-
-
-def recording_attention(modules: Sequence[nn.Module]) -> contextlib.AbstractContextManager[None]:
-    """Run the models owning ``modules`` with the recording attention implementation."""
-    register_attention_implementation(RECORDING_IMPLEMENTATION, _recording_attention)
-    return attention_implementation(modules, RECORDING_IMPLEMENTATION)
 
 
 @dataclass
@@ -339,31 +186,6 @@ def _keep_module(tensors: dict, raw: dict, role: str):
     return hook
 
 
-@contextlib.contextmanager
-def patched_attention_methods(modules: Sequence[nn.Module], name: str | None,
-                              wrap: Callable[[nn.Module, Callable], Callable]) -> Iterator[None]:
-    """Replace ``module.<name>`` by ``wrap(module, original)`` on each module, then restore.
-
-    For attention modules that compute their probabilities in a method of their own rather
-    than through transformers' ``AttentionInterface`` (GPT-J's ``_attn``).
-    """
-    if name is None:
-        yield
-        return
-    patched = []
-    try:
-        for module in modules:
-            original = getattr(module, name, None)
-            if original is None:
-                raise ValueError(f"{type(module).__name__} has no method {name!r}")
-            setattr(module, name, wrap(module, original))  # an instance attribute shadows it
-            patched.append(module)
-        yield
-    finally:
-        for module in patched:
-            delattr(module, name)
-
-
 def _keep_block_output(record: BlockCapture):
     """A forward hook keeping a block's first output hidden states."""
 
@@ -375,13 +197,15 @@ def _keep_block_output(record: BlockCapture):
     return hook
 
 
-@dataclass
 class _Recorder:
-    """The hooks of one capture, and what they keep until the forward pass is over.
+    """The recording hooks of one capture, installed on its pass, and what they keep until
+    the forward pass is over.
+
+    Args:
+        run (ModelPass): the pass they are installed on.
+        keep_calls (bool): keep each block's call arguments.
 
     Attributes:
-        keep_calls (bool): keep each block's call arguments.
-        handles (list): the hooks to remove.
         attention (dict): id of an attention module → ``[probabilities, AttentionCall]`` of
                     its first call (empty until it runs).
         calls (dict): id of an attention module → its first call's ``(args, kwargs, inner
@@ -389,17 +213,18 @@ class _Recorder:
         methods (dict): attention method name → the modules whose method records.
     """
 
-    keep_calls: bool
-    handles: list[Any] = field(default_factory=list)
-    attention: dict[int, list[Any]] = field(default_factory=dict)
-    calls: dict[int, tuple[tuple[Any, ...], dict[str, Any], dict[str, Tensor]]] = field(default_factory=dict)
-    methods: dict[str, list[nn.Module]] = field(default_factory=dict)
+    def __init__(self, run: ModelPass, keep_calls: bool) -> None:
+        self.run = run
+        self.keep_calls = keep_calls
+        self.attention: dict[int, list[Any]] = {}
+        self.calls: dict[int, tuple[tuple[Any, ...], dict[str, Any], dict[str, Tensor]]] = {}
+        self.methods: dict[str, list[nn.Module]] = {}
 
     def watch_block(self, watch: BlockWatch, record: BlockCapture) -> list[int]:
         """Put the hooks of one block; return the ids of its attention modules."""
         block = watch.module
-        self.handles.append(block.register_forward_pre_hook(self._keep_block_input(record), with_kwargs=True))
-        self.handles.append(block.register_forward_hook(_keep_block_output(record), with_kwargs=True))
+        self.run.before(block, self._keep_block_input(record), with_kwargs=True)
+        self.run.after(block, _keep_block_output(record), with_kwargs=True)
         for role, module in watch.roles.items():
             if isinstance(module, nn.Module):
                 self.watch_module(module, record.tensors, record.raw_outputs, role)
@@ -408,12 +233,12 @@ class _Recorder:
             if watch.attention_method is not None:
                 self.methods.setdefault(watch.attention_method, []).append(module)
             elif computes_probabilities_inline(module, None):
-                self.handles.extend(softmax_hooks(module, self._keep_first_softmax(module)))
+                self.run.softmax(module, self._keep_first_softmax(module))
         return [id(module) for module in watch.attention]
 
     def watch_module(self, module: nn.Module, tensors: dict, raw: dict, role: str) -> None:
         """Keep the first input and output of ``module`` under ``role``."""
-        self.handles.append(module.register_forward_hook(_keep_module(tensors, raw, role), with_kwargs=True))
+        self.run.after(module, _keep_module(tensors, raw, role), with_kwargs=True)
 
     def _keep_block_input(self, record: BlockCapture):
         keep_calls = self.keep_calls
@@ -447,9 +272,9 @@ class _Recorder:
 
             return keep
 
-        self.handles.append(module.register_forward_pre_hook(keep_call, with_kwargs=True))
+        self.run.before(module, keep_call, with_kwargs=True)
         for name, norm_module in inner_norms(module).items():
-            self.handles.append(norm_module.register_forward_pre_hook(keep_norm_input(name)))
+            self.run.before(norm_module, keep_norm_input(name))
 
     def _keep_first_softmax(self, module: nn.Module) -> Callable[[Tensor], Tensor]:
         """Keep the first softmax ``module`` computes as its probabilities (no query/key
@@ -482,21 +307,17 @@ class _Recorder:
         return method
 
     @contextlib.contextmanager
-    def running(self, owners: Sequence[nn.Module]) -> Iterator[None]:
-        """Run the forward pass inside: ``no_grad``, the recording attention on the models
-        owning ``owners``; the hooks are removed afterwards."""
+    def recording(self) -> Iterator[None]:
+        """Run the forward pass inside: the recording attention implementation and methods
+        installed on the pass, its store set."""
+        self.run.attention(register_attention(RECORDING_IMPLEMENTATION, _recording_attention))
+        for name, modules in self.methods.items():
+            self.run.method(modules, name, self._recording_method)
         token = _recording.set(self.attention)
         try:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.no_grad())
-                stack.enter_context(recording_attention(owners))
-                for name, modules in self.methods.items():
-                    stack.enter_context(patched_attention_methods(modules, name, self._recording_method))
-                yield
+            yield
         finally:
             _recording.reset(token)
-            for handle in self.handles:
-                handle.remove()
 
     def finish(self, record: BlockCapture, ids: Sequence[int]) -> None:
         """Complete a block's record after the forward pass (probabilities, attention calls)."""
@@ -517,40 +338,49 @@ class _Recorder:
 
 
 def capture(
-    forward: Callable[[], Any],
+    forward: Callable[[ModelPass], Any],
     blocks: Sequence[BlockWatch],
-    owners: Sequence[nn.Module] = (),
+    model: nn.Module | None = None,
     extra: dict[str, nn.Module] | None = None,
     keep_calls: bool = False,
     keep_output: bool = False,
+    owners: Sequence[nn.Module] = (),
+    run_forward: Callable[..., Any] | None = None,
 ) -> ModelCapture:
-    r"""Run ``forward()`` once under ``no_grad`` and record every block's real tensors.
+    r"""A recorded pass: ``forward(run)`` once under ``no_grad`` in a
+    :class:`~captum_ffb.engine.passes.ModelPass` with every block's real tensors recorded.
 
-    This is the one place where hooks are put on a model: the attributions, the corpus
-    runner and the baselines all read what it records.
+    The attributions, the corpus runner and the baselines all read what it records.
 
     Args:
-        forward (Callable): runs the model on the user's inputs.
+        forward (Callable): runs the model on the user's inputs in the pass it is given
+                    (``run.run(*args, **kwargs)``, or ``run.call(block, ...)``).
         blocks (Sequence[BlockWatch]): the blocks to watch and what to record of each.
-        owners (Sequence[nn.Module]): modules whose configs select the attention function
-                    (the model, when known); the blocks are always included.
+        model (nn.Module, optional): the model (its lock, its configs; the first block when
+                    it is not known).
         extra (dict, optional): role → module outside the blocks whose input and output to
                     keep (the final norm, a head).
         keep_calls (bool): keep each block's call arguments (to call it again on other
                     hidden states).
         keep_output (bool): keep what ``forward()`` returns.
+        owners (Sequence[nn.Module]): further modules whose configs select the attention
+                    function (the blocks are always included).
+        run_forward (Callable, optional): what ``run.run`` calls (a user's function around
+                    the model; default the model).
 
     Returns:
         ModelCapture
     """
     captures = [BlockCapture() for _ in blocks]
     result = ModelCapture(captures)
-    recorder = _Recorder(keep_calls)
-    order = [recorder.watch_block(watch, record) for watch, record in zip(blocks, captures)]
-    for role, module in (extra or {}).items():
-        recorder.watch_module(module, result.tensors, result.raw_outputs, role)
-    with recorder.running([*owners, *(watch.module for watch in blocks)]):
-        output = forward()
+    root = model if model is not None else blocks[0].module
+    with ModelPass(root, owners=[*owners, *(watch.module for watch in blocks)], forward=run_forward) as run:
+        recorder = _Recorder(run, keep_calls)
+        order = [recorder.watch_block(watch, record) for watch, record in zip(blocks, captures)]
+        for role, module in (extra or {}).items():
+            recorder.watch_module(module, result.tensors, result.raw_outputs, role)
+        with recorder.recording():
+            output = forward(run)
     for record, ids in zip(captures, order):
         recorder.finish(record, ids)
     if keep_output:

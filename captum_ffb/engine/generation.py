@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.requests import check_new_tokens
 
 #: How many tokens are generated when nobody says (every entry point: the API, the LLM
@@ -47,13 +48,13 @@ def generate_greedily(model: nn.Module, inputs: Tensor, max_new_tokens: int = DE
         pad = pad[0]
     if pad is not None:
         settings["pad_token_id"] = pad
-    with torch.no_grad():
+    with ModelPass(model) as run:
         if two_stacks:
             key = "input_features" if inputs.is_floating_point() else "input_ids"
-            output = model.generate(**{key: inputs}, **{**settings, **kwargs})
+            output = run.generate(**{key: inputs}, **{**settings, **kwargs})
         else:
             kwargs.setdefault("attention_mask", torch.ones_like(inputs))
-            output = model.generate(inputs, **{**settings, **kwargs})
+            output = run.generate(inputs, **{**settings, **kwargs})
     sequence = (output if isinstance(output, Tensor) else output.sequences)[0]
     if not two_stacks:
         return sequence[inputs.shape[1]:]

@@ -41,6 +41,7 @@ from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.head import HeadTarget
 from captum_ffb.engine.layers import chain_for
 from captum_ffb.engine.linearise import linearise
+from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.players import token_contributions
 
 #: How finely the graph splits the writers.
@@ -184,6 +185,11 @@ def read_modules(block: nn.Module, spec: ArchitectureSpec, pre_norm: bool) -> di
     return found
 
 
+def _leaf_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A block's input hidden states replaced by a leaf that requires grad."""
+    return _swap_first(args, kwargs, _first(args, kwargs).detach().requires_grad_(True))
+
+
 def _swap_first(args: tuple[Any, ...], kwargs: dict[str, Any], new: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if args:
         return (new, *args[1:]), kwargs
@@ -197,14 +203,15 @@ def _first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
     return kwargs["hidden_states"] if "hidden_states" in kwargs else next(iter(kwargs.values()))
 
 
-@dataclass
 class _Recorder:
-    """The hooks of :func:`graph_pass` (registered after the linearisation's own)."""
+    """The hooks of :func:`graph_pass` and :func:`real_writers`, installed on their pass
+    (after the linearisation's own)."""
 
-    tape_reads: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
-    outputs: dict[str, Tensor] = field(default_factory=dict)
-    parts: dict[str, Tensor] = field(default_factory=dict)
-    handles: list[Any] = field(default_factory=list)
+    def __init__(self, run: ModelPass) -> None:
+        self.run = run
+        self.tape_reads: dict[str, tuple[Tensor, Tensor]] = {}
+        self.outputs: dict[str, Tensor] = {}
+        self.parts: dict[str, Tensor] = {}
 
     def read(self, module: nn.Module, key: str) -> None:
         def hook(mod, args, kwargs):
@@ -215,7 +222,7 @@ class _Recorder:
             self.tape_reads[key] = (stream, leaf)
             return _swap_first(args, kwargs, leaf)
 
-        self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        self.run.before(module, hook, with_kwargs=True)
 
     def write(self, module: nn.Module, key: str) -> None:
         def hook(mod, args, output):
@@ -224,18 +231,13 @@ class _Recorder:
             copy = kept.clone()  # a block may add to it in place (Falcon): the stream gets a copy
             return (copy, *output[1:]) if isinstance(output, tuple) else copy
 
-        self.handles.append(module.register_forward_hook(hook))
+        self.run.after(module, hook)
 
     def part(self, module: nn.Module, key: str) -> None:
         def hook(mod, args):
             self.parts[key] = args[0]
 
-        self.handles.append(module.register_forward_pre_hook(hook))
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
+        self.run.before(module, hook)
 
 
 def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str, Callable],
@@ -256,10 +258,7 @@ def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str
         raise ValueError(f"granularity must be one of {', '.join(GRAPH_GRANULARITIES)}, got {granularity!r}")
     model, head = engine.model, engine.head
     store = FrozenCoefficients() if coefficients is None else coefficients
-    recorder = _Recorder()
     kwargs = dict(request.kwargs)
-    if "use_cache" in _parameters(model):
-        kwargs["use_cache"] = False
     stacks = ([] if engine.source is None else [engine.source]) + [engine.stack]
     plan: list[_Planned] = []
     reads: list[tuple[nn.Module, str]] = []
@@ -289,29 +288,22 @@ def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str
                                  segment, heads))
         first += len(stack.blocks)
     source = None if engine.source is None else (engine.source.spec, engine.source.blocks, engine.source.final_norm)
-    training = model.training
-    model.eval()
     watch = {} if head.output is None else {"output": head.output}
-    try:
-        with linearise(model, engine.stack.spec, engine.stack.blocks, rules, head.final_norm,
-                       head.linearised_steps(), watch, coefficients=store, source=source) as frozen:
-            for module, key in reads:
-                recorder.read(module, key)
-            for step in plan:
-                recorder.write(step.module, step.key)
-                if step.parts is not None:
-                    recorder.part(step.parts, step.key)
-            extra = [] if edit is None else edit(recorder)
-            try:
-                output = model(*request.args, **kwargs)
-                value = engine._linearised_value(output, frozen, target, rules)
-            finally:
-                for handle in extra:
-                    handle.remove()
-            leaves = [frozen.inputs] if source is None else [frozen.source_inputs, frozen.inputs]
-    finally:
-        recorder.remove()
-        model.train(training)
+    with ModelPass(model, grad=True) as run, \
+            linearise(run, engine.stack.spec, engine.stack.blocks, rules, head.final_norm, head.linearised_steps(),
+                      watch, coefficients=store, source=source) as frozen:
+        recorder = _Recorder(run)
+        for module, key in reads:
+            recorder.read(module, key)
+        for step in plan:
+            recorder.write(step.module, step.key)
+            if step.parts is not None:
+                recorder.part(step.parts, step.key)
+        if edit is not None:
+            edit(recorder)
+        output = run.run(*request.args, **kwargs)
+        value = engine._linearised_value(output, frozen, target, rules)
+        leaves = frozen.leaves
     lengths = [leaf.shape[1] for leaf in leaves]
     offsets = [sum(lengths[:k]) for k in range(len(lengths))]
     writers = []
@@ -357,12 +349,6 @@ def _read_key(index: int, reads: dict[str, nn.Module | None], name: str) -> str:
     module = reads[name]
     shared = [other for other, m in reads.items() if m is module]
     return f"block.{index}.read.{shared[0]}"
-
-
-def _parameters(model: nn.Module) -> set[str]:
-    import inspect
-
-    return set(inspect.signature(model.forward).parameters)
 
 
 # --------------------------------------------------------------------------- covectors
@@ -748,52 +734,47 @@ def real_writers(engine: Any, request: Any, target: HeadTarget, granularity: str
     patching multiplies)."""
     from captum_ffb.engine.head import target_value
 
-    model = engine.model
-    recorder = _Recorder()
     n_heads = int(getattr(engine.config, "num_attention_heads", 1) or 1)
-    keys = []
-    for index, block in enumerate(engine.blocks):
-        spec = engine.family.for_block(block)
-        roles = watched_modules(block, spec)
-        for kind, module in (("attention", roles.get("attention_post_norm") or roles["attn_out"]), ("ff", roles["ff"])):
-            key = f"block.{index}.{kind}"
-            keys.append((key, kind))
-            recorder.write(module, key)
-            if granularity != "sublayer" and kind == "attention":  # the heads, in head and neuron graphs
-                recorder.part(roles["attn_out"], key)
-            if granularity == "neuron" and kind == "ff" and roles.get("ff_out") is not None and roles.get("router") is None:
-                recorder.part(roles["ff_out"], key)
-    kwargs = dict(request.kwargs)
-    if "use_cache" in _parameters(model):
-        kwargs["use_cache"] = False
-    training = model.training
-    model.eval()
-    try:
+    with ModelPass(engine.model, grad=gradients) as run:
+        recorder = _Recorder(run)
+        if gradients:  # the stream needs a graph: the first block reads a leaf (no parameter gradients)
+            run.before(engine.blocks[0], _leaf_input, with_kwargs=True)
+        keys = []
+        for index, block in enumerate(engine.blocks):
+            spec = engine.family.for_block(block)
+            roles = watched_modules(block, spec)
+            for kind, module in (("attention", roles.get("attention_post_norm") or roles["attn_out"]),
+                                 ("ff", roles["ff"])):
+                key = f"block.{index}.{kind}"
+                keys.append((key, kind))
+                recorder.write(module, key)
+                if granularity != "sublayer" and kind == "attention":  # the heads, in head and neuron graphs
+                    recorder.part(roles["attn_out"], key)
+                if granularity == "neuron" and kind == "ff" and roles.get("ff_out") is not None \
+                        and roles.get("router") is None:
+                    recorder.part(roles["ff_out"], key)
+        output = run.run(*request.args, **request.kwargs)
         with torch.set_grad_enabled(gradients):
-            output = model(*request.args, **kwargs)
             value = target_value(engine.head, output, target)
-            batch = request.read_mask.shape[0]
-            parts = {}
-            for key, kind in keys:
-                raw = recorder.parts.get(key)
-                if raw is not None:
-                    part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
-                    split = n_heads if kind == "attention" else part.shape[-1]
-                    parts[key] = part.reshape(batch, part.shape[1], split, -1)
-            found = RealWriters(value, {k: _seq(v, request.read_mask.shape[1]) for k, v in recorder.outputs.items()},
-                                parts)
-            if gradients:
-                names = list(recorder.outputs) + [f"{k}.parts" for k in recorder.parts]
-                tensors = list(recorder.outputs.values()) + list(recorder.parts.values())
-                grads = _grad(value.sum(), tensors, torch.ones_like(value.sum()))
-                for name, g in zip(names, grads):
-                    g = _seq(g, request.read_mask.shape[1]) if not name.endswith(".parts") else \
-                        g.reshape(parts[name[:-6]].shape)
-                    found.gradients[name] = g.detach()
-            found.outputs = {k: v.detach() for k, v in found.outputs.items()}
-            found.parts = {k: v.detach() for k, v in found.parts.items()}
-            found.value = value.detach()
-    finally:
-        recorder.remove()
-        model.train(training)
+        batch = request.read_mask.shape[0]
+        parts = {}
+        for key, kind in keys:
+            raw = recorder.parts.get(key)
+            if raw is not None:
+                part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
+                split = n_heads if kind == "attention" else part.shape[-1]
+                parts[key] = part.reshape(batch, part.shape[1], split, -1)
+        found = RealWriters(value, {k: _seq(v, request.read_mask.shape[1]) for k, v in recorder.outputs.items()},
+                            parts)
+        if gradients:
+            names = list(recorder.outputs) + [f"{k}.parts" for k in recorder.parts]
+            tensors = list(recorder.outputs.values()) + list(recorder.parts.values())
+            grads = _grad(value.sum(), tensors, torch.ones_like(value.sum()))
+            for name, g in zip(names, grads):
+                g = _seq(g, request.read_mask.shape[1]) if not name.endswith(".parts") else \
+                    g.reshape(parts[name[:-6]].shape)
+                found.gradients[name] = g.detach()
+        found.outputs = {k: v.detach() for k, v in found.outputs.items()}
+        found.parts = {k: v.detach() for k, v in found.parts.items()}
+        found.value = value.detach()
     return found

@@ -30,6 +30,7 @@ from captum_ffb.engine.capture import (
 )
 from captum_ffb.engine.chains import Chain, Rules
 from captum_ffb.engine.model import next_norms
+from captum_ffb.engine.passes import ModelPass
 from captum_ffb.rules import check_rules, default_rules
 
 #: Memory the row chunks (and the forward route's player groups) may take when no chunk size
@@ -155,18 +156,10 @@ def capture_layers(
     if light:
         watches = [BlockWatch(watch.module) for watch in watches]
         keep_calls = True
-    training = [layer.training for layer in layers]
-    for layer in layers:
-        layer.eval()  # dropout would make the captured tensors random
-    try:
-        recorded = capture(
-            lambda: forward_func(*args, **kwargs), watches,
-            owners=[model] if model is not None else [], extra=extra,
-            keep_calls=keep_calls, keep_output=keep_output,
-        )
-    finally:
-        for layer, mode in zip(layers, training):
-            layer.train(mode)
+    recorded = capture(
+        lambda run: run.run(*args, **kwargs), watches, model=model, extra=extra,
+        keep_calls=keep_calls, keep_output=keep_output, run_forward=forward_func,
+    )
     first = recorded.blocks[0]
     source_mask = None
     if spec.has_cross_attention:
@@ -189,7 +182,7 @@ def _no_cache(value: Any) -> Any:
     return None if type(value).__name__.endswith("Cache") else value
 
 
-def replay_block(block: Block, owners: Sequence[nn.Module] = ()) -> Block:
+def replay_block(block: Block, model: nn.Module | None = None, owners: Sequence[nn.Module] = ()) -> Block:
     """A block recorded by a light capture, run again on its recorded input and arguments
     with everything the chains need recorded (probabilities, inner tensors).
 
@@ -203,18 +196,13 @@ def replay_block(block: Block, owners: Sequence[nn.Module] = ()) -> Block:
     kwargs = {k: _no_cache(v) for k, v in record.call_kwargs.items()}
     hidden = record.inputs
 
-    def forward() -> Any:
+    def forward(run: ModelPass) -> Any:
         if record.hidden_keyword:
-            return block.module(*args, hidden_states=hidden, **kwargs)
-        return block.module(hidden, *args, **kwargs)
+            return run.call(block.module, *args, hidden_states=hidden, **kwargs)
+        return run.call(block.module, hidden, *args, **kwargs)
 
     watch = block_watch(block.module, block.spec, block.next_norm)
-    training = block.module.training
-    block.module.eval()
-    try:
-        (full,) = capture(forward, [watch], owners=owners).blocks
-    finally:
-        block.module.train(training)
+    (full,) = capture(forward, [watch], model=model, owners=owners).blocks
     return Block(block.module, block.spec, full, block.dtype, block.token_mask, block.config,
                  block.next_norm, block.source_mask, block.source)
 

@@ -42,17 +42,15 @@ from captum_ffb.engine.block import (
     norm_parameters,
     resolve,
 )
-from captum_ffb.engine.capture import (
-    attention_function,
-    attention_implementation,
-    computes_probabilities_inline,
-    eager_attention,
-    inner_norms,
-    patched_attention_methods,
-    softmax_hooks,
-)
+from captum_ffb.engine.capture import computes_probabilities_inline, inner_norms
 from captum_ffb.engine.frozen import ACTIVE, FrozenCoefficients, frozen_value
 from captum_ffb.engine.head import element_wise_rule
+from captum_ffb.engine.passes import (
+    ModelPass,
+    attention_function,
+    eager_attention,
+    register_attention,
+)
 from captum_ffb.engine.scores import inner_norm_rule
 from captum_ffb.rules import Attention, Linear, Residual
 from captum_ffb.rules.attention_scores import allowed_keys
@@ -78,12 +76,6 @@ def _scored_implementation(original: str) -> str:
     """Register (once) an attention implementation that runs ``original`` on detached
     inputs for the value and adds the scoring rule's gradient replacement; its masks are
     explicit (eager) so that the allowed keys are known."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
-
-    name = _SCORED_PREFIX + original
-    if name in _originals:
-        return name
 
     def scored(module, query, key, value, attention_mask, **kwargs):
         function = attention_function(module, original)
@@ -95,10 +87,7 @@ def _scored_implementation(original: str) -> str:
                                 float(scaling), kwargs.get("softcap"), transposed=True)
         return output, weights
 
-    AttentionInterface.register(name, scored)
-    AttentionMaskInterface.register(name, eager_mask)
-    _originals[name] = scored
-    return name
+    return register_attention(_SCORED_PREFIX + original, scored)
 
 
 def _weighted_values(weights: Tensor, value: Tensor) -> Tensor:
@@ -112,12 +101,6 @@ def _weighted_values(weights: Tensor, value: Tensor) -> Tensor:
 def _frozen_implementation(original: str) -> str:
     """Register (once) an attention implementation that runs ``original`` with the queries
     and keys detached, under its own name; return that name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    name = _FROZEN_PREFIX + original
-    if name in _originals:
-        return name
 
     def frozen(module, query, key, value, attention_mask, **kwargs):
         store = ACTIVE.get()
@@ -137,26 +120,21 @@ def _frozen_implementation(original: str) -> str:
             store.scores[id(module)] = (query, key, float(scaling))
         return output, weights
 
-    AttentionInterface.register(name, frozen)
-    masks = ALL_MASK_ATTENTION_FUNCTIONS
-    AttentionMaskInterface.register(name, masks.get(original, masks["eager"]))
-    _originals[name] = frozen
-    return name
+    return register_attention(_FROZEN_PREFIX + original, frozen, mask=original)
 
 
-@contextlib.contextmanager
-def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequence[nn.Module]],
-                     scoring_rule: Any = None, eager: bool = False) -> Iterator[None]:
-    """Run the models owning ``modules`` with their attention's queries and keys detached
-    (or, with a ``scoring_rule``, with that rule's gradient replacement).
+def frozen_attention(run: ModelPass, methods: Mapping[str, Sequence[nn.Module]], scoring_rule: Any = None,
+                     eager: bool = False) -> None:
+    """Run the pass's model with its attention's queries and keys detached (or, with a
+    ``scoring_rule``, with that rule's gradient replacement).
 
     Args:
-        modules (Sequence[nn.Module]): the model (and blocks) whose configs choose the
-                    attention implementation.
+        run (ModelPass): the pass (its model's and owners' configs choose the attention
+                    implementation).
         methods (Mapping): for attention modules that compute their probabilities in a method
                     of their own (see ``ArchitectureSpec.attention_method``): name → modules.
         scoring_rule (ScoreCreditingAttention, optional): an attention rule that credits the
-                    scores.
+                    scores (set in :data:`_scoring_rule` by :func:`linearise`).
         eager (bool): freeze the eager implementation whatever the models run (their masks
                     too): for attention code that computes its probabilities inline and
                     adds the mask itself (Falcon runs its own eager code under any
@@ -192,15 +170,9 @@ def frozen_attention(modules: Sequence[nn.Module], methods: Mapping[str, Sequenc
 
         return method
 
-    token = _scoring_rule.set(scoring_rule)
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(attention_implementation(modules, replacement))
-            for name, owners in methods.items():
-                stack.enter_context(patched_attention_methods(owners, name, detach_qk))
-            yield
-    finally:
-        _scoring_rule.reset(token)
+    run.attention(replacement)
+    for name, owners in methods.items():
+        run.method(owners, name, detach_qk)
 
 
 def _delta(u: Tensor) -> Tensor:
@@ -252,25 +224,84 @@ class FrozenRules:
 
 
 @dataclass
+class _Call:
+    """How a block was called in the first run of a recomputing pass (to run it again)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    keyword: bool
+
+    def hidden(self) -> Tensor:
+        return self.kwargs["hidden_states"] if self.keyword else self.args[0]
+
+    def with_hidden(self, hidden: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if self.keyword:
+            return self.args, {**self.kwargs, "hidden_states": hidden}
+        return (hidden, *self.args[1:]), self.kwargs
+
+
+@dataclass
 class Linearisation:
-    """Hooks that freeze a model's coefficients for one forward pass (value-preserving).
+    """The frozen model of one pass (value-preserving replacements of its coefficients).
 
     Build with :func:`linearise`; ``inputs`` then holds the first block's input, a leaf that
     requires grad, and ``outputs`` the watched modules' outputs with their graphs. For an
     encoder–decoder, ``inputs`` is the decoder's first block's input and ``source_inputs``
-    the encoder's.
+    the encoder's. :meth:`gradients` takes the gradients of explained values with respect
+    to them (block by block when the pass recomputes its blocks).
     """
 
     inputs: Tensor | None = None
     source_inputs: Tensor | None = None
     inline: bool = False
     outputs: dict[str, Tensor] = field(default_factory=dict)
-    _handles: list[Any] = field(default_factory=list)
+    run: ModelPass | None = None
+    blocks: Sequence[nn.Module] = ()
+    #: with recomputation: each block's call, and the last block's output (a leaf)
+    calls: dict[int, _Call] = field(default_factory=dict)
+    last: Tensor | None = None
+    sweeping: bool = False
 
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+    @property
+    def leaves(self) -> list[Tensor]:
+        """The players' streams: ``[source_inputs, inputs]`` or ``[inputs]``."""
+        return [self.inputs] if self.source_inputs is None else [self.source_inputs, self.inputs]
+
+    def gradients(self, values: Sequence[Tensor]) -> list[list[Tensor]]:
+        """For each ``(B,)`` value, the gradient of its sum with respect to :attr:`leaves`.
+
+        Without recomputation, one backward pass of the frozen model each. With it, the
+        blocks kept nothing for the backward pass: each value's gradient at the last block's
+        output is pulled back block by block, every block run again (with its coefficients
+        computed from its recorded input) once for all the values.
+        """
+        if not self.calls:
+            return [list(torch.autograd.grad(value.sum(), self.leaves, retain_graph=k + 1 < len(values)))
+                    for k, value in enumerate(values)]
+        cotangents = [torch.autograd.grad(value.sum(), self.last, retain_graph=True)[0] for value in values]
+        self.sweeping = True
+        try:
+            for index in reversed(range(len(self.blocks))):
+                call = self.calls[index]
+                hidden = call.hidden().detach().requires_grad_(True)
+                args, kwargs = call.with_hidden(hidden)
+                output = _first_tensor(self.run.call(self.blocks[index], *args, **kwargs))
+                cotangents = [torch.autograd.grad(output, hidden, c, retain_graph=k + 1 < len(cotangents))[0]
+                              for k, c in enumerate(cotangents)]
+        finally:
+            self.sweeping = False
+        return [[c] for c in cotangents]
+
+
+def _first_tensor(output: Any) -> Tensor:
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _frozen_here() -> bool:
+    """Whether a value-preserving replacement has work to do: a replayed pass (whose values
+    are the frozen map's), or gradients being recorded (in the first run of a recomputing
+    pass the blocks run without them: their replacements would change nothing)."""
+    return torch.is_grad_enabled() or _replaying()
 
 
 def _fixed_probabilities(module: nn.Module) -> Callable[[Tensor], Tensor]:
@@ -287,6 +318,8 @@ def _norm_hook(module: nn.Module, spec: ArchitectureSpec, config: Any, rule: Any
     weight, bias, eps = norm_parameters(module, spec, config)
 
     def hook(mod, args, kwargs, output):
+        if not _frozen_here():
+            return None
         x = args[0] if args else next(iter(kwargs.values()))
         real = x.detach()
         scale = frozen_value("norm", mod, lambda: rule.frozen_scale(real.to(torch.float32), eps)).to(x.dtype)
@@ -314,6 +347,14 @@ def _keep_output(store: dict[str, Tensor], key: str, copy: bool = False):
     return hook
 
 
+def _keep_input(store: dict[str, Tensor], key: str):
+    def hook(module, args):
+        if key not in store and args:
+            store[key] = args[0]
+
+    return hook
+
+
 def _activation_between(store: dict[str, Tensor], key: str, fn: Callable[[Tensor], Tensor], rule: Any,
                         columns: Any = slice(None)):
     """A pre-hook on the module after an element-wise activation: its input ``g(S)`` becomes
@@ -322,6 +363,8 @@ def _activation_between(store: dict[str, Tensor], key: str, fn: Callable[[Tensor
     def hook(module, args):
         z = args[0]
         s = store.pop(key)[..., columns]
+        if not _frozen_here():
+            return None
         slope = frozen_value("activation", module, lambda: rule.slope(fn, s.detach().to(torch.float32))).to(z.dtype)
         if _replaying():  # the frozen map, linear in the pre-activation
             return (s * slope, *args[1:])
@@ -341,6 +384,8 @@ def _gated_between(store: dict[str, Tensor], gate_key: str, up_key: str, fn: Cal
         b = store[up_key][..., up_columns]
         store.pop(gate_key)
         store.pop(up_key, None)  # kept no longer than needed (the values, not the graph)
+        if not _frozen_here():
+            return None
         coeff_a, coeff_b = frozen_value("gated", module, lambda: rule.slopes(
             fn, a.detach().to(torch.float32), b.detach().to(torch.float32)))
         if _replaying():  # the frozen map: c_A ⊙ A + c_B ⊙ B
@@ -365,6 +410,8 @@ def _experts_hook(moe: MoEAdapter, rule: Any):
     fn = moe.activation
 
     def hook(module, args, kwargs, output):
+        if not _frozen_here():
+            return None
         x, top_index, top_weights = moe.experts_arguments(args, kwargs)
         replay = _replaying()
         dx = x if replay else _delta(x)
@@ -387,36 +434,15 @@ def _projection_columns(projection: Projection, module: nn.Module, config: Any) 
     return _columns(projection, config, width)[0]
 
 
-def _warm_up(blocks: Sequence[nn.Module], spec: ArchitectureSpec, frozen: FrozenRules) -> None:
-    """Compute each activation's coefficients once on a tiny input, so that values the rules
-    cache (``g(0)``, ``g'(0)``) exist before a recomputed pass: a recomputed block must save
-    the same tensors as the first run of it."""
-    probe = torch.zeros(1, 1, 2)
-    for block in blocks:
-        moe = MoEAdapter.of(block, spec)
-        if moe is not None:
-            functions = [moe.activation]
-            if moe.shared_expert is not None:
-                functions.append(moe.shared_expert.activation)
-            for fn in functions:
-                frozen.gated_activation.slopes(fn, probe, probe)
-        elif spec.ff_gate is not None:
-            frozen.gated_activation.slopes(resolve(block, spec.activation), probe, probe)
-        else:
-            frozen.activation.slope(resolve(block, spec.activation), probe)
-
-
 @dataclass
 class _Hooks:
     """Puts the hooks of one :func:`linearise` on the model, into ``state``."""
 
+    run: ModelPass
     spec: ArchitectureSpec
     config: Any
     frozen: FrozenRules
     state: Linearisation
-
-    def add(self, handle: Any) -> None:
-        self.state._handles.append(handle)
 
     def leaf_input(self, first_block: nn.Module, name: str = "inputs") -> None:
         """The first block's input becomes a leaf that requires grad (``state.<name>``)."""
@@ -432,7 +458,7 @@ class _Hooks:
                 return (leaf, *args[1:]), kwargs
             return args, {**kwargs, "hidden_states": leaf}
 
-        self.add(first_block.register_forward_pre_hook(hook, with_kwargs=True))
+        self.run.before(first_block, hook, with_kwargs=True)
 
     def inline_attention(self, block: nn.Module, method: str | None) -> None:
         """Attention modules computing their probabilities inline (no attention interface,
@@ -451,14 +477,13 @@ class _Hooks:
                         "and keys cannot be read: rules that credit them are not available; use the "
                         "frozen-attention rules (the default)")
                 self.state.inline = True
-                for handle in softmax_hooks(module, _fixed_probabilities(module)):
-                    self.add(handle)
+                self.run.softmax(module, _fixed_probabilities(module))
 
     def norm(self, module: nn.Module | None, rule: Any = None) -> None:
         """Freeze a norm's scale (the norm rule's, or ``rule``'s)."""
         if module is not None:
             hook = _norm_hook(module, self.spec, self.config, self.frozen.norm if rule is None else rule)
-            self.add(module.register_forward_hook(hook, with_kwargs=True))
+            self.run.after(module, hook, with_kwargs=True)
 
     def block(self, block: nn.Module, index: int | str) -> None:
         """Freeze one block's norms (and its attention's query/key norms when the scores are
@@ -483,15 +508,15 @@ class _Hooks:
     def mixture_of_experts(self, moe: MoEAdapter, key: str) -> None:
         """Routing weights (and the shared expert's gate) fixed, experts linearised."""
         store, gated = self.state.outputs, self.frozen.gated_activation
-        self.add(moe.router.register_forward_hook(_detach_output))
-        self.add(moe.experts.register_forward_hook(_experts_hook(moe, gated), with_kwargs=True))
+        self.run.after(moe.router, _detach_output)
+        self.run.after(moe.experts, _experts_hook(moe, gated), with_kwargs=True)
         shared = moe.shared_expert
         if shared is not None:
-            self.add(shared.gate.register_forward_hook(_keep_output(store, key + "shared_gate")))
-            self.add(shared.up.register_forward_hook(_keep_output(store, key + "shared_up")))
-            self.add(shared.down.register_forward_pre_hook(_gated_between(
-                store, key + "shared_gate", key + "shared_up", shared.activation, gated)))
-            self.add(moe.shared_expert_gate.register_forward_hook(_detach_output))
+            self.run.after(shared.gate, _keep_output(store, key + "shared_gate"))
+            self.run.after(shared.up, _keep_output(store, key + "shared_up"))
+            self.run.before(shared.down, _gated_between(
+                store, key + "shared_gate", key + "shared_up", shared.activation, gated))
+            self.run.after(moe.shared_expert_gate, _detach_output)
 
     def dense_feed_forward(self, block: nn.Module, key: str) -> None:
         """The activation between the FF's projections linearised (gated or element-wise)."""
@@ -500,18 +525,17 @@ class _Hooks:
         ff_out = resolve(block, spec.ff_out.path)
         fn = resolve(block, spec.activation)
         up_columns = _projection_columns(spec.ff_in, ff_in, config)
-        self.add(ff_in.register_forward_hook(_keep_output(store, key + "up")))
+        self.run.after(ff_in, _keep_output(store, key + "up"))
         if spec.ff_gate is None:
-            self.add(ff_out.register_forward_pre_hook(
-                _activation_between(store, key + "up", fn, self.frozen.activation, up_columns)))
+            self.run.before(ff_out, _activation_between(store, key + "up", fn, self.frozen.activation, up_columns))
             return
         gate = resolve(block, spec.ff_gate.path)
         gate_columns = _projection_columns(spec.ff_gate, gate, config)
         if gate is not ff_in:
-            self.add(gate.register_forward_hook(_keep_output(store, key + "gate")))
+            self.run.after(gate, _keep_output(store, key + "gate"))
         gate_key = key + ("gate" if gate is not ff_in else "up")
-        self.add(ff_out.register_forward_pre_hook(_gated_between(
-            store, gate_key, key + "up", fn, self.frozen.gated_activation, gate_columns, up_columns)))
+        self.run.before(ff_out, _gated_between(
+            store, gate_key, key + "up", fn, self.frozen.gated_activation, gate_columns, up_columns))
 
     def head(self, head_steps: Sequence[tuple[str, Any]]) -> None:
         """The head's element-wise activations linearised between its dense layers."""
@@ -519,7 +543,7 @@ class _Hooks:
         previous: nn.Module | None = None
         for position, (kind, item) in enumerate(head_steps):
             if kind == "linear":
-                self.add(item.register_forward_hook(_keep_output(store, f"head:{position}")))
+                self.run.after(item, _keep_output(store, f"head:{position}"))
                 previous = item
             elif kind == "norm":  # a norm inside the head (ModernBERT's): its scale frozen
                 self.norm(item)
@@ -528,66 +552,75 @@ class _Hooks:
                 if previous is None or following is None:
                     raise ValueError("a head activation must sit between a dense layer and a dense layer or norm")
                 fn = item if callable(item) else activation_function(item)
-                self.add(following.register_forward_pre_hook(
-                    _activation_between(store, f"head:{position - 1}", fn, self.frozen.activation)))
+                self.run.before(following, _activation_between(store, f"head:{position - 1}", fn,
+                                                               self.frozen.activation))
 
-    def watch(self, modules: Mapping[str, nn.Module]) -> None:
-        """Keep the outputs of ``modules`` (with their graphs) by name."""
+    def watch(self, modules: Mapping[str, nn.Module], inputs: Mapping[str, nn.Module]) -> None:
+        """Keep the outputs of ``modules`` and the first inputs of ``inputs`` (with their
+        graphs) by name."""
         for name, module in modules.items():
-            self.add(module.register_forward_hook(_keep_output(self.state.outputs, name, copy=True)))
+            self.run.after(module, _keep_output(self.state.outputs, name, copy=True))
+        for name, module in inputs.items():
+            self.run.before(module, _keep_input(self.state.outputs, name))
 
 
-@contextlib.contextmanager
-def _input_gradient_only(model: nn.Module) -> Iterator[None]:
-    """Turn off the parameters' gradients inside (only the input's is needed)."""
-    parameters = [p for p in model.parameters() if p.requires_grad]
-    for parameter in parameters:
-        parameter.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for parameter in parameters:
-            parameter.requires_grad_(True)
+    def recompute(self, blocks: Sequence[nn.Module]) -> None:
+        """Keep no block's tensors for the backward pass: in the first run each block runs
+        without gradients (its call recorded, its output handed on as a leaf), and
+        :meth:`Linearisation.gradients` runs each block again, last first, to pull the
+        gradients back through it. Each block is run again by this code, in this thread, as
+        a whole: nothing depends on a recomputation saving what the first run saved."""
+        state = self.state
+        state.blocks = list(blocks)
+        last = len(blocks) - 1
 
+        def enter(index: int):
+            def hook(module, args, kwargs):
+                if state.sweeping:
+                    return None
+                state.calls[index] = _Call(tuple(args), dict(kwargs), not args)
+                torch.set_grad_enabled(False)
+                return None
 
-@contextlib.contextmanager
-def _recomputed(blocks: Sequence[nn.Module]) -> Iterator[None]:
-    """Run each block under ``torch.utils.checkpoint`` inside (its tensors are recomputed
-    during the backward pass instead of kept)."""
-    from torch.utils.checkpoint import checkpoint
+            return hook
 
-    patched = []
-    try:
-        for block in blocks:
-            def forward(*args: Any, __original=block.forward, **kwargs: Any) -> Any:
-                return checkpoint(__original, *args, use_reentrant=False, **kwargs)
+        def leave(index: int):
+            def hook(module, args, kwargs, output):
+                if state.sweeping:
+                    return None
+                torch.set_grad_enabled(True)
+                hidden = _first_tensor(output).detach().requires_grad_(True)
+                if index == last:
+                    state.last = hidden
+                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
-            block.forward = forward  # an instance attribute shadows the class's method
-            patched.append(block)
-        yield
-    finally:
-        for block in patched:
-            del block.forward
+            return hook
+
+        for index, block in enumerate(blocks):
+            self.run.before(block, enter(index), with_kwargs=True)
+            self.run.after(block, leave(index), with_kwargs=True)
 
 
 @contextlib.contextmanager
 def linearise(
-    model: nn.Module,
+    run: ModelPass,
     spec: ArchitectureSpec,
     blocks: Sequence[nn.Module],
     rules: Mapping[str, Callable],
     final_norm: nn.Module | None = None,
     head_steps: Sequence[tuple[str, Any]] = (),
     watch: Mapping[str, nn.Module] | None = None,
+    *,
+    watch_inputs: Mapping[str, nn.Module] | None = None,
     recompute: bool = False,
     source: tuple[ArchitectureSpec, Sequence[nn.Module], nn.Module | None] | None = None,
     coefficients: FrozenCoefficients | None = None,
 ) -> Iterator[Linearisation]:
-    r"""Freeze the model's coefficients for the forward passes run inside the context.
+    r"""Freeze the model's coefficients for the runs of the pass ``run`` made inside the context.
 
     Args:
-        model (nn.Module): the model.
-        spec (ArchitectureSpec): its family's spec.
+        run (ModelPass): a pass with gradients (``ModelPass(model, grad=True)``), entered.
+        spec (ArchitectureSpec): the family's spec.
         blocks (Sequence[nn.Module]): its blocks, in order (the first one's input becomes a
                     leaf that requires grad).
         rules (Mapping): role → rule (the frozen maps come from them).
@@ -597,9 +630,12 @@ def linearise(
                     or its name in :data:`~captum_ffb.architectures.activations.ACTIVATIONS`),
                     in order.
         watch (Mapping, optional): name → module whose output to keep (with its graph).
+        watch_inputs (Mapping, optional): name → module whose first input to keep (with its
+                    graph), in ``outputs`` too.
         recompute (bool): keep no block's intermediate tensors for the backward pass and run
-                    each block again during it instead (``torch.utils.checkpoint``): memory of
-                    one block instead of all, for about one more forward pass.
+                    each block again during it instead (:meth:`_Hooks.recompute`): memory of
+                    one block instead of all, for about one more forward pass; take the
+                    gradients with :meth:`Linearisation.gradients`.
         source (tuple, optional): for an encoder–decoder, the encoder's ``(spec, blocks,
                     final norm)``: frozen too, its first block's input the leaf
                     ``source_inputs`` (``blocks`` and ``final_norm`` are then the decoder's).
@@ -611,14 +647,19 @@ def linearise(
     Yields:
         Linearisation
     """
+    if not run.grad:
+        raise ValueError("a frozen model's pass runs with gradients: ModelPass(model, grad=True)")
     frozen = FrozenRules.of(rules)
     if coefficients is not None and (recompute or frozen.attention is not None):
         raise ValueError("a recorded frozen model keeps frozen probabilities and every block's tensors "
                          "(no rule that credits the scores, no recomputation)")
-    state = Linearisation()
-    hooks = _Hooks(spec, config_of(model), frozen, state)
+    if recompute and source is not None:
+        raise ValueError("an encoder–decoder's frozen pass keeps its blocks' tensors (no recomputation)")
+    state = Linearisation(run=run)
+    hooks = _Hooks(run, spec, config_of(run.model), frozen, state)
     methods: dict[str, list[nn.Module]] = {}
     token = ACTIVE.set(coefficients)
+    scoring = _scoring_rule.set(frozen.attention)
     try:
         hooks.leaf_input(blocks[0])
         stacks = [(hooks, blocks, "")]
@@ -638,17 +679,11 @@ def linearise(
                 stack_hooks.block(block, f"{prefix}{index}")
         hooks.norm(final_norm)
         hooks.head(head_steps)
-        hooks.watch(watch or {})
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_input_gradient_only(model))
-            if recompute:
-                _warm_up(blocks, spec, frozen)  # cached coefficients: the same work in both passes
-                stack.enter_context(_recomputed(blocks))
-            owners = [model, *blocks, *(source[1] if source is not None else ())]
-            stack.enter_context(frozen_attention(owners, methods, frozen.attention,
-                                                 eager=state.inline or coefficients is not None))
-            stack.enter_context(torch.enable_grad())
-            yield state
+        hooks.watch(watch or {}, watch_inputs or {})
+        if recompute:
+            hooks.recompute(blocks)
+        frozen_attention(run, methods, frozen.attention, eager=state.inline or coefficients is not None)
+        yield state
     finally:
+        _scoring_rule.reset(scoring)
         ACTIVE.reset(token)
-        state.remove()

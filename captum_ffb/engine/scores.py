@@ -14,22 +14,15 @@ the same norms (:mod:`captum_ffb.engine.linearise`).
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from captum_ffb.engine.block import Block, attention_method, norm_parameters, resolve
-from captum_ffb.engine.capture import (
-    AttentionCall,
-    attention_implementation,
-    inner_norms,
-    patched_attention_methods,
-    register_attention_implementation,
-)
+from captum_ffb.engine.capture import AttentionCall, inner_norms
+from captum_ffb.engine.passes import ModelPass, register_attention
 from captum_ffb.rules import LayerNorm, RMSNorm
 from captum_ffb.rules.attention_scores import ScorePath, allowed_keys
 
@@ -55,25 +48,21 @@ def _keep_queries_keys(module, query, key, value, attention_mask, **kwargs):
     return out, None
 
 
-@contextlib.contextmanager
-def _projecting(module: nn.Module, method: str | None) -> Iterator[list]:
-    register_attention_implementation(PROJECTING_IMPLEMENTATION, _keep_queries_keys)
-    store: list = []
-    token = _kept.set(store)
+def _projecting(run: ModelPass, module: nn.Module, method: str | None) -> None:
+    """Install on ``run`` an attention (implementation, or the spec's method) that only keeps
+    the queries and keys it is given (in :data:`_kept`) and computes no attention."""
 
     def keep(owner: nn.Module, original: Any):
         def method(query, key, value, *args, **kwargs):
-            store.append((query, key))
+            store = _kept.get()
+            if store is not None:
+                store.append((query, key))
             return query.new_zeros(*query.shape[:-1], value.shape[-1]), None
 
         return method
 
-    try:
-        with attention_implementation([module], PROJECTING_IMPLEMENTATION), \
-                patched_attention_methods([module], method, keep):
-            yield store
-    finally:
-        _kept.reset(token)
+    run.attention(register_attention(PROJECTING_IMPLEMENTATION, _keep_queries_keys), [module])
+    run.method([module], method, keep)
 
 
 def _expand(value: Any, batch: int, copies: int) -> Any:
@@ -120,15 +109,17 @@ def _replay(block: Block, module: nn.Module, call: AttentionCall, hidden: Tensor
 
     args = tuple(swap(a) for a in call.args)
     kwargs = {k: (None if k in ("attention_mask", "mask") else swap(v)) for k, v in call.kwargs.items()}
-    norms = inner_norms(module)
-    handles = [norm.register_forward_hook(_frozen_norm_hook(norm, call.norm_inputs[name], block, copies))
-               for name, norm in norms.items() if name in call.norm_inputs]
+    store: list = []
+    token = _kept.set(store)
     try:
-        with torch.no_grad(), _projecting(module, attention_method(module, block.spec)) as store:
-            module(*args, **kwargs)
+        with ModelPass(module) as run:
+            for name, norm in inner_norms(module).items():
+                if name in call.norm_inputs:
+                    run.after(norm, _frozen_norm_hook(norm, call.norm_inputs[name], block, copies))
+            _projecting(run, module, attention_method(module, block.spec))
+            run.call(module, *args, **kwargs)
     finally:
-        for handle in handles:
-            handle.remove()
+        _kept.reset(token)
     if not store:
         raise RuntimeError("the attention module did not call its attention function on replay")
     return store[0]

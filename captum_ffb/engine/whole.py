@@ -74,6 +74,7 @@ from captum_ffb.engine.layers import (
 )
 from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.model import final_norm_of, find_blocks, model_type_of
+from captum_ffb.engine.passes import ModelPass, first_block_input
 from captum_ffb.engine.players import (  # noqa: F401  (importable from here, as before)
     REFERENCES,
     is_centered,
@@ -432,6 +433,11 @@ class WholeModel:
         if self.source is not None:
             raise ValueError(f"{what} is not available for encoder–decoder models yet")
 
+    def predict(self, request: Request) -> Any:
+        """The model's own output on the request (one real pass, without gradients)."""
+        with ModelPass(self.model) as run:
+            return run.run(*request.args, **request.kwargs)
+
     # ------------------------------------------------------------------ routes
     def answers(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
                 reference: Any, route: str, groups: Tensor | None = None, n_groups: int | None = None,
@@ -485,40 +491,32 @@ class WholeModel:
         self._warn_if_reduced_precision()
         shares = [self._shared(reference, request.read_mask, t) for t in targets]  # before remapping
         kwargs, targets = self._keep_needed_logits(kwargs, targets)  # positions index the kept logits
-        if "use_cache" not in kwargs and "use_cache" in inspect.signature(model.forward).parameters:
-            kwargs["use_cache"] = False  # no key/value cache to fill (nor to grow on a recomputation)
         watch = {} if head.output is None else {"output": head.output}
         source = None if self.source is None else (self.source.spec, self.source.blocks, self.source.final_norm)
-        training = model.training
-        model.eval()
         answers = []
-        try:
-            with linearise(model, self.stack.spec, self.stack.blocks, rules, head.final_norm,
-                           head.linearised_steps(), watch, self._recompute(request), source=source) as frozen:
-                output = model(*args, **kwargs)
-                leaves = [frozen.inputs] if source is None else [frozen.source_inputs, frozen.inputs]
-                inputs = [leaf.detach() for leaf in leaves]
-                masks = self._masks(request, [x.shape[:2] for x in inputs])
-                references = [None if is_centered(reference) else
-                              self._reference(reference, x.to(self.dtype), mask, args, kwargs)
-                              for x, mask in zip(inputs, masks)]
-                for k, target in enumerate(targets):
-                    value = self._linearised_value(output, frozen, target, rules)
-                    grads = torch.autograd.grad(value.sum(), leaves, retain_graph=k + 1 < len(targets))
-                    parts = []
-                    for segment, (g, x, mask, r) in enumerate(zip(grads, inputs, masks, references)):
-                        seen = None
-                        if is_centered(reference):  # the read stack sees what the target sees
-                            seen = shares[k] if segment == len(inputs) - 1 else mask
-                            seen = seen.to(x.device)
-                        part = token_contributions(g, x, r, seen)
-                        parts.append(part * mask.to(part.dtype))
-                    contributions = torch.cat(parts, dim=1).to(self.dtype)
-                    value = value.detach().to(self.dtype)
-                    real = target_value(head, output, target, self.dtype).detach()
-                    answers.append(Answer(contributions, value - contributions.sum(-1), value, real))
-        finally:
-            model.train(training)
+        with ModelPass(model, grad=True) as run, \
+                linearise(run, self.stack.spec, self.stack.blocks, rules, head.final_norm, head.linearised_steps(),
+                          watch, recompute=self._recompute(request), source=source) as frozen:
+            output = run.run(*args, **kwargs)
+            inputs = [leaf.detach() for leaf in frozen.leaves]
+            masks = self._masks(request, [x.shape[:2] for x in inputs])
+            references = [None if is_centered(reference) else
+                          self._reference(reference, x.to(self.dtype), mask, args, kwargs)
+                          for x, mask in zip(inputs, masks)]
+            values = [self._linearised_value(output, frozen, target, rules) for target in targets]
+            for k, (target, value, grads) in enumerate(zip(targets, values, frozen.gradients(values))):
+                parts = []
+                for segment, (g, x, mask, r) in enumerate(zip(grads, inputs, masks, references)):
+                    seen = None
+                    if is_centered(reference):  # the read stack sees what the target sees
+                        seen = shares[k] if segment == len(inputs) - 1 else mask
+                        seen = seen.to(x.device)
+                    part = token_contributions(g, x, r, seen)
+                    parts.append(part * mask.to(part.dtype))
+                contributions = torch.cat(parts, dim=1).to(self.dtype)
+                value = value.detach().to(self.dtype)
+                real = target_value(head, output, target, self.dtype).detach()
+                answers.append(Answer(contributions, value - contributions.sum(-1), value, real))
         return answers
 
     def capture(self, request: Request) -> Captured:
@@ -538,14 +536,9 @@ class WholeModel:
         extra = {**self.head.modules()}
         if self.source.final_norm is not None:
             extra["source_norm"] = self.source.final_norm
-        training = model.training
-        model.eval()
-        try:
-            recorded = capture(lambda: model(*args, **{**kwargs, "use_cache": False}),
-                               [block_watch(block, spec) for block, spec in zip(stacks, specs)],
-                               owners=[model], extra=extra, keep_output=True)
-        finally:
-            model.train(training)
+        recorded = capture(lambda run: run.run(*args, **kwargs),
+                           [block_watch(block, spec) for block, spec in zip(stacks, specs)],
+                           model=model, extra=extra, keep_output=True)
         n_source = len(self.source.blocks)
         source_mask = token_mask_of(kwargs.get("attention_mask"), recorded.blocks[0].inputs)
         target_mask = token_mask_of(kwargs.get("decoder_attention_mask"), recorded.blocks[n_source].inputs)
@@ -752,24 +745,21 @@ class WholeModel:
         seen = self._shared(reference, request.read_mask, target)
         r = None if seen is not None else self._reference(reference, like, request.read_mask, request.args,
                                                           request.kwargs)
-        heads: dict[int, Tensor] = {}
-        hooks = []
+        parts = {}
         if granularity == "head":
             for index, block in enumerate(blocks):
-                out = watched_modules(block.module, self.stack.spec)["attn_out"]
-                hooks.append(out.register_forward_hook(_keep_input(heads, index)))
+                parts[f"{index}.parts"] = watched_modules(block.module, self.stack.spec)["attn_out"]
         kwargs = dict(request.kwargs)
         if self.task == "causal_lm" and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
             kwargs.setdefault("logits_to_keep", 1)  # the head is read through its direct path
         sums = ComponentSums()
-        training = self.model.training
-        self.model.eval()
         progress = None
         try:
             watch = {f"{index}.{name}": module for (index, name), module in writers.items()}
-            with linearise(self.model, self.stack.spec, self.stack.blocks, rules, self.head.final_norm, (),
-                           watch) as frozen:
-                self.model(*request.args, **kwargs)
+            with ModelPass(self.model, grad=True) as run, \
+                    linearise(run, self.stack.spec, self.stack.blocks, rules, self.head.final_norm, (), watch,
+                              watch_inputs=parts) as frozen:
+                run.run(*request.args, **kwargs)
                 inputs = frozen.inputs
                 players = inputs.detach().to(self.dtype)
 
@@ -787,7 +777,8 @@ class WholeModel:
                         w = _sequence(frozen.outputs[f"{index}.{name}"], g.shape[0])
                         read_outs.append((index, name, (w * g.to(w.dtype)).sum((1, 2))))
                     if granularity == "head":
-                        values = head_read_outs(blocks[index], heads[index], paths.writers[(index, "attention")],
+                        values = head_read_outs(blocks[index], frozen.outputs[f"{index}.parts"],
+                                                paths.writers[(index, "attention")],
                                                 rules, self.stack.spec, int(self.config.num_attention_heads))
                         read_outs += [(index, f"attention.head.{h}", v) for h, v in enumerate(values)]
                 found = [ComponentSums() for _ in blocks]
@@ -802,11 +793,8 @@ class WholeModel:
                     settle_block(sums, found[index], index, self.chain, paths, granularity, block.is_moe)
                 sums.add(HEAD, None, paths.constants[HEAD])
         finally:
-            for hook in hooks:
-                hook.remove()
             if progress is not None:
                 progress.close()
-            self.model.train(training)
         return stacked(sums, n, like)
 
     # ------------------------------------------------------------------ players and starts
@@ -896,25 +884,8 @@ class WholeModel:
     def _token_inputs(self, token: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         """The first block's input for the inputs with every token id replaced by ``token``
         (same positions, masks and other arguments); the model stops at the first block."""
-        found: list[Tensor] = []
-
-        class _Reached(Exception):
-            pass
-
-        def hook(module, hook_args, hook_kwargs):
-            found.append((hook_args[0] if hook_args else hook_kwargs["hidden_states"]).detach())
-            raise _Reached
-
         ids = torch.full_like(args[0], int(token))
-        handle = self.stack.blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            with torch.no_grad():
-                self.model(ids, *args[1:], **kwargs)
-        except _Reached:
-            pass
-        finally:
-            handle.remove()
-        return found[0]
+        return first_block_input(self.model, self.stack.blocks[0], (ids, *args[1:]), kwargs)
 
     # ------------------------------------------------------------------ the value read
     def _linearised_value(self, output: Any, frozen: Any, target: HeadTarget, rules: Mapping[str, Callable]) -> Tensor:
@@ -954,7 +925,7 @@ class WholeModel:
         return ids.shape[0] * heads * n * n * 4 * len(self.stack.blocks) > self.memory_budget
 
     def _replay(self, block: Block) -> Block:
-        return replay_block(block, [self.model])
+        return replay_block(block, self.model)
 
     @property
     def memory_budget(self) -> int:
@@ -1051,13 +1022,3 @@ def _batched_gradients(values: Sequence[Tensor], inputs: Tensor) -> Tensor:
 def _sequence(tensor: Tensor, batch: int) -> Tensor:
     """``(B·n, d)`` outputs (some families flatten before the FF) back to ``(B, n, d)``."""
     return tensor.reshape(batch, -1, tensor.shape[-1]) if tensor.dim() == 2 else tensor
-
-
-def _keep_input(store: dict[int, Tensor], index: int) -> Callable:
-    """A forward hook keeping a module's first input (with its graph) under ``index``."""
-
-    def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if index not in store and args:
-            store[index] = args[0]
-
-    return hook

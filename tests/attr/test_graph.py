@@ -87,7 +87,7 @@ def test_removing_a_node_or_an_edge_in_the_frozen_model(name):
             out = (output[0] if isinstance(output, tuple) else output).clone()
             out.reshape(1, ids.shape[1], -1)[:, position] = 0
             return (out, *output[1:]) if isinstance(output, tuple) else out
-        return [module.register_forward_hook(hook)]
+        recorder.run.after(module, hook)
 
     removed = _replayed(nd, ids, target, store, remove)
     scale = max(abs(clean), 1e-3)
@@ -107,11 +107,11 @@ def test_removing_a_node_or_an_edge_in_the_frozen_model(name):
             def hook(mod, args, kwargs):
                 x = args[0] if args else next(iter(kwargs.values()))
                 into["x"] = x.detach().clone()
-            return [read_module.register_forward_pre_hook(hook, with_kwargs=True)]
+            recorder.run.before(read_module, hook, with_kwargs=True)
         return install
 
     _replayed(nd, ids, target, store, keep(with_node))
-    _replayed(nd, ids, target, store, lambda recorder: remove(recorder) + keep(without_node)(recorder))
+    _replayed(nd, ids, target, store, lambda recorder: (remove(recorder), keep(without_node)(recorder)))
     contribution = with_node["x"] - without_node["x"]  # the node's write, as block 1 reads it
     writer = _writer_module(nd, 1, "attention")
     outputs = {}
@@ -123,13 +123,14 @@ def test_removing_a_node_or_an_edge_in_the_frozen_model(name):
 
             def post(mod, args, output):
                 record_into["y"] = (output[0] if isinstance(output, tuple) else output).detach().clone()
-            return [read_module.register_forward_pre_hook(pre, with_kwargs=True), writer.register_forward_hook(post)]
+            recorder.run.before(read_module, pre, with_kwargs=True)
+            recorder.run.after(writer, post)
         return install
 
     def watch(recorder):
         def post(mod, args, output):
             outputs["clean"] = (output[0] if isinstance(output, tuple) else output).detach().clone()
-        return [writer.register_forward_hook(post)]
+        recorder.run.after(writer, post)
 
     _replayed(nd, ids, target, store, watch)
     all_cut = _replayed(nd, ids, target, store, cut(outputs))
@@ -144,7 +145,7 @@ def test_removing_a_node_or_an_edge_in_the_frozen_model(name):
             out = (output[0] if isinstance(output, tuple) else output).clone()
             out.reshape(1, ids.shape[1], -1)[:, query_position] -= change[:, query_position]
             return (out, *output[1:]) if isinstance(output, tuple) else out
-        return [writer.register_forward_hook(post)]
+        recorder.run.after(writer, post)
 
     edited = _replayed(nd, ids, target, store, one_row)
     assert abs((clean - edited) - weight) <= 1e-4 * scale, (clean - edited, weight, ids_of[edge_target])
@@ -223,7 +224,7 @@ def test_the_frozen_patch_estimate_is_the_frozen_finite_difference(name):
             out = (output[0] if isinstance(output, tuple) else output).clone()
             out.reshape(1, ids.shape[1], -1)[:, position] = patched_value
             return (out, *output[1:]) if isinstance(output, tuple) else out
-        return [module.register_forward_hook(hook)]
+        recorder.run.after(module, hook)
 
     patched = _replayed(nd, ids, target, store, patch)
     assert abs((clean - patched) - float(estimates[node])) <= 1e-4 * max(abs(clean), 1e-3)
@@ -323,7 +324,7 @@ def test_removing_a_cross_attention_node_in_the_frozen_model(name):
             out = (output[0] if isinstance(output, tuple) else output).clone()
             out[:, position] = 0
             return (out, *output[1:]) if isinstance(output, tuple) else out
-        return [module.register_forward_hook(hook)]
+        recorder.run.after(module, hook)
 
     removed = float(graph_pass(nd.engine, request, head_target, nd.rules, "sublayer", store.replayed(),
                                remove).value.detach())

@@ -8,6 +8,7 @@ import torch
 from captum.attr import Attribution
 
 from captum_ffb import Contrast, Direction, LayerNormDecomposition, NormDecomposition
+from captum_ffb.readouts import ClassLogit, NextToken
 from captum_ffb.rules import Attention, NoTokenActivation, NoTokenGatedActivation, ShapleyActivation
 from tests.models import TINY_MODELS, padded_pair, tiny_task_model, token_ids
 
@@ -234,18 +235,22 @@ def test_every_generation_step_from_one_pass_equals_a_per_step_loop(route):
         assert float(steps[row, position + 1:].abs().max()) == 0.0
 
 
-@pytest.mark.parametrize("name", ["qwen2", "gpt2", "mixtral", "phi3", "gptj"])
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
 def test_recomputing_blocks_changes_nothing(name):
     """Under a tiny memory budget the backward route runs each block again during the
-    backward pass instead of keeping its tensors: same answer."""
-    model = tiny_task_model(name)
+    backward pass instead of keeping its tensors (every family): the same answer, for one
+    target and for several at once."""
+    task = "causal_lm" if TINY_MODELS[name].causal else "sequence_classification"
+    model = tiny_task_model(name, task)
     ids = token_ids()
     kept = NormDecomposition(model)
     recomputed = NormDecomposition(model, memory_budget=1)
     assert not kept.engine._recompute(kept.engine.request((ids,), {}))
     assert recomputed.engine._recompute(recomputed.engine.request((ids,), {}))
-    torch.testing.assert_close(recomputed.attribute(ids, target=3), kept.attribute(ids, target=3))
-    assert all("forward" not in vars(block) for block in kept.blocks)  # the patch is undone
+    torch.testing.assert_close(recomputed.attribute(ids, target=1), kept.attribute(ids, target=1))
+    several = [ClassLogit(1), ClassLogit(0)] if task == "sequence_classification" else [NextToken(3), NextToken(4)]
+    torch.testing.assert_close(recomputed.explain(ids, several).contributions, kept.explain(ids, several).contributions)
+    assert not [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]  # nothing left behind
 
 
 def test_without_a_budget_blocks_are_recomputed_only_when_memory_is_short(monkeypatch):

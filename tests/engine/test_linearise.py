@@ -9,6 +9,7 @@ import torch
 from captum_ffb import LayerNormDecomposition, get_architecture
 from captum_ffb.engine import capture_layers, chain_for, find_blocks, resolve_rules
 from captum_ffb.engine.linearise import FrozenRules, linearise
+from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.whole import player_start, propagate
 from captum_ffb.rules import AttnLRPAttention, IGActivation, LinearisedActivation, NoTokenActivation
 from tests.models import TINY_MODELS, token_ids
@@ -28,8 +29,8 @@ def _frozen_run(model, spec, rules, blocks, ids, mask=None):
     """The frozen model's last block output, its first block's input (a leaf) and the model's
     output, from one forward pass inside :func:`linearise`."""
     kwargs = {} if mask is None else {"attention_mask": mask}
-    with linearise(model, spec, blocks, rules, watch={"last": blocks[-1]}) as frozen:
-        output = model(ids, **kwargs).last_hidden_state
+    with ModelPass(model, grad=True) as run, linearise(run, spec, blocks, rules, watch={"last": blocks[-1]}) as frozen:
+        output = run.run(ids, **kwargs).last_hidden_state
         return frozen.outputs["last"], frozen.inputs, output
 
 
@@ -81,8 +82,8 @@ def test_the_activation_is_frozen_at_its_rules_slope(activation):
     terms = lnd.decompose(ids, scope="AtbFf").terms[0]  # (n, n, d): F_i(x_j)
     ff_out = blocks[0].get_submodule(spec.ff_out.path)
     direction = torch.randn(terms.shape[0], terms.shape[-1], generator=torch.Generator().manual_seed(1))
-    with linearise(model, spec, blocks, rules, watch={"ff": ff_out}) as frozen:
-        model(ids)
+    with ModelPass(model, grad=True) as run, linearise(run, spec, blocks, rules, watch={"ff": ff_out}) as frozen:
+        run.run(ids)
         (gradient,) = torch.autograd.grad((frozen.outputs["ff"][0] * direction).sum(), frozen.inputs)
     backward = (gradient * frozen.inputs.detach()).sum(-1)[0]
     forward = torch.einsum("ijd,id->j", terms, direction)

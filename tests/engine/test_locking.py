@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from captum_ffb import Direction, LayerNormDecomposition, NormDecomposition
-from captum_ffb.engine.capture import softmax_hooks
 from captum_ffb.engine.locking import model_lock
+from captum_ffb.engine.passes import ModelPass
 from tests.models import tiny_lm, tiny_models
 
 TINY = {model.name: model for model in tiny_models()}
@@ -109,7 +109,6 @@ def test_the_softmax_replacement_is_per_thread():
     seen: list[int] = []
     other: list[torch.Tensor] = []
     original = torch.nn.functional.softmax
-    handles = softmax_hooks(module, lambda t: seen.append(threading.get_ident()) or t)
     inside = threading.Event()
     done = threading.Event()
 
@@ -126,10 +125,10 @@ def test_the_softmax_replacement_is_per_thread():
     module.forward = forward
     thread = threading.Thread(target=elsewhere)
     thread.start()
-    module(torch.zeros(1))
+    with ModelPass(module) as run:
+        run.softmax(module, lambda t: seen.append(threading.get_ident()) or t)
+        run.call(module, torch.zeros(1))
     thread.join()
-    for handle in handles:
-        handle.remove()
     assert seen == [threading.get_ident()]  # the other thread's softmax was not handed over
     assert len(other) == 1
     assert torch.nn.functional.softmax is original
