@@ -420,7 +420,7 @@ SCRIPT = r"""
       var c = ffbColour.diverging((e.weight < 0 ? -1 : 1) * Math.max(Math.abs(e.weight), 0.45 * wTop), wTop);
       var path = el("path", {"class": "edge", d: "M" + s.x + "," + s.y + " C" + s.x + "," + mid + " " + t.x + "," + mid
         + " " + t.x + "," + t.y, stroke: ffbColour.css(c), "stroke-width": (0.5 + 4 * a).toFixed(2),
-        "stroke-opacity": (0.22 + 0.6 * Math.sqrt(a)).toFixed(2)}, edgeLayer);
+        "stroke-opacity": (0.12 + 0.78 * Math.sqrt(a)).toFixed(2)}, edgeLayer);
       path.dataset.source = e.source; path.dataset.target = e.target; path.dataset.weight = e.weight;
     });
     // nodes and their labels
@@ -529,7 +529,7 @@ SCRIPT = r"""
     var e = edgesOf(u), h = "<b>" + esc(u.label) + "</b> <span class=lbl>" + esc(u.id) + "</span><br>";
     if (u.position >= 0 && u.kind !== "output") h += "token " + u.position + " “" + esc(words[u.position]) + "”<br>";
     h += "value " + signed(u.value);
-    if (u.influence !== undefined) h += " · influence " + fmt(u.influence);
+    if (u.influence !== undefined && u.kind !== "output") h += " · influence " + fmt(u.influence);
     if (u.patch !== undefined) h += " · patch estimate " + signed(u.patch);
     if (e.into.length) h += '<br><span class=lbl>top in-edges</span><br>' + top3(e.into, "source");
     if (e.out.length) h += '<br><span class=lbl>top out-edges</span><br>' + top3(e.out, "target");
@@ -608,7 +608,7 @@ SCRIPT = r"""
     if (u.position >= 0 && u.kind !== "group") h += row("position", u.position + " “" + esc(words[u.position]) + "”");
     if (u.kind === "output") h += row("explains", esc(u.label));
     h += row(u.kind === "group" ? "value (sum)" : "value", signed(u.value));
-    if (u.influence !== undefined) h += row("influence", fmt(u.influence));
+    if (u.influence !== undefined && u.kind !== "output") h += row("influence", fmt(u.influence));
     if (u.patch !== undefined) h += row("patch estimate", signed(u.patch));
     var many = u.d && u.d.patch_estimates;
     if (many) Object.keys(many).forEach(function (k) { if (k !== "default") h += row("&nbsp;&nbsp;" + esc(k), signed(many[k])); });
