@@ -223,6 +223,35 @@ def test_hover_card_click_selects_and_shift_click_pins_into_the_pinned_subgraph(
     assert all({e["source"], e["target"]} == {first["id"], second["id"]} for e in edges)
     driver.find_element("id", "ffb-pinned-view").click()
     assert driver.execute_script("return window.ffbGraph.nodes()") == len(saved["nodes"])
+    # an edge listed in the panel leads to its other end
+    driver.find_element("css selector", "[data-role=details] ol.source li").click()
+    into = max((link for link in saved["links"] if link["target"] == first["id"] and "kind" not in link),
+               key=lambda link: abs(link["weight"]))
+    assert driver.execute_script("return document.body.dataset.chosen") == into["source"]
+
+
+def test_collapsed_columns_hold_their_token_upright_and_widen_on_a_click(pages, browser):
+    path, saved = pages["heads"]
+    driver = _open(browser, path)
+    busy = {n["position"] for n in saved["nodes"] if n["kind"] in WRITERS}
+    output = next(n for n in saved["nodes"] if n["kind"] == "output")
+    busy.add(output["position"] if output["position"] >= 0 else len(saved["tokens"]) - 1)
+    idle = [p for p in range(len(saved["tokens"])) if p not in busy]
+    assert idle and busy  # the graph has both kinds of column
+
+    def columns():
+        return driver.execute_script(
+            "var L = window.ffbGraph.layout(); return [L.cols, Array.from(document.querySelectorAll("
+            "'#ffb-graph [data-token]')).map(function (t) { return t.classList.contains('collapsed'); })];")
+
+    widths, collapsed = columns()
+    assert [p for p, c in enumerate(collapsed) if c] == idle
+    assert max(widths[p] for p in idle) < min(widths[p] for p in busy)
+    driver.find_element("css selector", f'#ffb-graph [data-token="{idle[0]}"]').click()
+    wider, collapsed = columns()
+    assert not collapsed[idle[0]] and wider[idle[0]] > widths[idle[0]]
+    driver.find_element("css selector", f'#ffb-graph [data-token="{idle[0]}"]').click()  # and back
+    assert columns()[1][idle[0]]
 
 
 def test_a_supernodes_edges_are_the_sums_of_its_members(pages, browser):
