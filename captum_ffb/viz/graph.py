@@ -1,15 +1,21 @@
 r"""Views of an :class:`~captum_ffb.attr.AttributionGraph`: an offline HTML page and the
 JSON that circuit-tracer's frontend and Neuronpedia's graph viewer read.
 
-The page (:func:`graph_html`) draws the kept graph as SVG: the tokens along the bottom, a row
-per block and writer above them (attention, cross-attention, then FF; heads or neurons side
-by side within their position's column; only rows with a kept node), the output on top and
-the bias at the left. A node's area grows with
-``|value|``; an edge is red where its weight is positive and blue where negative (the
-package's one colour scale), thicker where larger. Clicking a node lists its in- and
-out-edges and, for a head, the writer pairs that made its score at the positions it
-attends most (:meth:`~captum_ffb.attr.AttributionGraph.query_key_pairs`). Everything
-is inline: the page requests nothing.
+The page (:func:`graph_html`) draws the kept graph as SVG, fitted to the window beside a fixed
+details panel: the tokens along the bottom (every label visible), a row per block and writer
+above them (attention, cross-attention, then FF; only rows with a kept node), a column per
+position holding a kept writer (the others collapsed to thin columns, widened on a click),
+the heads or neurons of one block at one position side by side, each labelled (``L23.H4``,
+``L23.A``, ``FF29``, ``L23.N7``, ``L3.X``), the output on top at the explained position and
+the bias at the left. A node's area grows with ``|value|`` (or ``|patch estimate|``, a
+toggle); nodes and edges are red where positive and blue where negative (the package's one
+colour scale), edges thicker where larger. Hovering shows a node's card, clicking lists its
+in- and out-edges and, for a head, the writer pairs that made its score at the positions it
+attends most (:meth:`~captum_ffb.attr.AttributionGraph.query_key_pairs`); shift-click pins,
+and the pinned nodes can be shown alone or grouped into a named supernode whose edges are
+its members' summed. Sliders re-prune the nodes (by influence) and edges (by ``|weight|``) in
+the page; a search box finds nodes by id or token; wheel, drag and buttons zoom, pan and fit.
+Everything is inline: the page requests nothing.
 
 :func:`neuronpedia_graph` writes circuit-tracer 0.5's schema (``metadata``, ``qParams``,
 ``nodes``, ``links``): tokens as ``embedding`` nodes, the output as the ``logit`` node, the
@@ -25,153 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.outputs import write_json, write_text
-from captum_ffb.viz._common import COLOUR_JS, escape, page
+from captum_ffb.viz._common import COLOUR_JS, display_token, display_tokens, escape, page
+from captum_ffb.viz._graph_page import BODY, SCRIPT, STYLE
 
 __all__ = ["graph_html", "neuronpedia_graph", "save_graph_html", "save_neuronpedia_graph"]
 
 #: circuit-tracer's ``feature_type`` for each node kind of ours
 FEATURE_TYPES = {"token": "embedding", "output": "logit", "attention": "attention", "head": "attention head",
                  "cross_attention": "cross attention", "ff": "mlp", "neuron": "mlp neuron", "bias": "bias"}
-
-_STYLE = """
-#ffb-graph-wrap { display: flex; flex-wrap: wrap; gap: 14px; align-items: flex-start; }
-#ffb-graph { border: 1px solid var(--line); background: #fff; flex: none; }
-#ffb-graph .node { cursor: pointer; stroke: #333; stroke-width: .6; }
-#ffb-graph .node.chosen { stroke: #000; stroke-width: 2.5; }
-#ffb-graph .edge { fill: none; }
-#ffb-graph .edge.faded { opacity: .08; }
-#ffb-graph text { font-size: 11px; fill: var(--ink); }
-#ffb-graph text.row { fill: var(--muted); font-size: 10px; }
-#ffb-panel { min-width: 300px; max-width: 420px; font-size: 12.5px; }
-#ffb-panel h3 { font-size: 14px; margin: 0 0 .3em; }
-#ffb-panel ol { padding-left: 1.4em; margin: .2em 0 .6em; }
-#ffb-panel .pos { color: #b2182b; } #ffb-panel .neg { color: #2166ac; }
-"""
-
-_SCRIPT = r"""
-(function () {
-  "use strict";
-  var G = JSON.parse(document.getElementById("ffb-graph-data").textContent);
-  var svg = document.getElementById("ffb-graph"), panel = document.getElementById("ffb-panel");
-  var NS = "http://www.w3.org/2000/svg";  // the SVG namespace's name, not a request
-  var n = G.tokens.length, parts = {}, rowOf = {}, rows = [];
-  var ROW = {attention: 0, head: 0, cross_attention: 1, ff: 2, neuron: 2}, LABEL = ["attention", "cross-attention", "FF"];
-  G.nodes.forEach(function (d) {
-    if (d.layer >= 0 && rowOf[d.layer + "." + ROW[d.kind]] === undefined) {
-      rowOf[d.layer + "." + ROW[d.kind]] = -1; rows.push([d.layer, ROW[d.kind]]);
-    }
-    if (d.head >= 0) { var k = d.layer + "." + d.kind; parts[k] = Math.max(parts[k] || 0, d.head + 1); }
-  });
-  rows.sort(function (a, b) { return a[0] - b[0] || a[1] - b[1]; });
-  rows.forEach(function (r, i) { rowOf[r[0] + "." + r[1]] = i; });
-  var col = Math.max(64, Math.min(120, 900 / Math.max(n, 1))), rowH = 46, left = 120, bottom = 70;
-  var width = left + col * n + 20, height = bottom + rowH * (rows.length + 1) + 30;
-  svg.setAttribute("width", width); svg.setAttribute("height", height);
-  var byId = {}, top = 0;
-  G.nodes.forEach(function (d) {
-    if (d.kind !== "output" && d.kind !== "bias") top = Math.max(top, Math.abs(d.value));
-  });
-  function place(d) {
-    var y, x = left + col * (d.position + 0.5);
-    if (d.kind === "token") y = height - bottom + 18;
-    else if (d.kind === "output") { x = left + col * (n - 0.5); y = 24; }
-    else if (d.kind === "bias") { x = 30; y = height - bottom + 18; }
-    else {
-      y = height - bottom - rowH * (rowOf[d.layer + "." + ROW[d.kind]] + 1);
-      if (d.head >= 0) { var m = parts[d.layer + "." + d.kind]; x += (d.head + 0.5 - m / 2) * (col * 0.8 / m); }
-    }
-    return [x, y];
-  }
-  function radius(d) {
-    if (d.kind === "output") return 10;
-    return 2.5 + 11 * Math.sqrt(Math.min(1, Math.abs(d.value) / (top || 1)));
-  }
-  function el(name, attrs, parent) {
-    var e = document.createElementNS(NS, name);
-    for (var k in attrs) e.setAttribute(k, attrs[k]);
-    (parent || svg).appendChild(e);
-    return e;
-  }
-  rows.forEach(function (r, i) {
-    var y = height - bottom - rowH * (i + 1);
-    el("line", {x1: left, x2: width - 10, y1: y, y2: y, stroke: "#eee"});
-    el("text", {x: 4, y: y + 4, "class": "row"}).textContent = "block " + r[0] + " " + LABEL[r[1]];
-  });
-  if (G.n_source) {  // an encoder–decoder: the source's columns, then the target's
-    var xs = left + col * G.n_source;
-    el("line", {x1: xs, x2: xs, y1: 10, y2: height - 10, stroke: "#999", "stroke-dasharray": "4 3"});
-    el("text", {x: xs - 6, y: height - 6, "text-anchor": "end", "class": "row"}).textContent = "source";
-    el("text", {x: xs + 6, y: height - 6, "class": "row"}).textContent = "target";
-  }
-  var edgeLayer = el("g", {}), nodeLayer = el("g", {});
-  G.nodes.forEach(function (d) { d.xy = place(d); d.r = radius(d); d.into = []; d.out = []; byId[d.id] = d; });
-  var wTop = 0;
-  G.links.forEach(function (e) { if (!e.kind) wTop = Math.max(wTop, Math.abs(e.weight)); });
-  var edges = [];
-  G.links.forEach(function (e) {
-    if (e.kind) return;  // query–key links are listed on their head, not drawn
-    var s = byId[e.source], t = byId[e.target];
-    if (!s || !t) return;
-    s.out.push(e); t.into.push(e);
-    var c = ffbColour.diverging((e.weight < 0 ? -1 : 1) * Math.max(Math.abs(e.weight), 0.45 * wTop), wTop);
-    var mid = (s.xy[1] + t.xy[1]) / 2;
-    var path = el("path", {"class": "edge", d: "M" + s.xy[0] + "," + s.xy[1] + " C" + s.xy[0] + "," + mid + " " + t.xy[0]
-      + "," + mid + " " + t.xy[0] + "," + t.xy[1], stroke: ffbColour.css(c),
-      "stroke-width": 0.4 + 3.5 * Math.abs(e.weight) / (wTop || 1), "stroke-opacity": 0.75}, edgeLayer);
-    path.dataset.source = e.source; path.dataset.target = e.target;
-    edges.push(path);
-  });
-  G.nodes.forEach(function (d) {
-    var fill = d.kind === "token" || d.kind === "output" || d.kind === "bias" ? "#f6f8fa"
-      : ffbColour.css(ffbColour.diverging(d.value, top));
-    var c = el("circle", {"class": "node", cx: d.xy[0], cy: d.xy[1], r: d.r, fill: fill}, nodeLayer);
-    c.dataset.id = d.id;
-    el("title", {}, c).textContent = d.id + "  value " + fmt(d.value);
-    c.addEventListener("click", function () { choose(d.id); });
-    if (d.kind === "token" || d.kind === "output" || d.kind === "bias") {
-      el("text", {x: d.xy[0], y: d.xy[1] + (d.kind === "output" ? -14 : 26), "text-anchor": "middle"}, nodeLayer)
-        .textContent = d.kind === "bias" ? "bias" : d.token;
-    }
-  });
-  function fmt(v) { return Math.abs(v) >= 1000 || (Math.abs(v) < 0.001 && v !== 0) ? v.toExponential(2) : (+v.toPrecision(3)).toString(); }
-  function signed(v) { return '<span class="' + (v >= 0 ? "pos" : "neg") + '">' + fmt(v) + "</span>"; }
-  function text(s) { var t = document.createElement("span"); t.textContent = s; return t.innerHTML; }
-  function list(items, key) {
-    items = items.slice().sort(function (a, b) { return Math.abs(b.weight) - Math.abs(a.weight); }).slice(0, 15);
-    if (!items.length) return "<p>none kept</p>";
-    return '<ol class="' + key + '">' + items.map(function (e) {
-      return "<li><code>" + text(e[key]) + "</code> " + signed(e.weight) + "</li>";
-    }).join("") + "</ol>";
-  }
-  function choose(id) {
-    var d = byId[id];
-    if (!d) return false;
-    svg.querySelectorAll(".node.chosen").forEach(function (c) { c.classList.remove("chosen"); });
-    svg.querySelector('.node[data-id="' + id + '"]').classList.add("chosen");
-    edges.forEach(function (p) { p.classList.toggle("faded", p.dataset.source !== id && p.dataset.target !== id); });
-    var h = "<h3><code>" + text(id) + "</code></h3><p>value " + signed(d.value)
-      + (d.patch_estimate !== undefined ? " · patch estimate " + signed(d.patch_estimate) : "")
-      + (d.influence !== undefined ? " · influence " + fmt(d.influence) : "") + "</p>"
-      + "<h4>in-edges</h4>" + list(d.into, "source") + "<h4>out-edges</h4>" + list(d.out, "target");
-    var qk = (G.query_key || {})[id];
-    if (qk) {
-      h += "<h4>why it attends there: query–key pairs</h4>";
-      qk.forEach(function (k) {
-        h += "<p>key position " + k.key_position + " (<code>" + text(G.tokens[k.key_position]) + "</code>), probability "
-          + fmt(k.probability) + ", score " + signed(k.score) + '</p><ol class="qk">' + k.pairs.map(function (p) {
-            return "<li><code>" + text(p.query) + "</code> · <code>" + text(p.key) + "</code> " + signed(p.value) + "</li>";
-          }).join("") + "</ol>";
-      });
-    }
-    panel.innerHTML = h;
-    document.body.dataset.chosen = id;
-    return true;
-  }
-  window.ffbGraph = { choose: choose, nodes: function () { return svg.querySelectorAll(".node").length; },
-                      edges: function () { return edges.length; }, data: G };
-  document.body.dataset.state = "drawn";
-})();
-"""
 
 
 def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] | None = None) -> str:
@@ -191,20 +58,17 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
     if query_key is None:
         query_key = _query_key(graph)
     data["query_key"] = query_key
-    explained = f"“{graph.output_label}”"
+    data["labels"] = display_tokens(graph.tokens)  # the tokens as people read them
+    data["output_text"] = shown = display_token(graph.output_label)
+    explained = f"“{shown}”"
     if graph.probability is not None:
         explained += f" (p = {graph.probability:.3f})"
     header = (f'<p class="meta">explains {escape(explained)} · value {graph.value:.4g} · '
               f'{graph.granularity} granularity · {int(graph.node_mask.sum())} of {len(graph.data)} nodes, '
               f'{int(graph.edge_mask.sum())} of {len(graph.data.weights)} edges kept, holding '
-              f'{graph.kept_share:.1%} of the output</p>'
-              '<p class="note">Tokens at the bottom, blocks upwards (attention, cross-attention, FF), the output on top. '
-              'A node\'s size grows with |value| (its total effect on the output); edges are red where '
-              'positive, blue where negative. Click a node for its edges (and a head\'s query–key pairs).</p>')
-    body = ('<div id="ffb-graph-wrap"><div class="scroll"><svg id="ffb-graph"></svg></div>'
-            '<div id="ffb-panel"><p class="note">Click a node.</p></div></div>')
-    return page(title or f"Attribution graph of {graph.output_label}", body, header=header, style=_STYLE,
-                data={"ffb-graph-data": data}, script=[COLOUR_JS, _SCRIPT])
+              f'{graph.kept_share:.1%} of the output</p>')
+    return page(title or f"Attribution graph of “{shown}”", BODY, header=header, style=STYLE,
+                data={"ffb-graph-data": data}, script=[COLOUR_JS, SCRIPT])
 
 
 def _query_key(graph: Any) -> dict[str, Any]:

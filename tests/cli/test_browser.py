@@ -266,10 +266,10 @@ window.addEventListener("load", function () {
   var v = window.ffbGraph, r = {}, G = v.data;
   r.state = document.body.dataset.state;
   r.nodes = v.nodes(); r.edges = v.edges();
-  r.circles = Array.from(document.querySelectorAll("#ffb-graph .node")).map(function (c) {
-    return [c.dataset.id, +c.getAttribute("cx"), +c.getAttribute("cy"), +c.getAttribute("r")]; });
+  r.circles = Array.from(document.querySelectorAll("#ffb-graph [data-node]")).map(function (c) {
+    return [c.dataset.node, +c.getAttribute("cx"), +c.getAttribute("cy"), +c.getAttribute("r")]; });
   var head = Object.keys(G.query_key)[0];
-  document.querySelector('#ffb-graph .node[data-id="' + head + '"]').dispatchEvent(new MouseEvent("click", {bubbles: true}));
+  document.querySelector('#ffb-graph [data-node="' + head + '"]').dispatchEvent(new MouseEvent("click", {bubbles: true}));
   r.head = head; r.chosen = document.body.dataset.chosen;
   r.sources = Array.from(document.querySelectorAll("#ffb-panel ol.source code")).map(function (c) { return c.textContent; });
   r.targets = Array.from(document.querySelectorAll("#ffb-panel ol.target code")).map(function (c) { return c.textContent; });
