@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             summary = analyze_corpus(loaded, lines, Path(work) / label.replace(" ", "_"), config,
                                      source=corpus.name, show_progress=False, engine=engine,
-                                     engine_options=options)
+                                     backend_options=options)
             seconds = time.perf_counter() - start
             numbers = _numbers(summary)
             reference = numbers if reference is None else reference

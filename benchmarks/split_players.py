@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         real = model(ids).logits[0, -1, token]
     start = time.perf_counter()
-    split, bias = attribute_split(source, ids, token, parts=4, out=work / "short", engine="ray",
-                                  engine_options={"workers": 2}, show_progress=False)
+    split, bias = attribute_split(source, ids, token, parts=4, out=work / "short", backend="ray",
+                                  backend_options={"workers": 2}, show_progress=False)
     rows["short"] = {
         "n": args.short, "parts": 4, "workers": 2, "seconds": time.perf_counter() - start,
         "max_relative_difference": float((split - backward).abs().max() / backward.abs().max()),
@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [0, 1, args.long // 2, args.long // 2 + 1, args.long - 2, args.long - 1]
     chosen = sorted(set(chosen))[: 2 * args.players]
     start = time.perf_counter()
-    split, _ = attribute_split(source, ids, token, parts=2, out=work / "long", engine="ray",
-                               engine_options={"workers": 2}, players=chosen, show_progress=False)
+    split, _ = attribute_split(source, ids, token, parts=2, out=work / "long", backend="ray",
+                               backend_options={"workers": 2}, players=chosen, show_progress=False)
     split_s = time.perf_counter() - start
     scale = float(backward.abs().max())
     rows["long"] = {

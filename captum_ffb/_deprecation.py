@@ -75,3 +75,31 @@ def keyword_only(positional: int, old_order: Sequence[str] = (), renamed: Mappin
         return functools.wraps(method)(call)  # type: ignore[return-value]
 
     return wrap
+
+
+def renamed_arguments(renamed: Mapping[str, str]) -> Callable[[Method], Method]:
+    """A function whose keyword arguments ``renamed`` (old name → new name) were renamed: the
+    old names still work for one release, each with a ``DeprecationWarning``."""
+
+    def wrap(function: Method) -> Method:
+        name = function.__qualname__
+
+        @functools.wraps(function)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            for old, new in renamed.items():
+                if old in kwargs:
+                    if new in kwargs:
+                        raise TypeError(f"{name}() got {old}= and {new}=: give {new}= only")
+                    warnings.warn(f"{name}(): {old}= is now {new}= (the old name stops working in {REMOVED_IN})",
+                                  DeprecationWarning, stacklevel=2)
+                    kwargs[new] = kwargs.pop(old)
+            return function(*args, **kwargs)
+
+        return call  # type: ignore[return-value]
+
+    return wrap
+
+
+#: The job runners' keywords renamed in 0.4 (``engine`` named two things: the whole-model
+#: engine and where batches run).
+BACKEND_RENAMES = {"engine": "backend", "engine_options": "backend_options"}

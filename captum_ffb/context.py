@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # torch loads with the first attribution (the command line's help stays quick)
     from torch import Tensor
 
+    from captum_ffb.attr.norm_decomposition import NormDecomposition
+
 __all__ = ["DEFAULT_TEMPLATE", "GROUPINGS", "ContextAttribution", "context_attribution", "split_context"]
 
 #: How a context is cut into groups.
@@ -103,14 +105,15 @@ class ContextAttribution:
                            for g, (text, c, s) in enumerate(zip(self.groups, self.contributions, self.shares()))]}
 
 
-def context_attribution(nd: Any, tokenizer: Any, context: str, question: str, group_by: str = "paragraph",
+def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: str, question: str,
+                        group_by: str = "paragraph",
                         target: Any = None, template: str = DEFAULT_TEMPLATE,
                         max_tokens: int | None = None) -> ContextAttribution:
     r"""Explain a causal LM's next token after ``template`` filled with ``context`` and
     ``question``, the context's tokens grouped.
 
     Args:
-        nd (NormDecomposition): the bound causal LM.
+        nd (NormDecomposition): the bound causal LM (a model, or a loaded one, is bound here).
         tokenizer: its tokenizer (a fast one: the groups are found by character offsets).
         context (str): the long input (a document, passages, a chat history).
         question (str): what is asked of it.
@@ -131,6 +134,10 @@ def context_attribution(nd: Any, tokenizer: Any, context: str, question: str, gr
     """
     import torch
 
+    from captum_ffb.attr.norm_decomposition import NormDecomposition
+
+    if not isinstance(nd, NormDecomposition):
+        nd = NormDecomposition(nd, tokenizer=tokenizer)
     for name, value in (("context", context), ("question", question), ("template", template)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string, got {type(value).__name__}")
@@ -154,7 +161,7 @@ def context_attribution(nd: Any, tokenizer: Any, context: str, question: str, gr
         prompt = head + context + before + question + after
     q_span = (q_start, q_start + len(question))
     encoded = tokenizer(prompt, return_offsets_mapping=True, return_tensors="pt")
-    ids = encoded.input_ids
+    ids = encoded.input_ids.to(next(nd.model.parameters()).device)  # on the model's device
     if max_tokens is not None and ids.shape[1] > max_tokens:
         raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
     token_groups = []
@@ -170,12 +177,14 @@ def context_attribution(nd: Any, tokenizer: Any, context: str, question: str, gr
                         found = g
                         break
         token_groups.append(found)
-    if target is None:
-        target = _predicted(nd, ids)
+    if target is None:  # the prediction, named once: its label is the predicted token
+        target = int(nd.request(ids).target.indices[0, 0])
+    elif isinstance(target, str):  # read by this tokenizer (the attribution may have none)
+        target = int(nd.engine.token_ids(tokenizer, target, one=True)[0])
     contributions, bias, delta = nd.attribute(ids, target=target, return_bias=True, return_convergence_delta=True)
-    per_token = contributions[0].detach().to(torch.float64)
-    index = torch.tensor(token_groups)
-    groups = torch.zeros(len(spans), dtype=torch.float64)
+    per_token = contributions[0].detach().to(torch.float64).cpu()  # the result's numbers, on the cpu
+    index = torch.tensor(token_groups, device="cpu")
+    groups = torch.zeros(len(spans), dtype=torch.float64, device="cpu")
     inside = index >= 0
     groups.index_add_(0, index[inside], per_token[inside])
     bias_value = float(bias[0])
@@ -185,12 +194,7 @@ def context_attribution(nd: Any, tokenizer: Any, context: str, question: str, gr
         groups=[context[s:e] for s, e in spans], contributions=groups,
         question=float(per_token[index == -1].sum()), rest=float(per_token[index == -2].sum()), bias=bias_value,
         value=value, delta=float(delta[0]), target=label, token_groups=token_groups,
-        tokens=tokenizer.convert_ids_to_tokens(ids[0]), token_contributions=per_token, context=context, spans=spans)
-
-
-def _predicted(nd: Any, ids: Tensor) -> int:
-    """The model's next token after ``ids``."""
-    return int(nd.engine.predict(nd.engine.request((ids,), {})).logits[0, -1].argmax())
+        tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()), token_contributions=per_token, context=context, spans=spans)
 
 
 def _label(tokenizer: Any, target: Any) -> str:

@@ -101,7 +101,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("SHAP baselines", extra="shap", fix='pip install "captum_ffb[shap]"'),
     Feature("bertviz export", extra="bertviz", fix='pip install "captum_ffb[bertviz]"'),
     Feature("inseq", extra="inseq", fix='pip install "captum_ffb[inseq]"'),
-    Feature("Ray engine (--engine ray)", extra="ray", fix='pip install "captum_ffb[ray]"'),
+    Feature("Ray backend (--backend ray)", extra="ray", fix='pip install "captum_ffb[ray]"'),
     Feature("Gradio app (captum-ffb app)", extra="app", fix='pip install "captum_ffb[app]"'),
     Feature("LIT (captum-ffb lit)", ("lit-nlp",), extra="lit",
             fix='pip install "captum_ffb[lit]" && pip install --no-deps lit-nlp==1.3.1'),

@@ -17,21 +17,23 @@ models park attention, the "attention sink"); ``first_token`` is the signed ``c_
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from captum_ffb._deprecation import BACKEND_RENAMES, REMOVED_IN, renamed_arguments
 from captum_ffb.attr import NormDecomposition
 from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.engine.components import check_granularity
 from captum_ffb.engine.generation import generate_greedily
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.models import LoadedModel, load_model
 from captum_ffb.readouts import ClassLogit, Contrast, NextToken, ReadOut
 from captum_ffb.results import ExplainedOutput, first_token_share, token_share
 from captum_ffb.text import check_text, check_text_request, display_tokens, encode_text
+from captum_ffb.vocabulary import check_granularity
 
 #: Longest input (tokens) for which the whole-model maps are computed by default.
 MAPS_UP_TO = 256
@@ -253,8 +255,9 @@ def explain_text(
 
 
 def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_index: int | None = None,
-               baseline: str | None = None, granularity: str = "head", prune: bool = True,
-               node_threshold: float = 0.8, edge_threshold: float = 0.98, max_nodes: int | None = None) -> Any:
+               corrupted: str | None = None, granularity: str = "head", prune: bool = True,
+               node_threshold: float = 0.8, edge_threshold: float = 0.98, max_nodes: int | None = None,
+               baseline: str | None = None) -> Any:
     r"""The exact attribution graph of ``text``'s output (what ``captum-ffb graph`` and the
     app's Graph tab draw): :meth:`~captum_ffb.attr.NormDecomposition.attribute_graph` on the
     encoded text, its tokens shown as people read them.
@@ -264,8 +267,9 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
         loaded (LoadedModel): the model.
         target (str, optional): a causal LM's next token, as text (one token).
         class_index (int, optional): a sequence classifier's class.
-        baseline (str, optional): a corrupted text of the same length in tokens: the nodes
-                    then carry patching estimates.
+        corrupted (str, optional): a corrupted text of the same length in tokens: the nodes
+                    then carry patching estimates (``baseline``, its name before 0.4, is read
+                    with a ``DeprecationWarning``).
         granularity, prune, node_threshold, edge_threshold, max_nodes: as in
                     :func:`~captum_ffb.attr.graph.attribution_graph`.
 
@@ -274,19 +278,25 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
     """
     from captum_ffb.readouts import default_readout
 
+    if baseline is not None:
+        if corrupted is not None:
+            raise TypeError("graph_text() got baseline= and corrupted=: give corrupted= only")
+        warnings.warn(f"graph_text(): baseline= is now corrupted= (the old name stops working in {REMOVED_IN})",
+                      DeprecationWarning, stacklevel=2)
+        corrupted = baseline
     check_text(text)
     nd = NormDecomposition(loaded)  # its tokenizer names the explained token
     if loaded.spec.decoder is not None:
-        return _graph_pair(text, loaded, nd, target, baseline, granularity=granularity, prune=prune,
+        return _graph_pair(text, loaded, nd, target, corrupted, granularity=granularity, prune=prune,
                            node_threshold=node_threshold, edge_threshold=edge_threshold, max_nodes=max_nodes)
     ids = encode_text(text, loaded)["input_ids"]
-    corrupted = None
-    if baseline is not None:
-        check_text(baseline)
-        corrupted = encode_text(baseline, loaded)["input_ids"]
-        if corrupted.shape != ids.shape:
-            raise ValueError(f"baseline must have as many tokens as the text ({ids.shape[1]}), it has "
-                             f"{corrupted.shape[1]}")
+    corrupted_ids = None
+    if corrupted is not None:
+        check_text(corrupted, name="corrupted")
+        corrupted_ids = encode_text(corrupted, loaded)["input_ids"]
+        if corrupted_ids.shape != ids.shape:
+            raise ValueError(f"corrupted must have as many tokens as the text ({ids.shape[1]}), it has "
+                             f"{corrupted_ids.shape[1]}")
     if target is not None and nd.task != "causal_lm":
         raise ValueError("target names a next token: it needs a causal LM")
     if class_index is not None and nd.task != "sequence_classification":
@@ -298,7 +308,7 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
             raise ValueError("this base model has no output to explain (the bundled sentiment head fits only "
                              "all-MiniLM-L6-v2): give a model with a head")
     graph = nd.attribute_graph(ids, chosen, granularity=granularity, prune=prune, node_threshold=node_threshold,
-                               edge_threshold=edge_threshold, max_nodes=max_nodes, baseline_inputs=corrupted)
+                               edge_threshold=edge_threshold, max_nodes=max_nodes, corrupted_inputs=corrupted_ids)
     graph.tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()), loaded.tokenizer)
     graph.token_ids = ids[0].tolist()
     graph.output_label = _shown_label(graph.output_label, loaded.tokenizer, nd.task)
@@ -313,7 +323,7 @@ def _shown_label(label: str, tokenizer: Any, task: str) -> str:
     return " − ".join(repr(t) for t in display_tokens(parts, tokenizer, strip=False))
 
 
-def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: str | None, baseline: str | None,
+def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: str | None, corrupted: str | None,
                 **options: Any) -> Any:
     """:func:`graph_text` for an encoder–decoder: ``"SOURCE ||| PREFIX"``, the next target
     token after the decoder's start token and the prefix (which may be empty)."""
@@ -322,8 +332,8 @@ def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: s
     if PAIR_SEPARATOR not in text:
         raise ValueError(f"an encoder–decoder's graph explains the next target token: give 'SOURCE {PAIR_SEPARATOR} "
                          f"PREFIX' (the prefix may be empty)")
-    if baseline is not None:
-        raise ValueError("baseline: patching estimates are for one-stack models; an encoder–decoder's graph has none")
+    if corrupted is not None:
+        raise ValueError("corrupted: patching estimates are for one-stack models; an encoder–decoder's graph has none")
     check_one_separator(text)
     source, prefix = (part.strip() for part in text.split(PAIR_SEPARATOR, 1))
     check_text(source)
@@ -385,7 +395,7 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
         raise ValueError("a read-out is chosen for a base model; a model with a head explains "
                          "its next token or class")
     if components is not None:
-        check_granularity(components)
+        check_granularity(components, "components")
         if generate:
             raise ValueError("components explains one output; leave out generate")
         if task == "base" and readout is None and not fits_minilm_head(config):
@@ -677,19 +687,20 @@ class ExplainJob:
                 "value": logits.gather(1, target.view(-1, 1)).squeeze(1).detach().cpu().numpy()}
 
 
+@renamed_arguments(BACKEND_RENAMES)
 def explain_corpus(
     texts: list[str],
     model: str | None = None,
     out: str | Any = "captum_ffb_explain",
     batch_size: int = 16,
     route: str = "backward",
-    engine: str = "local",
-    engine_options: dict[str, Any] | None = None,
+    backend: str = "local",
+    backend_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
     device: str = "cpu",
 ) -> Any:
-    r"""Explain every text of a corpus; resumable, on the local engine or Ray.
+    r"""Explain every text of a corpus; resumable, on the local backend or Ray.
 
     Writes ``explanations.jsonl`` into ``out`` (one line per text, in order: ``index``, the
     text's position in ``texts``; ``tokens``, ``target``, ``value``, ``bias``,
@@ -704,7 +715,7 @@ def explain_corpus(
         out: the output folder.
         batch_size (int): texts per batch (one shard each).
         route (str): ``"backward"`` or ``"forward"``.
-        engine, engine_options: see :func:`captum_ffb.jobs.run_job`.
+        backend, backend_options: see :func:`captum_ffb.jobs.run_job`.
         overwrite (bool): discard an earlier run with other settings in ``out``.
         show_progress (bool): a progress bar.
         device (str): where the model runs (in every worker).
@@ -750,9 +761,9 @@ def explain_corpus(
     if not kept:
         raise ValueError(f"no text to explain: all {len(texts)} are empty or too long (listed in "
                          f"{folder / 'skipped.csv'})")
-    shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
+    shards = run_job(job, folder / "run", backend=backend, overwrite=overwrite,
                      show_progress=show_progress, description="explaining",
-                     engine_options=engine_options)
+                     backend_options=backend_options)
     path = folder / "explanations.jsonl"
     with atomic_open(path) as f:
         for shard in shards:

@@ -349,6 +349,15 @@ def resolve_dtype(dtype: str | Any) -> Any:
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
+def model_device(model: Any) -> Any:
+    """The device of ``model``'s first parameter (where its inputs go; the cpu for a model
+    without parameters)."""
+    import torch
+
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
 def check_device(device: str | Any) -> Any:
     """``device`` as a torch device that exists on this machine, or a one-line ValueError
     (made before any weights load: a name torch does not know, a kind of device that is not

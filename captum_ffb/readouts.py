@@ -44,6 +44,7 @@ from captum_ffb.engine.head import (  # the values read, importable from here as
     output_hidden_states,
     output_logits,
 )
+from captum_ffb.engine.passes import run_model
 from captum_ffb.engine.positions import real_positions
 from captum_ffb.engine.requests import check_index
 
@@ -540,7 +541,8 @@ def minilm_sentiment_logit(
         Tensor of shape ``(batch,)``.
     """
     head = head if head is not None else _bundled_head()
-    hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = run_model(model, grad=torch.is_grad_enabled(), inputs_only=False, input_ids=input_ids,
+                       attention_mask=attention_mask).last_hidden_state
     if hidden.shape[-1] != head.linear.in_features:
         raise ValueError(
             f"the model's hidden size {hidden.shape[-1]} is not the head's "

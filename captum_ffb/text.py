@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.attr import LayerNormDecomposition
-from captum_ffb.models import LoadedModel, load_model
+from captum_ffb.models import LoadedModel, load_model, model_device
 
 
 @dataclass
@@ -159,19 +159,21 @@ def display_tokens(tokens: Sequence[str], tokenizer: Any = None, strip: bool = T
 INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
 
 
-def check_text(text: str) -> str:
+def check_text(text: str, name: str = "the text") -> str:
     r"""``text`` if it can be tokenised, else a one-line ValueError: it is empty, or it is not
     valid UTF-8 (bytes that are not UTF-8 on a command line reach Python as lone surrogates,
-    which tokenizers refuse)."""
+    which tokenizers refuse); ``name`` says which text in the message."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string, got {type(text).__name__}")
     if not text or not text.strip():
-        raise ValueError("the text is empty")
+        raise ValueError(f"{name} is empty")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
         first = error.start
     else:
         if all(unicodedata.category(c) in INVISIBLE or c.isspace() for c in text):
-            raise ValueError("the text has no visible characters (only spaces, zero-width or control "
+            raise ValueError(f"{name} has no visible characters (only spaces, zero-width or control "
                              "characters)")
         return text
     try:
@@ -181,11 +183,11 @@ def check_text(text: str) -> str:
         pass
     except UnicodeDecodeError as error:
         raise ValueError(
-            f"the text is not valid UTF-8 (byte 0x{raw[error.start]:02x} at position "
+            f"{name} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at position "
             f"{error.start})"
         ) from None
     raise ValueError(
-        f"the text is not valid UTF-8 (lone surrogate U+{ord(text[first]):04X} at character "
+        f"{name} is not valid UTF-8 (lone surrogate U+{ord(text[first]):04X} at character "
         f"{first})"
     )
 
@@ -206,7 +208,7 @@ def encode_text(text: str, model: LoadedModel, **kwargs: Any) -> Any:
     count = encoded["input_ids"].shape[1]
     if count > model.max_length:
         raise ValueError(f"the text has {count} tokens; the model takes at most {model.max_length}")
-    return encoded
+    return encoded.to(model_device(model.model))
 
 
 def layer_indices(layers: Sequence[int] | str, count: int) -> list[int]:
@@ -283,7 +285,7 @@ def _collected(results: Any, loaded: LoadedModel, lnd: LayerNormDecomposition, n
             if out.n_target is not None:
                 square = m.new_zeros(m.shape[-1], m.shape[-1])
                 square[out.n_source:] = m[0]
-            out.maps[i][name] = square
+            out.maps[i][name] = square.cpu()  # a view's numbers: on the cpu, once
         out.delta[i] = {name: float(d[0]) for name, d in delta.items()}
     return out
 

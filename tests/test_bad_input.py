@@ -348,7 +348,7 @@ API_CASES = [
      ValueError, r"node_threshold must lie between 0 and 1, got 1.5"),
     ("a corrupted prompt of another length",
      lambda a: a["nd"].attribute_graph(IDS[:1], target=3, baseline_inputs=IDS[:1, :4]),
-     ValueError, r"baseline_inputs must have the inputs' shape \(1, 5\)"),
+     ValueError, r"corrupted_inputs must have the inputs' shape \(1, 5\)"),
     ("a negative patching threshold",
      lambda a: a["nd"].attribute_graph(IDS[:1], target=3, baseline_inputs=IDS[1:], exact_above=-1),
      ValueError, r"exact_above must be a positive number"),

@@ -47,7 +47,7 @@ def test_a_hidden_integration_is_not_usable_and_says_how_to_fix_it(monkeypatch):
     report = environment_report()
     ray = next(status for status in report.features if status.name.startswith("Ray"))
     assert not ray.usable and ray.why == "missing ray" and ray.fix == 'pip install "captum_ffb[ray]"'
-    line = next(line for line in report.format().splitlines() if "Ray engine" in line)
+    line = next(line for line in report.format().splitlines() if "Ray backend" in line)
     assert line.startswith("  [ ] ") and line.endswith('fix: pip install "captum_ffb[ray]"')
 
 
@@ -90,7 +90,7 @@ def test_a_broken_pin_makes_the_features_using_it_unusable(monkeypatch):
     if real("pyarrow") is None:
         pytest.skip("pyarrow is not installed")
     report = {status.name: status for status in environment_report().features}
-    ray = report["Ray engine (--engine ray)"]
+    ray = report["Ray backend (--backend ray)"]
     assert not ray.usable and "numpy 1.26.4" in (ray.why or "") and ray.fix == 'pip install "numpy>=2"'
 
 

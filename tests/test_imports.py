@@ -13,8 +13,8 @@ import captum_ffb
 #: The floors, bottom up: a room (a top-level module or package of ``captum_ffb``) imports only
 #: rooms of lower floors.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("versions", "convert", "_private", "_deprecation"),  # tested versions; converters; private names;
-                                              # old calls kept working
+    ("versions", "convert", "_private", "_deprecation", "vocabulary"),  # tested versions; converters;
+                                              # private names; old calls kept working; the names
     # pages (the page skeleton and colour scale) is here, not in viz, for analysis and evaluation write pages too
     ("architectures", "decomposition", "outputs", "pages"),  # facts, no maths; files and pages out
     ("rules",),                               # what each component does to a decomposition

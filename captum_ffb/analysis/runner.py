@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from captum_ffb._deprecation import BACKEND_RENAMES, renamed_arguments
 from captum_ffb.analysis.corpus import PreparedSequence, SkippedLine, prepare_sequences
 from captum_ffb.architectures import get_architecture
 from captum_ffb.attr import LayerNormDecomposition
@@ -406,6 +407,7 @@ def model_source(loaded: LoadedModel) -> ModelSource:
 
 
 # --------------------------------------------------------------------------- entry point
+@renamed_arguments(BACKEND_RENAMES)
 def analyze_corpus(
     loaded: LoadedModel,
     lines: Sequence[str],
@@ -415,8 +417,8 @@ def analyze_corpus(
     overwrite: bool = False,
     show_progress: bool = True,
     stop_after: int | None = None,
-    engine: str = "local",
-    engine_options: dict[str, Any] | None = None,
+    backend: str = "local",
+    backend_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     r"""Run the paper's analyses over a corpus; resumable.
 
@@ -431,8 +433,8 @@ def analyze_corpus(
         show_progress (bool): show a progress bar.
         stop_after (int, optional): stop (raising ``KeyboardInterrupt``) after this many new
                     batches; for testing the resume path.
-        engine (str): ``"local"`` or ``"ray"`` (see :func:`captum_ffb.jobs.run_job`).
-        engine_options (dict, optional): the engine's settings.
+        backend (str): ``"local"`` or ``"ray"`` (see :func:`captum_ffb.jobs.run_job`).
+        backend_options (dict, optional): the backend's settings.
 
     Returns:
         the summary dict (see ``captum_ffb.analysis.report.write_report()``).
@@ -460,9 +462,9 @@ def analyze_corpus(
     cell = 4 * _hidden_size(loaded.model) * (len(run.computed) + 3)
     batches = plan_batches(sequences, config.batch_size, cell, int(config.memory_gb * 2**30))
     job = AnalysisJob(config, list(sequences), batches, settings,
-                      model_source(loaded) if engine != "local" else ModelSource(), causal, loaded)
-    shards = run_job(job, out, engine, overwrite, show_progress, stop_after, "analysing",
-                     engine_options)
+                      model_source(loaded) if backend != "local" else ModelSource(), causal, loaded)
+    shards = run_job(job, out, backend, overwrite, show_progress, stop_after, "analysing",
+                     backend_options)
     return summarise(run, sequences, skipped, shards, source, mask_rate, max_tokens, lines)
 
 

@@ -19,7 +19,7 @@ from captum_ffb.engine.requests import (
     vocabulary_size,
 )
 from captum_ffb.engine.whole import HeadTarget, Request
-from captum_ffb.readouts import head_target_of, with_token_ids
+from captum_ffb.readouts import ClassLogit, NextToken, ReadOut, head_target_of, with_token_ids
 
 
 class Door:
@@ -38,6 +38,50 @@ class Door:
         if isinstance(reference, int):  # a token id (a bool is refused)
             check_index(reference, "reference", vocabulary_size(self.model))
         return self.engine.request(args, kwargs)
+
+    def request(self, inputs: Any, target: Any = None, *, additional_forward_args: Any = None,
+                forward_kwargs: dict[str, Any] | None = None, reference: Any = None,
+                target_position: Any = None, name: str = "inputs") -> Request:
+        r"""One call checked once at the door, with what it explains resolved: the request the
+        engine takes (:class:`~captum_ffb.engine.bound.Request`).
+
+        Args:
+            inputs, additional_forward_args, forward_kwargs, reference: as in ``attribute``
+                        (``reference=None``: the instance's).
+            target (int, str, Tensor, ReadOut or HeadTarget, optional): what is explained;
+                        ``None`` (or a read-out that names no unit, ``NextToken()``): the
+                        model's prediction, read from one pass of the model.
+            target_position (int or Tensor, optional): the position read.
+            name (str): the inputs' name in messages.
+
+        Returns:
+            Request: with ``reference`` and ``target`` set.
+        """
+        reference = self.reference if reference is None else reference
+        request = self._request(inputs, additional_forward_args, forward_kwargs, reference, name)
+        request.reference = reference
+        request.target = self._resolved(target, target_position, request)
+        return request
+
+    def _resolved(self, target: Any, position: Any, request: Request, outputs: Any = None) -> HeadTarget:
+        """The head target of ``target`` for ``request``: the model's prediction where
+        ``target`` is ``None`` or a read-out naming no unit (read from ``outputs``, the model's
+        output on the request, or from one real pass)."""
+        if isinstance(target, HeadTarget):
+            return target
+        open_readout = isinstance(target, ReadOut) and (getattr(target, "token", 0) is None
+                                                        or getattr(target, "index", 0) is None)
+        if target is None or open_readout:
+            if target is None:
+                if self.engine.task == "base":
+                    raise ValueError(f"{type(self.model).__name__} is a base model: it predicts nothing to "
+                                     "explain; give a Direction target")
+                target = NextToken(None, position) if self.engine.task != "sequence_classification" \
+                    else ClassLogit()
+                position = None
+            outputs = self.engine.predict(request) if outputs is None else outputs
+            target = self._text_free(target).resolve(outputs, request.read_mask.long())
+        return self._target(target, position, request.read_mask)
 
     def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
         """The whole-model defaults, the instance's replacements, then this call's."""
@@ -65,7 +109,8 @@ class Door:
         if isinstance(target, str):
             target = self.engine.token_ids(self.tokenizer, target)
         units = None if self.engine.head.output is None else int(self.engine.head.output.weight.shape[0])
-        tokens = check_index(torch.as_tensor(target), "target", units).reshape(-1).long()
+        tokens = target if isinstance(target, Tensor) else torch.as_tensor(target, device=device)
+        tokens = check_index(tokens, "target", units).reshape(-1).long()
         if tokens.numel() == 0:
             raise ValueError("target has no tokens")
         return tokens.to(device)
@@ -73,7 +118,7 @@ class Door:
 
 def one_input(inputs: Any) -> Tensor:
     """One input as a batch of one (token ids ``(1, n)``, or a speech model's features)."""
-    source = torch.as_tensor(inputs)
+    source = inputs if isinstance(inputs, Tensor) else torch.as_tensor(inputs, device="cpu")
     source = source[None] if source.dim() == 1 or (source.is_floating_point() and source.dim() == 2) else source
     if source.shape[0] != 1:
         raise ValueError("inputs: explain one input at a time (a batch of 1)")

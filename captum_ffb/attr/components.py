@@ -5,11 +5,15 @@ prediction."""
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from captum_ffb._deprecation import REMOVED_IN
+from captum_ffb.vocabulary import OUTPUT_HEAD
 
 _BLOCK = re.compile(r"^block\.(\d+)(?:\.|$)")
 
@@ -41,6 +45,27 @@ class FFQuestion:
     layer_amplifies: Tensor
 
 
+class ComponentNames(list):
+    """The component names of a table, in stream order; the names of before 0.4 (``"head"``
+    for the output head) are found with a ``DeprecationWarning``."""
+
+    _RENAMED = {"head": OUTPUT_HEAD}
+
+    def _name(self, name: object) -> object:
+        new = self._RENAMED.get(name) if isinstance(name, str) else None
+        if new is not None and not list.__contains__(self, name) and list.__contains__(self, new):
+            warnings.warn(f"the component {name!r} is {new!r} now; the old name stops working in {REMOVED_IN}",
+                          DeprecationWarning, stacklevel=3)
+            return new
+        return name
+
+    def index(self, name: object, *args: Any) -> int:  # type: ignore[override]
+        return list.index(self, self._name(name), *args)
+
+    def __contains__(self, name: object) -> bool:
+        return list.__contains__(self, self._name(name))
+
+
 @dataclass
 class ComponentAttribution:
     r"""Direct effects of every (input token, component) pair on one read-out.
@@ -51,7 +76,8 @@ class ComponentAttribution:
     input), ``"block.<l>.attention"`` (``.head.<h>`` per head, ``.bias`` for what it writes
     owed to no head), ``"block.<l>.ff"`` (``.expert.<e>``, ``.shared_expert`` for mixtures
     of experts), the β of a norm the stream passes (``"block.<l>.norm1"``, Post-LN), and
-    ``"head"``, what the final norm and the head add on their own. ``contributions[:, j, c]``
+    ``"output_head"``, what the final norm and the output head add on their own (``"head"``
+    before 0.4; ``components.index("head")`` still finds it, with a ``DeprecationWarning``). ``contributions[:, j, c]``
     is what token ``j`` adds to the read-out through component ``c`` *directly*: the
     component's share for token ``j`` of its output, read through the frozen later norms
     and the head, not through later blocks.
@@ -73,6 +99,9 @@ class ComponentAttribution:
     delta: Tensor
     granularity: str
     tokens: list[list[str]] | None = None
+
+    def __post_init__(self) -> None:
+        self.components = ComponentNames(self.components)
 
     def token_contributions(self) -> Tensor:
         """``(B, n)`` summed over components: the contributions of

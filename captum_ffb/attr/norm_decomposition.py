@@ -20,10 +20,18 @@ from torch import Tensor, nn
 from captum_ffb._deprecation import keyword_only
 from captum_ffb.attr._door import Door, captum_return, one_input, route_of
 from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.attr.graph import AttributionGraph
+from captum_ffb.attr.graph import (
+    DEFAULT_MAX_NODES,
+    EDGE_THRESHOLD,
+    NODE_THRESHOLD,
+    AttributionGraph,
+    output_label,
+    token_labels,
+)
 from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.patching import EXACT_ABOVE, corrupted_like
 from captum_ffb.engine.requests import (
     check_call,
     check_forward_kwargs,
@@ -32,12 +40,12 @@ from captum_ffb.engine.requests import (
 from captum_ffb.engine.whole import REFERENCES, HeadTarget, WholeModel
 from captum_ffb.models import LoadedModel
 from captum_ffb.readouts import (
-    ClassLogit,
     NextToken,
     ReadOut,
     as_readout,
 )
 from captum_ffb.results import ExplainedOutput
+from captum_ffb.vocabulary import check_granularity
 
 #: What the players are measured from by default (see ``NormDecomposition.attribute()``):
 #: each token from the mean of the input's tokens, that mean's own output shared back to them.
@@ -155,11 +163,13 @@ class NormDecomposition(Door, Attribution):
 
         Args:
             inputs (Tensor or tuple[Tensor, ...]): token ids (an encoder–decoder's source).
-            target (int, str, Tensor or ReadOut): a class of a classifier; a token id (or its
-                        text, with a tokenizer) whose logit a language model gives at each
-                        row's last real position or ``target_position``; one per row as a
+            target (int, str, Tensor or ReadOut, optional): a class of a classifier; a token id
+                        (or its text, with a tokenizer) whose logit a language model gives at
+                        each row's last real position or ``target_position``; one per row as a
                         ``(batch,)`` tensor; a :class:`Contrast` (``logit(a) − logit(b)``); a
-                        :class:`Direction` (base models); any read-out of :mod:`captum_ffb.readouts`.
+                        :class:`Direction` (base models); any read-out of
+                        :mod:`captum_ffb.readouts`; ``None``: the model's prediction (the
+                        predicted next token, or class), as in every method.
             additional_forward_args (Any, optional): further positional arguments.
             forward_kwargs (dict, optional): the forward's keyword arguments (an
                         ``attention_mask``, left or right padding; ``decoder_input_ids``).
@@ -187,11 +197,8 @@ class NormDecomposition(Door, Attribution):
         """
         reference = self._reference_of(reference, baselines)
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
-        if target is None:
-            raise ValueError("target is None: attribute() explains one output (a class, a token id or its "
-                             "text, a Contrast or a Direction); for whole-model token-to-token maps call maps()")
         groups, n_groups = self.engine.groups(feature_mask, players, request)
-        head_target = self._target(target, target_position, request.read_mask)
+        head_target = self._resolved(target, target_position, request)
         (answer,) = self.engine.answers(request, [head_target], self._rules(rules),
                                         reference, route, groups, n_groups, players,
                                         with_bias=return_bias or return_convergence_delta)
@@ -229,14 +236,7 @@ class NormDecomposition(Door, Attribution):
         chosen = self._rules(rules)
         groups, n_groups = self.engine.groups(feature_mask, None, request)
         captured = self.engine.capture(request)
-        if target is None:
-            if self.task == "base":
-                raise ValueError(f"{type(self.model).__name__} is a base model: give a Direction target")
-            target = NextToken(None, target_position) if self.task != "sequence_classification" else ClassLogit()
-            target_position = None
-        if isinstance(target, ReadOut):
-            target = self._text_free(target).resolve(captured.output, request.read_mask.long())
-        head_target = self._target(target, target_position, request.read_mask)
+        head_target = self._resolved(target, target_position, request, outputs=captured.output)
         table = self.engine.components(request, head_target, chosen, reference, granularity, route, groups,
                                        n_groups, captured)
         return ComponentAttribution(table.contributions, table.bias, table.names, table.real, table.delta,
@@ -244,14 +244,79 @@ class NormDecomposition(Door, Attribution):
 
     @log_usage()
     @serialized
-    def attribute_graph(self, inputs: Tensor, target: Any = None, **options: Any) -> AttributionGraph:
-        r"""The exact attribution graph of one output of one input: tokens, the writers of the
-        stream at each position, the bias and the output, flow conserved at every node.
-        ``options`` (granularity, pruning, ``max_nodes``, ``baseline_inputs``, ``reference``,
-        ``rules`` …) as in :func:`captum_ffb.attr.graph.attribution_graph`."""
-        from captum_ffb.attr.graph import attribution_graph
+    @keyword_only(2, renamed={"baseline_inputs": "corrupted_inputs"})
+    def attribute_graph(self, inputs: Tensor, target: Any = None, *, granularity: str = "head", prune: bool = True,
+                        node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD,
+                        max_nodes: int | None = None, corrupted_inputs: Tensor | None = None,
+                        additional_forward_args: Any = None, forward_kwargs: dict[str, Any] | None = None,
+                        reference: str | int | Tensor | None = None, rules: Mapping[str, Callable] | None = None,
+                        exact_above: float | None = None) -> AttributionGraph:
+        r"""The exact attribution graph of one output of one input: the tokens, the writers of
+        the stream at each position, the bias and the output, flow conserved at every node.
 
-        return attribution_graph(self, inputs, target, **options)
+        Args:
+            inputs (Tensor): ``(1, n)`` token ids.
+            target (int, str, ReadOut, optional): as in :meth:`attribute` (``None``: the
+                        prediction).
+            granularity (str): ``"sublayer"``, ``"head"`` (default) or ``"neuron"``.
+            prune (bool): prune as circuit-tracer does (:meth:`~captum_ffb.attr.AttributionGraph.prune`).
+            node_threshold, edge_threshold (float): the pruning's shares of influence kept.
+            max_nodes (int, optional): compute edges for this many writer nodes only (largest
+                        ``|value|``); what the others send is reported as left out (default:
+                        :data:`~captum_ffb.attr.graph.DEFAULT_MAX_NODES` when pruning, every
+                        node when not).
+            corrupted_inputs (Tensor, optional): a corrupted input of the same length: every
+                        node then carries patching estimates (:mod:`captum_ffb.engine.patching`;
+                        ``baseline_inputs``, its name before 0.4, is read with a warning).
+            exact_above (float, optional): the κ above which ``"atp+exact"`` patches a node
+                        for real (default :data:`~captum_ffb.engine.patching.EXACT_ABOVE`;
+                        ``math.inf``: never).
+            additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
+
+        Returns:
+            AttributionGraph: pruned unless ``prune=False``; flow is conserved either way
+            (pruning only hides nodes and edges, ``kept_share`` says how much of the output the
+            kept graph holds).
+        """
+        if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
+            raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
+        for name, share in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+            if isinstance(share, bool) or not isinstance(share, (int, float)):
+                raise TypeError(f"{name} must be a number between 0 and 1, got {type(share).__name__}")
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"{name} must lie between 0 and 1, got {share}")
+        if not isinstance(prune, bool):
+            raise TypeError(f"prune must be True or False, got {prune!r}")
+        check_granularity(granularity, "graph")
+        exact_above = EXACT_ABOVE if exact_above is None else exact_above
+        if isinstance(exact_above, bool) or not isinstance(exact_above, (int, float)) or not exact_above > 0:
+            raise ValueError(f"exact_above must be a positive number (math.inf: never patch for real), got "
+                             f"{exact_above!r}")
+        chosen = self._rules(rules)
+        if getattr(chosen.get("attention"), "credits_scores", False):
+            raise ValueError("rules: an attribution graph freezes the attention probabilities (the paper's "
+                             "rules); its query–key pairs come from score_split")
+        request = self.request(inputs, target, additional_forward_args=additional_forward_args,
+                               forward_kwargs=forward_kwargs, reference=reference)
+        if request.batch_size != 1:
+            raise ValueError("inputs: an attribution graph explains one input at a time (a batch of 1)")
+        corrupted = None
+        if corrupted_inputs is not None:
+            self.engine.refuse_two_stacks("patching estimates")
+            corrupted = self.request(corrupted_like(corrupted_inputs, request), request.target,
+                                     additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
+                                     reference=request.reference, name="corrupted_inputs")
+        limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
+        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above)
+        tokens, ids = token_labels(self.tokenizer, request, built.n_source)
+        graph = AttributionGraph.of(built.data, tokens, output_label(self.tokenizer, self.task, request.target),
+                                    granularity, probability=built.probability, token_ids=ids,
+                                    n_source=built.n_source, scorer=built.splitter)
+        if built.estimates is not None:
+            graph.patch_estimates = built.estimates.estimates
+            graph.patch_kappa = built.estimates.kappa
+            graph.patch_components = built.estimates.components
+        return graph.prune(node_threshold, edge_threshold) if prune else graph
 
     @log_usage()
     @serialized

@@ -47,7 +47,7 @@ def comparable_entries(
 ) -> Tensor:
     """Boolean ``(B, n, n)``: the entries that are compared (real rows and columns; ``j ≤ i``
     when ``causal``)."""
-    keep = torch.ones(batch, n, n, dtype=torch.bool)
+    keep = torch.ones(batch, n, n, dtype=torch.bool, device="cpu")
     if token_mask is not None:
         mask = token_mask.detach().cpu().bool()
         if mask.dim() == 1:
@@ -56,7 +56,7 @@ def comparable_entries(
             raise ValueError(f"token_mask must be (batch, n) = {(batch, n)}, got {tuple(mask.shape)}")
         keep = keep & mask[:, :, None] & mask[:, None, :]
     if causal:
-        keep = keep & torch.ones(n, n, dtype=torch.bool).tril()
+        keep = keep & torch.ones(n, n, dtype=torch.bool, device="cpu").tril()
     return keep
 
 
@@ -118,7 +118,7 @@ def compare(
         out["1-spearman"].append(1.0 - rho)
         out["pearson"].append(_pearson(x, y))
         out["top-k"].append(_topk_overlap(a[example], b[example], sel, k))
-    return {key: torch.tensor(values, dtype=torch.float64) for key, values in out.items()}
+    return {key: torch.tensor(values, dtype=torch.float64, device="cpu") for key, values in out.items()}
 
 
 def _nanmean(values: Tensor) -> float:

@@ -23,12 +23,12 @@ from captum_ffb.attr import LayerNormDecomposition
 from captum_ffb.decomposition import ScratchArena
 from captum_ffb.engine import (
     Block,
-    ModelPass,
     Outputs,
     capture_layers,
     row_chunks,
     run_block,
 )
+from captum_ffb.engine.passes import ModelPass
 
 #: Names under which blocks receive a key/value cache; replays pass ``None`` instead.
 _CACHE_NAMES = ("past_key_value", "past_key_values", "layer_past", "cache")

@@ -81,7 +81,7 @@ def shapley_vectors(
     ).float()
     if not bool(torch.isfinite(phi).all()):
         raise ValueError(f"the {method!r} Shapley estimate is not finite for this input")
-    vectors = torch.zeros(n_out, n, width, dtype=torch.float32)
+    vectors = torch.zeros(n_out, n, width, dtype=torch.float32, device="cpu")
     vectors[rows.cpu()[:, None], index.cpu()[None, :]] = (
         phi.reshape(len(chosen), len(rows), width).transpose(0, 1)
     )

@@ -53,58 +53,6 @@ def resolve_device(name: str) -> Any:
         raise UsageError(str(error)) from None
 
 
-def add_engine_options(parser: Any) -> None:
-    """``--engine``, ``--address``, ``--workers``, ``--gpus-per-worker`` for a corpus command."""
-    group = parser.add_argument_group("where batches run")
-    group.add_argument("--engine", choices=("local", "ray"), default="local",
-                       help="local (default: this process) or ray (workers; pip install "
-                       '"captum_ffb[ray]")')
-    group.add_argument("--address", default=None, metavar="ADDR",
-                       help="Ray: join the cluster at ADDR (auto: the running one); by default "
-                       "an embedded local Ray starts and stops with the command")
-    group.add_argument("--workers", type=int, default=None, metavar="N",
-                       help="Ray: actors in the pool (each loads the model once; default: one "
-                       "per CPU, or per GPU share with --gpus-per-worker)")
-    group.add_argument("--gpus-per-worker", type=float, default=0.0, metavar="G",
-                       help="Ray: GPUs each actor reserves (its model runs on cuda)")
-
-
-def engine_options(args: Any) -> tuple[str, dict[str, Any]]:
-    """``(engine, options)`` from the parsed engine flags, checked (a one-line error)."""
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {args.workers}")
-    if args.gpus_per_worker < 0:
-        raise UsageError(f"--gpus-per-worker must not be negative, got {args.gpus_per_worker}")
-    if args.engine == "local":
-        given = [flag for flag, value in (("--address", args.address), ("--workers", args.workers),
-                                          ("--gpus-per-worker", args.gpus_per_worker or None))
-                 if value is not None]
-        if given:
-            raise UsageError(f"{given[0]} needs --engine ray")
-        return "local", {}
-    import importlib.util
-
-    if importlib.util.find_spec("ray") is None:
-        raise UsageError('--engine ray needs Ray: pip install "captum_ffb[ray]"')
-    if args.gpus_per_worker and args.address is None:
-        _check_local_gpus(args.gpus_per_worker, args.workers)
-    return "ray", {"address": args.address, "workers": args.workers,
-                   "gpus_per_worker": args.gpus_per_worker}
-
-
-def _check_local_gpus(gpus_per_worker: float, workers: int | None) -> None:
-    """The embedded Ray uses this machine's GPUs: enough of them for ``--gpus-per-worker``
-    (and ``--workers``), or a one-line error before anything starts (Ray would wait forever)."""
-    import torch
-
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    needed = gpus_per_worker * (workers or 1)
-    if needed > count + 1e-6:  # a float sum of fractions
-        asked = f"--gpus-per-worker {gpus_per_worker:g}" + (f" with --workers {workers}" if workers else "")
-        raise UsageError(f"{asked} needs {needed:g} GPUs, and this machine has {count}; use "
-                         "--gpus-per-worker 0 (CPU), or --address to join a Ray cluster with GPUs")
-
-
 def check_port(host: str, port: int | None) -> None:
     """A one-line error, before any weights load, when ``host:port`` cannot be listened on
     (``None`` or 0: any free port)."""

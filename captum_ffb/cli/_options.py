@@ -22,7 +22,7 @@ from captum_ffb.cli._common import UsageError, resolve_device
 
 __all__ = [
     "DEPRECATED", "DTYPES", "FORMATS", "SHARED", "ModelPlacement", "add_deprecated_alias",
-    "add_shared_options", "cpu_only", "default_out", "deprecation_warnings", "model_placement",
+    "add_backend_options", "add_shared_options", "backend_options", "default_out", "deprecation_warnings", "model_placement",
     "parse_formats", "parse_layers", "parse_scopes",
 ]
 
@@ -185,15 +185,6 @@ def model_placement(args: argparse.Namespace) -> ModelPlacement:
     return ModelPlacement(device, dtype)
 
 
-def cpu_only(placement: ModelPlacement, what: str) -> None:
-    """A one-line error where ``what`` is asked to run off the cpu: the library's one-text
-    functions it calls encode their inputs on the cpu and do not move them to the model's
-    device (``captum_ffb.text.encode_text``), so a model elsewhere would fail mid-run."""
-    if placement.device.type != "cpu":
-        raise UsageError(f"--device {placement.device}: {what} runs on the cpu only for now (its inputs "
-                         "are not moved to the model's device); leave --device out")
-
-
 def parse_layers(value: str) -> list[int] | str:
     """``--layer``: ``"all"`` → ``"all"``; ``"3"`` or ``"0,-1"`` → a list of indices."""
     if value.strip().lower() == "all":
@@ -205,3 +196,57 @@ def parse_layers(value: str) -> list[int] | str:
     if not layers:
         raise UsageError("--layer is empty")
     return layers
+
+
+def add_backend_options(parser: Any) -> None:
+    """``--backend``, ``--address``, ``--workers``, ``--gpus-per-worker`` for a corpus command
+    (``--engine``, ``--backend``'s name before 0.4, is read with a warning)."""
+    group = parser.add_argument_group("where batches run")
+    group.add_argument("--backend", choices=("local", "ray"), default="local",
+                       help="local (default: this process) or ray (workers; pip install "
+                       '"captum_ffb[ray]")')
+    add_deprecated_alias(parser, "--engine", "--backend", dest="backend", choices=("local", "ray"))
+    group.add_argument("--address", default=None, metavar="ADDR",
+                       help="Ray: join the cluster at ADDR (auto: the running one); by default "
+                       "an embedded local Ray starts and stops with the command")
+    group.add_argument("--workers", type=int, default=None, metavar="N",
+                       help="Ray: actors in the pool (each loads the model once; default: one "
+                       "per CPU, or per GPU share with --gpus-per-worker)")
+    group.add_argument("--gpus-per-worker", type=float, default=0.0, metavar="G",
+                       help="Ray: GPUs each actor reserves (its model runs on cuda)")
+
+
+def backend_options(args: Any) -> tuple[str, dict[str, Any]]:
+    """``(backend, options)`` from the parsed backend flags, checked (a one-line error)."""
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.gpus_per_worker < 0:
+        raise UsageError(f"--gpus-per-worker must not be negative, got {args.gpus_per_worker}")
+    if args.backend == "local":
+        given = [flag for flag, value in (("--address", args.address), ("--workers", args.workers),
+                                          ("--gpus-per-worker", args.gpus_per_worker or None))
+                 if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} needs --backend ray")
+        return "local", {}
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError('--backend ray needs Ray: pip install "captum_ffb[ray]"')
+    if args.gpus_per_worker and args.address is None:
+        _check_local_gpus(args.gpus_per_worker, args.workers)
+    return "ray", {"address": args.address, "workers": args.workers,
+                   "gpus_per_worker": args.gpus_per_worker}
+
+
+def _check_local_gpus(gpus_per_worker: float, workers: int | None) -> None:
+    """The embedded Ray uses this machine's GPUs: enough of them for ``--gpus-per-worker``
+    (and ``--workers``), or a one-line error before anything starts (Ray would wait forever)."""
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    needed = gpus_per_worker * (workers or 1)
+    if needed > count + 1e-6:  # a float sum of fractions
+        asked = f"--gpus-per-worker {gpus_per_worker:g}" + (f" with --workers {workers}" if workers else "")
+        raise UsageError(f"{asked} needs {needed:g} GPUs, and this machine has {count}; use "
+                         "--gpus-per-worker 0 (CPU), or --address to join a Ray cluster with GPUs")

@@ -8,13 +8,13 @@ import time
 
 from captum_ffb.cli._common import (
     UsageError,
-    add_engine_options,
     check_model_options,
-    engine_options,
 )
 from captum_ffb.cli._options import (
+    add_backend_options,
     add_deprecated_alias,
     add_shared_options,
+    backend_options,
     default_out,
     model_placement,
 )
@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="discard an earlier run with other settings in --out")
     parser.add_argument("--no-figures", action="store_true", help="skip the PNG figures")
     add_shared_options(parser, "analyze", "model", "out", "device", "dtype", "quiet")
-    add_engine_options(parser)
+    add_backend_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -114,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
     config.check()
     out = check_out_dir(args.out)
     placement = model_placement(args)  # fail before loading anything
-    engine, options = engine_options(args)
-    if engine != "local" and not placement.default_dtype:
-        raise UsageError(f"--dtype {args.dtype} needs --engine local: Ray's workers load the model "
+    backend, options = backend_options(args)
+    if backend != "local" and not placement.default_dtype:
+        raise UsageError(f"--dtype {args.dtype} needs --backend local: Ray's workers load the model "
                          "in its saved dtype")
     model_settings = model_config(args.model)  # an unusable model fails before the corpus
     check_model_options(model_settings)
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = analyze_corpus(loaded, corpus.lines, out, config, source=corpus.name,
                                  overwrite=args.overwrite, show_progress=not args.quiet,
-                                 engine=engine, engine_options=options)
+                                 backend=backend, backend_options=options)
     except KeyboardInterrupt:
         print(f"captum-ffb: interrupted; run the same command again to resume ({out}/shards "
               "keeps the finished batches)", file=sys.stderr)

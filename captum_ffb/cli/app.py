@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from captum_ffb.cli._common import UsageError, check_model_options, check_port
-from captum_ffb.cli._options import add_shared_options
+from captum_ffb.cli._options import add_shared_options, model_placement
 
 EXAMPLES = """\
 examples:
@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                         help="the address to listen on (default 127.0.0.1: this machine only; "
                         "0.0.0.0 opens the app to the network)")
-    add_shared_options(parser, "app", "model", "quiet")
+    add_shared_options(parser, "app", "model", "device", "quiet")
     parser.set_defaults(run=run)
 
 
@@ -63,10 +63,12 @@ def run(args: argparse.Namespace) -> int:
     check_port(args.host, args.port)
     if args.port == 0:
         args.port = None  # Gradio's first free port
+    placement = model_placement(args)  # a device this machine has, before the weights load
     config = model_config(args.model)
     check_model_options(config)
     if not args.quiet:
         print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
-    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task="auto")
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task="auto",
+                        **placement.load_options())
     launch(loaded, host=args.host, port=args.port, quiet=args.quiet)
     return 0

@@ -14,7 +14,6 @@ from captum_ffb.cli._common import UsageError, check_model_options
 from captum_ffb.cli._options import (
     add_deprecated_alias,
     add_shared_options,
-    cpu_only,
     default_out,
     model_placement,
     parse_layers,
@@ -133,7 +132,6 @@ def run(args: argparse.Namespace) -> int:
     if args.n_samples is not None and args.n_samples < 1:
         raise UsageError("--n-samples must be positive")
     placement = model_placement(args)
-    cpu_only(placement, "compare")
     out = check_out_dir(args.out)
     if not args.no_figures:
         from captum_ffb.baselines.figure import _pyplot

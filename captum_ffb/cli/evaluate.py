@@ -6,8 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
-from captum_ffb.cli._options import add_shared_options, default_out, model_placement
+from captum_ffb.cli._common import UsageError
+from captum_ffb.cli._options import (
+    add_backend_options,
+    add_shared_options,
+    backend_options,
+    default_out,
+    model_placement,
+)
 
 DEFAULT_OUT = default_out("evaluate")
 DEFAULT_METHODS = "decomposition,attention_last,rollout,input_x_gradient,integrated_gradients,random"
@@ -19,7 +25,7 @@ examples:
       Tomatoes snippets, every protocol, into ./{DEFAULT_OUT}/
   captum-ffb evaluate --model ./SmolLM2 --task next-token --max-tokens 24 \\
       --methods decomposition,attnlrp,integrated_gradients,random --option integrated_gradients.n_steps=20
-  captum-ffb evaluate --model ./SmolLM2 --task sentiment --protocol abpc --engine ray --workers 2
+  captum-ffb evaluate --model ./SmolLM2 --task sentiment --protocol abpc --backend ray --workers 2
   captum-ffb evaluate --model ./SmolLM2 --task evidence --n 100
       known answers: the annotated evidence of 100 held-out pairs per bundled subset (BLiMP
       agreement and licensing, IOI), ranked by each method next to the position-only controls
@@ -90,7 +96,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="discard an earlier run with other settings in --out")
     add_shared_options(parser, "evaluate", "model", "out", "device", "quiet")
-    add_engine_options(parser)
+    add_backend_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -139,12 +145,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--task evidence scores ranks of the evidence: --protocol, --keep-first "
                          "and --max-tokens do not apply")
     device = model_placement(args).device  # before the model loads (evaluate checks --out and --batch-size)
-    engine, engine_settings = engine_options(args)
+    backend, backend_settings = backend_options(args)
     if evidence:
-        return _run_evidence(args, methods, options, n, device, engine, engine_settings)
+        return _run_evidence(args, methods, options, n, device, backend, backend_settings)
     summary = evaluate(args.model, args.task, args.data or "rotten_tomatoes", methods, protocols, args.out,
                        n=n, max_tokens=args.max_tokens, batch_size=args.batch_size, options=options,
-                       engine=engine, engine_options=engine_settings, overwrite=args.overwrite,
+                       backend=backend, backend_options=backend_settings, overwrite=args.overwrite,
                        show_progress=not args.quiet, seed=args.seed, device=str(device),
                        keep_first=args.keep_first)
     if not args.quiet:
@@ -160,12 +166,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_evidence(args: argparse.Namespace, methods: list[str], options: dict[str, dict[str, Any]],
-                  n: int, device: Any, engine: str, engine_settings: dict[str, Any]) -> int:
+                  n: int, device: Any, backend: str, backend_settings: dict[str, Any]) -> int:
     from captum_ffb.evaluation.evidence import evaluate_evidence, evidence_table
 
     summary = evaluate_evidence(args.model, args.data, methods, args.out, split=args.split, n=n,
                                 copy=args.copy, batch_size=args.batch_size, options=options,
-                                engine=engine, engine_options=engine_settings, overwrite=args.overwrite,
+                                backend=backend, backend_options=backend_settings, overwrite=args.overwrite,
                                 show_progress=not args.quiet, seed=args.seed, device=str(device))
     if not args.quiet:
         skipped = sum(summary["skipped"].values())

@@ -6,11 +6,12 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from captum_ffb.cli._common import UsageError, add_engine_options, engine_options
+from captum_ffb.cli._common import UsageError
 from captum_ffb.cli._options import (
     ModelPlacement,
+    add_backend_options,
     add_shared_options,
-    cpu_only,
+    backend_options,
     default_out,
     model_placement,
     parse_formats,
@@ -18,11 +19,12 @@ from captum_ffb.cli._options import (
 from captum_ffb.context import DEFAULT_TEMPLATE, GROUPINGS
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.outputs import check_out_dir, save_figure, write_json, write_text
+from captum_ffb.vocabulary import FEATURE_GRANULARITIES
 
 if TYPE_CHECKING:
     from captum_ffb.attr.components import ComponentAttribution
 
-GRANULARITIES = ("block", "sublayer", "head")
+GRANULARITIES = FEATURE_GRANULARITIES["components"]
 DEFAULT_OUT = default_out("explain")
 #: The library's parameter names this command's messages show as its flags.
 FLAGS = {"contrast": "--contrast", "class_index": "--class", "generate": "--generate", "target": "--target", "components": "--components",
@@ -46,7 +48,7 @@ examples:
       a speech model: the transcript's tokens over the audio frames and the prefix
   captum-ffb explain "The capital of France is" --model ./SmolLM2 --components head
       also split the next token's logit over tokens x components (here each attention head)
-  captum-ffb explain --data reviews.txt --model ./SmolLM2 --engine ray --workers 2
+  captum-ffb explain --data reviews.txt --model ./SmolLM2 --backend ray --workers 2
       corpus mode: one explanation per line of reviews.txt (the predicted output), written
       to ./{DEFAULT_OUT}/explanations.jsonl (each with its line's index, from 0); blank lines
       and lines longer than the model takes are listed in ./{DEFAULT_OUT}/skipped.csv;
@@ -123,7 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="skip the whole-model maps (computed for base models and inputs of "
                         "up to 256 tokens)")
     add_shared_options(parser, "explain", "model", "out", "format", "device", "dtype", "quiet")
-    add_engine_options(parser)
+    add_backend_options(parser)
     parser.set_defaults(run=run, flags=FLAGS)
 
 
@@ -138,14 +140,14 @@ def run(args: argparse.Namespace) -> int:
         args.text = args.text or ""
     if (args.text is None) == (args.data is None):
         raise UsageError("give either a TEXT or --data FILE")
-    engine, settings = engine_options(args)
+    backend, settings = backend_options(args)
     placement = model_placement(args)  # before the model loads
     if args.data is not None:
         if args.contrast is not None:
             raise UsageError("--contrast explains one text: leave out --data")
-        return _run_corpus(args, engine, settings, placement)
-    if engine != "local":
-        raise UsageError("--engine ray is for the corpus mode (--data FILE)")
+        return _run_corpus(args, backend, settings, placement)
+    if backend != "local":
+        raise UsageError("--backend ray is for the corpus mode (--data FILE)")
     formats = parse_formats(args.format)
     if args.generate is not None and args.generate < 1:
         raise UsageError(f"--generate must be at least 1, got {args.generate}")
@@ -319,7 +321,7 @@ def _print_components(table: ComponentAttribution, count: int = 5) -> None:
         print(f"    {tokens[j]} × {component}: {value:+.4f}")
 
 
-def _run_corpus(args: argparse.Namespace, engine: str, settings: dict, placement: ModelPlacement) -> int:
+def _run_corpus(args: argparse.Namespace, backend: str, settings: dict, placement: ModelPlacement) -> int:
     from captum_ffb.corpus import read_rows
     from captum_ffb.explain import explain_corpus
 
@@ -334,7 +336,7 @@ def _run_corpus(args: argparse.Namespace, engine: str, settings: dict, placement
                          "model in its saved dtype")
     texts, _ = read_rows(args.data)  # blank lines are skipped, listed in skipped.csv
     path = explain_corpus(texts, args.model, args.out, batch_size=args.batch_size, route=args.route,
-                          engine=engine, engine_options=settings, overwrite=args.overwrite,
+                          backend=backend, backend_options=settings, overwrite=args.overwrite,
                           show_progress=not args.quiet, device=str(placement.device))
     if not args.quiet:
         explained = len(path.read_text(encoding="utf-8").splitlines())
@@ -370,7 +372,6 @@ def _run_seq2seq(args: argparse.Namespace, formats: list[str], out, config: Any,
                          "--generate N, not both")
     if not forced:
         check_new_tokens(args.generate or DEFAULT_NEW_TOKENS, 1, config, decoder=True, name="--generate")
-    cpu_only(placement, "explain of an encoder–decoder")
     loaded = load_model(args.model, show_progress=not args.quiet, task="seq2seq_lm", config=config,
                         **placement.load_options())
     try:

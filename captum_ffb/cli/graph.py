@@ -8,15 +8,21 @@ import sys
 from typing import Any
 
 from captum_ffb.cli._common import UsageError
-from captum_ffb.cli._options import add_shared_options, default_out, model_placement
+from captum_ffb.cli._options import (
+    add_deprecated_alias,
+    add_shared_options,
+    default_out,
+    model_placement,
+)
 from captum_ffb.outputs import check_out_dir, write_json
+from captum_ffb.vocabulary import FEATURE_GRANULARITIES
 
 DEFAULT_OUT = default_out("graph")
 #: What ``--format`` chooses from.
 GRAPH_FORMATS = ("json", "html", "neuronpedia")
-GRANULARITIES = ("sublayer", "head", "neuron")
+GRANULARITIES = FEATURE_GRANULARITIES["graph"]
 #: The library's parameter names this command's messages show as its flags.
-FLAGS = {"baseline": "--baseline", "class_index": "--class", "node_threshold": "--node-threshold",
+FLAGS = {"corrupted_inputs": "--corrupted", "corrupted": "--corrupted", "class_index": "--class", "node_threshold": "--node-threshold",
          "edge_threshold": "--edge-threshold", "max_nodes": "--max-nodes", "target": "--target"}
 
 EXAMPLES = f"""\
@@ -25,7 +31,7 @@ examples:
       the predicted next token's graph at head granularity, pruned as circuit-tracer prunes,
       into ./{DEFAULT_OUT}/
   captum-ffb graph "When Mary and John went to the store, John gave a drink to" --model ./SmolLM2 \\
-      --target " Mary" --baseline "When Alice and Bob went to the store, Bob gave a drink to"
+      --target " Mary" --corrupted "When Alice and Bob went to the store, Bob gave a drink to"
       every component node also carries its patching estimates from the corrupted prompt
   captum-ffb graph "a charming film" --granularity sublayer --no-prune
       the bundled all-MiniLM-L6-v2 and its sentiment head, every node and every edge
@@ -67,9 +73,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--granularity", default="head", choices=GRANULARITIES,
                         help="writer nodes: each attention sublayer, each head (default) or each "
                         "FF neuron (heads too), at each position")
-    parser.add_argument("--baseline", default=None, metavar="TEXT",
+    parser.add_argument("--corrupted", default=None, metavar="TEXT",
                         help="a corrupted prompt of the same length in tokens: every component node "
                         "then carries its patching estimates")
+    add_deprecated_alias(parser, "--baseline", "--corrupted", dest="corrupted", metavar="TEXT")
     parser.add_argument("--node-threshold", type=float, default=0.8, metavar="SHARE",
                         help="pruning: the share of influence on the output the kept nodes hold "
                         "(default 0.8, circuit-tracer's)")
@@ -82,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="write graph_neuronpedia.json (also when --format leaves it out)")
     parser.add_argument("--format", default=",".join(GRAPH_FORMATS), metavar="LIST",
                         help=f"comma list of {', '.join(GRAPH_FORMATS)} (default: all three)")
-    add_shared_options(parser, "graph", "model", "out", "dtype", "quiet")
+    add_shared_options(parser, "graph", "model", "out", "device", "dtype", "quiet")
     parser.set_defaults(run=run)
 
 
@@ -131,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         graph = graph_text(args.text, loaded, target=args.target, class_index=args.class_index,
-                           baseline=args.baseline, granularity=args.granularity, prune=not args.no_prune,
+                           corrupted=args.corrupted, granularity=args.granularity, prune=not args.no_prune,
                            node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
                            max_nodes=args.max_nodes)
     except ValueError as error:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from captum_ffb.cli._common import UsageError, check_port
-from captum_ffb.cli._options import add_deprecated_alias, add_shared_options
+from captum_ffb.cli._options import add_deprecated_alias, add_shared_options, model_placement
 
 DEFAULT_PORT = 5432
 
@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"the port (default {DEFAULT_PORT}; 0: a free one)")
     parser.add_argument("--host", default="127.0.0.1", metavar="ADDR",
                         help="the address to serve on (default 127.0.0.1, this machine only)")
-    add_shared_options(parser, "lit", "model", "quiet")
+    add_shared_options(parser, "lit", "model", "device", "quiet")
     parser.set_defaults(run=run)
 
 
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         from captum_ffb.corpus import read_texts
 
         read_texts(args.data, n=1)  # a missing or empty file fails before the weights load
+    placement = model_placement(args)  # a device this machine has, before the weights load
     _quiet_logs()
     config = model_config(args.model)
     task = task_from_config(config)
@@ -96,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
                              "classifier, a causal LM or the bundled all-MiniLM-L6-v2")
     if not args.quiet:
         print(f"loading {args.model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
-    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task)
+    loaded = load_model(args.model, show_progress=not args.quiet, config=config, task=task,
+                        **placement.load_options())
     app = ffb_lit.build_app(loaded, args.data, args.n)
     ffb_lit.serve(app, args.host, args.port, quiet=args.quiet)
     return 0

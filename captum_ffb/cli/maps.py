@@ -10,7 +10,6 @@ from typing import Any
 from captum_ffb.cli._common import UsageError, check_model_options
 from captum_ffb.cli._options import (
     add_shared_options,
-    cpu_only,
     default_out,
     model_placement,
     parse_formats,
@@ -92,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
     if not DPI_RANGE[0] <= args.dpi <= DPI_RANGE[1]:
         raise UsageError(f"--dpi must lie between {DPI_RANGE[0]} and {DPI_RANGE[1]}, got {args.dpi}")
     placement = model_placement(args)
-    cpu_only(placement, "maps")
     out = check_out_dir(args.out)
     config = model_config(args.model)  # layers, scopes and the text fail before the weights load
     check_model_options(config, layers, scopes)

@@ -38,7 +38,6 @@ from captum_ffb.engine.model import (
     model_type_of,
     next_norms,
 )
-from captum_ffb.engine.passes import ModelPass
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -50,7 +49,6 @@ __all__ = [
     "BlockCapture",
     "BlockWatch",
     "Chain",
-    "ModelPass",
     "LayerResult",
     "ModelCapture",
     "Outputs",

@@ -178,7 +178,7 @@ def attention(block: Block, rules: Rules, value_input: Decomposition) -> Decompo
     scores (``credits_scores``) also get the query/key path (``scores=``)."""
     rule = rules["attention"]
     if getattr(rule, "credits_scores", False):
-        from captum_ffb.engine.scores import score_path
+        from captum_ffb.engine.score_path import score_path
 
         out = rule(value_input, block.probs, *block.attention_weights(), scores=score_path(block))
     else:

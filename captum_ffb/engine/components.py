@@ -36,19 +36,10 @@ from captum_ffb.engine.chains import CROSS_WRITER, EXPERT_OBSERVER, Chain, norm
 from captum_ffb.engine.head import HeadTarget, ResolvedHead, head_forward
 from captum_ffb.engine.layers import row_chunks
 from captum_ffb.rules import is_linear_in_players
+from captum_ffb.vocabulary import EMBEDDINGS, OUTPUT_HEAD
 
-#: How finely :func:`propagate_components` splits the writers.
-GRANULARITIES = ("block", "sublayer", "head")
-#: The component of the first block's input.
-EMBEDDINGS = "embeddings"
 #: The component of what the final norm and the head add on their own (biases, constants).
-HEAD = "head"
-
-
-def check_granularity(granularity: str) -> None:
-    """A one-line ``ValueError`` for an unknown granularity."""
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
+HEAD = OUTPUT_HEAD
 
 
 def check_linear_rules(rules: Mapping[str, Callable]) -> None:

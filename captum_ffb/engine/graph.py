@@ -28,31 +28,28 @@ the same frozen model (:func:`frozen_value_with`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from captum_ffb.architectures.paths import has_path, resolve
-from captum_ffb.architectures.spec import ArchitectureSpec
-from captum_ffb.engine.block import watched_modules
+from captum_ffb.engine.bound import BoundModel, Request
 from captum_ffb.engine.frozen import FrozenCoefficients
-from captum_ffb.engine.head import HeadTarget
-from captum_ffb.engine.layers import chain_for
+from captum_ffb.engine.head import HeadTarget, output_logits
 from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.players import token_contributions
+from captum_ffb.engine.points import Writer
+from captum_ffb.vocabulary import check_granularity
 
-#: How finely the graph splits the writers.
-GRAPH_GRANULARITIES = ("sublayer", "head", "neuron")
 #: The node kinds of :class:`~captum_ffb.engine.graph.GraphTape` (and of the graph's dict).
 NODE_KINDS = ("token", "attention", "head", "ff", "neuron", "cross_attention", "bias", "output")
 
 
 @dataclass
-class Writer:
-    """One writer of the residual stream in a recorded pass.
+class RecordedWriter:
+    """One writer of the residual stream as a recorded pass saw it.
 
     Attributes:
         key (str): ``"block.<l>.attention"``, ``"block.<l>.cross_attention"``, ``"block.<l>.ff"``.
@@ -98,7 +95,7 @@ class GraphTape:
         value (Tensor): ``(B,)`` the explained value (with its graph).
         inputs (Tensor): ``(B, n, d)`` the first block's input, a leaf (an encoder–decoder's
                     decoder's).
-        writers (list[Writer]): in stream order.
+        writers (list[RecordedWriter]): in stream order.
         reads (dict): stream point → ``(the stream there, with its graph; the leaf the writer
                     read instead)``.
         coefficients (FrozenCoefficients): the pass's coefficients (to replay it).
@@ -108,7 +105,7 @@ class GraphTape:
 
     value: Tensor
     inputs: Tensor
-    writers: list[Writer]
+    writers: list[RecordedWriter]
     reads: dict[str, tuple[Tensor, Tensor]]
     coefficients: FrozenCoefficients
     output: Any = None
@@ -161,30 +158,6 @@ class GraphTape:
         return _seq(stream, writer.n) + _seq(writer.output.detach(), writer.n)
 
 
-def _module(block: nn.Module, path: str | None) -> nn.Module | None:
-    return resolve(block, path) if path and has_path(block, path) else None
-
-
-def read_modules(block: nn.Module, spec: ArchitectureSpec, pre_norm: bool) -> dict[str, nn.Module]:
-    """Writer → the module whose input is the stream that writer reads (replaced by a leaf of
-    its own): a Pre-LN writer's norm, else its first module (a Post-LN attention module, the
-    FF's input projection, or the module around a gated FF's two input projections)."""
-    found: dict[str, nn.Module] = {}
-    attention = _module(block, spec.norm1) if pre_norm else None
-    found["attention"] = attention or _module(block, spec.attention)
-    ff = _module(block, spec.norm2) if pre_norm else None
-    if ff is None:
-        if spec.moe is not None and has_path(block, spec.moe.module):
-            ff = resolve(block, spec.moe.module)
-        elif spec.ff_gate is not None:  # the module around the two input projections
-            parent = spec.ff_in.path.rsplit(".", 1)[0] if "." in spec.ff_in.path else ""
-            ff = resolve(block, parent) if parent else None
-        else:
-            ff = _module(block, spec.ff_in.path)
-    found["ff"] = ff
-    return found
-
-
 def _leaf_input(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A block's input hidden states replaced by a leaf that requires grad."""
     return _swap_first(args, kwargs, _first(args, kwargs).detach().requires_grad_(True))
@@ -203,8 +176,8 @@ def _first(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
     return kwargs["hidden_states"] if "hidden_states" in kwargs else next(iter(kwargs.values()))
 
 
-class _Recorder:
-    """The hooks of :func:`graph_pass` and :func:`real_writers`, installed on their pass
+class StreamRecorder:
+    """The hooks of :func:`graph_pass` and :func:`~captum_ffb.engine.patching.real_writers`, installed on their pass
     (after the linearisation's own)."""
 
     def __init__(self, run: ModelPass) -> None:
@@ -240,9 +213,9 @@ class _Recorder:
         self.run.before(module, hook)
 
 
-def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str, Callable],
+def graph_pass(engine: BoundModel, request: Request, target: HeadTarget, rules: Mapping[str, Callable],
                granularity: str, coefficients: FrozenCoefficients | None = None,
-               edit: Callable[[_Recorder], list[Any]] | None = None) -> GraphTape:
+               edit: Callable[[StreamRecorder], list[Any]] | None = None) -> GraphTape:
     """One pass of the frozen model in which every writer reads the stream through a leaf of
     its own, recording its coefficients into ``coefficients`` (a new store by default; with
     ``FrozenCoefficients(scores=True)`` also every head's queries and keys; a store's
@@ -254,101 +227,53 @@ def graph_pass(engine: Any, request: Any, target: HeadTarget, rules: Mapping[str
     cross-attention a writer of its own that reads the encoder's output (its value
     projection's input: with the probabilities frozen, nothing else of it depends on a
     writer)."""
-    if granularity not in GRAPH_GRANULARITIES:
-        raise ValueError(f"granularity must be one of {', '.join(GRAPH_GRANULARITIES)}, got {granularity!r}")
-    model, head = engine.model, engine.head
+    check_granularity(granularity, "graph")
+    head = engine.head
     store = FrozenCoefficients() if coefficients is None else coefficients
-    kwargs = dict(request.kwargs)
-    stacks = ([] if engine.source is None else [engine.source]) + [engine.stack]
-    plan: list[_Planned] = []
-    reads: list[tuple[nn.Module, str]] = []
-    first = 0
-    for segment, stack in enumerate(stacks):
-        pre_norm = chain_for(stack.spec, engine.config).name in ("pre_ln", "parallel")
-        heads = _heads(engine.config, decoder=segment == 1)
-        for offset, block in enumerate(stack.blocks):
-            index = first + offset
-            spec = engine.family.for_block(block)
-            roles = watched_modules(block, spec)
-            found = read_modules(block, spec, pre_norm)
-            for name, module in found.items():
-                if module is not None:
-                    reads.append((module, _read_key(index, found, name)))
-            attention_out = roles.get("attention_post_norm") or roles["attn_out"]
-            plan.append(_Planned(f"block.{index}.attention", index, "attention", attention_out,
-                                 _read_key(index, found, "attention"),
-                                 roles["attn_out"] if granularity != "sublayer" else None, segment, heads))
-            if segment == 1 and engine.source is not None:
-                key = f"block.{index}.read.cross"
-                reads.append((roles["cross_value"], key))
-                plan.append(_Planned(f"block.{index}.cross_attention", index, "cross_attention", roles["cross_out"],
-                                     key, None, segment, heads))
-            neuron = roles.get("ff_out") if granularity == "neuron" and roles.get("router") is None else None
-            plan.append(_Planned(f"block.{index}.ff", index, "ff", roles["ff"], _read_key(index, found, "ff"), neuron,
-                                 segment, heads))
-        first += len(stack.blocks)
+    points = engine.points
     source = None if engine.source is None else (engine.source.spec, engine.source.blocks, engine.source.final_norm)
     watch = {} if head.output is None else {"output": head.output}
-    with ModelPass(model, grad=True) as run, \
+    with ModelPass(engine.model, grad=True) as run, \
             linearise(run, engine.stack.spec, engine.stack.blocks, rules, head.final_norm, head.linearised_steps(),
                       watch, coefficients=store, source=source) as frozen:
-        recorder = _Recorder(run)
-        for module, key in reads:
-            recorder.read(module, key)
-        for step in plan:
-            recorder.write(step.module, step.key)
-            if step.parts is not None:
-                recorder.part(step.parts, step.key)
+        recorder = StreamRecorder(run)
+        for read in points.reads:
+            recorder.read(read.module, read.id)
+        for writer in points.writers:
+            recorder.write(writer.module, writer.id)
+            if _split(writer, granularity):
+                recorder.part(writer.parts, writer.id)
         if edit is not None:
             edit(recorder)
-        output = run.run(*request.args, **kwargs)
-        value = engine._linearised_value(output, frozen, target, rules)
+        output = run.run(*request.args, **request.kwargs)
+        value = engine.linearised_value(output, frozen, target, rules)
         leaves = frozen.leaves
     lengths = [leaf.shape[1] for leaf in leaves]
     offsets = [sum(lengths[:k]) for k in range(len(lengths))]
-    writers = []
     batch = request.read_mask.shape[0]
-    for step in plan:
-        raw = recorder.parts.get(step.key)
+    writers = []
+    for writer in points.writers:
+        raw = recorder.parts.get(writer.id)
         part = None
         if raw is not None:
             part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
-            split = step.heads if step.kind == "attention" else part.shape[-1]
+            split = writer.n_heads if writer.kind == "attention" else part.shape[-1]
             part = part.reshape(batch, part.shape[1], split, -1)
-        writers.append(Writer(step.key, step.layer, step.kind, recorder.outputs[step.key], step.read, part, raw,
-                              segment=step.segment, n=lengths[step.segment], offset=offsets[step.segment]))
+        writers.append(RecordedWriter(writer.id, writer.layer, writer.kind, recorder.outputs[writer.id], writer.read,
+                                      part, raw, segment=writer.segment, n=lengths[writer.segment],
+                                      offset=offsets[writer.segment]))
     return GraphTape(value, leaves[-1], writers, recorder.tape_reads, store, output,
                      source_inputs=leaves[0] if len(leaves) == 2 else None)
 
 
-@dataclass
-class _Planned:
-    """A writer of :func:`graph_pass`, before the pass."""
-
-    key: str
-    layer: int
-    kind: str
-    module: nn.Module
-    read: str
-    parts: nn.Module | None
-    segment: int
-    heads: int
-
-
-def _heads(config: Any, decoder: bool) -> int:
-    """The attention heads of a stack's blocks (an encoder–decoder's decoder may differ)."""
-    if decoder:
-        found = getattr(config, "decoder_attention_heads", None)
-        if found:
-            return int(found)
-    return int(getattr(config, "num_attention_heads", 1) or 1)
-
-
-def _read_key(index: int, reads: dict[str, nn.Module | None], name: str) -> str:
-    """The stream point a writer reads (one key for two writers that share a module)."""
-    module = reads[name]
-    shared = [other for other, m in reads.items() if m is module]
-    return f"block.{index}.read.{shared[0]}"
+def _split(writer: Writer, granularity: str) -> bool:
+    """Whether the graph splits ``writer`` into its parts: an attention into heads (head and
+    neuron graphs), a dense FF into neurons (neuron graphs)."""
+    if writer.parts is None:
+        return False
+    if writer.kind == "attention":
+        return granularity != "sublayer"
+    return writer.kind == "ff" and granularity == "neuron"
 
 
 # --------------------------------------------------------------------------- covectors
@@ -386,7 +311,7 @@ class Covectors:
     total: dict[str, Tensor]
 
 
-def earlier(tape: GraphTape, index: int) -> list[Writer]:
+def earlier(tape: GraphTape, index: int) -> list[RecordedWriter]:
     """The writers before ``tape.writers[index]``."""
     return tape.writers[:index]
 
@@ -509,21 +434,8 @@ class GraphData:
         return len(self.kinds)
 
 
-def node_id(kind: str, layer: int, part: int, position: int) -> str:
-    """A node's id in the graph's dict: ``token.<p>``, ``block.<l>.attention.<p>``,
-    ``block.<l>.head.<h>.<p>``, ``block.<l>.ff.<p>``, ``block.<l>.neuron.<k>.<p>``, ``bias``,
-    ``output``."""
-    if kind in ("bias", "output"):
-        return kind
-    if kind == "token":
-        return f"token.{position}"
-    if part >= 0:
-        return f"block.{layer}.{kind}.{part}.{position}"
-    return f"block.{layer}.{kind}.{position}"
-
-
 class _Nodes:
-    """The node table, filled writer by writer."""
+    """The node table, filled writer by writer (values kept on the device)."""
 
     def __init__(self) -> None:
         self.kinds: list[str] = []
@@ -532,13 +444,16 @@ class _Nodes:
         self.positions: list[int] = []
         self.values: list[Tensor] = []
 
+    def __len__(self) -> int:
+        return len(self.kinds)
+
     def add(self, kind: str, layer: int, head: int, positions: Sequence[int], values: Tensor) -> list[int]:
         first = len(self.kinds)
-        for p in positions:
-            self.kinds.append(kind)
-            self.layers.append(layer)
-            self.heads.append(head)
-            self.positions.append(int(p))
+        count = len(positions)
+        self.kinds += [kind] * count
+        self.layers += [layer] * count
+        self.heads += [head] * count
+        self.positions += [int(p) for p in positions]
         self.values.append(values.reshape(-1))
         return list(range(first, len(self.kinds)))
 
@@ -554,9 +469,172 @@ class Players:
     seen: Tensor | None = None
 
 
+def players_of(engine: BoundModel, request: Request, tape: GraphTape) -> list[Players]:
+    """Each segment's players as ``attribute`` measures them: the request's reference, or for
+    the centred one the positions the explained output sees (all of an encoder–decoder's
+    source)."""
+    leaves = [leaf.detach() for leaf in tape.leaves]
+    masks = engine.masks(request, [x.shape[:2] for x in leaves])
+    seen = engine.shared_positions(request.reference, request.read_mask, request.target)
+    found = []
+    for k, (x, mask) in enumerate(zip(leaves, masks)):
+        if seen is not None:
+            found.append(Players(mask, None, (seen if k == len(leaves) - 1 else mask).to(x.device)))
+        else:
+            found.append(Players(mask, engine.reference_of(request.reference, x, mask, request.args, request.kwargs)))
+    return found
+
+
+@dataclass
+class _Layout:
+    """Where a recorded pass's nodes are: the players' and the writers' node ids, on the
+    pass's device (``-1`` on padding; ``-2`` for a writer node whose edges are not computed)."""
+
+    leaves: list[Tensor]
+    reals: list[list[int]]
+    offsets: list[int]
+    token_ids: list[Tensor]
+    ids: list[Tensor]
+    part_totals: list[Tensor | None]
+    totals: Mapping[str, Tensor]
+    device: torch.device
+
+
+def _real(players: Players) -> list[int]:
+    return [int(p) for p in players.mask[0].nonzero()[:, 0].tolist()]
+
+
+def _token_nodes(table: _Nodes, tape: GraphTape, total: Mapping[str, Tensor], players: Sequence[Players],
+                 device: torch.device) -> tuple[list[Tensor], list[list[int]], list[int]]:
+    """The players' nodes (their values: each token's contribution), per segment."""
+    leaves = [leaf.detach() for leaf in tape.leaves]
+    lengths = [leaf.shape[1] for leaf in leaves]
+    offsets = [sum(lengths[:k]) for k in range(len(lengths))]
+    reals = [_real(segment) for segment in players]
+    token_ids = []
+    for key, x, segment, real, offset in zip(tape.leaf_keys, leaves, players, reals, offsets):
+        found = torch.full((x.shape[1],), -1, dtype=torch.long, device=device)
+        values = token_values(total[key], x, segment.reference, segment.seen, segment.mask)[0, real]
+        added = table.add("token", -1, -1, [p + offset for p in real], values)
+        found[real] = torch.as_tensor(added, dtype=torch.long, device=device)
+        token_ids.append(found)
+    return token_ids, reals, offsets
+
+
+def _writer_nodes(table: _Nodes, tape: GraphTape, total: Mapping[str, Tensor], reals: list[list[int]],
+                  device: torch.device) -> tuple[list[Tensor], list[Tensor | None]]:
+    """Every writer's (or part's) node at each real position, in stream order: node ids
+    ``(n, parts)`` and each split writer's covector at its parts."""
+    ids: list[Tensor] = []
+    part_totals: list[Tensor | None] = []
+    for index, writer in enumerate(tape.writers):
+        g = total[writer.key]
+        real, n = reals[writer.segment], writer.n
+        at = [p + writer.offset for p in real]
+        if writer.parts is None:
+            found = torch.full((n, 1), -1, dtype=torch.long, device=device)
+            values = _seq(g * writer.output.detach(), n).sum(-1)[0]
+            added = table.add(writer.kind, writer.layer, -1, at, values[real])
+            found[real, 0] = torch.as_tensor(added, dtype=torch.long, device=device)
+            part_totals.append(None)
+        else:
+            gz = part_covectors(tape, index, g)
+            part_totals.append(gz)
+            values = (gz * writer.parts.detach()).sum(-1)[0]  # (n, parts)
+            kind = "head" if writer.kind == "attention" else "neuron"
+            found = torch.full((n, values.shape[1]), -1, dtype=torch.long, device=device)
+            for j in range(values.shape[1]):
+                added = table.add(kind, writer.layer, j, at, values[real, j])
+                found[real, j] = torch.as_tensor(added, dtype=torch.long, device=device)
+        ids.append(found)
+    return ids, part_totals
+
+
+def _chosen_nodes(values: Tensor, ids: list[Tensor], max_nodes: int | None) -> tuple[Tensor | None, list[Tensor]]:
+    """With ``max_nodes``, the writer nodes whose edges are computed (those of largest
+    ``|value|``; the others' ids become ``-2``); ``None`` when every node's are."""
+    writer_all = torch.cat([i.reshape(-1) for i in ids])
+    writer_all = writer_all[writer_all >= 0]
+    if max_nodes is None or len(writer_all) <= max_nodes:
+        return None, ids
+    order = values[writer_all].abs().argsort(descending=True)
+    chosen = torch.zeros(len(values), dtype=torch.bool, device=values.device)
+    chosen[writer_all[order[:max_nodes]]] = True
+    ids = [torch.where(chosen[i.clamp_min(0)] & (i >= 0), i, torch.full_like(i, -2)) for i in ids]
+    return chosen, ids
+
+
+def _edges_into(edges: _Edges, tape: GraphTape, index: int, layout: _Layout, players: Sequence[Players],
+                chunk: int) -> None:
+    """The edges into writer ``index``'s nodes, ``chunk`` target nodes per batched
+    vector–Jacobian product: from every earlier writer (or part) and from the players."""
+    writer = tape.writers[index]
+    g = layout.totals[writer.key] if writer.parts is None else layout.part_totals[index]
+    ids = layout.ids[index]
+    wanted = (ids.T >= 0).nonzero()[:, [1, 0]]  # (k, 2): position, part (part by part)
+    seq = _seq(g, writer.n)  # a flattened (B·n, d) write as (B, n, d)
+    for first in range(0, len(wanted), chunk):
+        group = wanted[first:first + chunk]
+        rows = torch.arange(len(group), device=g.device)
+        cot = torch.zeros((len(group), *seq.shape), dtype=g.dtype, device=g.device)
+        if writer.parts is None:
+            cot[rows, :, group[:, 0]] = seq[:, group[:, 0]].transpose(0, 1)
+        else:
+            cot[rows, :, group[:, 0], group[:, 1]] = seq[:, group[:, 0], group[:, 1]].transpose(0, 1)
+        cot = cot.reshape(len(group), *g.shape)
+        _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
+        targets = ids[group[:, 0], group[:, 1]]
+        for source_index, covector in enumerate(pulled[:index]):
+            w = _edge_weights(tape, source_index, covector).reshape(len(group), tape.writers[source_index].n, -1)
+            edges.add(layout.ids[source_index][None].expand_as(w), targets[:, None, None].expand_as(w), w)
+        for segment, found in enumerate(layout.token_ids):
+            who = players[segment]
+            tokens = token_values(pulled[index + segment], layout.leaves[segment], who.reference, who.seen,
+                                  who.mask)[:, 0]  # (k, n)
+            edges.add(found[None].expand_as(tokens), targets[:, None].expand_as(tokens), tokens)
+
+
+def _edge_weights(tape: GraphTape, source_index: int, covector: Tensor) -> Tensor:
+    """``(k, n, parts)``: what writer ``source_index``'s nodes send along covectors at its
+    output ``(k, B, n, d)`` (a dot product with its write; for heads with what each head
+    writes; for neurons through its output projection)."""
+    source = tape.writers[source_index]
+    at_output = _seq(covector, source.n, 1)[:, 0]  # (k, n, d)
+    if source.parts is None:
+        return (at_output * _seq(source.output.detach(), source.n)[0]).sum(-1)
+    if source.kind == "attention":  # heads: dot products with what each head writes
+        return torch.einsum("knd,npd->knp", at_output, tape.part_outputs(source_index))
+    # neurons: through the output projection (a head's way would hold n·d_ff·d)
+    at_parts = source.part_grad(source.output, covector, batched=True)
+    return (at_parts[:, 0] * source.parts.detach()[0]).sum(-1)  # (k, n, parts)
+
+
+def _bias_and_direct_edges(edges: _Edges, tape: GraphTape, direct: Mapping[str, Tensor], layout: _Layout,
+                           players: Sequence[Players], values: Tensor, bias: int, output: int) -> None:
+    """The bias node's edges (what each writer node receives beyond the nodes' edges: its
+    own constants and the stream's) and every node's direct edge into the output, then the
+    output's bias edge (the head's constants)."""
+    device = layout.device
+    writer_nodes = torch.cat([i.reshape(-1) for i in layout.ids])
+    writer_nodes = writer_nodes[writer_nodes >= 0]
+    edges.add(torch.full_like(writer_nodes, bias), writer_nodes,
+              values[writer_nodes] - edges.inflow[writer_nodes] - edges.dropped[writer_nodes])
+    for index, writer in enumerate(tape.writers):
+        d = direct[writer.key]
+        w = _seq(d * writer.output.detach(), writer.n).sum(-1)[0][:, None] if writer.parts is None else \
+            (part_covectors(tape, index, d) * writer.parts.detach()).sum(-1)[0]
+        edges.add(layout.ids[index], torch.full_like(layout.ids[index], output), w)
+    for key, x, segment, found in zip(tape.leaf_keys, layout.leaves, players, layout.token_ids):
+        direct_tokens = token_values(direct[key], x, segment.reference, segment.seen, segment.mask)[0]
+        edges.add(found, torch.full_like(found, output), direct_tokens)
+    edges.add(torch.tensor([bias], device=device), torch.tensor([output], device=device),
+              (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
+
+
 def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Players], chunk: int = 16,
                 max_nodes: int | None = None) -> GraphData:
-    """Every node and every non-zero edge of one recorded pass (batch of one).
+    """Every node and every non-zero edge of one recorded pass (batch of one), computed on
+    the pass's device and handed back on the CPU.
 
     Args:
         tape (GraphTape): the pass (:func:`graph_pass`).
@@ -569,105 +647,27 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
 
     Positions are the layout's: ``[source | target]`` for an encoder–decoder.
     """
-    leaves = [leaf.detach() for leaf in tape.leaves]
-    lengths = [leaf.shape[1] for leaf in leaves]
-    offsets = [sum(lengths[:k]) for k in range(len(lengths))]
-    reals = [[int(p) for p in segment.mask[0].nonzero()[:, 0]] for segment in players]
+    device = tape.inputs.device
     table = _Nodes()
     total, direct = covectors_.total, covectors_.direct
-    token_ids = []
-    for key, x, segment, real, offset in zip(tape.leaf_keys, leaves, players, reals, offsets):
-        found = torch.full((x.shape[1],), -1, dtype=torch.long)
-        values = token_values(total[key], x, segment.reference, segment.seen, segment.mask)[0, real]
-        found[real] = torch.tensor(table.add("token", -1, -1, [p + offset for p in real], values), dtype=torch.long)
-        token_ids.append(found)
-    # writers (or their parts) in stream order: node ids (n, parts), -1 on padding
-    ids: list[Tensor] = []
-    part_totals: list[Tensor | None] = []
-    for index, writer in enumerate(tape.writers):
-        g = total[writer.key]
-        real, n = reals[writer.segment], writer.n
-        at = [p + writer.offset for p in real]
-        if writer.parts is None:
-            found = torch.full((n, 1), -1, dtype=torch.long)
-            values = _seq(g * writer.output.detach(), n).sum(-1)[0]
-            found[real, 0] = torch.tensor(table.add(writer.kind, writer.layer, -1, at, values[real]), dtype=torch.long)
-            part_totals.append(None)
-        else:
-            gz = part_covectors(tape, index, g)
-            part_totals.append(gz)
-            values = (gz * writer.parts.detach()).sum(-1)[0]  # (n, parts)
-            kind = "head" if writer.kind == "attention" else "neuron"
-            found = torch.full((n, values.shape[1]), -1, dtype=torch.long)
-            for j in range(values.shape[1]):
-                found[real, j] = torch.tensor(table.add(kind, writer.layer, j, at, values[real, j]), dtype=torch.long)
-        ids.append(found)
-    dtype = leaves[-1].dtype
-    bias = table.add("bias", -1, -1, [-1], torch.zeros(1, dtype=dtype))[0]
+    token_ids, reals, offsets = _token_nodes(table, tape, total, players, device)
+    ids, part_totals = _writer_nodes(table, tape, total, reals, device)
+    dtype = tape.leaves[-1].dtype
+    bias = table.add("bias", -1, -1, [-1], torch.zeros(1, dtype=dtype, device=device))[0]
     output = table.add("output", -1, -1, [-1], tape.value.detach().to(dtype).reshape(1))[0]
     values = torch.cat([v.detach().to(dtype) for v in table.values])
-    edges = _Edges(len(values), dtype)
-    chosen = None  # the writer nodes whose edges are computed (None: every one)
-    writer_all = torch.cat([i.reshape(-1) for i in ids])
-    writer_all = writer_all[writer_all >= 0]
-    if max_nodes is not None and len(writer_all) > max_nodes:
-        order = values[writer_all].abs().argsort(descending=True)
-        chosen = torch.zeros(len(values), dtype=torch.bool)
-        chosen[writer_all[order[:max_nodes]]] = True
-        ids = [torch.where(chosen[i.clamp_min(0)] & (i >= 0), i, torch.full_like(i, -2)) for i in ids]
-    n_leaves = len(leaves)
-    # edges into every writer node, a chunk of target nodes at a time
-    for index, writer in enumerate(tape.writers):
-        g = total[writer.key] if writer.parts is None else part_totals[index]
-        wanted = [(p, j) for j in range(ids[index].shape[1]) for p in reals[writer.segment] if ids[index][p, j] >= 0]
-        for first in range(0, len(wanted), chunk):
-            group = wanted[first:first + chunk]
-            seq = _seq(g, writer.n)  # a flattened (B·n, d) write as (B, n, d)
-            cot = torch.zeros((len(group), *seq.shape), dtype=g.dtype, device=g.device)
-            for k, (p, j) in enumerate(group):
-                if writer.parts is None:
-                    cot[k, :, p] = seq[:, p]
-                else:
-                    cot[k, :, p, j] = seq[:, p, j]
-            cot = cot.reshape(len(group), *g.shape)
-            _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
-            dst = torch.tensor([int(ids[index][p, max(j, 0)]) for p, j in group])
-            for source_index, covector in enumerate(pulled[:index]):
-                source = tape.writers[source_index]
-                at_output = _seq(covector, source.n, 1)[:, 0]  # (k, n, d)
-                if source.parts is None:
-                    w = (at_output * _seq(source.output.detach(), source.n)[0]).sum(-1)
-                elif source.kind == "attention":  # heads: dot products with what each head writes
-                    w = torch.einsum("knd,npd->knp", at_output, tape.part_outputs(source_index))
-                else:  # neurons: through the output projection (a head's way would hold n·d_ff·d)
-                    at_parts = source.part_grad(source.output, covector, batched=True)
-                    w = (at_parts[:, 0] * source.parts.detach()[0]).sum(-1)  # (k, n, parts)
-                w = w.reshape(len(group), source.n, -1)
-                edges.add(ids[source_index][None].expand_as(w), dst[:, None, None].expand_as(w), w)
-            for s_ in range(n_leaves):
-                segment = players[s_]
-                tokens = token_values(pulled[index + s_], leaves[s_], segment.reference, segment.seen,
-                                      segment.mask)[:, 0]  # (k, n)
-                edges.add(token_ids[s_][None].expand_as(tokens), dst[:, None].expand_as(tokens), tokens)
-    # the bias: what each writer node receives beyond the nodes' edges (its own constants and
-    # the stream's); into the output: every node's direct effect, then the head's constants
-    writer_nodes = torch.cat([i.reshape(-1) for i in ids])
-    writer_nodes = writer_nodes[writer_nodes >= 0]
-    edges.add(torch.full_like(writer_nodes, bias), writer_nodes,
-              values[writer_nodes] - edges.inflow[writer_nodes] - edges.dropped[writer_nodes])
-    for index, writer in enumerate(tape.writers):
-        d = direct[writer.key]
-        w = _seq(d * writer.output.detach(), writer.n).sum(-1)[0][:, None] if writer.parts is None else \
-            (part_covectors(tape, index, d) * writer.parts.detach()).sum(-1)[0]
-        edges.add(ids[index], torch.full_like(ids[index], output), w)
-    for key, x, segment, found in zip(tape.leaf_keys, leaves, players, token_ids):
-        direct_tokens = token_values(direct[key], x, segment.reference, segment.seen, segment.mask)[0]
-        edges.add(found, torch.full_like(found, output), direct_tokens)
-    edges.add(torch.tensor([bias]), torch.tensor([output]),
-              (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
+    chosen, ids = _chosen_nodes(values, ids, max_nodes)
+    layout = _Layout([leaf.detach() for leaf in tape.leaves], reals, offsets, token_ids, ids, part_totals, total,
+                     device)
+    edges = _Edges(len(values), dtype, device)
+    for index in range(len(tape.writers)):
+        _edges_into(edges, tape, index, layout, players, chunk)
+    _bias_and_direct_edges(edges, tape, direct, layout, players, values, bias, output)
     values[bias] = edges.outflow(bias)
-    return GraphData(table.kinds, table.layers, table.heads, table.positions, values,
-                     *edges.stacked(), bias, output, None if chosen is None else edges.dropped, chosen)
+    sources, targets, weights = edges.stacked()
+    return GraphData(table.kinds, table.layers, table.heads, table.positions, values.cpu(), sources.cpu(),
+                     targets.cpu(), weights.cpu(), bias, output, None if chosen is None else edges.dropped.cpu(),
+                     None if chosen is None else chosen.cpu())
 
 
 def _seq(t: Tensor, n: int, leading: int = 0) -> Tensor:
@@ -679,102 +679,129 @@ def _seq(t: Tensor, n: int, leading: int = 0) -> Tensor:
 
 
 class _Edges:
-    """Edges as coordinates, kept where their weight is not zero (or the source is padding)."""
+    """Edges as coordinates on the device, kept where their weight is not zero (or the source
+    is a node whose edges are not computed: what it sends is counted as left out)."""
 
-    def __init__(self, size: int, dtype: torch.dtype) -> None:
+    def __init__(self, size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.sources: list[Tensor] = []
         self.targets: list[Tensor] = []
         self.weights: list[Tensor] = []
-        self.inflow = torch.zeros(size, dtype=dtype)
+        self.inflow = torch.zeros(size, dtype=dtype, device=device)
         #: per node, what it receives from nodes left out (``max_nodes``)
-        self.dropped = torch.zeros(size, dtype=dtype)
+        self.dropped = torch.zeros(size, dtype=dtype, device=device)
 
     def add(self, source: Tensor, target: Tensor, weight: Tensor) -> None:
-        source, target, weight = source.reshape(-1), target.reshape(-1), weight.detach().reshape(-1).cpu()
+        source, target = source.reshape(-1), target.reshape(-1)
+        weight = weight.detach().reshape(-1).to(self.inflow.dtype)
         left_out = (source == -2) & (target >= 0)  # from a node whose edges are not kept
-        self.dropped.index_add_(0, target[left_out], weight[left_out].to(self.dropped.dtype))
+        self.dropped.index_add_(0, target[left_out], weight[left_out])
         keep = (source >= 0) & (target >= 0) & (weight != 0)
-        source, target, weight = source[keep], target[keep], weight[keep].to(self.inflow.dtype)
+        source, target, weight = source[keep], target[keep], weight[keep]
         self.sources.append(source)
         self.targets.append(target)
         self.weights.append(weight)
         self.inflow.index_add_(0, target, weight)
 
     def outflow(self, node: int) -> Tensor:
-        return sum((w[s == node].sum() for s, w in zip(self.sources, self.weights)), torch.zeros(()))
+        return sum((w[s == node].sum() for s, w in zip(self.sources, self.weights)),
+                   torch.zeros((), dtype=self.inflow.dtype, device=self.inflow.device))
 
     def stacked(self) -> tuple[Tensor, Tensor, Tensor]:
         return torch.cat(self.sources), torch.cat(self.targets), torch.cat(self.weights)
 
 
-# --------------------------------------------------------------------------- the real model's writers
-@dataclass
-class RealWriters:
-    """The writers' outputs (and parts) in a pass of the real model, with the real gradient of
-    the explained value at them where asked.
-
-    Attributes:
-        value (Tensor): ``(B,)`` the explained value.
-        outputs (dict): writer key → ``(B, n, d)`` its output.
-        parts (dict): writer key → ``(B, n, p, w)`` its parts (granularities finer than sublayers).
-        gradients (dict): writer key → the real gradient at its output (and ``"<key>.parts"``
-                    at its parts), when asked.
-    """
-
-    value: Tensor
-    outputs: dict[str, Tensor]
-    parts: dict[str, Tensor]
-    gradients: dict[str, Tensor] = field(default_factory=dict)
+def target_probability(output: Any, target: HeadTarget) -> float | None:
+    """The model's probability of the one unit ``target`` reads (``None`` for a contrast or a
+    direction, or a model without logits)."""
+    if target.indices is None or target.indices.shape[1] != 1:
+        return None
+    try:
+        logits = output_logits(output)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    logits = logits.detach().float()
+    logits = logits[0, int(target.positions.reshape(-1)[0])] if logits.dim() == 3 else logits[0]
+    return float(logits.softmax(-1)[int(target.indices[0, 0])])
 
 
-def real_writers(engine: Any, request: Any, target: HeadTarget, granularity: str, gradients: bool = False
-                 ) -> RealWriters:
-    """One pass of the real model recording every writer's output (and parts), and with
-    ``gradients`` the real gradient of the explained value at each (what attribution
-    patching multiplies)."""
-    from captum_ffb.engine.head import target_value
+# --------------------------------------------------------------------------- pruning
+def prune_masks(d: GraphData, node_mask: Tensor, edge_mask: Tensor, node_threshold: float, edge_threshold: float
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """circuit-tracer's pruning of a graph's shown nodes and edges: nodes by their influence
+    on the output (absolute edge weights, each node's in-edges normalised, influence summed
+    over paths) until ``node_threshold`` of it is kept, then edges by their influence until
+    ``edge_threshold``; tokens, the bias and the output always stay; writers left without an
+    in-edge or an out-edge go. Returns ``(node mask, edge mask, each node's influence)``, on the
+    graph's device."""
+    with torch.device(d.values.device):
+        return _pruned(d, node_mask, edge_mask, node_threshold, edge_threshold)
 
-    n_heads = int(getattr(engine.config, "num_attention_heads", 1) or 1)
-    with ModelPass(engine.model, grad=gradients) as run:
-        recorder = _Recorder(run)
-        if gradients:  # the stream needs a graph: the first block reads a leaf (no parameter gradients)
-            run.before(engine.blocks[0], _leaf_input, with_kwargs=True)
-        keys = []
-        for index, block in enumerate(engine.blocks):
-            spec = engine.family.for_block(block)
-            roles = watched_modules(block, spec)
-            for kind, module in (("attention", roles.get("attention_post_norm") or roles["attn_out"]),
-                                 ("ff", roles["ff"])):
-                key = f"block.{index}.{kind}"
-                keys.append((key, kind))
-                recorder.write(module, key)
-                if granularity != "sublayer" and kind == "attention":  # the heads, in head and neuron graphs
-                    recorder.part(roles["attn_out"], key)
-                if granularity == "neuron" and kind == "ff" and roles.get("ff_out") is not None \
-                        and roles.get("router") is None:
-                    recorder.part(roles["ff_out"], key)
-        output = run.run(*request.args, **request.kwargs)
-        with torch.set_grad_enabled(gradients):
-            value = target_value(engine.head, output, target)
-        batch = request.read_mask.shape[0]
-        parts = {}
-        for key, kind in keys:
-            raw = recorder.parts.get(key)
-            if raw is not None:
-                part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
-                split = n_heads if kind == "attention" else part.shape[-1]
-                parts[key] = part.reshape(batch, part.shape[1], split, -1)
-        found = RealWriters(value, {k: _seq(v, request.read_mask.shape[1]) for k, v in recorder.outputs.items()},
-                            parts)
-        if gradients:
-            names = list(recorder.outputs) + [f"{k}.parts" for k in recorder.parts]
-            tensors = list(recorder.outputs.values()) + list(recorder.parts.values())
-            grads = _grad(value.sum(), tensors, torch.ones_like(value.sum()))
-            for name, g in zip(names, grads):
-                g = _seq(g, request.read_mask.shape[1]) if not name.endswith(".parts") else \
-                    g.reshape(parts[name[:-6]].shape)
-                found.gradients[name] = g.detach()
-        found.outputs = {k: v.detach() for k, v in found.outputs.items()}
-        found.parts = {k: v.detach() for k, v in found.parts.items()}
-        found.value = value.detach()
-    return found
+
+def _pruned(d: GraphData, node_mask: Tensor, edge_mask: Tensor, node_threshold: float, edge_threshold: float
+            ) -> tuple[Tensor, Tensor, Tensor]:
+    keep = node_mask.nonzero()[:, 0]
+    position = torch.full((len(d),), -1, dtype=torch.long)
+    position[keep] = torch.arange(len(keep))
+    edges = edge_mask & (position[d.sources] >= 0) & (position[d.targets] >= 0)
+    size = len(keep)
+    adjacency = torch.zeros(size, size, dtype=torch.float64)
+    adjacency.index_put_((position[d.targets[edges]], position[d.sources[edges]]),
+                         d.weights[edges].double(), accumulate=True)
+    weights = torch.zeros(size, dtype=torch.float64)
+    weights[position[d.output]] = 1.0
+    influence = _influence(_normalised(adjacency), weights)
+    always = torch.tensor([d.kinds[int(i)] in ("token", "bias", "output") for i in keep])
+    chosen = (influence >= _threshold(influence, node_threshold)) | always
+    pruned = adjacency.clone()
+    pruned[~chosen] = 0
+    pruned[:, ~chosen] = 0
+    normalised = _normalised(pruned)
+    scores = normalised * (_influence(normalised, weights) + weights)[:, None]
+    edge_keep = scores >= _threshold(scores[scores > 0].flatten(), edge_threshold)
+    edge_keep &= pruned != 0
+    for _ in range(size):  # nodes without an in-edge (writers) or an out-edge go, until none does
+        before = chosen.clone()
+        has_out = edge_keep.any(0)
+        has_in = edge_keep.any(1)
+        writer = ~always
+        chosen &= ~writer | (has_out & has_in)
+        edge_keep &= chosen[:, None] & chosen[None, :]
+        if torch.equal(before, chosen):
+            break
+    kept_nodes = torch.zeros(len(d), dtype=torch.bool)
+    kept_nodes[keep[chosen]] = True
+    kept_edges = edges.clone()
+    kept_edges[edges] = edge_keep[position[d.targets[edges]], position[d.sources[edges]]]
+    full_influence = torch.zeros(len(d), dtype=torch.float64)
+    full_influence[keep] = influence
+    return kept_nodes, kept_edges, full_influence
+
+
+
+def _normalised(matrix: Tensor) -> Tensor:
+    """Absolute weights, each row (a node's in-edges) summing to 1."""
+    found = matrix.abs()
+    return found / found.sum(dim=1, keepdim=True).clamp(min=1e-30)
+
+
+def _influence(adjacency: Tensor, weights: Tensor, steps: int = 10_000) -> Tensor:
+    """``w A + w A² + …``: each node's influence on the nodes ``weights`` weighs (the graph is
+    acyclic, so the sum ends)."""
+    current = weights @ adjacency
+    total = current.clone()
+    for _ in range(steps):
+        if not bool(current.any()):
+            return total
+        current = current @ adjacency
+        total += current
+    raise RuntimeError("the influence did not converge: the graph has a cycle")
+
+
+def _threshold(scores: Tensor, share: float) -> Tensor:
+    """The score above which ``share`` of the scores' total lies."""
+    if scores.numel() == 0:
+        return torch.tensor(float("inf"))
+    ordered = scores.sort(descending=True).values
+    cumulative = ordered.cumsum(0) / ordered.sum().clamp(min=1e-30)
+    index = min(int(torch.searchsorted(cumulative, torch.tensor(share, dtype=cumulative.dtype))), len(ordered) - 1)
+    return ordered[index]

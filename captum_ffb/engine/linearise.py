@@ -51,7 +51,7 @@ from captum_ffb.engine.passes import (
     eager_attention,
     register_attention,
 )
-from captum_ffb.engine.scores import inner_norm_rule
+from captum_ffb.engine.score_path import inner_norm_rule
 from captum_ffb.rules import Attention, Linear, Residual
 from captum_ffb.rules.attention_scores import allowed_keys
 

@@ -1,12 +1,12 @@
 r"""The pass runner: the one way into a model.
 
-Every run of a model by the library — a plain prediction, a recorded pass (:mod:`~captum_ffb.engine.capture`),
-a frozen pass and its replays (:mod:`~captum_ffb.engine.linearise`), a patched pass, a block run again,
+Every run of a model by the library — a plain prediction, a recorded pass (``engine.capture``),
+a frozen pass and its replays (``engine.linearise``), a patched pass, a block run again,
 generation — happens inside a :class:`ModelPass`. It is the only code that puts hooks on a model's
 modules, switches its attention implementation, replaces an attention method or the softmax, and
 around each run it owns:
 
-* **the model's lock** (:func:`~captum_ffb.engine.locking.model_lock`, re-entrant): a pass holds it
+* **the model's lock** (``captum_ffb.model_lock``, re-entrant): a pass holds it
   from entry to exit, so two calls on one model run one after the other;
 * **the model's state**: eval mode (dropout would make the numbers random), no key/value cache,
   the parameters' gradients off when only the inputs' are asked for; all restored at exit;
@@ -38,11 +38,12 @@ from captum_ffb._private import (
     has_attention_implementation,
     model_eager_attention,
     set_attention_implementation,
+    version_counter,
 )
 from captum_ffb.engine.locking import model_lock
 
 __all__ = ["ModelPass", "active_pass", "attention_function", "eager_attention", "first_block_input",
-           "register_attention"]
+           "register_attention", "run_model", "weights_fingerprint"]
 
 #: The pass running in this thread (``None``: no pass; the model runs untouched).
 _CURRENT: contextvars.ContextVar[ModelPass | None] = contextvars.ContextVar("captum_ffb_pass", default=None)
@@ -331,7 +332,7 @@ class ModelPass:
     def attention(self, implementation: str | Callable[[str | None], str | None],
                   modules: Sequence[nn.Module] = ()) -> None:
         """Run the owners (and ``modules``) with the attention implementation
-        ``implementation`` (a name :func:`register_attention` registered, or a function of
+        ``implementation`` (a name :func:`~captum_ffb.engine.passes.register_attention` registered, or a function of
         each config's current name giving the new one, ``None`` to keep it) for this pass."""
         self._require_entered()
         for config in _configs_of([*self.owners, *modules]):
@@ -458,3 +459,24 @@ def first_block_input(model: nn.Module, block: nn.Module, args: tuple[Any, ...],
     real pass of its own, stopped at the block)."""
     with ModelPass(model) as run:
         return run.input_of(block, *args, **kwargs)
+
+
+def run_model(model: nn.Module, *args: Any, grad: bool = False, inputs_only: bool = True, **kwargs: Any) -> Any:
+    """One real run of ``model`` on ``args`` and ``kwargs``: a :class:`ModelPass` with nothing
+    installed (the model's lock, eval mode, no key/value cache); with ``grad``, with
+    gradients (``inputs_only=False`` keeps the parameters' too)."""
+    with ModelPass(model, grad=grad, inputs_only=inputs_only) as run:
+        return run.run(*args, **kwargs)
+
+
+def weights_fingerprint(model: nn.Module) -> tuple[Any, ...]:
+    """A cheap fingerprint of ``model``'s weights (each parameter's storage, version counter
+    and float64 sum): it changes when a weight is replaced or edited in place, ``.data``
+    included."""
+    parameters = list(model.parameters())
+    by_device: dict[torch.device, list[Tensor]] = {}
+    for p in parameters:
+        if p.device.type != "meta":
+            by_device.setdefault(p.device, []).append(p.detach().sum(dtype=torch.float64))
+    totals = [value for sums in by_device.values() for value in torch.stack(sums).tolist()]
+    return tuple((p.data_ptr(), version_counter(p)) for p in parameters), tuple(totals)

@@ -178,7 +178,7 @@ def check_index(value: Any, name: str, size: int | None = None) -> Any:
     if isinstance(value, float) or (isinstance(value, Tensor) and value.is_floating_point()):
         raise TypeError(f"{name} must be an integer index, got a float")
     if size is not None and isinstance(value, (int, Tensor)):
-        tensor = torch.as_tensor(value)
+        tensor = value if isinstance(value, Tensor) else torch.as_tensor(value, device="cpu")
         if tensor.numel() and (int(tensor.min()) < 0 or int(tensor.max()) >= size):
             bad = int(tensor.min()) if int(tensor.min()) < 0 else int(tensor.max())
             raise ValueError(f"{name} {bad} is out of range (0 … {size - 1})")

@@ -33,17 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from captum_ffb.architectures import get_architecture
-from captum_ffb.architectures.spec import ArchitectureSpec
 from captum_ffb.decomposition import Decomposition, stack_rows
-from captum_ffb.engine.block import Block, block_watch, config_of, norm_parameters, watched_modules
+from captum_ffb.engine.block import Block, block_watch, norm_parameters
+from captum_ffb.engine.bound import TARGET_KEYS, BoundModel, Request, Stack  # noqa: F401  (importable from here, as before)
 from captum_ffb.engine.capture import capture, token_mask_of
 from captum_ffb.engine.chains import Chain
 from captum_ffb.engine.components import (
     EMBEDDINGS,
     HEAD,
     ComponentSums,
-    check_granularity,
     check_linear_rules,
     direct_paths,
     head_direct_path,
@@ -52,6 +50,14 @@ from captum_ffb.engine.components import (
     propagate_components,
     settle_block,
     stacked,
+)
+from captum_ffb.engine.graph import (
+    GraphData,
+    build_graph,
+    covectors,
+    graph_pass,
+    players_of,
+    target_probability,
 )
 from captum_ffb.engine.head import (  # noqa: F401  (importable from here, as before)
     HeadTarget,
@@ -73,8 +79,13 @@ from captum_ffb.engine.layers import (
     warn_if_padded_without_mask,
 )
 from captum_ffb.engine.linearise import linearise
-from captum_ffb.engine.model import final_norm_of, find_blocks, model_type_of
-from captum_ffb.engine.passes import ModelPass, first_block_input
+from captum_ffb.engine.passes import ModelPass
+from captum_ffb.engine.patching import (
+    EXACT_ABOVE,
+    PatchEstimates,
+    activation_patching,
+    patch_estimates,
+)
 from captum_ffb.engine.players import (  # noqa: F401  (importable from here, as before)
     REFERENCES,
     is_centered,
@@ -85,12 +96,12 @@ from captum_ffb.engine.players import (  # noqa: F401  (importable from here, as
     token_contributions,
     visible_positions,
 )
-from captum_ffb.rules import check_rules, is_linear_in_players, whole_model_rules
+from captum_ffb.engine.score_split import ScoreSplitter
+from captum_ffb.rules import is_linear_in_players
+from captum_ffb.vocabulary import check_granularity
 
 #: The routes of the whole-model attribution.
 ROUTES = ("backward", "forward")
-#: The keyword arguments that carry an encoder–decoder's target.
-TARGET_KEYS = ("decoder_input_ids", "decoder_inputs_embeds")
 #: At most this many read-outs of one block share a batched backward pass (a block's heads
 #: together: 13 % faster than one pass each on SmolLM2; mixing blocks of different depths is not).
 GRADIENT_CHUNK = 16
@@ -140,39 +151,22 @@ def component_route(n_players: int, n_blocks: int, granularity: str, n_heads: in
 
 # --------------------------------------------------------------------------- what the engine takes and gives
 @dataclass
-class Stack:
-    """One stack of blocks.
+class BuiltGraph:
+    """An attribution graph as the engine computed it.
 
     Attributes:
-        spec (ArchitectureSpec): its blocks' layout (the family's, or its decoder's).
-        blocks (list[nn.Module]): the blocks, in order.
-        final_norm (nn.Module, optional): a norm after the stack that is not the head's (an
-                    encoder's final norm).
+        data (GraphData): every node and edge (on the CPU).
+        splitter (ScoreSplitter): splits the heads' scores (bound to the model and the input).
+        estimates (PatchEstimates, optional): the nodes' patching estimates (with a corrupted run).
+        probability (float, optional): the model's probability of the explained unit.
+        n_source (int, optional): an encoder–decoder's source length.
     """
 
-    spec: ArchitectureSpec
-    blocks: list[nn.Module]
-    final_norm: nn.Module | None = None
-
-
-@dataclass
-class Request:
-    """One checked call of the model.
-
-    Attributes:
-        args (tuple): the forward's positional arguments (the inputs first).
-        kwargs (dict): its keyword arguments (an encoder–decoder's target among them).
-        read_mask (Tensor): ``(B, n)`` the real positions of the stack whose output is read
-                    (the decoder's for an encoder–decoder).
-    """
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    read_mask: Tensor
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.read_mask.shape[0])
+    data: GraphData
+    splitter: ScoreSplitter
+    estimates: PatchEstimates | None
+    probability: float | None
+    n_source: int | None
 
 
 @dataclass
@@ -248,8 +242,10 @@ def available_bytes(device: torch.device) -> int:
         pass
     return DEFAULT_MEMORY_BUDGET
 
-class WholeModel:
-    r"""A model bound to its family: its stacks, its head and its rules, and both routes.
+class WholeModel(BoundModel):
+    r"""A model bound to its family (:class:`~captum_ffb.engine.bound.BoundModel`: its stacks,
+    its head, its stream points) with both routes, the component tables, the graphs, the
+    score splits and the patching estimates.
 
     Args:
         model (nn.Module): a Hugging Face model of a supported family (a task model, or a base
@@ -269,90 +265,11 @@ class WholeModel:
                  show_progress: bool = False) -> None:
         if memory_budget is not None and memory_budget <= 0:
             raise ValueError("memory_budget must be a positive number of bytes")
-        self.model = model
-        self.model_type = model_type or model_type_of(model)
-        self.family = get_architecture(self.model_type)
-        self.config = config_of(model)
-        if self.config is not None:
-            self.family.check_config(self.config)  # once, where the model is bound
-        self.source: Stack | None = None
-        if self.family.decoder is not None:
-            self.head = resolve_head(model, self.family.decoder)
-            if self.head.task != "seq2seq_lm":
-                raise ValueError(
-                    f"{type(model).__name__} has no language-model head: load the model with its head "
-                    "(AutoModelForSeq2SeqLM, *ForConditionalGeneration, MarianMTModel)")
-            encoder = list(find_blocks(model, self.family))
-            self.source = Stack(self.family.for_block(encoder[0]), encoder, final_norm_of(model, self.family))
-            blocks = list(find_blocks(model, self.family.decoder))
-        else:
-            blocks = list(find_blocks(model, self.family))
-        self.stack = Stack(self.family.for_block(blocks[0]), blocks)
-        if self.source is None:
-            self.head = resolve_head(model, self.stack.spec)
-        self.chain = chain_for(self.stack.spec, self.config)
+        super().__init__(model, model_type)
         self.memory_budget = memory_budget
         self.dtype = dtype
         self.show_progress = show_progress
         self._precision_warned = False
-
-    # ------------------------------------------------------------------ what the model is
-    @property
-    def task(self) -> str:
-        """``"causal_lm"``, ``"sequence_classification"``, ``"seq2seq_lm"`` or ``"base"``."""
-        return self.head.task
-
-    @property
-    def segments(self) -> tuple[str, ...]:
-        """The player layout: ``("source", "target")`` or ``("tokens",)``."""
-        return ("tokens",) if self.source is None else ("source", "target")
-
-    @property
-    def spec(self) -> ArchitectureSpec:
-        """The layout of the read stack's blocks (the decoder's for an encoder–decoder)."""
-        return self.stack.spec
-
-    @property
-    def blocks(self) -> list[nn.Module]:
-        """The read stack's blocks."""
-        return self.stack.blocks
-
-    def layouts(self) -> list[ArchitectureSpec]:
-        """The distinct layouts of every block (both stacks, alternative layouts)."""
-        found: dict[int, ArchitectureSpec] = {}
-        for stack in (self.source, self.stack):
-            for block in ([] if stack is None else stack.blocks):
-                spec = self.family.for_block(block)
-                found.setdefault(id(spec), spec)
-        return list(found.values())
-
-    def rules(self, overrides: Mapping[str, Callable] | None = None) -> dict[str, Callable]:
-        """The whole-model default rules for every role some block's chain calls, with
-        ``overrides`` (role → rule) checked against those roles."""
-        roles: set[str] = set()
-        for spec in self.layouts():
-            roles |= chain_for(spec, self.config).roles(spec)
-        chosen = {role: rule for role, rule in whole_model_rules(self.family.norm).items() if role in roles}
-        chosen.update(check_rules(overrides, frozenset(roles), f"a {self.model_type} model"))
-        return chosen
-
-    def request(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Request:
-        """The request of one call (its arguments checked at the library's door): the read
-        stack's real positions."""
-        if self.source is not None:
-            if not any(kwargs.get(key) is not None for key in TARGET_KEYS):
-                raise ValueError(
-                    "an encoder–decoder explains a target: give forward_kwargs={'decoder_input_ids': ...} "
-                    "(the target prefix, starting with the decoder's start token)")
-            ids = kwargs.get("decoder_input_ids")
-            if ids is None:
-                ids = kwargs["decoder_inputs_embeds"][..., 0]
-            mask = kwargs.get("decoder_attention_mask")
-        else:
-            ids, mask = args[0], kwargs.get("attention_mask")
-        real = (mask != 0).to(ids.device) if isinstance(mask, Tensor) and mask.shape == ids.shape[:2] \
-            else torch.ones(ids.shape[:2], dtype=torch.bool, device=ids.device)
-        return Request(args, dict(kwargs), real)
 
     def groups(self, feature_mask: Tensor | None, players: Any, request: Request) -> tuple[Tensor, int]:
         """The player of each position ``(B, n)`` and how many players: the positions, or the
@@ -414,30 +331,6 @@ class WholeModel:
             raise ValueError(f"target: give between 1 and {prefix.shape[1]} tokens (one per decoder position)")
         return inputs, {**kwargs, "decoder_input_ids": prefix}, list(range(tokens.numel()))
 
-    def token_ids(self, tokenizer: Any, text: str, one: bool = False) -> list[int]:
-        """The token ids of a target given as text (an encoder–decoder's target side), without
-        special tokens; with ``one``, a one-line error unless it is one token."""
-        if tokenizer is None:
-            raise TypeError(f"target {text!r} is text: give NormDecomposition(model, tokenizer=...) to read "
-                            "it, or its token id")
-        ids = list(tokenizer(text_target=text, add_special_tokens=False)["input_ids"]) if self.source is not None \
-            else list(tokenizer.encode(text, add_special_tokens=False))
-        if one and len(ids) != 1:
-            pieces = tokenizer.convert_ids_to_tokens(ids)
-            raise ValueError(f"target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); give one "
-                             "token (mind the leading space, e.g. ' Paris')")
-        return ids
-
-    def refuse_two_stacks(self, what: str) -> None:
-        """A one-line error for what encoder–decoders do not have yet."""
-        if self.source is not None:
-            raise ValueError(f"{what} is not available for encoder–decoder models yet")
-
-    def predict(self, request: Request) -> Any:
-        """The model's own output on the request (one real pass, without gradients)."""
-        with ModelPass(self.model) as run:
-            return run.run(*request.args, **request.kwargs)
-
     # ------------------------------------------------------------------ routes
     def answers(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
                 reference: Any, route: str, groups: Tensor | None = None, n_groups: int | None = None,
@@ -489,7 +382,7 @@ class WholeModel:
         args, kwargs = request.args, dict(request.kwargs)
         warn_if_padded_without_mask(args, kwargs, self.config)
         self._warn_if_reduced_precision()
-        shares = [self._shared(reference, request.read_mask, t) for t in targets]  # before remapping
+        shares = [self.shared_positions(reference, request.read_mask, t) for t in targets]  # before remapping
         kwargs, targets = self._keep_needed_logits(kwargs, targets)  # positions index the kept logits
         watch = {} if head.output is None else {"output": head.output}
         source = None if self.source is None else (self.source.spec, self.source.blocks, self.source.final_norm)
@@ -499,11 +392,11 @@ class WholeModel:
                           watch, recompute=self._recompute(request), source=source) as frozen:
             output = run.run(*args, **kwargs)
             inputs = [leaf.detach() for leaf in frozen.leaves]
-            masks = self._masks(request, [x.shape[:2] for x in inputs])
+            masks = self.masks(request, [x.shape[:2] for x in inputs])
             references = [None if is_centered(reference) else
-                          self._reference(reference, x.to(self.dtype), mask, args, kwargs)
+                          self.reference_of(reference, x.to(self.dtype), mask, args, kwargs)
                           for x, mask in zip(inputs, masks)]
-            values = [self._linearised_value(output, frozen, target, rules) for target in targets]
+            values = [self.linearised_value(output, frozen, target, rules) for target in targets]
             for k, (target, value, grads) in enumerate(zip(targets, values, frozen.gradients(values))):
                 parts = []
                 for segment, (g, x, mask, r) in enumerate(zip(grads, inputs, masks, references)):
@@ -577,7 +470,7 @@ class WholeModel:
             parts = [chosen[first:first + size] for first in range(0, n, size)]
             found = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
         # targets whose centred reference averages the same positions share one propagation
-        shares = [self._shared(reference, request.read_mask, t) for t in targets]
+        shares = [self.shared_positions(reference, request.read_mask, t) for t in targets]
         order: list[list[int]] = []
         for k, share in enumerate(shares):
             same = next((g for g in order if share is None or torch.equal(shares[g[0]], share)), None)
@@ -662,7 +555,7 @@ class WholeModel:
         ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``, by ``route`` (``None``: the cheaper one,
         :func:`~captum_ffb.engine.whole.component_route`; a mixture of experts split per expert and an encoder–decoder
         take the forward route)."""
-        check_granularity(granularity)
+        check_granularity(granularity, "components")
         check_linear_rules(rules)
         if route not in (None, *ROUTES):
             raise ValueError(f"route must be one of {ROUTES} (or None: the cheaper), got {route!r}")
@@ -710,7 +603,7 @@ class WholeModel:
         parts = list(iter_groups(range(n_groups), size))
         progress = self._progress(len(blocks) * (len(parts) + 1))
         table, bias, names = None, None, None
-        share = self._shared(reference, request.read_mask, target)
+        share = self.shared_positions(reference, request.read_mask, target)
         try:
             with torch.no_grad():
                 if progress is not None:
@@ -737,18 +630,14 @@ class WholeModel:
         (``⟨g_c, w_c⟩ − Σ_j C[j, c]``)."""
         blocks = captured.blocks
         like = blocks[0].inputs.to(self.dtype)
-        writers = {}
-        for index, block in enumerate(blocks):
-            roles = watched_modules(block.module, self.stack.spec)
-            writers[(index, "attention")] = roles.get("attention_post_norm", roles["attn_out"])
-            writers[(index, "ff")] = roles["ff"]
-        seen = self._shared(reference, request.read_mask, target)
-        r = None if seen is not None else self._reference(reference, like, request.read_mask, request.args,
+        points = {(writer.layer, writer.kind): writer for writer in self.points.writers}
+        writers = {(index, kind): points[(index, kind)].module
+                   for index in range(len(blocks)) for kind in ("attention", "ff")}
+        seen = self.shared_positions(reference, request.read_mask, target)
+        r = None if seen is not None else self.reference_of(reference, like, request.read_mask, request.args,
                                                           request.kwargs)
-        parts = {}
-        if granularity == "head":
-            for index, block in enumerate(blocks):
-                parts[f"{index}.parts"] = watched_modules(block.module, self.stack.spec)["attn_out"]
+        parts = {f"{index}.parts": points[(index, "attention")].parts for index in range(len(blocks))} \
+            if granularity == "head" else {}
         kwargs = dict(request.kwargs)
         if self.task == "causal_lm" and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
             kwargs.setdefault("logits_to_keep", 1)  # the head is read through its direct path
@@ -797,22 +686,51 @@ class WholeModel:
                 progress.close()
         return stacked(sums, n, like)
 
-    # ------------------------------------------------------------------ players and starts
-    def _masks(self, request: Request, shapes: Sequence[torch.Size]) -> list[Tensor]:
-        """Each segment's real positions ``(B, n_segment)``, for segments of these shapes."""
-        if self.source is None:
-            return [request.read_mask]
-        source = request.kwargs.get("attention_mask")
-        device = request.read_mask.device
-        source_mask = (source != 0).to(device) if isinstance(source, Tensor) and source.shape == shapes[0] \
-            else torch.ones(shapes[0], dtype=torch.bool, device=device)
-        return [source_mask, request.read_mask]
+    # ------------------------------------------------------------------ graphs and patching
+    def graph(self, request: Request, rules: Mapping[str, Callable], granularity: str, max_nodes: int | None,
+              corrupted: Request | None = None, exact_above: float = EXACT_ABOVE) -> BuiltGraph:
+        """The exact attribution graph of ``request.target`` (batch of one): one frozen pass
+        with every writer reading the stream through a leaf of its own, its covectors, every
+        node and edge (:func:`~captum_ffb.engine.graph.build_graph`, the edges of at most
+        ``max_nodes`` writer nodes), with a corrupted run the nodes' patching estimates, and
+        the splitter of the heads' scores."""
+        tape = graph_pass(self, request, request.target, rules, granularity)
+        found = covectors(tape)
+        players = players_of(self, request, tape)
+        data = build_graph(tape, found, players, max_nodes=max_nodes)
+        estimates = None
+        if corrupted is not None:
+            self.refuse_two_stacks("patching estimates")
+            estimates = patch_estimates(self, request, corrupted, tape, found, data, granularity, exact_above)
+        n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
+        return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players), estimates,
+                          target_probability(tape.output, request.target), n_source)
 
+    def activation_patching(self, request: Request, corrupted: Request, granularity: str, batch_size: int = 16,
+                            progress: bool = False) -> tuple[dict[str, float], float, float]:
+        """Real activation patching of every component of the read stack (one patched pass
+        each): ``({component id: effect}, clean value, corrupted value)``."""
+        self.refuse_two_stacks("activation patching")
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            writers = self.points.of_segment(len(self.points.n_blocks) - 1)
+            total = sum(w.n_heads if w.kind == "attention" and granularity == "head" else 1 for w in writers
+                        if w.kind in ("attention", "ff"))
+            bar = tqdm(total=total, desc="patching", unit="pass")
+        try:
+            return activation_patching(self, request, corrupted, granularity, batch_size, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    # ------------------------------------------------------------------ players and starts
     def _players_mask(self, request: Request, captured: Captured) -> Tensor:
         """The real positions of every player ``(B, P)``, in the layout's order."""
         if self.source is None:
             return request.read_mask
-        return torch.cat(self._masks(request, [captured.source[0].inputs.shape[:2],
+        return torch.cat(self.masks(request, [captured.source[0].inputs.shape[:2],
                                                captured.blocks[0].inputs.shape[:2]]), dim=1)
 
     def _n_players(self, captured: Captured, n_groups: int) -> int:
@@ -856,7 +774,7 @@ class WholeModel:
         set to the encoder's decomposition over it (two stacks)."""
         x = captured.blocks[0].inputs
         token_mask = captured.blocks[0].token_mask
-        r = None if shared is not None else self._reference(reference, x, token_mask, request.args, request.kwargs)
+        r = None if shared is not None else self.reference_of(reference, x, token_mask, request.args, request.kwargs)
         own = player_start(x, groups, part, token_mask, r, shared)
         if encoded is None:
             return own
@@ -865,36 +783,6 @@ class WholeModel:
         for block in captured.blocks:
             block.source = source
         return joint(own, encoded.n_in, 0, encoded.player_mask, None)
-
-    def _reference(self, reference: Any, x: Tensor, token_mask: Tensor | None, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Tensor | None:
-        """The reference inputs ``(B, n, d)`` (``None`` for zero)."""
-        if self.source is not None and not (reference is None or isinstance(reference, str)):
-            raise ValueError("an encoder–decoder's reference is 'zero', 'mean' or 'centered'")
-        return reference_inputs(reference, x, token_mask, lambda token: self._token_inputs(token, args, kwargs))
-
-    def _shared(self, reference: Any, token_mask: Tensor, target: HeadTarget) -> Tensor | None:
-        """For the centred reference, the ``(B, n)`` positions of the read stack whose mean the
-        players are measured from: those the explained output sees."""
-        if not is_centered(reference):
-            return None
-        causal = self.source is not None or self.stack.spec.is_causal(self.config)
-        return visible_positions(token_mask, target.positions, causal)
-
-    def _token_inputs(self, token: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
-        """The first block's input for the inputs with every token id replaced by ``token``
-        (same positions, masks and other arguments); the model stops at the first block."""
-        ids = torch.full_like(args[0], int(token))
-        return first_block_input(self.model, self.stack.blocks[0], (ids, *args[1:]), kwargs)
-
-    # ------------------------------------------------------------------ the value read
-    def _linearised_value(self, output: Any, frozen: Any, target: HeadTarget, rules: Mapping[str, Callable]) -> Tensor:
-        """``(B,)`` the explained value with the frozen model's graph: read from the model's own
-        output (every constant after the output layer included), or through the output layer
-        where a final soft-capping must pass through the activation rule's frozen slope."""
-        if self.head.task == "base" or self.head.softcap is None:
-            return target_value(self.head, output, target)
-        return linearised_target_value(self.head, frozen.outputs["output"], target, rules)
 
     def _keep_needed_logits(self, kwargs: dict[str, Any], targets: list[HeadTarget]
                             ) -> tuple[dict[str, Any], list[HeadTarget]]:

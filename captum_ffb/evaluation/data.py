@@ -44,6 +44,7 @@ from captum_ffb.corpus import (
     rotten_tomatoes_split,
     snippet_key,
 )
+from captum_ffb.engine.passes import run_model
 from captum_ffb.engine.positions import pad_sequences, position_ids
 from captum_ffb.readouts import PromptContrast
 
@@ -201,8 +202,7 @@ def sentiment_logit_difference(
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             ids, mask = pad_sequences([rows[k] for k in chunk], int(pad_id), "left")
-            outputs = model(
-                input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), logits_to_keep=1
-            )
+            outputs = run_model(model, input_ids=ids, attention_mask=mask, position_ids=position_ids(mask),
+                                logits_to_keep=1)
             out[chunk] = readout.value(outputs, mask).float()
     return out

@@ -1,4 +1,4 @@
-r"""Run the faithfulness protocols for several methods on one task, on any engine.
+r"""Run the faithfulness protocols for several methods on one task, on any backend.
 
 :func:`evaluate` loads the texts, builds an :class:`EvaluationJob` (batches of examples; per
 batch every method's attribution, its cost, and every protocol's per-example scores) and runs
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from captum_ffb._deprecation import BACKEND_RENAMES, renamed_arguments
 from captum_ffb.corpus import SkippedLine, read_rows, skip_reason, write_skipped
 from captum_ffb.corpus import read_texts as read_texts  # importable from here, as before
 from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods, resolve_names
@@ -306,6 +307,7 @@ def _usable_examples(task: EvaluationTask, texts: Sequence[str], labels: Sequenc
     return examples, skipped
 
 
+@renamed_arguments(BACKEND_RENAMES)
 def evaluate(
     model: str | None,
     task: str,
@@ -317,8 +319,8 @@ def evaluate(
     max_tokens: int | None = None,
     batch_size: int = 16,
     options: dict[str, dict[str, Any]] | None = None,
-    engine: str = "local",
-    engine_options: dict[str, Any] | None = None,
+    backend: str = "local",
+    backend_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
     seed: int = 0,
@@ -342,7 +344,7 @@ def evaluate(
         batch_size (int): examples per batch (one shard each).
         options (dict, optional): per-method options, e.g. ``{"integrated_gradients":
                     {"n_steps": 20}}``.
-        engine, engine_options: see :func:`captum_ffb.jobs.run_job`.
+        backend, backend_options: see :func:`captum_ffb.jobs.run_job`.
         overwrite (bool): discard an earlier run with other settings in ``out``.
         show_progress (bool): a progress bar.
         seed (int): seeds the random baseline and the sampling methods.
@@ -378,14 +380,14 @@ def evaluate(
         if show_progress:
             print(f"AttnLRP (lxt) on {len(examples)} examples ...", flush=True)
         _attnlrp_relevance(evaluation_task, examples, Path(precomputed), str(model), batch_size)
-    shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
+    shards = run_job(job, folder / "run", backend=backend, overwrite=overwrite,
                      show_progress=show_progress, stop_after=stop_after, description="evaluating",
-                     engine_options=engine_options)
+                     backend_options=backend_options)
     summary = summarise(shards, chosen, protocol_names, task)
     summary.update(model=loaded.name, model_type=loaded.model_type, task=task,
                    data=str(data), examples=len(examples), max_tokens=max_tokens,
                    options={m: {**METHODS[m].options, **(options or {}).get(m, {})} for m in chosen},
-                   labelled=task != "next-token" and all(y is not None for y in gold), engine=engine,
+                   labelled=task != "next-token" and all(y is not None for y in gold), backend=backend,
                    keep_first=keep_first)
     from captum_ffb.evaluation.report import write_report
 

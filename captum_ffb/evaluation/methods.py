@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb._private import effective_attention_implementation
 from captum_ffb.attr import DEFAULT_MEMORY_BUDGET
+from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.positions import position_ids, real_positions
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask
 
@@ -141,21 +141,14 @@ def _readout(maps: Tensor, task: EvaluationTask, mask: Tensor) -> Tensor:
 def _attentions(task: EvaluationTask, batch: Batch) -> list[Tensor]:
     """Head-averaged attention probabilities of every layer, from an eager forward pass."""
     model = task.model
-    before = effective_attention_implementation(model.config)
-    switch = callable(getattr(model, "set_attn_implementation", None)) and before != "eager"
-    if switch:
-        model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask,
-                                      "input_ids": batch.input_ids, "output_attentions": True}
-            if task.causal:
-                kwargs["position_ids"] = position_ids(batch.attention_mask)
-                kwargs["logits_to_keep"] = 1
-            out = model(**kwargs)
-    finally:
-        if switch:
-            model.set_attn_implementation(before)
+    kwargs: dict[str, Any] = {"attention_mask": batch.attention_mask,
+                              "input_ids": batch.input_ids, "output_attentions": True}
+    if task.causal:
+        kwargs["position_ids"] = position_ids(batch.attention_mask)
+        kwargs["logits_to_keep"] = 1
+    with ModelPass(model) as run:
+        run.attention("eager")  # the probabilities are returned by the eager implementation
+        out = run.run(**kwargs)
     if not out.attentions or out.attentions[0] is None:
         raise RuntimeError(f"{type(model).__name__} returned no attention probabilities")
     real = batch.attention_mask.unsqueeze(1).to(out.attentions[0].dtype)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.engine.passes import run_model
 from captum_ffb.engine.positions import pad_sequences
 from captum_ffb.readouts import (  # the bundled head's run-time part, importable from here as before
     ARTEFACT,
@@ -86,7 +87,7 @@ def pooled_embeddings(
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
             ids, mask = pad_sequences([rows[k] for k in chunk], pad_id, "right")
-            hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            hidden = run_model(model, input_ids=ids, attention_mask=mask).last_hidden_state
             pooled = mean_pool(hidden, mask).double()
             if out is None:
                 out = torch.empty(len(rows), pooled.shape[1], dtype=torch.float64)

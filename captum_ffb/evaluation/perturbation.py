@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.engine.passes import run_model
 from captum_ffb.engine.positions import position_ids, real_positions
 
 __all__ = [
@@ -428,7 +429,7 @@ def embedding_scorer(model: nn.Module, target_fn: Callable[..., Tensor], *,
             kwargs = dict(forward_kwargs)
             if positions_from_mask:
                 kwargs["position_ids"] = position_ids(attention_mask)
-            outputs = model(inputs_embeds=embeds, attention_mask=attention_mask, **kwargs)
+            outputs = run_model(model, inputs_embeds=embeds, attention_mask=attention_mask, **kwargs)
             return target_fn(outputs, input_ids, attention_mask)
 
     return score_fn

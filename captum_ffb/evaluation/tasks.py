@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb.engine.passes import run_model
 from captum_ffb.engine.positions import pad_sequences, position_ids
 from captum_ffb.models import LoadedModel
 from captum_ffb.readouts import ClassLogit, NextToken, PromptContrast, ReadOut
@@ -189,7 +190,7 @@ class EvaluationTask:
             kwargs["input_ids"] = input_ids
         else:
             kwargs["inputs_embeds"] = inputs_embeds
-        return self.model(**kwargs)
+        return run_model(self.model, grad=torch.is_grad_enabled(), inputs_only=False, **kwargs)
 
     def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
         """``(B, C)`` the logit of every class (see the module docstring)."""

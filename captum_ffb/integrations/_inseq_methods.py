@@ -15,6 +15,7 @@ from torch import Tensor
 
 from captum_ffb.attr.llm import explain_steps
 from captum_ffb.attr.norm_decomposition import NormDecomposition
+from captum_ffb.engine.passes import run_model
 
 #: Per-step scores every result carries (inseq's own step scores need a per-step method).
 STEP_SCORES = ("logit", "probability", "bias", "convergence_delta")
@@ -155,9 +156,8 @@ class NormDecompositionAttribution(FeatureAttribution):
             steps = where[:-1].cpu()
             source_grid[b, seen.cpu()[:, None], steps[None, :]] = out.source.T
             target_grid[b, steps[:, None], steps[None, :]] = out.target.T
-            with torch.no_grad():
-                step_logits = self.method.model(sources.input_ids[b, seen][None],
-                                                decoder_input_ids=real[None, :-1]).logits[0].float()
+            step_logits = run_model(self.method.model, sources.input_ids[b, seen][None],
+                                    decoder_input_ids=real[None, :-1]).logits[0].float()
             probs = torch.softmax(step_logits, -1)[torch.arange(len(real) - 1), real[1:]]
             for name, values in zip(STEP_SCORES, (out.value, probs, out.bias, out.delta)):
                 scores[name][b, steps] = values

@@ -23,6 +23,7 @@ from lit_nlp.components import core
 from lit_nlp.examples.prompt_debugging.constants import INPUT_SPEC as PROMPT_SPEC
 
 from captum_ffb.attr import NormDecomposition
+from captum_ffb.engine.passes import ModelPass, run_model
 from captum_ffb.explain import explain_text
 from captum_ffb.integrations._lit_offline import OfflineFonts
 from captum_ffb.models import LoadedModel
@@ -145,7 +146,8 @@ class ClassifierModel(lit_model.BatchedModel):
 
     def class_logits(self, embeddings: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``(batch, classes)`` logits of the model run on input ``embeddings``."""
-        outputs = self.loaded.model(inputs_embeds=embeddings, attention_mask=mask)
+        outputs = run_model(self.loaded.model, grad=torch.is_grad_enabled(), inputs_only=False,
+                            inputs_embeds=embeddings, attention_mask=mask)
         if self.readout is not None:
             return self.readout.class_logits(outputs, mask)
         return outputs.logits
@@ -246,10 +248,10 @@ class GenerationModel(lit_model.BatchedModel):
         for ex in inputs:
             ids = tokenizer(ex["prompt"], return_tensors="pt")["input_ids"]
             ids = ids.to(next(model.parameters()).device)
-            with torch.no_grad():
-                full = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                      max_new_tokens=self.max_new_tokens,
-                                      pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+            with ModelPass(model) as run:
+                full = run.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                    max_new_tokens=self.max_new_tokens,
+                                    pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
             out.append({"response": tokenizer.decode(full[0, ids.shape[1]:], skip_special_tokens=True)})
         return out
 

@@ -33,6 +33,8 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from captum_ffb.vocabulary import FEATURE_GRANULARITIES
+
 if TYPE_CHECKING:
     from captum_ffb.explain import Explanation
     from captum_ffb.models import LoadedModel
@@ -52,7 +54,8 @@ EXAMPLES = {
 MAX_GENERATE = 64
 #: Decimals of the numbers in the tables.
 DECIMALS = 6
-GRANULARITIES = ("block", "sublayer", "head")
+#: The component tables' granularities.
+GRANULARITIES = FEATURE_GRANULARITIES["components"]
 #: The buttons of the app's images (not Gradio's "share", which uploads).
 IMAGE_BUTTONS = ["download", "fullscreen"]
 NORMALIZATIONS = {"raw norms": "none", "rows sum to 1": "row", "columns sum to 1": "column"}
@@ -207,7 +210,7 @@ class AppEvents:
         title = f'"{explanation.target_labels[0]}": {explanation.explained}'
         return figure_image(plot_components(explanation.components, title=title)), components_table(explanation)
 
-    def graph(self, text: str, target: str, class_index: int | None, baseline: str, granularity: str,
+    def graph(self, text: str, target: str, class_index: int | None, corrupted: str | None, granularity: str,
               node_threshold: float) -> tuple:
         """The Graph tab: a summary and the graph's page."""
         from captum_ffb.explain import graph_text
@@ -217,7 +220,7 @@ class AppEvents:
         gr = import_gradio()
         try:
             options = {k: v for k, v in self.options(target, class_index, 0).items() if k != "generate"}
-            graph = graph_text(text, self.loaded, baseline=baseline.strip() or None, granularity=granularity,
+            graph = graph_text(text, self.loaded, corrupted=(corrupted or "").strip() or None, granularity=granularity,
                                node_threshold=float(node_threshold), **options)
         except ValueError as error:
             raise gr.Error(str(error)) from None
@@ -453,10 +456,10 @@ def build_app(loaded: LoadedModel) -> Any:
                             "block at every position, the bias and the output; every edge exact, pruned "
                             "as circuit-tracer prunes. Click a node on the page for its edges.")
                 with gr.Row():
-                    graph_granularity = gr.Radio(["sublayer", "head"], value="head", label="Writer nodes")
+                    graph_granularity = gr.Radio(list(FEATURE_GRANULARITIES["graph"][:2]), value="head", label="Writer nodes")
                     node_threshold = gr.Slider(0.1, 1.0, value=0.8, step=0.05, label="Node threshold")
-                    baseline = gr.Textbox(label="Corrupted text of the same length (patching estimates; "
-                                          "optional)", elem_id="ffb-baseline")
+                    corrupted = gr.Textbox(label="Corrupted text of the same length (patching estimates; "
+                                           "optional)", elem_id="ffb-corrupted")
                     build = gr.Button("Build graph", elem_id="ffb-graph-build")
                 graph_summary_ = gr.Markdown(elem_id="ffb-graph-summary")
                 graph_view = gr.HTML(elem_id="ffb-graph-view")
@@ -486,7 +489,7 @@ def build_app(loaded: LoadedModel) -> Any:
 
         split.click(split_with_progress, inputs=[text, target, class_index, granularity],
                     outputs=[components_figure, components_frame], **queue)
-        build.click(events.graph, inputs=[text, target, class_index, baseline, graph_granularity, node_threshold],
+        build.click(events.graph, inputs=[text, target, class_index, corrupted, graph_granularity, node_threshold],
                     outputs=[graph_summary_, graph_view], **queue)
         attribute_context.click(events.context, inputs=[context_text, question, group_by, target],
                                 outputs=[context_figure, context_frame], **queue)

@@ -1,4 +1,4 @@
-"""The job protocol and ``run_job()``, with the local engine."""
+"""The job protocol and ``run_job()``, with the local backend."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from captum_ffb._deprecation import BACKEND_RENAMES, renamed_arguments
 from captum_ffb.jobs.shards import ShardStore
 
-#: The engines ``run_job()`` knows.
-ENGINES = ("local", "ray")
+#: Where ``run_job()`` runs batches.
+BACKENDS = ("local", "ray")
+#: ``BACKENDS`` (its name before 0.4).
+ENGINES = BACKENDS
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class ModelSource:
 
 
 class Job(Protocol):
-    """What an engine runs. Jobs are picklable (workers get a copy): keep the model out of
+    """What a backend runs. Jobs are picklable (workers get a copy): keep the model out of
     their state and load it in :meth:`setup`."""
 
     #: the shard format; shards of another version are recomputed
@@ -76,15 +79,16 @@ def check_run(job: Job, out: str | os.PathLike, overwrite: bool = False) -> None
     ShardStore(out, job.shard_version).check(job.fingerprint(), overwrite)
 
 
+@renamed_arguments(BACKEND_RENAMES)
 def run_job(
     job: Job,
     out: str | os.PathLike,
-    engine: str = "local",
+    backend: str = "local",
     overwrite: bool = False,
     show_progress: bool = True,
     stop_after: int | None = None,
     description: str = "running",
-    engine_options: dict[str, Any] | None = None,
+    backend_options: dict[str, Any] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     r"""Run every batch of ``job`` not yet on disk in ``out``, then return all shards in
     batch order.
@@ -92,21 +96,21 @@ def run_job(
     Args:
         job (Job): what to run.
         out (str or PathLike): the run's folder (``run.json`` and ``shards/``).
-        engine (str): ``"local"`` (this process) or ``"ray"`` (workers; ``pip install
+        backend (str): ``"local"`` (this process) or ``"ray"`` (workers; ``pip install
                     "captum_ffb[ray]"``).
         overwrite (bool): discard an earlier run with another fingerprint in ``out``.
         show_progress (bool): a progress bar over items.
         stop_after (int, optional): stop (``KeyboardInterrupt``) after this many new batches
-                    (local engine; to test resuming).
+                    (local backend; to test resuming).
         description (str): the progress bar's label.
-        engine_options (dict, optional): the engine's settings (Ray: ``address``,
+        backend_options (dict, optional): the backend's settings (Ray: ``address``,
                     ``workers``, ``gpus_per_worker``).
 
     Returns:
         the shards, in batch order.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
     store = ShardStore(out, job.shard_version)
     settings = job.fingerprint()
     store.open(settings, overwrite)
@@ -121,12 +125,12 @@ def run_job(
                         initial=sum(len(batches[k]) for k in done), unit="seq",
                         desc=description, dynamic_ncols=True)
     try:
-        if todo and engine == "local":
+        if todo and backend == "local":
             _run_local(job, store, batches, todo, progress, stop_after)
         elif todo:
             from captum_ffb.jobs.ray import run_ray
 
-            run_ray(job, store, batches, todo, progress, **(engine_options or {}))
+            run_ray(job, store, batches, todo, progress, **(backend_options or {}))
     finally:
         if progress is not None:
             progress.close()

@@ -3,7 +3,7 @@
 With the real coefficients frozen the model is linear in its players, so the forward route
 can propagate any subset of players on its own (``NormDecomposition.attribute(...,
 route="forward", players=...)``) and the parts add up exactly to the whole. Each part is one
-batch of a :class:`~captum_ffb.jobs.Job`, so the parts run on any engine and a run that
+batch of a :class:`~captum_ffb.jobs.Job`, so the parts run on any backend and a run that
 stops resumes from the parts already done.
 """
 
@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from captum_ffb._deprecation import BACKEND_RENAMES, renamed_arguments
 from captum_ffb.jobs.job import ModelSource, fingerprint_of, run_job
 
 
@@ -57,21 +58,22 @@ class PlayerSplitJob:
                 "players": np.asarray(self.parts[part])}
 
 
+@renamed_arguments(BACKEND_RENAMES)
 def attribute_split(
     model: ModelSource,
     input_ids: Tensor,
     target: Any,
     parts: int,
     out: str | os.PathLike,
-    engine: str = "local",
-    engine_options: dict[str, Any] | None = None,
+    backend: str = "local",
+    backend_options: dict[str, Any] | None = None,
     forward_kwargs: dict[str, Any] | None = None,
     memory_budget: int | None = None,
     players: Sequence[int] | None = None,
     show_progress: bool = True,
 ) -> tuple[Tensor, Tensor]:
     r"""Contributions of every position to ``target``, the players split into ``parts``
-    parts that run as separate batches (on Ray workers with ``engine="ray"``) and are summed.
+    parts that run as separate batches (on Ray workers with ``backend="ray"``) and are summed.
 
     Args:
         model (ModelSource): how each worker loads the model.
@@ -79,8 +81,8 @@ def attribute_split(
         target (Any): as in ``NormDecomposition.attribute()``.
         parts (int): how many parts the players are split into (contiguous ranges).
         out (str or PathLike): the run's folder (one shard per part; resumable).
-        engine (str): ``"local"`` or ``"ray"``.
-        engine_options (dict, optional): the engine's settings.
+        backend (str): ``"local"`` or ``"ray"``.
+        backend_options (dict, optional): the backend's settings.
         forward_kwargs (dict, optional): the model's keyword arguments.
         memory_budget (int, optional): each worker's ``NormDecomposition`` budget.
         players (list[int], optional): only these positions (default: all); the rest get 0.
@@ -96,7 +98,7 @@ def attribute_split(
     groups = [chunk.tolist() for chunk in np.array_split(np.asarray(chosen), parts)]
     job = PlayerSplitJob(model, ids.tolist(), target, groups, dict(forward_kwargs or {}),
                          memory_budget)
-    shards = run_job(job, out, engine, show_progress=show_progress, description="player parts",
-                     engine_options=engine_options)
+    shards = run_job(job, out, backend, show_progress=show_progress, description="player parts",
+                     backend_options=backend_options)
     total = sum(torch.as_tensor(s["contributions"]) for s in shards)
     return total, torch.as_tensor(shards[0]["bias"])

@@ -1,4 +1,4 @@
-"""The Ray engine: batches stream to a pool of actors, each loading the model once.
+"""The Ray backend: batches stream to a pool of actors, each loading the model once.
 
 The driver keeps the plan and writes every shard itself (into ``--out``), so workers need no
 shared file system: they receive the job once, call its ``setup()`` once, and return one
@@ -29,7 +29,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ValueError('--engine ray needs Ray: pip install "captum_ffb[ray]"') from None
+        raise ValueError('--backend ray needs Ray: pip install "captum_ffb[ray]"') from None
     return ray
 
 

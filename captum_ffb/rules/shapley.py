@@ -59,7 +59,7 @@ def _numpy_model(value_fn: ValueFn, dtype: torch.dtype, batch_size: int) -> Call
     """Wrap ``value_fn`` (masks → values) as the numpy model the shap explainers call."""
 
     def model(masks: np.ndarray) -> np.ndarray:
-        masks_t = torch.as_tensor(np.asarray(masks, dtype=np.float64)).to(dtype)
+        masks_t = torch.as_tensor(np.asarray(masks, dtype=np.float64), device="cpu").to(dtype)
         outs = []
         with torch.no_grad():
             for start in range(0, masks_t.shape[0], batch_size):

@@ -4,8 +4,12 @@ reports use them too), re-exported for the views."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
+import torch
 from torch import Tensor
 
 from captum_ffb.pages import (  # noqa: F401 (re-exported: the views import them from here)
@@ -27,6 +31,33 @@ from captum_ffb.text import (
     display_tokens,  # noqa: F401
     ff_amplification,
 )
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` with its tensors on the cpu: a tensor, or a dataclass (one level) holding some."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        moved = {f.name: getattr(value, f.name).detach().cpu() for f in dataclasses.fields(value)
+                 if f.init and isinstance(getattr(value, f.name), Tensor) and getattr(value, f.name).device.type != "cpu"}
+        return dataclasses.replace(value, **moved) if moved else value
+    return value
+
+
+def cpu_view(view: View) -> View:
+    """A view (a figure, a page, an export) made on the cpu, whatever device the numbers it
+    draws were computed on: its tensor arguments (and the tensors of a result object) come to
+    the cpu, and the tensors it makes are made there."""
+
+    @functools.wraps(view)
+    def drawn(*args: Any, **kwargs: Any) -> Any:
+        with torch.device("cpu"):
+            return view(*(_on_cpu(a) for a in args), **{k: _on_cpu(v) for k, v in kwargs.items()})
+
+    return drawn  # type: ignore[return-value]
+
 
 #: The scopes just before and after the FF block, per chain (as in ``Chain.ff_pair``).
 KNOWN_FF_PAIRS: tuple[tuple[str, str], ...] = (("Atb", "AtbFf"), ("AtbLn", "AtbLnFf"))

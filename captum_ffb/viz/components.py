@@ -16,7 +16,7 @@ import textwrap
 from typing import Any
 
 from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.viz._common import COLOUR_JS, DIVERGING, gradient, json_block
+from captum_ffb.viz._common import COLOUR_JS, DIVERGING, cpu_view, gradient, json_block
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 #: Up to this many columns every component is named; beyond, only block boundaries are.
@@ -54,14 +54,14 @@ def _token_labels(result: ComponentAttribution, row: int, n: int) -> list[str]:
     return labels
 
 
-#: How the components outside the blocks are labelled in figures (``head``: the output head's
-#: own terms, not an attention head).
-OUTSIDE_LABELS = {"head": "output head", "embeddings": "embeddings"}
+#: How the components outside the blocks are labelled in figures (``output_head``: the output
+#: head's own terms, not an attention head).
+OUTSIDE_LABELS = {"output_head": "output head", "embeddings": "embeddings"}
 
 
 def column_groups(names: list[str]) -> list[tuple[int, int, str]]:
     """``(first column, column after the last, label)`` of each run of columns: one per block
-    (``"block <l>"``), and one per component outside the blocks (``"embeddings"``, ``"head"``)."""
+    (``"block <l>"``), and one per component outside the blocks (``"embeddings"``, ``"output_head"``)."""
     groups: list[tuple[int, int, str]] = []
     for k, name in enumerate(names):
         found = _BLOCK.match(name)
@@ -81,6 +81,7 @@ def _summary(result: ComponentAttribution, row: int) -> str:
             f"(delta {float(result.delta[row]):.1e})")
 
 
+@cpu_view
 def plot_components(
     result: ComponentAttribution,
     row: int = 0,
@@ -152,6 +153,7 @@ def plot_components(
     return figure
 
 
+@cpu_view
 def components_html(result: ComponentAttribution, row: int = 0, top: int = 10) -> str:
     r"""An offline HTML fragment of one row: the tokens × components heat map (a canvas; hover
     a cell for its token, component and value) and the ``top`` largest entries below it.

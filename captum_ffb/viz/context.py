@@ -10,6 +10,7 @@ from typing import Any
 from captum_ffb.context import ContextAttribution
 from captum_ffb.outputs import write_text
 from captum_ffb.pages import escape, page
+from captum_ffb.viz._common import cpu_view
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 __all__ = ["context_html", "plot_context", "save_context_html"]
@@ -27,6 +28,7 @@ def _label(text: str, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+@cpu_view
 def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r") -> Any:
     """The ``top`` groups of largest ``|contribution|``, largest first, as horizontal bars
     (red raises the output, blue lowers it), with the question, the rest and the bias
@@ -60,6 +62,7 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
     return figure
 
 
+@cpu_view
 def context_html(found: ContextAttribution, title: str | None = None) -> str:
     """An offline page: the context with each group shaded by its contribution (red raises
     the output, blue lowers it, on the scale of the largest group), its value on hover, and

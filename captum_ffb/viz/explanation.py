@@ -24,7 +24,7 @@ from typing import Any
 
 from captum_ffb.explain import Explanation
 from captum_ffb.outputs import write_text
-from captum_ffb.viz._common import COLOUR_JS, page
+from captum_ffb.viz._common import COLOUR_JS, cpu_view, page
 from captum_ffb.viz.components import components_html
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
@@ -49,6 +49,7 @@ def _title(explanation: Explanation, step: int | None = None) -> str:
             f"first-token share {float(explanation.first_token_share()[t]):.0%}")
 
 
+@cpu_view
 def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
     r"""A figure of the contributions, with and without the first token's scale.
 
@@ -132,6 +133,7 @@ def _payload(explanation: Explanation) -> dict[str, Any]:
     return data
 
 
+@cpu_view
 def explanation_html(explanation: Explanation, title: str | None = None) -> str:
     r"""A self-contained HTML page of an explanation (offline: no CDN, no network).
 

@@ -9,7 +9,13 @@ import torch
 from torch import Tensor
 
 from captum_ffb.text import TextMaps
-from captum_ffb.viz._common import check_text_maps, display_tokens, pick_layers, pick_scopes
+from captum_ffb.viz._common import (
+    check_text_maps,
+    cpu_view,
+    display_tokens,
+    pick_layers,
+    pick_scopes,
+)
 
 
 def _row_normalised(matrix: Tensor) -> Tensor:
@@ -17,6 +23,7 @@ def _row_normalised(matrix: Tensor) -> Tensor:
     return matrix / torch.where(total == 0, torch.ones_like(total), total)
 
 
+@cpu_view
 def to_bertviz(
     maps: TextMaps,
     layers: int | Sequence[int] | None = None,
@@ -45,6 +52,7 @@ def to_bertviz(
     ]
 
 
+@cpu_view
 def bertviz_view(
     maps: TextMaps,
     view: str = "head",
@@ -78,6 +86,7 @@ def bertviz_view(
     return draw(attention=attention, tokens=tokens, prettify_tokens=False, html_action=html_action)
 
 
+@cpu_view
 def to_inseq(
     maps: TextMaps,
     layer: int,
@@ -135,6 +144,7 @@ def to_inseq(
     return FeatureAttributionOutput(sequence_attributions=sequences, info=info)
 
 
+@cpu_view
 def to_captum(maps: TextMaps, layer: int, scope: str | None = None) -> Any:
     r"""The map of one layer and scope as a Captum ``LLMAttributionResult``.
 

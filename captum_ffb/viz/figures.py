@@ -11,6 +11,7 @@ from torch import Tensor
 
 from captum_ffb.text import TextMaps
 from captum_ffb.viz._common import (
+    cpu_view,
     display_tokens,
     ff_amp_of,
     ff_pair_of,
@@ -60,6 +61,7 @@ def _normalized(matrix: Tensor, how: str) -> Tensor:
     return matrix / torch.where(total == 0, torch.ones_like(total), total)
 
 
+@cpu_view
 def plot_maps(
     maps: TextMaps | Mapping[str, Tensor],
     layer: int | Sequence[int] | None = None,

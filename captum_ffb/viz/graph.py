@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.outputs import write_json, write_text
-from captum_ffb.viz._common import COLOUR_JS, display_token, display_tokens, escape, page
+from captum_ffb.viz._common import COLOUR_JS, cpu_view, display_token, display_tokens, escape, page
 from captum_ffb.viz._graph_page import BODY, SCRIPT, STYLE
 
 __all__ = ["graph_html", "neuronpedia_graph", "save_graph_html", "save_neuronpedia_graph"]
@@ -41,6 +41,7 @@ FEATURE_TYPES = {"token": "embedding", "output": "logit", "attention": "attentio
                  "cross_attention": "cross attention", "ff": "mlp", "neuron": "mlp neuron", "bias": "bias"}
 
 
+@cpu_view
 def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] | None = None) -> str:
     r"""The kept graph as one self-contained HTML page.
 
@@ -91,6 +92,7 @@ def _cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
+@cpu_view
 def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", scan: str = "captum-ffb",
                       token_ids: list[int] | None = None) -> dict[str, Any]:
     r"""The kept graph in circuit-tracer 0.5's JSON schema (what its frontend and Neuronpedia's

@@ -15,6 +15,7 @@ from captum_ffb.viz._assets import CSS, JS
 from captum_ffb.viz._common import (
     COLOUR_JS,
     check_text_maps,
+    cpu_view,
     display_tokens,
     escape,
     ff_pair_of,
@@ -83,6 +84,7 @@ def _payload(
     }
 
 
+@cpu_view
 def html_view(
     maps: TextMaps,
     title: str | None = None,

@@ -10,7 +10,7 @@ from typing import Any
 from captum.attr import LLMAttributionResult, visualization
 from torch import Tensor
 
-from captum_ffb.viz._common import display_tokens
+from captum_ffb.viz._common import cpu_view, display_tokens
 
 
 def _scaled(row: Tensor, normalize: bool) -> Tensor:
@@ -87,6 +87,7 @@ def _tensor_rows(attributions: Any, tokens: Sequence[str] | Sequence[Sequence[st
     return matrix, row_tokens
 
 
+@cpu_view
 def to_visualization_records(
     attributions: Tensor | LLMAttributionResult,
     tokens: Sequence[str] | Sequence[Sequence[str]] | None = None,

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from captum_ffb.results import ExplainedOutput as Seq2SeqExplanation
-from captum_ffb.viz._common import css, diverging, escape, ink, page
+from captum_ffb.viz._common import cpu_view, css, diverging, escape, ink, page
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 
+@cpu_view
 def plot_seq2seq(explanation: Seq2SeqExplanation, source_tokens: Sequence[str],
                  prefix_tokens: Sequence[str], target_tokens: Sequence[str], title: str = "") -> Any:
     r"""A heat map: one row per explained target token, one column per player (the source's
@@ -60,6 +61,7 @@ def _cell(value: float, bound: float) -> str:
     return f'<td style="background:{css(colour)};color:{ink(colour)}" title="{value:+.4f}">{value:+.3f}</td>'
 
 
+@cpu_view
 def seq2seq_html(explanation: Seq2SeqExplanation, source_tokens: Sequence[str], prefix_tokens: Sequence[str],
                  target_tokens: Sequence[str], title: str = "") -> str:
     """A self-contained HTML page: one row per explained token (logit, source share, delta)

@@ -12,7 +12,7 @@ explained value is ``logit(IO) − logit(S)`` at the last position (``Contrast(I
 
 Ground truth: :func:`captum_ffb.activation_patching` at head granularity, one real forward
 pass per head (its slice of the output projection's input, at every position) and per FF
-block. Estimates: ``attribute_graph(..., baseline_inputs=corrupted)``'s per-node estimates
+block. Estimates: ``attribute_graph(..., corrupted_inputs=corrupted)``'s per-node estimates
 summed over positions (``component_estimates``): ``"frozen"``, ``"atp"`` (attribution
 patching, the field's estimate) and ``"atp+exact"`` at several thresholds on κ (from one graph
 built at the smallest threshold: a node or component above a larger threshold is above the
@@ -120,7 +120,7 @@ def one_prompt(nd, prompt: dict) -> dict:
     real = activation_patching(nd, ids, corrupted, target, "head", show_progress=False)
     patching_time = time.perf_counter() - start
     start = time.perf_counter()
-    graph = nd.attribute_graph(ids, target, granularity="head", max_nodes=1, baseline_inputs=corrupted,
+    graph = nd.attribute_graph(ids, target, granularity="head", max_nodes=1, corrupted_inputs=corrupted,
                                exact_above=min(THRESHOLDS))
     graph_time = time.perf_counter() - start
     estimates = graph.patch_estimates
@@ -149,12 +149,12 @@ def one_prompt(nd, prompt: dict) -> dict:
 
 def _patch_sizes(nd, ids, corrupted, target, graph) -> torch.Tensor:
     """Each node's ‖write − write_corrupted‖ (κ times the stream's norm after it writes)."""
-    from captum_ffb.attr.graph import resolved_target
-    from captum_ffb.engine.graph import real_writers
+    from captum_ffb.engine.patching import real_writers
 
     engine = nd.engine
-    request, other = engine.request((ids,), {}), engine.request((corrupted,), {})
-    head_target = resolved_target(nd, request, target)
+    request = nd.request(ids, target)
+    head_target = request.target
+    other = nd.request(corrupted, head_target)
     clean, base = real_writers(engine, request, head_target, "head"), real_writers(engine, other, head_target, "head")
     d = graph.data
     sizes = torch.zeros(len(d), dtype=torch.float64)
@@ -232,7 +232,7 @@ def main() -> None:
                         help="rebuild the reports from results.json (after a change of the library's default)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from captum_ffb.attr.patching import DEFAULT_ESTIMATOR, EXACT_ABOVE
+    from captum_ffb.engine.patching import DEFAULT_ESTIMATOR, EXACT_ABOVE
 
     if args.report_only:
         saved = json.loads((HERE / "results.json").read_text())

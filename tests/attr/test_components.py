@@ -35,7 +35,7 @@ def test_components_add_up_on_every_family(name, task):
         found = nd.attribute_components(ids, target=target, granularity=granularity)
         assert found.contributions.shape == (*ids.shape, len(found.components))
         assert found.bias.shape == (ids.shape[0], len(found.components))
-        assert found.components[0] == "embeddings" and found.components[-1] == "head"
+        assert found.components[0] == "embeddings" and found.components[-1] == "output_head"
         assert _relative(found.token_contributions(), tokens) < 1e-5
         torch.testing.assert_close(found.bias.sum(-1), bias, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(found.contributions.sum((1, 2)) + found.bias.sum(-1), found.value,

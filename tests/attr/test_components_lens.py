@@ -68,7 +68,7 @@ def test_direct_effects_equal_transformer_lens(name):
         totals = found.component_totals()[0]
         compared = [c for c in found.components if c in lens]
         left = {c for c in found.components if c not in lens}
-        assert left == {"head"} | {c for c in found.components if c.endswith(".attention.bias")}
+        assert left == {"output_head"} | {c for c in found.components if c.endswith(".attention.bias")}
         ours = torch.stack([totals[found.components.index(c)] for c in compared])
         theirs = torch.tensor([lens[c] for c in compared], dtype=ours.dtype)
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)

@@ -163,18 +163,12 @@ def _minus(args, kwargs, contribution, position):
 
 
 def _writer_module(nd, layer, kind):
-    from captum_ffb.engine.block import watched_modules
-
-    block = nd.engine.blocks[layer]
-    roles = watched_modules(block, nd.engine.family.for_block(block))
-    return roles["ff"] if kind == "ff" else roles.get("attention_post_norm") or roles["attn_out"]
+    return nd.engine.points.writer(layer, kind).module
 
 
 def _read_module(nd, layer, kind):
-    from captum_ffb.engine.graph import read_modules
-
-    block = nd.engine.blocks[layer]
-    return read_modules(block, nd.engine.family.for_block(block), nd.engine.chain.name in ("pre_ln", "parallel"))[kind]
+    writer = nd.engine.points.writer(layer, kind)
+    return next(read.module for read in nd.engine.points.reads if read.id == writer.read)
 
 
 @pytest.mark.parametrize("name", sorted(set(FAMILIES) - INLINE_ATTENTION - ENCODERS)[:12] + ["bert", "gpt2"])
@@ -203,14 +197,14 @@ def test_the_frozen_patch_estimate_is_the_frozen_finite_difference(name):
     nd, ids, target = _model(name)
     baseline = ids.clone()
     baseline[0, 1], baseline[0, 3] = 11, 13
-    graph = nd.attribute_graph(ids, target, granularity="head", prune=False, baseline_inputs=baseline)
+    graph = nd.attribute_graph(ids, target, granularity="head", prune=False, corrupted_inputs=baseline)
     d = graph.data
     estimates = graph.patch_estimates["frozen"]
     request = nd.engine.request((ids,), {})
     head_target = nd._target(target, None, request.read_mask)
     store = FrozenCoefficients()
     clean = float(graph_pass(nd.engine, request, head_target, nd.rules, "head", store).value.detach())
-    from captum_ffb.engine.graph import real_writers
+    from captum_ffb.engine.patching import real_writers
 
     base = real_writers(nd.engine, nd.engine.request((baseline,), {}), head_target, "head")
     ff = [k for k, kind in enumerate(d.kinds) if kind == "ff"]
@@ -345,8 +339,8 @@ def test_encoder_decoder_score_splits_add_up(name):
     real = float((query[0, 0, q] * key[0, 0, s]).sum().detach()) * scaling
     split = graph.score_split(layer, 0, n_source + q, n_source + s)
     assert abs(sum(split.values()) - real) <= 1e-5 * max(1.0, abs(real))
-    assert all(k == "bias" or int(k.rsplit(".", 1)[1]) >= n_source for pair in split for k in pair)
+    assert all(k == "bias" or int(k.rsplit("@", 1)[1]) >= n_source for pair in split for k in pair)
     with pytest.raises(ValueError, match="query_position"):
         graph.score_split(layer, 0, 0, n_source)
     with pytest.raises(ValueError, match="patching estimates"):
-        nd.attribute_graph(source, 5, forward_kwargs=kwargs, baseline_inputs=source)
+        nd.attribute_graph(source, 5, forward_kwargs=kwargs, corrupted_inputs=source)

@@ -156,7 +156,7 @@ def test_activation_patching_against_the_estimates(llama):
     real = activation_patching(nd, ids, baseline, 5, "head", show_progress=False)
     heads = nd.engine.config.num_attention_heads * len(nd.engine.blocks)
     assert len(real.of("head")) == heads and len(real.of("ff")) == len(nd.engine.blocks)
-    graph = nd.attribute_graph(ids, 5, prune=False, baseline_inputs=baseline)
+    graph = nd.attribute_graph(ids, 5, prune=False, corrupted_inputs=baseline)
     assert real.clean == pytest.approx(graph.value, abs=1e-5)
     for name in ("frozen", "atp", "default"):
         estimates = graph.component_estimates(name)
@@ -180,15 +180,14 @@ def test_activation_patching_against_the_estimates(llama):
 def test_atp_plus_exact_patches_the_nodes_above_its_kappa_for_real(name, granularity):
     """``"atp+exact"`` is ``"atp"`` where κ ≤ exact_above and one real patched pass where κ is
     larger; κ is the patch's size over the stream's just after the node writes."""
-    from captum_ffb.attr.patching import writer_module
-    from captum_ffb.engine.graph import real_writers
     from captum_ffb.engine.head import target_value
+    from captum_ffb.engine.patching import real_writers
 
     nd = NormDecomposition(tiny_task_model(name, "causal_lm"))
     ids = token_ids()[:1, :7]
     baseline = ids.clone()
     baseline[0, 1], baseline[0, 3] = 11, 13
-    never = nd.attribute_graph(ids, 5, granularity=granularity, prune=False, baseline_inputs=baseline,
+    never = nd.attribute_graph(ids, 5, granularity=granularity, prune=False, corrupted_inputs=baseline,
                                exact_above=math.inf)
     assert torch.equal(never.patch_estimates["atp+exact"], never.patch_estimates["atp"])
     kappa = never.patch_kappa
@@ -196,7 +195,7 @@ def test_atp_plus_exact_patches_the_nodes_above_its_kappa_for_real(name, granula
     components = [k for k, kind in enumerate(d.kinds) if kind not in ("token", "bias", "output")]
     assert all(float(kappa[k]) > 0 for k in components if d.positions[k] in (1, 3))
     threshold = float(kappa[components].median())
-    graph = nd.attribute_graph(ids, 5, granularity=granularity, prune=False, baseline_inputs=baseline,
+    graph = nd.attribute_graph(ids, 5, granularity=granularity, prune=False, corrupted_inputs=baseline,
                                exact_above=threshold)
     above = [k for k in components if float(kappa[k]) > threshold]
     below = [k for k in components if float(kappa[k]) <= threshold]
@@ -211,7 +210,8 @@ def test_atp_plus_exact_patches_the_nodes_above_its_kappa_for_real(name, granula
     base = real_writers(nd.engine, nd.engine.request((baseline,), {}), target, granularity)
     layer, kind, part, p = d.layers[node], d.kinds[node], d.heads[node], d.positions[node]
     key = f"block.{layer}.{'ff' if kind in ('ff', 'neuron') else 'attention'}"
-    module = writer_module(nd.engine, layer, kind, part=kind in ("head", "neuron"))
+    writer = nd.engine.points.writer(layer, "ff" if kind in ("ff", "neuron") else "attention")
+    module = writer.parts if kind in ("head", "neuron") else writer.module
     seen = {}
 
     def hook(mod, args, output=None):
@@ -244,7 +244,7 @@ def test_atp_plus_exact_patches_the_nodes_above_its_kappa_for_real(name, granula
     assert all(n["patch_estimate"] == n["patch_estimates"]["default"] and "patch_kappa" in n
                for n in saved if n["kind"] not in ("token", "bias", "output"))
     with pytest.raises(ValueError, match="exact_above"):
-        nd.attribute_graph(ids, 5, baseline_inputs=baseline, exact_above=0)
+        nd.attribute_graph(ids, 5, corrupted_inputs=baseline, exact_above=0)
 
 
 def test_kappa_is_the_patch_over_the_stream_after_the_write():
@@ -253,7 +253,7 @@ def test_kappa_is_the_patch_over_the_stream_after_the_write():
     ids = token_ids()[:1, :7]
     baseline = ids.clone()
     baseline[0, 2] = 17
-    graph = nd.attribute_graph(ids, 5, granularity="sublayer", prune=False, baseline_inputs=baseline,
+    graph = nd.attribute_graph(ids, 5, granularity="sublayer", prune=False, corrupted_inputs=baseline,
                                exact_above=math.inf)
     block = nd.engine.blocks[1]
     seen = {}
@@ -308,8 +308,8 @@ def test_bad_requests_are_refused_before_any_pass(llama):
             nd.attribute_graph(ids, 5, **options)
     with pytest.raises(ValueError, match="one input at a time"):
         nd.attribute_graph(torch.cat([ids, ids]), 5)
-    with pytest.raises(ValueError, match="baseline_inputs"):
-        nd.attribute_graph(ids, 5, baseline_inputs=ids[:, :3])
+    with pytest.raises(ValueError, match="corrupted_inputs"):
+        nd.attribute_graph(ids, 5, corrupted_inputs=ids[:, :3])
 
 
 def test_cli_graph_of_an_encoder_decoder(tmp_path):

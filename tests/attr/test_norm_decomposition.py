@@ -202,8 +202,6 @@ def test_clear_errors():
     model = tiny_task_model("gpt2")
     nd = NormDecomposition(model)
     ids = token_ids()
-    with pytest.raises(ValueError, match="call maps"):
-        nd.attribute(ids)
     with pytest.raises(ValueError, match="out of range"):
         nd.attribute(ids, target=10_000)
     with pytest.raises(ValueError, match="route must be"):

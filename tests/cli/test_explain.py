@@ -288,7 +288,7 @@ def test_corpus_mode_errors(lm_dir, base_dir, tmp_path, capsys):
     assert "either a TEXT or --data" in _error(capsys, ["--model", str(lm_dir)])
     assert "--target is for one TEXT" in _error(capsys, ["--data", str(corpus), "--model", str(lm_dir),
                                                          "--target", " dog"])
-    assert "corpus mode" in _error(capsys, [TEXT, "--model", str(lm_dir), "--engine", "ray"])
+    assert "corpus mode" in _error(capsys, [TEXT, "--model", str(lm_dir), "--backend", "ray"])
     assert "base model has no output" in _error(capsys, ["--data", str(corpus), "--model", str(base_dir),
                                                          "--out", str(tmp_path / "o")])
 

@@ -33,7 +33,7 @@ def test_components_files_json_and_page(lm_dir, tmp_path, capsys):
     table = data["components"]
     assert table["granularity"] == "sublayer"  # --components alone
     assert table["components"] == ["embeddings", "block.0.attention", "block.0.ff", "block.1.attention",
-                                   "block.1.ff", "head"]
+                                   "block.1.ff", "output_head"]
     assert table["tokens"] == data["labels"] and len(table["contributions"]) == len(data["labels"])
     _adds_up(table)
     assert table["value"] == pytest.approx(data["outputs"][0]["value"], abs=1e-5)
@@ -78,7 +78,7 @@ def test_no_components_unless_asked(lm_dir, tmp_path):
 def test_a_classifier_and_a_base_model_with_a_read_out(classifier_dir, base_dir):
     explanation = explain_text(TEXT, load_saved(classifier_dir), class_index=2, maps=False, components="block")
     table = explanation.components
-    assert table.components[0] == "embeddings" and table.components[-1] == "head"
+    assert table.components[0] == "embeddings" and table.components[-1] == "output_head"
     assert float(table.value[0]) == pytest.approx(float(explanation.values[0]), abs=1e-5)
     _adds_up(explanation.to_dict()["components"])
     # a base model reads through its read-out (Post-LN: the norms' β are components too)
@@ -114,6 +114,6 @@ def test_command_line_refusals_come_before_the_weights(lm_dir, base_dir, tmp_pat
 
 def test_granularities_match_the_engine():
     from captum_ffb.cli.explain import GRANULARITIES
-    from captum_ffb.engine.components import GRANULARITIES as ENGINE
+    from captum_ffb.vocabulary import FEATURE_GRANULARITIES
 
-    assert GRANULARITIES == ENGINE
+    assert GRANULARITIES == FEATURE_GRANULARITIES["components"]

@@ -27,10 +27,10 @@ TAKES = {
     "compare": {"model", "scopes", "out", "device", "dtype", "quiet"},
     "analyze": {"model", "out", "device", "dtype", "quiet"},
     "evaluate": {"model", "out", "device", "quiet"},
-    "app": {"model", "quiet"},
-    "lit": {"model", "quiet"},
+    "app": {"model", "device", "quiet"},
+    "lit": {"model", "device", "quiet"},
     "env": set(),
-    "graph": {"model", "out", "dtype", "quiet"},
+    "graph": {"model", "out", "device", "dtype", "quiet"},
 }
 
 #: Shared flag names a command declares itself because they choose other things there
@@ -179,25 +179,6 @@ def test_an_unavailable_device_is_one_line_before_the_weights_load(argv, device,
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("argv, what", [
-    (["maps", TEXT], "maps"), (["compare", TEXT], "compare"),
-    (["explain", "the cat ||| the dog", "--model", "{marian}"], "explain of an encoder–decoder"),
-])
-def test_one_text_commands_that_cannot_move_their_inputs_say_so(argv, what, tmp_path, one_line,
-                                                                no_weights, monkeypatch, capsys):
-    """maps, compare and an encoder–decoder's explain encode their inputs on the cpu: another
-    device is refused in one line (here one that pretends to exist), before the weights load."""
-    from tests.models import save_tiny_seq2seq
-
-    monkeypatch.setattr(captum_ffb.models, "check_device", torch.device)
-    marian = save_tiny_seq2seq(tmp_path / "marian") if "{marian}" in argv else None
-    argv = [part.format(marian=marian) for part in argv]
-    capsys.readouterr()  # saving's progress bar
-    assert one_line([*argv, "--device", "cuda", "--out", str(tmp_path / "o")]) == (
-        f"--device cuda: {what} runs on the cpu only for now (its inputs are not moved to the "
-        "model's device); leave --device out")
-
-
 def test_device_cpu_runs_one_text(lm_dir, tmp_path, loads):
     assert main(["explain", TEXT, "--model", str(lm_dir), "--device", "cpu", "--format", "json",
                  "--quiet", "--out", str(tmp_path / "o")]) == 0
@@ -248,8 +229,8 @@ def test_compare_and_analyze_in_float64(bert_dir, corpus, tmp_path, loads):
 @pytest.mark.parametrize("argv, message", [
     (["explain", "--data", "{corpus}", "--dtype", "bfloat16"],
      "--dtype bfloat16 is for one TEXT: the corpus mode's workers load the model in its saved dtype"),
-    (["analyze", "--data", "{corpus}", "--engine", "ray", "--dtype", "float16"],
-     "--dtype float16 needs --engine local: Ray's workers load the model in its saved dtype"),
+    (["analyze", "--data", "{corpus}", "--backend", "ray", "--dtype", "float16"],
+     "--dtype float16 needs --backend local: Ray's workers load the model in its saved dtype"),
     (["maps", TEXT, "--dtype", "int8"],
      "re:argument --dtype: invalid choice: 'int8' \\(choose from .*float64'?\\) \\(see captum-ffb maps --help\\)"),
 ])

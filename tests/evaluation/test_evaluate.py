@@ -158,7 +158,7 @@ def test_one_line_errors(classifier_dir, data, tmp_path, capsys):
     assert "no texts" in error("--model", str(classifier_dir), "--data", str(empty), "--task", "sentiment")
     assert "no such file" in error("--model", str(classifier_dir), "--data", "nope.txt", "--task", "sentiment")
     assert "METHOD.KEY=VALUE" in error(*model, "--task", "sentiment", "--option", "integrated_gradients")
-    assert "--workers needs --engine ray" in error(*model, "--task", "sentiment", "--workers", "2")
+    assert "--workers needs --backend ray" in error(*model, "--task", "sentiment", "--workers", "2")
     assert "attnlrp runs on the Llama family" in error(*model, "--task", "sentiment", "--methods", "attnlrp")
     assert main(["evaluate", "--task", "summarise"]) == 2
 

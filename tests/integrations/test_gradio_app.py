@@ -113,7 +113,7 @@ def test_the_graph_tab_is_graph_texts(lm):
     summary, page = session.graph(TEXT, "", -1, "", "head", 0.8)
     expected = graph_text(TEXT, lm)
     assert f"kept {int(expected.node_mask.sum())} nodes" in summary and "iframe" in page
-    with pytest.raises(gradio.Error, match="baseline"):
+    with pytest.raises(gradio.Error, match="corrupted"):
         session.graph(TEXT, "", -1, "the cat", "head", 0.8)
 
 

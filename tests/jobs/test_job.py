@@ -83,5 +83,5 @@ def test_other_settings_are_refused_unless_overwritten(tmp_path):
 
 
 def test_unknown_engine(tmp_path):
-    with pytest.raises(ValueError, match="unknown engine 'spark'"):
-        run_job(SquaresJob([1]), tmp_path, engine="spark")
+    with pytest.raises(ValueError, match="unknown backend 'spark'"):
+        run_job(SquaresJob([1]), tmp_path, backend="spark")

@@ -1,4 +1,4 @@
-"""The Ray engine on a local Ray with 2 CPUs: same shards as the local engine, a killed
+"""The Ray backend on a local Ray with 2 CPUs: same shards as the local backend, a killed
 worker's batch retried, an interrupted run resumed."""
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def _cubes(shards):
 def test_same_shards_as_the_local_engine_on_two_workers(tmp_path, local_ray):
     job = CubesJob(list(range(9)))
     local = run_job(job, tmp_path / "local", show_progress=False)
-    remote = run_job(job, tmp_path / "ray", engine="ray", show_progress=False,
-                     engine_options={"workers": 2})
+    remote = run_job(job, tmp_path / "ray", backend="ray", show_progress=False,
+                     backend_options={"workers": 2})
     np.testing.assert_array_equal(_cubes(local), _cubes(remote))
     assert len({int(s["pid"]) for s in remote}) == 2  # two workers shared the batches
     assert os.getpid() not in {int(s["pid"]) for s in remote}
@@ -72,8 +72,8 @@ def test_same_shards_as_the_local_engine_on_two_workers(tmp_path, local_ray):
 
 def test_a_killed_worker_has_its_batch_retried(tmp_path, local_ray):
     job = CubesJob(list(range(8)), marker=str(tmp_path / "killed"), action="exit")
-    shards = run_job(job, tmp_path / "out", engine="ray", show_progress=False,
-                     engine_options={"workers": 2})
+    shards = run_job(job, tmp_path / "out", backend="ray", show_progress=False,
+                     backend_options={"workers": 2})
     assert (tmp_path / "killed").exists()  # a worker did die
     np.testing.assert_array_equal(_cubes(shards), np.arange(8.0) ** 3)
     positions = np.concatenate([s["positions"] for s in shards])
@@ -83,19 +83,19 @@ def test_a_killed_worker_has_its_batch_retried(tmp_path, local_ray):
 def test_an_interrupted_run_resumes_from_its_shards(tmp_path, local_ray):
     job = CubesJob(list(range(8)), marker=str(tmp_path / "failed"), action="raise", victim=3)
     with pytest.raises(RuntimeError, match="batch 3 failed"):
-        run_job(job, tmp_path / "out", engine="ray", show_progress=False,
-                engine_options={"workers": 1})
+        run_job(job, tmp_path / "out", backend="ray", show_progress=False,
+                backend_options={"workers": 1})
     written = sorted(p.name for p in (tmp_path / "out" / "shards").glob("*.npz"))
     assert "batch-00003.npz" not in written and written  # the earlier batches were kept
-    shards = run_job(job, tmp_path / "out", engine="ray", show_progress=False,
-                     engine_options={"workers": 2})
+    shards = run_job(job, tmp_path / "out", backend="ray", show_progress=False,
+                     backend_options={"workers": 2})
     np.testing.assert_array_equal(_cubes(shards), np.arange(8.0) ** 3)
 
 
 def test_without_ray_installed_the_engine_says_how_to_install_it(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ValueError, match=r'pip install "captum_ffb\[ray\]"'):
-        run_job(CubesJob([1, 2]), tmp_path, engine="ray", show_progress=False)
+        run_job(CubesJob([1, 2]), tmp_path, backend="ray", show_progress=False)
 
 
 def test_analyze_on_ray_equals_the_local_engine(tmp_path, local_ray):
@@ -113,7 +113,7 @@ def test_analyze_on_ray_equals_the_local_engine(tmp_path, local_ray):
     common = ["analyze", "--model", str(folder), "--data", str(corpus), "--batch-size", "2",
               "--no-figures", "--quiet"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
-    assert main([*common, "--out", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2"]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--backend", "ray", "--workers", "2"]) == 0
     local = json.loads((tmp_path / "local" / "results.json").read_text())
     remote = json.loads((tmp_path / "ray" / "results.json").read_text())
 
@@ -133,8 +133,8 @@ def test_engine_flags_are_checked(tmp_path, capsys):
     from captum_ffb.cli import main
 
     assert main(["analyze", "--out", str(tmp_path), "--workers", "2"]) == 2
-    assert "--workers needs --engine ray" in capsys.readouterr().err
-    assert main(["analyze", "--out", str(tmp_path), "--engine", "ray", "--workers", "0"]) == 2
+    assert "--workers needs --backend ray" in capsys.readouterr().err
+    assert main(["analyze", "--out", str(tmp_path), "--backend", "ray", "--workers", "0"]) == 2
     assert "--workers must be at least 1" in capsys.readouterr().err
 
 
@@ -155,11 +155,11 @@ def test_gpus_per_worker_without_a_gpu_fails_before_ray_or_the_model_starts(
     monkeypatch.setattr(ray, "init", never)
     monkeypatch.setattr(captum_ffb.models, "load_model", never)
     monkeypatch.chdir(tmp_path)
-    assert main([*command, str(tmp_path / "out"), "--engine", "ray", "--gpus-per-worker", "1"]) == 2
+    assert main([*command, str(tmp_path / "out"), "--backend", "ray", "--gpus-per-worker", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["captum-ffb: error: --gpus-per-worker 1 needs 1 GPUs, and this machine has 0; use "
                    "--gpus-per-worker 0 (CPU), or --address to join a Ray cluster with GPUs"]
-    assert main([*command, str(tmp_path / "out"), "--engine", "ray", "--gpus-per-worker", "0.5",
+    assert main([*command, str(tmp_path / "out"), "--backend", "ray", "--gpus-per-worker", "0.5",
                  "--workers", "3"]) == 2
     assert "--gpus-per-worker 0.5 with --workers 3 needs 1.5 GPUs" in capsys.readouterr().err
 
@@ -172,14 +172,14 @@ def test_a_cluster_without_enough_gpus_is_one_line(tmp_path, local_ray, capsys):
 
     gpus = ray.cluster_resources().get("GPU", 0)
     with pytest.raises(ValueError, match=f"the Ray cluster has {gpus:g} GPUs, and 1 worker needs 64"):
-        run_job(CubesJob([1, 2]), tmp_path / "job", engine="ray", show_progress=False,
-                engine_options={"gpus_per_worker": 64})
+        run_job(CubesJob([1, 2]), tmp_path / "job", backend="ray", show_progress=False,
+                backend_options={"gpus_per_worker": 64})
     texts = tmp_path / "texts.txt"
     texts.write_text("the cat sat\na dog\n")
     model = save_tiny_lm(tmp_path / "model")
     capsys.readouterr()
     argv = ["explain", "--data", str(texts), "--model", str(model),
-            "--out", str(tmp_path / "out"), "--quiet", "--engine", "ray", "--address", "auto",
+            "--out", str(tmp_path / "out"), "--quiet", "--backend", "ray", "--address", "auto",
             "--workers", "2", "--gpus-per-worker", "64"]
     assert main(argv) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -203,7 +203,7 @@ def test_one_sequence_split_across_two_workers_adds_up(tmp_path, local_ray):
 
     target = Direction(direction, pooling="last")
     split, bias = attribute_split(source, ids, target, parts=3, out=tmp_path / "parts",
-                                  engine="ray", engine_options={"workers": 2}, show_progress=False)
+                                  backend="ray", backend_options={"workers": 2}, show_progress=False)
     model = source.load().model
     whole, whole_bias = NormDecomposition(model).attribute(ids, target=target, route="forward",
                                                            return_bias=True)
@@ -227,7 +227,7 @@ def test_evaluate_on_ray_equals_the_local_engine(tmp_path, local_ray):
     common = ["evaluate", "--model", str(folder), "--task", "next-token", "--data", str(texts),
               "--methods", "decomposition,rollout,random", "--batch-size", "1", "--quiet"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
-    assert main([*common, "--out", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2"]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--backend", "ray", "--workers", "2"]) == 0
     local = json.loads((tmp_path / "local" / "results.json").read_text())
     remote = json.loads((tmp_path / "ray" / "results.json").read_text())
     keys = ("decompx_aopc", "decompx_accuracy", "comprehensiveness", "sufficiency", "abpc")
@@ -248,7 +248,7 @@ def test_explain_corpus_on_ray_equals_the_local_engine(tmp_path, local_ray):
     texts.write_text("the cat sat on the mat\na dog was tired\nshe loves math\nbig red cat\nhello world\n")
     common = ["explain", "--data", str(texts), "--model", str(folder), "--batch-size", "2", "--quiet"]
     assert main([*common, "--out", str(tmp_path / "local")]) == 0
-    assert main([*common, "--out", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2"]) == 0
+    assert main([*common, "--out", str(tmp_path / "ray"), "--backend", "ray", "--workers", "2"]) == 0
     local = [json.loads(x) for x in (tmp_path / "local" / "explanations.jsonl").read_text().splitlines()]
     remote = [json.loads(x) for x in (tmp_path / "ray" / "explanations.jsonl").read_text().splitlines()]
     assert [x["text"] for x in local] == [x["text"] for x in remote] and len(local) == 5

@@ -38,7 +38,7 @@ def _deep_head_table(blocks: int = 30, heads: int = 9, n: int = 12) -> Component
     names = ["embeddings"] + [
         f"block.{b}.{part}" for b in range(blocks)
         for part in [*(f"attention.head.{h}" for h in range(heads)), "attention.bias", "ff"]
-    ] + ["head"]
+    ] + ["output_head"]
     values = torch.randn(1, n, len(names), generator=torch.Generator().manual_seed(0))
     bias = torch.zeros(1, len(names))
     return ComponentAttribution(values, bias, names, values.sum((1, 2)), torch.zeros(1), "head")
@@ -56,7 +56,7 @@ def test_a_column_per_component_and_a_row_per_token(tables):
     ax, image = _heat_map(figure)
     torch.testing.assert_close(torch.as_tensor(image.get_array().data), table.contributions[0].float())
     assert [t.get_text() for t in ax.get_xticklabels()] == [*table.components[:-1], "output head"]
-    assert table.components[-1] == "head" and ax.get_xlabel() == "component (sublayer)"
+    assert table.components[-1] == "output_head" and ax.get_xlabel() == "component (sublayer)"
     assert [t.get_text() for t in ax.get_yticklabels()] == TOKENS
     # a symmetric diverging scale centred on zero, with its colour bar
     low, high = image.get_clim()
@@ -96,7 +96,7 @@ def test_head_granularity_names_every_head_of_a_small_model(tables):
     table = tables["head"]
     assert len(table.components) <= NAMED_COLUMNS_UP_TO
     ax, image = _heat_map(plot_components(table))
-    shown = [name if name != "head" else "output head" for name in table.components]  # not an attention head
+    shown = [name if name != "output_head" else "output head" for name in table.components]  # not an attention head
     assert [t.get_text() for t in ax.get_xticklabels()] == shown
     assert image.get_array().shape == (len(TOKENS), len(table.components))
 
@@ -119,9 +119,9 @@ def test_hundreds_of_columns_are_named_by_block():
 
 
 def test_column_groups():
-    names = ["embeddings", "block.0.attention", "block.0.ff", "block.1.norm1", "block.10.ff", "head"]
+    names = ["embeddings", "block.0.attention", "block.0.ff", "block.1.norm1", "block.10.ff", "output_head"]
     assert column_groups(names) == [(0, 1, "embeddings"), (1, 3, "block 0"), (3, 4, "block 1"),
-                                    (4, 5, "block 10"), (5, 6, "head")]
+                                    (4, 5, "block 10"), (5, 6, "output_head")]
 
 
 def _embedded(fragment):
@@ -153,4 +153,4 @@ def test_html_fragment_of_a_wide_table_names_the_blocks():
     table = _deep_head_table()
     data = _embedded(components_html(table, top=3))
     assert data["named"] is False
-    assert [label for _, _, label in data["groups"]] == ["embeddings", *(f"block {b}" for b in range(30)), "head"]
+    assert [label for _, _, label in data["groups"]] == ["embeddings", *(f"block {b}" for b in range(30)), "output_head"]

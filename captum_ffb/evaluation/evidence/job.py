@@ -1,6 +1,6 @@
 r"""An evidence run: :class:`EvidenceJob` (per batch, every method's attribution scored against
 the evidence) and :func:`evaluate_evidence`, which reads the pairs, keeps those the model gets
-right, runs the job on any engine (resumable from its shards) and writes the report."""
+right, runs the job on any backend (resumable from its shards) and writes the report."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from captum_ffb._deprecation import BACKEND_RENAMES, renamed_arguments
 from captum_ffb.evaluation.evaluate import check_methods, check_peer
 from captum_ffb.evaluation.evidence.data import (
     EvidenceExample,
@@ -46,7 +47,7 @@ class EvidenceJob:
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     precomputed: str | None = None
     seed: int = 0
-    #: a model already loaded in this process (local engine only; workers load ``source``)
+    #: a model already loaded in this process (local backend only; workers load ``source``)
     loaded: Any = field(default=None, repr=False, compare=False)
     shard_version: int = 1
 
@@ -110,6 +111,7 @@ def _correct(task: EvidenceTask, examples: list[EvidenceExample], batch_size: in
     return kept
 
 
+@renamed_arguments(BACKEND_RENAMES)
 def evaluate_evidence(
     model: str | LoadedModel | None,
     data: str | os.PathLike | Sequence[str] | None = None,
@@ -120,8 +122,8 @@ def evaluate_evidence(
     copy: int = 0,
     batch_size: int = 16,
     options: dict[str, dict[str, Any]] | None = None,
-    engine: str = "local",
-    engine_options: dict[str, Any] | None = None,
+    backend: str = "local",
+    backend_options: dict[str, Any] | None = None,
     overwrite: bool = False,
     show_progress: bool = True,
     seed: int = 0,
@@ -141,7 +143,7 @@ def evaluate_evidence(
         n (int, optional): pairs read per subset (before the model's mistakes are dropped).
         copy (int): copy-task sequences per length (:data:`COPY_LENGTHS`) to add as the
                     subset ``copy`` (0: none).
-        batch_size, options, engine, engine_options, overwrite, show_progress, seed, device:
+        batch_size, options, backend, backend_options, overwrite, show_progress, seed, device:
                     as for :func:`~captum_ffb.evaluation.evaluate.evaluate`.
 
     Returns:
@@ -160,8 +162,8 @@ def evaluate_evidence(
     given = model if isinstance(model, LoadedModel) else None
     if given is not None:
         model = given.source
-        if model is None and engine != "local":
-            raise ValueError("a model built in memory runs on the local engine only: give its folder")
+        if model is None and backend != "local":
+            raise ValueError("a model built in memory runs on the local backend only: give its folder")
     config = given.model.config if given is not None else model_config(model)
     if task_from_config(config) != "causal_lm":
         raise ValueError("the evidence task explains next tokens: it needs a causal LM")
@@ -183,13 +185,13 @@ def evaluate_evidence(
         raise ValueError("the model gets no pair right")
     precomputed = str(folder / "attnlrp.npz") if "attnlrp" in chosen else None
     job = EvidenceJob(source, examples, chosen, batch_size, options or {}, precomputed, seed,
-                      loaded if engine == "local" else None)
+                      loaded if backend == "local" else None)
     check_run(job, folder / "run", overwrite)  # a refused run writes nothing
     folder.mkdir(parents=True, exist_ok=True)
     if precomputed is not None and (overwrite or not Path(precomputed).is_file()):
         _attnlrp_contrasts(examples, Path(precomputed), str(model), batch_size)
-    shards = run_job(job, folder / "run", engine=engine, overwrite=overwrite,
-                     show_progress=show_progress, description="evidence", engine_options=engine_options)
+    shards = run_job(job, folder / "run", backend=backend, overwrite=overwrite,
+                     show_progress=show_progress, description="evidence", backend_options=backend_options)
     summary = summarise_evidence(shards, examples, chosen)
     summary.update(model=loaded.name, model_type=loaded.model_type, split=split,
                    data="bundled" if data is None else str(data), read=len(rows), skipped=skipped,

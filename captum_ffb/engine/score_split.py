@@ -17,27 +17,33 @@ import torch
 from torch import Tensor, nn
 
 from captum_ffb.architectures.paths import resolve
+from captum_ffb.engine.bound import BoundModel, Request
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.graph import (
+    GraphTape,
+    Players,
     _batched_grad,
     graph_pass,
-    node_id,
     token_values,
 )
 from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.passes import weights_fingerprint
+from captum_ffb.vocabulary import node_id
 
 __all__ = ["ScoreSplitter"]
 
 
 class ScoreSplitter:
-    """Splits the scores of one input's heads over pairs of writers (one recorded pass of the
-    frozen model, run at the first call and kept).
+    """Splits the scores of one input's heads over pairs of writers: one recorded pass of the
+    frozen model (with every head's queries and keys), run at the first call and kept.
+
+    The model is the one the graph was built on: its weights' fingerprint is taken when the
+    splitter is made, and the pass is refused (a ``ValueError``) if they changed before it ran.
 
     Args:
-        nd (NormDecomposition): the attribution (its engine and model).
-        request (Request): the input, checked.
+        engine (BoundModel): the model bound to its family.
+        request (Request): the input, checked (its target resolved).
         rules (dict): the rules (frozen attention probabilities).
-        target (HeadTarget): the explained output (the pass reads it).
         granularity (str): the graph's (writers split into heads or neurons or not).
         players (list[Players]): each segment's players, as the graph's token nodes measure
                     them.
@@ -46,31 +52,35 @@ class ScoreSplitter:
     self-attention's scores split over the decoder's writers).
     """
 
-    def __init__(self, nd: Any, request: Any, rules: Any, target: Any, granularity: str,
-                 players: Any) -> None:
-        self.nd, self.request, self.rules, self.target = nd, request, rules, target
+    def __init__(self, engine: BoundModel, request: Request, rules: Any, granularity: str,
+                 players: list[Players]) -> None:
+        self.engine, self.request, self.rules = engine, request, rules
         self.granularity, self.players = granularity, players
-        self._tape = None
+        self.fingerprint = weights_fingerprint(engine.model)
+        self._tape: GraphTape | None = None
 
     @property
     def model(self) -> nn.Module:
         """The model (its lock serialises the replays of its frozen pass)."""
-        return self.nd.model
+        return self.engine.model
 
     def release(self) -> None:
         """Forget the recorded pass (its memory); the next call runs it again."""
         self._tape = None
 
     @property
-    def tape(self) -> Any:
+    def tape(self) -> GraphTape:
         if self._tape is None:
-            self._tape = graph_pass(self.nd.engine, self.request, self.target, self.rules, self.granularity,
+            if weights_fingerprint(self.engine.model) != self.fingerprint:
+                raise ValueError("the model's weights changed since this graph was built: its query–key "
+                                 "splits would describe another model; build the graph again")
+            self._tape = graph_pass(self.engine, self.request, self.request.target, self.rules, self.granularity,
                                     coefficients=FrozenCoefficients(scores=True))
         return self._tape
 
     def _attention(self, layer: int) -> tuple[nn.Module, Any]:
         """Block ``layer``'s (self-)attention module and the tape's writer of it."""
-        engine = self.nd.engine
+        engine = self.engine
         blocks = ([] if engine.source is None else list(engine.source.blocks)) + list(engine.blocks)
         if not 0 <= layer < len(blocks):
             raise ValueError(f"layer {layer} does not exist: the model has {len(blocks)} blocks")
@@ -89,7 +99,7 @@ class ScoreSplitter:
 
     @serialized
     def __call__(self, layer: int, head: int, query_position: int, key_position: int) -> dict[Any, float]:
-        engine = self.nd.engine
+        engine = self.engine
         tape = self.tape
         attention, writer = self._attention(layer)
         if tape.coefficients.scores is None or id(attention) not in tape.coefficients.scores:
@@ -125,7 +135,7 @@ class ScoreSplitter:
         attention, writer = self._attention(layer)
         weights = self.tape.coefficients.values.get(("attention", id(attention), 0))
         if weights is None:
-            raise ValueError(f"{self.nd.engine.model_type}'s attention computes its probabilities inline: they "
+            raise ValueError(f"{self.engine.model_type}'s attention computes its probabilities inline: they "
                              "were not kept")
         if not 0 <= head < weights.shape[1]:
             raise ValueError(f"head {head} does not exist: block {layer} has {weights.shape[1]} heads")
