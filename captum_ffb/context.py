@@ -32,15 +32,17 @@ def split_context(context: str, group_by: str = "paragraph") -> list[tuple[int, 
     """Character spans ``(start, end)`` of the groups of ``context``: paragraphs (separated by
     blank lines), sentences (ended by ``.``, ``!`` or ``?`` and white space, or a paragraph's
     end) or lines; spans of white space only are dropped."""
-    if group_by not in GROUPINGS:
+    if not isinstance(group_by, str) or group_by not in GROUPINGS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPINGS)}, got {group_by!r}")
+    # Windows' and old Macs' line ends read as one: offsets stay those of ``context``
+    lines = context.replace("\r\n", " \n").replace("\r", "\n")
     if group_by == "line":
-        cuts = [m.end() for m in re.finditer(r"\n", context)]
+        cuts = [m.end() for m in re.finditer(r"\n", lines)]
     elif group_by == "paragraph":
-        cuts = [m.end() for m in re.finditer(r"\n[ \t]*\n\s*", context)]
+        cuts = [m.end() for m in re.finditer(r"\n[ \t]*\n\s*", lines)]
     else:
-        cuts = sorted({m.end() for m in re.finditer(r"\n[ \t]*\n\s*", context)}
-                      | {m.end() for m in _SENTENCE_END.finditer(context)})
+        cuts = sorted({m.end() for m in re.finditer(r"\n[ \t]*\n\s*", lines)}
+                      | {m.end() for m in _SENTENCE_END.finditer(lines)})
     spans = []
     for start, end in zip([0, *cuts], [*cuts, len(context)]):
         text = context[start:end]
@@ -138,11 +140,17 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
 
     if not isinstance(nd, NormDecomposition):
         nd = NormDecomposition(nd, tokenizer=tokenizer)
+    from captum_ffb.text import check_text
+
     for name, value in (("context", context), ("question", question), ("template", template)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-    if not context.strip():
-        raise ValueError("context is empty")
+    check_text(context, name="context")
+    check_text(question, name="question")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+        raise TypeError(f"max_tokens must be a positive integer, got {type(max_tokens).__name__}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     if template.count("{context}") != 1 or template.count("{question}") != 1:
         raise ValueError("template must hold {context} and {question} once each, e.g. "
                          f"{DEFAULT_TEMPLATE!r}")
@@ -160,6 +168,11 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         q_start, offset = len(head) + len(context) + len(before), len(head)
         prompt = head + context + before + question + after
     q_span = (q_start, q_start + len(question))
+    if max_tokens is not None:  # refused before tokenising a context far too long (a token spans few characters)
+        fewest = -(-len(prompt) // _longest_token(tokenizer))
+        if fewest > max_tokens:
+            raise ValueError(f"the prompt has {len(prompt):,} characters, at least {fewest:,} tokens: more than "
+                             f"{max_tokens}")
     encoded = tokenizer(prompt, return_offsets_mapping=True, return_tensors="pt")
     ids = encoded.input_ids.to(next(nd.model.parameters()).device)  # on the model's device
     if max_tokens is not None and ids.shape[1] > max_tokens:
@@ -195,6 +208,14 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         question=float(per_token[index == -1].sum()), rest=float(per_token[index == -2].sum()), bias=bias_value,
         value=value, delta=float(delta[0]), target=label, token_groups=token_groups,
         tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()), token_contributions=per_token, context=context, spans=spans)
+
+
+def _longest_token(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` covers (its longest vocabulary entry)."""
+    try:
+        return max(1, max(len(token) for token in tokenizer.get_vocab()))
+    except (AttributeError, TypeError, ValueError):
+        return 64
 
 
 def _label(tokenizer: Any, target: Any) -> str:

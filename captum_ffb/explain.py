@@ -151,11 +151,11 @@ def _finite(value: float) -> float | None:
     return value if value == value and abs(value) != float("inf") else None
 
 
-def _single_token(tokenizer: Any, text: str) -> int:
+def _single_token(tokenizer: Any, text: str, name: str = "target") -> int:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1:
         pieces = tokenizer.convert_ids_to_tokens(ids)
-        raise ValueError(f"target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); "
+        raise ValueError(f"{name} {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); "
                          "give one token (mind the leading space, e.g. ' Paris')")
     return int(ids[0])
 
@@ -434,7 +434,7 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
         readouts = [NextToken(token, n_prompt - 1 + t) for t, token in enumerate(generated)]
         what = f"the logit of each of the {len(generated)} generated tokens, read where it was predicted"
     elif contrast is not None:
-        pair = [_single_token(tokenizer, t) for t in contrast]
+        pair = [_single_token(tokenizer, t, "contrast") for t in contrast]
         sequence = ids
         readouts = [Contrast(*pair)]
         what = f"logit({contrast[0]!r}) − logit({contrast[1]!r}) at the next position"

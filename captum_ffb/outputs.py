@@ -10,6 +10,10 @@ folder, which then replaces the destination with :func:`os.replace`. A reader ne
 half-written file, and a symbolic link at the destination is replaced, not followed, so the
 file it pointed to stays untouched.
 
+A command's files are written as one set (:func:`output_set`): into a hidden folder inside
+the output folder, moved into it when all of them are written. An error or an interrupt
+leaves the folder's earlier set whole, and nothing of the new one.
+
 JSON is written with non-finite floats (``NaN``, ``±inf``) as ``null`` and
 ``allow_nan=False``, so every file is valid JSON.
 """
@@ -21,6 +25,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +36,7 @@ __all__ = [
     "atomic_open",
     "check_out_dir",
     "finite",
+    "output_set",
     "save_figure",
     "to_json",
     "write_json",
@@ -120,6 +126,67 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+class OutputSet:
+    """The files of one command being written (see :func:`output_set`).
+
+    Attributes:
+        folder (Path): the output folder the files move into.
+        staging (Path): the hidden folder they are written into first.
+    """
+
+    def __init__(self, folder: Path, staging: Path) -> None:
+        self.folder = folder
+        self.staging = staging
+
+    def path(self, name: str) -> Path:
+        """Where to write the file ``name`` (in the staging folder)."""
+        return self.staging / name
+
+    def final(self, paths: list[Path]) -> list[Path]:
+        """Where written files are once the set is in place."""
+        return [self.folder / Path(p).name for p in paths]
+
+
+@contextlib.contextmanager
+def output_set(folder: str | os.PathLike, option: str = "--out") -> Iterator[OutputSet]:
+    r"""Write a command's files as one set: into a hidden folder inside ``folder``, moved into
+    ``folder`` when the block ends without an error. An error or an interrupt (``Ctrl+C``)
+    removes the hidden folder and leaves ``folder``'s files as they were; a file that cannot be
+    written (a full disk) or moved in (a folder in the way) is an :class:`OutputError` in one
+    line, with nothing left behind.
+
+    Args:
+        folder (str or PathLike): the output folder (created if needed).
+        option (str): how it is named in messages.
+
+    Yields:
+        OutputSet: ``.path(name)`` is where to write each file.
+    """
+    target = Path(folder)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".captum_ffb-writing-", dir=target))
+    except OSError as error:
+        raise OutputError(f"{option} {target} cannot be written ({_reason(error)})") from None
+    try:
+        try:
+            yield OutputSet(target, staging)
+        except OSError as error:
+            raise OutputError(f"{option} {target}: a file could not be written ({_reason(error)})") from None
+        written = sorted(staging.iterdir())
+        blocked = [p.name for p in written if (target / p.name).is_dir() and not (target / p.name).is_symlink()]
+        if blocked:
+            raise OutputError(f"{option} {target}: {blocked[0]} is a folder there, in the way of the file of that "
+                              "name; move it or use another --out")
+        try:
+            for path in written:
+                os.replace(path, target / path.name)
+        except OSError as error:
+            raise OutputError(f"{option} {target}: a file could not be moved in ({_reason(error)})") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:

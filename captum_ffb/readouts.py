@@ -277,6 +277,10 @@ class Contrast(ReadOut):
         batch, device = token_mask.shape[0], token_mask.device
         indices = torch.stack([per_row(self.positive, batch, device, "the positive target"),
                                per_row(self.negative, batch, device, "the negative target")], 1)
+        same = (indices[:, 0] == indices[:, 1]).nonzero()
+        if len(same):
+            raise ValueError(f"Contrast: the positive and the negative target are the same unit "
+                             f"({int(indices[int(same[0]), 0])}): logit(a) − logit(a) is 0 for every input")
         coefficients = torch.tensor([1.0, -1.0], device=device).expand(batch, 2)
         return _unit_target(head, indices, coefficients, token_mask, dtype, position)
 

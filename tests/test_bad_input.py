@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from captum_ffb import Direction, LayerNormDecomposition, NormDecomposition, context_attribution
+from captum_ffb import (
+    Contrast,
+    Direction,
+    LayerNormDecomposition,
+    NormDecomposition,
+    activation_patching,
+    context_attribution,
+)
 from tests.models import (
     TINY_SEQ2SEQ,
     save_tiny,
@@ -71,6 +78,9 @@ def files(tmp_path_factory):
         ",Sentence_good,one_prefix_prefix,one_prefix_word_good,one_prefix_word_bad,target\n"
         "0,the cat is,the cat,is\n")
     (root / "corpus.txt").write_text("the cat sat\na dog ran\n")
+    (root / "zero-width.txt").write_text("\u200b\u2060\n\u200b")
+    (root / "huge.txt").write_text("the cat sat on the mat. " * 4000)
+    (root / "blocked" / "graph.json").mkdir(parents=True)
     return {
         "root": root, "gpt2": save_tiny_lm(root / "gpt2", "gpt2"), "llama": save_tiny_lm(root / "llama"),
         "bert": save_tiny("bert", root / "bert"), "marian": save_tiny_seq2seq(root / "marian"),
@@ -221,6 +231,30 @@ CLI_CASES = [
     ("an unknown grouping", ["explain", "--context", "{r}/corpus.txt", "--question", "Why?", "--model", "{gpt2}",
                              "--group-by", "word"],
      "re:argument --group-by: invalid choice: 'word' .*"),
+    # issue 45: the newest features
+    ("an empty --question", ["explain", "--context", "{r}/corpus.txt", "--question", " ", "--model", "{gpt2}"],
+     "--question is empty"),
+    ("a context of zero-width characters only",
+     ["explain", "--context", "{r}/zero-width.txt", "--question", "Why?", "--model", "{gpt2}"],
+     "re:--context .*zero-width.txt has no visible characters .*"),
+    ("a --context past the model's positions, refused before tokenising it",
+     ["explain", "--context", "{r}/huge.txt", "--question", "Why?", "--model", "{gpt2}", "--quiet"],
+     "re:the prompt has [0-9,]+ characters, at least [0-9,]+ tokens: more than 64"),
+    ("a two-token --contrast names --contrast",
+     ["explain", "the cat", "--model", "{gpt2}", "--contrast", " the cat", " a", "--quiet"],
+     "re:--contrast ' the cat' is 2 tokens for this tokenizer .*"),
+    ("--class on a causal LM names --class (graph)", ["graph", "the cat", "--model", "{gpt2}", "--class", "1"],
+     "--class needs a sequence classifier"),
+    ("--class on a causal LM names --class (explain)", ["explain", "the cat", "--model", "{gpt2}", "--class", "1"],
+     "--class needs a sequence classifier"),
+    ("a --corrupted of another length names --corrupted",
+     ["graph", "the cat sat", "--model", "{gpt2}", "--corrupted", "the", "--quiet"],
+     "re:--corrupted must have as many tokens as the text \\(\\d+\\), it has \\d+"),
+    ("an empty --corrupted", ["graph", "the cat sat", "--model", "{gpt2}", "--corrupted", " ", "--quiet"],
+     "--corrupted is empty"),
+    ("a folder in the way of a graph file",
+     ["graph", "the cat sat", "--model", "{gpt2}", "--format", "json", "--out", "{r}/blocked", "--quiet"],
+     "re:--out .*blocked: graph.json is a folder there, in the way of the file of that name; .*"),
 ]
 
 
@@ -266,7 +300,9 @@ def api():
     lm = tiny_lm("llama")
     base = TINY["bert"].build()
     marian = TINY_SEQ2SEQ["marian"].build()
-    return {"lm": lm, "nd": NormDecomposition(lm), "base": base, "nd_base": NormDecomposition(base),
+    nd = NormDecomposition(lm)
+    return {"lm": lm, "nd": nd, "base": base, "nd_base": NormDecomposition(base),
+            "graph": nd.attribute_graph(IDS[:1], target=3, prune=False),
             "marian": marian, "nd_marian": NormDecomposition(marian),
             "lnd": LayerNormDecomposition(base, base.encoder.layer[0]), "tokenizer": wordpiece_tokenizer()}
 
@@ -363,6 +399,56 @@ API_CASES = [
     ("a template without the question",
      lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", "Why?", template="{context} so"),
      ValueError, r"template must hold \{context\} and \{question\} once each"),
+    # issue 45: the newest features, at the API
+    ("an empty question", lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", " "),
+     ValueError, r"question is empty"),
+    ("a context of zero-width characters", lambda a: context_attribution(a["nd"], a["tokenizer"], "\u200b\u2060", "Why?"),
+     ValueError, r"context has no visible characters"),
+    ("max_tokens as a string", lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", "Why?", max_tokens="10"),
+     TypeError, r"max_tokens must be a positive integer, got str"),
+    ("max_tokens 0", lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", "Why?", max_tokens=0),
+     ValueError, r"max_tokens must be at least 1, got 0"),
+    ("a context attribution of a raw model (AttributeError before)",
+     lambda a: context_attribution(a["lm"], a["tokenizer"], "One.", "Why?", group_by="sentences"),
+     ValueError, r"group_by must be one of paragraph, sentence, line"),
+    ("a contrast of one unit with itself", lambda a: a["nd"].attribute(IDS, target=Contrast(5, 5)),
+     ValueError, r"Contrast: the positive and the negative target are the same unit \(5\)"),
+    ("a reference holding NaN (a non-finite result before)",
+     lambda a: a["nd"].attribute(IDS, target=3, reference=torch.full((32,), float("nan"))),
+     ValueError, r"reference holds non-finite values"),
+    ("a reference of integers", lambda a: a["nd"].attribute(IDS, target=3, reference=torch.ones(32, dtype=torch.long)),
+     TypeError, r"a reference tensor holds input vectors \(floats\), got int64"),
+    ("rules as a string", lambda a: a["nd"].attribute(IDS, target=3, rules="AttnLRP"),
+     TypeError, r"rules must be a mapping role → rule"),
+    ("a model on the meta device", lambda a: NormDecomposition(tiny_lm("llama").to("meta")),
+     ValueError, r"weights are on the meta device"),
+    ("a node threshold as a string", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, node_threshold="0.5"),
+     TypeError, r"node_threshold must be a number between 0 and 1, got str"),
+    ("prune as a string", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, prune="no"),
+     TypeError, r"prune must be True or False, got 'no'"),
+    ("a score split at a float position", lambda a: a["graph"].score_split(1, 0, 4.0, 2),
+     TypeError, r"query_position must be an integer, got float"),
+    ("a score split at a string layer", lambda a: a["graph"].score_split("1", 0, 4, 2),
+     TypeError, r"layer must be an integer, got str"),
+    ("a score split with bools", lambda a: a["graph"].score_split(1, 0, True, False),
+     TypeError, r"query_position must be an integer, got bool"),
+    ("a score split at a masked key (27,225 'exact' pairs before)", lambda a: a["graph"].score_split(1, 0, 2, 4),
+     ValueError, r"key_position 4 is masked for query_position 2 in block 1"),
+    ("query-key pairs of 1.5 heads", lambda a: a["graph"].query_key_pairs(heads=1.5),
+     TypeError, r"heads must be a positive integer, got float"),
+    ("query-key pairs of -1 heads", lambda a: a["graph"].query_key_pairs(heads=-1),
+     ValueError, r"heads must be at least 1, got -1"),
+    ("attached pairs, top -1", lambda a: a["graph"].attach_score_pairs(1, 0, 4, 2, top=-1),
+     ValueError, r"top must be at least 1, got -1"),
+    ("activation patching of a raw model with a float batch size",
+     lambda a: activation_patching(a["lm"], IDS[:1], IDS[1:], 3, batch_size=2.5),
+     TypeError, r"batch_size must be an integer, got float"),
+    ("activation patching with a corrupted prompt of another length",
+     lambda a: activation_patching(a["lm"], IDS[:1], IDS[1:, :3], 3, show_progress=False),
+     ValueError, r"corrupted_inputs must have the inputs' shape \(1, 5\)"),
+    ("activation patching with corrupted ids out of the vocabulary",
+     lambda a: activation_patching(a["lm"], IDS[:1], IDS[1:] + 100, 3, show_progress=False),
+     ValueError, r"corrupted_inputs holds the token id 109"),
 ]
 
 
@@ -444,3 +530,94 @@ def test_random_requests_are_exact_or_refused(api, request):
 
     _exact_or_refused(attribute, lambda r: (r[2], r[0].abs().sum(-1) + r[1].abs()))
     _exact_or_refused(components, lambda r: (r.delta, r.value.abs()))
+
+
+# --------------------------------------------------------------------------- the newest entry points
+ANY = st.one_of(st.integers(-3, 12), st.floats(-2, 2), st.just(float("nan")), st.booleans(), st.text(max_size=3),
+                st.none())
+
+
+def _refused_or_finite(call) -> None:
+    """Either a one-line ``ValueError``/``TypeError``, or a result whose numbers are finite."""
+    try:
+        result = call()
+    except (ValueError, TypeError) as error:
+        assert str(error) and "\n" not in str(error)
+        hypothesis.event("refused")
+        return
+    hypothesis.event("answered")
+    numbers = []
+    stack = [result]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            numbers.append(item.detach().float().reshape(-1))
+        elif isinstance(item, float):
+            numbers.append(torch.tensor([item]))
+        elif isinstance(item, dict):
+            stack += list(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack += list(item)
+    assert all(bool(torch.isfinite(n).all()) for n in numbers)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(layer=st.one_of(st.integers(0, 1), st.integers(0, 1), ANY), head=st.one_of(st.integers(0, 3), ANY),
+       query=st.one_of(st.integers(0, 4), st.integers(3, 4), ANY), key=st.one_of(st.integers(0, 2), ANY),
+       heads=st.one_of(st.integers(1, 3), ANY), top=st.one_of(st.integers(1, 4), ANY))
+def test_random_score_splits_are_exact_or_refused(api, layer, head, query, key, heads, top):
+    graph = api["graph"]
+    _refused_or_finite(lambda: graph.score_split(layer, head, query, key))
+    _refused_or_finite(lambda: graph.attention(layer, head, query))
+    _refused_or_finite(lambda: graph.query_key_pairs(heads=heads, keys=1, top=2))
+    _refused_or_finite(lambda: graph.attach_score_pairs(layer, head, query, key, top=top))
+
+
+@st.composite
+def graph_requests(draw):
+    """A graph's options: all well formed half the time, else one of them drawn anyhow."""
+    options = {"granularity": draw(st.sampled_from(["sublayer", "head", "neuron"])), "prune": draw(st.booleans()),
+               "threshold": draw(st.floats(0, 1)), "max_nodes": draw(st.one_of(st.none(), st.integers(1, 30))),
+               "corrupted": draw(st.sampled_from(["same", "flipped", "none"])),
+               "target": draw(st.one_of(st.none(), st.integers(0, 59)))}
+    if draw(st.booleans()):
+        wrong = draw(st.sampled_from(sorted(options)))
+        options[wrong] = draw({"granularity": st.sampled_from(["block", "", 3]), "corrupted": st.sampled_from(
+            ["short", "floats"])}.get(wrong, ANY))
+    return options
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(options=graph_requests())
+def test_random_graphs_and_patching_are_exact_or_refused(api, options):
+    granularity, prune, threshold = options["granularity"], options["prune"], options["threshold"]
+    max_nodes, corrupted, target = options["max_nodes"], options["corrupted"], options["target"]
+    ids = IDS[:1]
+    other = {"same": ids, "flipped": ids.flip(1), "short": ids[:, :3], "none": None, "floats": ids.float()}[corrupted]
+    nd = api["nd"]
+
+    def graph():
+        found = nd.attribute_graph(ids, target, granularity=granularity, prune=prune, node_threshold=threshold,
+                                   max_nodes=max_nodes, corrupted_inputs=other)
+        assert found.flow_residual() <= 1e-4 * (1 + abs(found.value))
+        return found.data.values, found.data.weights, list(found.patch_estimates.values())
+
+    _refused_or_finite(graph)
+    _refused_or_finite(lambda: activation_patching(nd, ids, other, target, granularity=granularity,
+                                                   show_progress=False).effects)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(context=st.one_of(st.sampled_from(["one two.\n\nthree four. five.", "a b c\r\nd e\r\n\r\nf", "x.\ry."]),
+                         st.text(max_size=40)),
+       question=st.one_of(st.sampled_from(["why?", "and?"]), st.text(max_size=10)),
+       group_by=st.sampled_from(["paragraph", "sentence", "line", "word", 3]),
+       max_tokens=st.one_of(st.none(), st.integers(1, 200), ANY), target=st.one_of(st.none(), st.integers(0, 59), ANY))
+def test_random_context_attributions_are_exact_or_refused(api, context, question, group_by, max_tokens, target):
+    def found():
+        result = context_attribution(api["nd"], api["tokenizer"], context, question, group_by=group_by,
+                                     target=target, max_tokens=max_tokens)
+        assert abs(result.delta) <= 1e-4 * (1 + abs(result.value))
+        return result.contributions, result.question, result.rest, result.bias, result.value
+
+    _refused_or_finite(found)

@@ -128,3 +128,37 @@ def test_cli_writes_the_groups(tmp_path):
     bad.write_bytes(b"caf\xe9\n")
     assert main(["explain", "--context", str(bad), "--question", QUESTION, "--model", str(model),
                  "--out", str(tmp_path / "o"), "--quiet"]) == 2
+
+
+def test_windows_and_old_mac_line_ends_split_as_newlines():
+    """A CRLF or CR file was one paragraph."""
+    for newline in ("\r\n", "\r"):
+        text = CONTEXT.replace("\n", newline)
+        found = [text[s:e] for s, e in split_context(text, "paragraph")]
+        assert [" ".join(p.split()) for p in found] == [
+            "the cat sat on the mat . it was tired .", "the dog ran fast . she loves math . tokyo is the capital .",
+            "hello world"]
+        assert len(split_context(text, "line")) == 4
+
+
+def test_a_text_target_from_the_command_line(tmp_path):
+    """``explain --context F --question Q --target TOKEN`` always ended in a traceback (the
+    attribution was built without the tokenizer)."""
+    model = save_tiny_lm(tmp_path / "model")
+    context = tmp_path / "context.txt"
+    context.write_text(CONTEXT, encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["explain", "--context", str(context), "--question", QUESTION, "--target", " mat",
+                 "--model", str(model), "--out", str(out), "--quiet", "--format", "json"]) == 0
+    data = json.loads((out / "context.json").read_text())
+    assert "mat" in data["target"]
+    total = sum(g["contribution"] for g in data["groups"]) + data["question"] + data["rest"] + data["bias"]
+    assert math.isclose(total, data["value"], abs_tol=1e-5)
+
+
+def test_a_raw_model_is_bound_and_a_text_target_read_by_the_tokenizer(lm):
+    nd, tokenizer = lm
+    token = tokenizer.decode(tokenizer.encode(" mat", add_special_tokens=False)[:1])
+    bound = context_attribution(nd, tokenizer, CONTEXT, QUESTION, target=token)
+    raw = context_attribution(nd.model, tokenizer, CONTEXT, QUESTION, target=token)  # AttributeError before
+    torch.testing.assert_close(raw.contributions, bound.contributions)

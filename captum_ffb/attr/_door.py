@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.engine import forward_arguments
+from captum_ffb.engine.players import REFERENCES
 from captum_ffb.engine.requests import (
     check_call,
     check_forward_kwargs,
@@ -35,8 +36,7 @@ class Door:
         vocabulary (:mod:`captum_ffb.engine.requests`)."""
         args = forward_arguments(inputs, additional_forward_args)
         kwargs = check_call(self.model, args, check_forward_kwargs(forward_kwargs), name)
-        if isinstance(reference, int):  # a token id (a bool is refused)
-            check_index(reference, "reference", vocabulary_size(self.model))
+        check_reference(reference, self.model)
         return self.engine.request(args, kwargs)
 
     def request(self, inputs: Any, target: Any = None, *, additional_forward_args: Any = None,
@@ -85,6 +85,9 @@ class Door:
 
     def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
         """The whole-model defaults, the instance's replacements, then this call's."""
+        if rules is not None and not isinstance(rules, Mapping):
+            raise TypeError(f"rules must be a mapping role → rule (e.g. rules={{'attention': AttnLRPAttention()}}), "
+                            f"got {type(rules).__name__}")
         return self.engine.rules({**self._user_rules, **(rules or {})})
 
     def _reference_of(self, reference: Any, baselines: Any) -> Any:
@@ -114,6 +117,26 @@ class Door:
         if tokens.numel() == 0:
             raise ValueError("target has no tokens")
         return tokens.to(device)
+
+
+def check_reference(reference: Any, model: Any = None) -> Any:
+    """A reference checked at the door: ``None``, one of :data:`REFERENCES`, a token id of the
+    vocabulary, or a finite float tensor (a ``TypeError`` or ``ValueError`` naming it)."""
+    if reference is None:
+        return reference
+    if isinstance(reference, str):
+        if reference not in REFERENCES:
+            raise ValueError(f"reference must be one of {REFERENCES}, a token id or a tensor, got {reference!r}")
+        return reference
+    if isinstance(reference, Tensor):
+        if not reference.is_floating_point():
+            raise TypeError(f"a reference tensor holds input vectors (floats), got {str(reference.dtype)[6:]}")
+        if not bool(torch.isfinite(reference).all()):
+            raise ValueError("reference holds non-finite values (NaN or ±inf)")
+        return reference
+    if isinstance(reference, int) or isinstance(reference, bool):  # a token id (a bool is refused)
+        return check_index(reference, "reference", None if model is None else vocabulary_size(model))
+    raise TypeError(f"reference must be one of {REFERENCES}, a token id or a tensor, got {type(reference).__name__}")
 
 
 def one_input(inputs: Any) -> Tensor:

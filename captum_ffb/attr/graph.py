@@ -12,6 +12,7 @@ the thresholds as parameters) and says what share of the output the kept graph h
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -226,6 +227,8 @@ class AttributionGraph:
         positions the head attends most, the score's ``top`` writer pairs. Head node id →
         ``[{"key_position", "probability", "score", "pairs": [{"query", "key", "value"}]}]``
         (``score`` the whole pre-softmax score, the pairs' values add up to it with the rest)."""
+        for name, value in (("heads", heads), ("keys", keys), ("top", top)):
+            _count(value, name)
         d = self.data
         chosen = [k for k in self.node_mask.nonzero()[:, 0].tolist() if d.kinds[k] == "head"]
         chosen = sorted(chosen, key=lambda k: -abs(float(d.values[k])))[:heads]
@@ -245,21 +248,27 @@ class AttributionGraph:
 
     def attach_score_pairs(self, layer: int, head: int, query_position: int, key_position: int,
                            top: int = 5) -> list[dict[str, Any]]:
-        """Add the ``top`` query–key pairs of a head's score (by ``|value|``) as links of their
-        own kind (``"qk"``) to the graph's dict; returns them."""
+        """Add the ``top`` query–key pairs of a head's score (by ``|value|``) between nodes the
+        graph keeps as links of their own kind (``"qk"``) to the graph's dict (once: a pair
+        attached before is not added again); returns them."""
+        _count(top, "top")
         split = self.score_split(layer, head, query_position, key_position)
-        pairs = sorted(((k, v) for k, v in split.items() if isinstance(k, tuple)), key=lambda kv: -abs(kv[1]))[:top]
-        found = [{"source": q, "target": k, "weight": v, "kind": "qk", "head": node_id("head", layer, head, query_position)}
-                 for (q, k), v in pairs]
-        self.qk_links.extend(found)
-        return found
+        kept = {identifier for identifier, shown in zip(self.ids(), self.node_mask.tolist()) if shown}
+        pairs = sorted(((pair, v) for pair, v in split.items() if pair[0] in kept and pair[1] in kept),
+                       key=lambda kv: -abs(kv[1]))[:top]
+        head_id = node_id("head", layer, head, query_position)
+        found = [{"source": q, "target": k, "weight": v, "kind": "qk", "head": head_id} for (q, k), v in pairs]
+        attached = {(link["source"], link["target"], link["head"]) for link in self.qk_links}
+        self.qk_links.extend(link for link in found if (link["source"], link["target"], link["head"]) not in attached)
+        return [dict(link) for link in found]
 
     # ------------------------------------------------------------------ exports
     def to_dict(self) -> dict[str, Any]:
         """``{"nodes": [...], "links": [...], ...}``: every kept node (``id``, ``kind``,
         ``layer``, ``head``, ``position``, ``value``, with ``token``, ``influence`` and
         ``patch_estimate`` where known) and every kept edge (``source``, ``target``,
-        ``weight``; query–key links with ``"kind": "qk"``)."""
+        ``weight``; query–key links with ``"kind": "qk"``). A new dict: changing it changes
+        nothing of the graph; a share that is not a number (the value 0) is ``None``."""
         d = self.data
         ids = self.ids()
         nodes = []
@@ -280,9 +289,20 @@ class AttributionGraph:
         shown = self.node_mask[d.sources] & self.node_mask[d.targets] & self.edge_mask
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
                  for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
+        share = self.kept_share
         return {"granularity": self.granularity, "value": self.value, "output": self.output_label,
-                "tokens": self.tokens, "n_source": self.n_source, "kept_share": self.kept_share, "thresholds": self.thresholds,
-                "nodes": nodes, "links": links + list(self.qk_links)}
+                "tokens": list(self.tokens), "n_source": self.n_source,
+                "kept_share": share if math.isfinite(share) else None, "thresholds": dict(self.thresholds),
+                "nodes": nodes, "links": links + [dict(link) for link in self.qk_links]}
+
+
+def _count(value: Any, name: str) -> int:
+    """A count argument: a positive integer (a ``TypeError`` or ``ValueError`` naming it)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 def attribution_graph(nd: Any, inputs: Any, target: Any = None, **options: Any) -> AttributionGraph:

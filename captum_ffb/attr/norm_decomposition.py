@@ -18,7 +18,7 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from captum_ffb._deprecation import keyword_only
-from captum_ffb.attr._door import Door, captum_return, one_input, route_of
+from captum_ffb.attr._door import Door, captum_return, check_reference, one_input, route_of
 from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.attr.graph import (
     DEFAULT_MAX_NODES,
@@ -37,7 +37,7 @@ from captum_ffb.engine.requests import (
     check_forward_kwargs,
     check_index,
 )
-from captum_ffb.engine.whole import REFERENCES, HeadTarget, WholeModel
+from captum_ffb.engine.whole import HeadTarget, WholeModel
 from captum_ffb.models import LoadedModel
 from captum_ffb.readouts import (
     NextToken,
@@ -119,8 +119,10 @@ class NormDecomposition(Door, Attribution):
         if model is None:
             raise TypeError("NormDecomposition needs the model itself (an nn.Module) as forward_func")
         super().__init__(model)
-        if isinstance(reference, str) and reference not in REFERENCES:
-            raise ValueError(f"reference must be one of {REFERENCES}, a token id or a tensor, got {reference!r}")
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise ValueError(f"{type(model).__name__}'s weights are on the meta device (not loaded): load them "
+                             "(from_pretrained without device_map='meta'), then explain")
+        check_reference(reference, model)
         self.model = model
         #: the one whole-model engine this attribution asks
         self.engine = WholeModel(model, model_type, memory_budget, dtype, show_progress)

@@ -19,7 +19,7 @@ from captum_ffb.cli._options import (
     parse_layers,
     parse_scopes,
 )
-from captum_ffb.outputs import check_out_dir, write_text
+from captum_ffb.outputs import check_out_dir, output_set, write_text
 
 DEFAULT_OUT = default_out("compare")
 #: ``--differentiation``'s choices and the ``route`` of ``compare_with_baselines`` each means.
@@ -174,18 +174,19 @@ def _run_compare(args: argparse.Namespace, loaded: Any, out: Path, layers: Seque
         route=DIFFERENTIATION[args.differentiation], n_steps=args.n_steps,
         n_samples=args.n_samples, seed=args.seed, show_progress=not args.quiet,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    figures = []
-    if not args.no_figures:
-        from captum_ffb.baselines.figure import side_by_side
+    with output_set(out) as files:
+        figures = []
+        if not args.no_figures:
+            from captum_ffb.baselines.figure import side_by_side
 
-        for layer in result.layers:
-            figures.append(side_by_side(
-                {name: value[0] for name, value in result.maps[layer].items()}, result.tokens,
-                out / f"compare_layer{layer:02d}.png",
-                title=f"{loaded.name}, layer {layer}: decomposition scopes and baselines",
-            ))
-    written = _write_table(result.table, out / "compare")
+            for layer in result.layers:
+                figures.append(side_by_side(
+                    {name: value[0] for name, value in result.maps[layer].items()}, result.tokens,
+                    files.path(f"compare_layer{layer:02d}.png"),
+                    title=f"{loaded.name}, layer {layer}: decomposition scopes and baselines",
+                ))
+        written = _write_table(result.table, files.path("compare"))
+    written, figures = files.final(written), files.final(figures)
     if not args.quiet:
         print(result.table.to_markdown())
         for path in [*written, *figures]:
@@ -212,17 +213,18 @@ def _run_app_e(args: argparse.Namespace, loaded: Any, out: Path, layers: Sequenc
         n_samples=args.n_samples, seed=args.seed, n_steps=args.n_steps, k=args.k,
         show_progress=not args.quiet,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    written = _write_table(study.agreement, out / "app_e_agreement")
-    written += _write_table(study.contextualization, out / "app_e_change")
-    written += _write_table(study.timing, out / "app_e_timing")
-    if not args.no_figures:
-        from captum_ffb.baselines.figure import timing_plot
+    with output_set(out) as files:
+        written = _write_table(study.agreement, files.path("app_e_agreement"))
+        written += _write_table(study.contextualization, files.path("app_e_change"))
+        written += _write_table(study.timing, files.path("app_e_timing"))
+        if not args.no_figures:
+            from captum_ffb.baselines.figure import timing_plot
 
-        written.append(timing_plot(
-            study.seconds, out / "app_e_timing.png",
-            title=f"{loaded.name}, layer {study.layers[0]}: activation decomposition time",
-        ))
+            written.append(timing_plot(
+                study.seconds, files.path("app_e_timing.png"),
+                title=f"{loaded.name}, layer {study.layers[0]}: activation decomposition time",
+            ))
+    written = files.final(written)
     if not args.quiet:
         print(study.timing.to_markdown())
         print(study.agreement.to_markdown())

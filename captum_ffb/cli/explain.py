@@ -18,7 +18,7 @@ from captum_ffb.cli._options import (
 )
 from captum_ffb.context import DEFAULT_TEMPLATE, GROUPINGS
 from captum_ffb.engine.requests import check_new_tokens
-from captum_ffb.outputs import check_out_dir, save_figure, write_json, write_text
+from captum_ffb.outputs import check_out_dir, output_set, save_figure, write_json, write_text
 from captum_ffb.vocabulary import FEATURE_GRANULARITIES
 
 if TYPE_CHECKING:
@@ -27,8 +27,9 @@ if TYPE_CHECKING:
 GRANULARITIES = FEATURE_GRANULARITIES["components"]
 DEFAULT_OUT = default_out("explain")
 #: The library's parameter names this command's messages show as its flags.
-FLAGS = {"contrast": "--contrast", "class_index": "--class", "generate": "--generate", "target": "--target", "components": "--components",
-         "max_new_tokens": "--generate", "batch_size": "--batch-size"}
+FLAGS = {"contrast": "--contrast", "class_index": "--class", "generate": "--generate", "target": "--target",
+         "components": "--components", "max_new_tokens": "--generate", "batch_size": "--batch-size",
+         "template": "--template"}
 #: How many tokens an encoder–decoder generates when --generate is not given.
 DEFAULT_NEW_TOKENS = 20
 
@@ -172,25 +173,26 @@ def run(args: argparse.Namespace) -> int:
                                generate=args.generate or 0, route=args.route,
                                maps=False if args.no_maps else None, components=args.components,
                                show_progress=not args.quiet)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    if "json" in formats:
-        written.append(write_json(out / "explanation.json", explanation.to_dict()))
-    if "html" in formats:
-        from captum_ffb.viz.explanation import save_explanation_html
+    with output_set(out) as files:
+        written = []
+        if "json" in formats:
+            written.append(write_json(files.path("explanation.json"), explanation.to_dict()))
+        if "html" in formats:
+            from captum_ffb.viz.explanation import save_explanation_html
 
-        written.append(save_explanation_html(explanation, out / "explanation.html"))
-    if "png" in formats and explanation.steps:
-        from captum_ffb.viz.explanation import plot_contributions
+            written.append(save_explanation_html(explanation, files.path("explanation.html")))
+        if "png" in formats and explanation.steps:
+            from captum_ffb.viz.explanation import plot_contributions
 
-        figure = plot_contributions(explanation)
-        written.append(save_figure(figure, out / "explanation.png", dpi=150))
-    if "png" in formats and explanation.components is not None:
-        from captum_ffb.viz.components import plot_components
+            figure = plot_contributions(explanation)
+            written.append(save_figure(figure, files.path("explanation.png"), dpi=150))
+        if "png" in formats and explanation.components is not None:
+            from captum_ffb.viz.components import plot_components
 
-        figure = plot_components(explanation.components,
-                                 title=f'"{explanation.target_labels[0]}": {explanation.explained}')
-        written.append(save_figure(figure, out / "components.png", dpi=150))
+            figure = plot_components(explanation.components,
+                                     title=f'"{explanation.target_labels[0]}": {explanation.explained}')
+            written.append(save_figure(figure, files.path("components.png"), dpi=150))
+    written = files.final(written)
     if not args.quiet:
         print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
               f"{explanation.explained}")
@@ -238,8 +240,8 @@ def _run_context(args: argparse.Namespace) -> int:
     formats = parse_formats(args.format)
     out = check_out_dir(args.out)
     context = read_text_file(args.context, "--context")
-    question = check_text(args.question)
-    check_text(context)
+    question = check_text(args.question, name="--question")
+    check_text(context, name=f"--context {args.context}")
     config = model_config(args.model)
     task = check_request(config, None, args.target)
     if task != "causal_lm":
@@ -250,25 +252,26 @@ def _run_context(args: argparse.Namespace) -> int:
     from captum_ffb.attr import NormDecomposition
 
     limit = getattr(config, "max_position_embeddings", None)
-    found = context_attribution(NormDecomposition(loaded.model), loaded.tokenizer, context, question,
+    found = context_attribution(NormDecomposition(loaded), loaded.tokenizer, context, question,
                                 group_by=args.group_by, target=args.target, template=args.template,
                                 max_tokens=limit)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    if "json" in formats:
-        written.append(write_json(out / "context.json", found.to_dict()))
-        rows = ["index,tokens,contribution,share,text"] + [
-            f"{g['index']},{g['tokens']},{g['contribution']!r},{g['share']!r},{_csv_field(g['text'])}"
-            for g in found.to_dict()["groups"]]
-        written.append(write_text(out / "context.csv", "\n".join(rows) + "\n"))
-    if "html" in formats:
-        from captum_ffb.viz.context import save_context_html
+    with output_set(out) as files:
+        written = []
+        if "json" in formats:
+            written.append(write_json(files.path("context.json"), found.to_dict()))
+            rows = ["index,tokens,contribution,share,text"] + [
+                f"{g['index']},{g['tokens']},{g['contribution']!r},{g['share']!r},{_csv_field(g['text'])}"
+                for g in found.to_dict()["groups"]]
+            written.append(write_text(files.path("context.csv"), "\n".join(rows) + "\n"))
+        if "html" in formats:
+            from captum_ffb.viz.context import save_context_html
 
-        written.append(save_context_html(found, out / "context.html"))
-    if "png" in formats:
-        from captum_ffb.viz.context import plot_context
+            written.append(save_context_html(found, files.path("context.html")))
+        if "png" in formats:
+            from captum_ffb.viz.context import plot_context
 
-        written.append(save_figure(plot_context(found), out / "context.png", dpi=150))
+            written.append(save_figure(plot_context(found), files.path("context.png"), dpi=150))
+    written = files.final(written)
     if not args.quiet:
         print(f"{len(found.tokens)} tokens, {len(found.groups)} groups ({args.group_by}); explained: "
               f"{found.target}, value {found.value:.4f} = Σ groups {float(found.contributions.sum()):.4f} + question "
@@ -379,20 +382,21 @@ def _run_seq2seq(args: argparse.Namespace, formats: list[str], out, config: Any,
                             max_new_tokens=DEFAULT_NEW_TOKENS)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    title = f"{loaded.name}: {pair.source}"
-    views = (pair.result, pair.source_tokens, pair.prefix_tokens, pair.target_tokens)
-    if "json" in formats:
-        written.append(write_json(out / "explanation.json", pair.to_dict()))
-    if "html" in formats:
-        from captum_ffb.viz.seq2seq import seq2seq_html
+    with output_set(out) as files:
+        written = []
+        title = f"{loaded.name}: {pair.source}"
+        views = (pair.result, pair.source_tokens, pair.prefix_tokens, pair.target_tokens)
+        if "json" in formats:
+            written.append(write_json(files.path("explanation.json"), pair.to_dict()))
+        if "html" in formats:
+            from captum_ffb.viz.seq2seq import seq2seq_html
 
-        written.append(write_text(out / "explanation.html", seq2seq_html(*views, title)))
-    if "png" in formats:
-        from captum_ffb.viz.seq2seq import plot_seq2seq
+            written.append(write_text(files.path("explanation.html"), seq2seq_html(*views, title)))
+        if "png" in formats:
+            from captum_ffb.viz.seq2seq import plot_seq2seq
 
-        written.append(save_figure(plot_seq2seq(*views, title), out / "explanation.png", dpi=150))
+            written.append(save_figure(plot_seq2seq(*views, title), files.path("explanation.png"), dpi=150))
+    written = files.final(written)
     if not args.quiet:
         print(f"{loaded.name}: {len(pair.source_tokens)} source tokens; {len(pair.target_tokens)} target "
               "tokens explained")

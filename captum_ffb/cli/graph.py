@@ -14,7 +14,7 @@ from captum_ffb.cli._options import (
     default_out,
     model_placement,
 )
-from captum_ffb.outputs import check_out_dir, write_json
+from captum_ffb.outputs import check_out_dir, output_set, write_json
 from captum_ffb.vocabulary import FEATURE_GRANULARITIES
 
 DEFAULT_OUT = default_out("graph")
@@ -90,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--format", default=",".join(GRAPH_FORMATS), metavar="LIST",
                         help=f"comma list of {', '.join(GRAPH_FORMATS)} (default: all three)")
     add_shared_options(parser, "graph", "model", "out", "device", "dtype", "quiet")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, flags=FLAGS)
 
 
 def _formats(value: str, neuronpedia: bool) -> list[str]:
@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     from captum_ffb.text import check_text
 
     check_text(args.text)
+    if args.corrupted is not None:
+        check_text(args.corrupted, name="--corrupted")  # before the weights load
     formats = _formats(args.format, args.neuronpedia)
     for name in ("node_threshold", "edge_threshold"):
         value = getattr(args, name)
@@ -143,20 +145,21 @@ def run(args: argparse.Namespace) -> int:
                            max_nodes=args.max_nodes)
     except ValueError as error:
         raise UsageError(as_flags(str(error), FLAGS)) from None
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    if "json" in formats:
-        written.append(write_json(out / "graph.json", graph.to_dict()))
-    if "html" in formats:
-        from captum_ffb.viz.graph import save_graph_html
+    with output_set(out) as files:
+        written = []
+        if "json" in formats:
+            written.append(write_json(files.path("graph.json"), graph.to_dict()))
+        if "html" in formats:
+            from captum_ffb.viz.graph import save_graph_html
 
-        say("query–key pairs of the largest heads ...")
-        written.append(save_graph_html(graph, out / "graph.html"))
-    if "neuronpedia" in formats:
-        from captum_ffb.viz.graph import save_neuronpedia_graph
+            say("query–key pairs of the largest heads ...")
+            written.append(save_graph_html(graph, files.path("graph.html")))
+        if "neuronpedia" in formats:
+            from captum_ffb.viz.graph import save_neuronpedia_graph
 
-        written.append(save_neuronpedia_graph(graph, out / "graph_neuronpedia.json", args.text,
-                                              scan=f"captum-ffb:{loaded.name}"))
+            written.append(save_neuronpedia_graph(graph, files.path("graph_neuronpedia.json"), args.text,
+                                                  scan=f"captum-ffb:{loaded.name}"))
+    written = files.final(written)
     if not args.quiet:
         _summary(graph, loaded.name)
         for path in written:
@@ -166,16 +169,17 @@ def run(args: argparse.Namespace) -> int:
 
 def _summary(graph: Any, model_name: str) -> None:
     d = graph.data
-    inflow, outflow = graph.flow()
-    writers = [k for k, kind in enumerate(d.kinds) if kind not in ("token", "bias", "output")]
-    # in-flow matches by construction (the bias edge takes the model's constants); out-flow is the check
-    residual = max((abs(float(outflow[k] - d.values[k])) for k in range(d.output)), default=0.0)
+    writers = {k for k, kind in enumerate(d.kinds) if kind not in ("token", "bias", "output")}
+    computed = "every node" if d.computed is None else \
+        f"the {int(d.computed.sum())} writer nodes whose edges were computed ({len(writers) - int(d.computed.sum())} " \
+        "left out, their flow counted as left out)"
     print(f"{model_name}: {len(graph.tokens)} tokens; explained “{graph.output_label}”, value {graph.value:.4f}")
+    share = graph.kept_share
     print(f"  {len(d)} nodes and {len(d.weights)} edges; kept {int(graph.node_mask.sum())} nodes and "
-          f"{int(graph.edge_mask.sum())} edges holding {graph.kept_share:.1%} of the output; "
-          f"largest flow residual {residual:.1e}")
-    top = sorted((k for k in graph.node_mask.nonzero()[:, 0].tolist() if k in set(writers)),
+          f"{int(graph.edge_mask.sum())} edges holding {'–' if share != share else f'{share:.1%}'} of the output; "
+          f"largest flow residual over {computed}: {graph.flow_residual():.1e}")
+    top = sorted((k for k in graph.node_mask.nonzero()[:, 0].tolist() if k in writers),
                  key=lambda k: -abs(float(d.values[k])))[:5]
     ids = graph.ids()
     for k in top:
-        print(f"    {ids[k]} @ {graph.tokens[d.positions[k]]}: {float(d.values[k]):+.4f}")
+        print(f"    {ids[k]} ({graph.tokens[d.positions[k]]}): {float(d.values[k]):+.4f}")

@@ -16,7 +16,7 @@ from captum_ffb.cli._options import (
     parse_layers,
     parse_scopes,
 )
-from captum_ffb.outputs import check_out_dir, save_figure, write_json
+from captum_ffb.outputs import check_out_dir, output_set, save_figure, write_json
 
 DEFAULT_OUT = default_out("maps")
 #: Resolutions the PNG figures may take.
@@ -112,16 +112,17 @@ def run(args: argparse.Namespace) -> int:
                          audio=args.audio)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    if "json" in formats:
-        written.append(_write_json(maps, out / "maps.json"))
-    if "html" in formats:
-        from captum_ffb.viz.html import save_html
+    with output_set(out) as files:
+        written = []
+        if "json" in formats:
+            written.append(_write_json(maps, files.path("maps.json")))
+        if "html" in formats:
+            from captum_ffb.viz.html import save_html
 
-        written.append(save_html(maps, out / "maps.html"))
-    if "png" in formats:
-        written += _write_pngs(maps, out, args.dpi, args.quiet, args.normalize)
+            written.append(save_html(maps, files.path("maps.html")))
+        if "png" in formats:
+            written += _write_pngs(maps, files.staging, args.dpi, args.quiet, args.normalize)
+    written = files.final(written)
     if not args.quiet:
         worst = max(d for per_layer in maps.delta.values() for d in per_layer.values())
         print(

@@ -31,9 +31,10 @@ class FrozenCoefficients:
         self.values: dict[tuple[Any, ...], Any] = {} if values is None else values
         self.replaying = replaying
         self._calls: dict[tuple[str, int], int] = defaultdict(int)
-        #: with ``scores``: attention module → ``(query, key, scaling)`` as its attention
-        #: function read them, with their graphs (a score's split over the writers)
-        self.scores: dict[int, tuple[Any, Any, float]] | None = {} if scores else None
+        #: with ``scores``: attention module → ``(query, key, scaling, mask)`` as its attention
+        #: function read them, the queries and keys with their graphs (a score's split over
+        #: the writers)
+        self.scores: dict[int, tuple[Any, Any, float, Any]] | None = {} if scores else None
 
     def replayed(self) -> FrozenCoefficients:
         """A store that hands these coefficients back (a fresh count of calls)."""

@@ -117,7 +117,7 @@ def _frozen_implementation(original: str) -> str:
         if store.scores is not None:
             scaling = kwargs.get("scaling")
             scaling = scaling if scaling is not None else getattr(module, "scaling", None) or query.shape[-1] ** -0.5
-            store.scores[id(module)] = (query, key, float(scaling))
+            store.scores[id(module)] = (query, key, float(scaling), attention_mask)
         return output, weights
 
     return register_attention(_FROZEN_PREFIX + original, frozen, mask=original)
@@ -159,7 +159,8 @@ def frozen_attention(run: ModelPass, methods: Mapping[str, Sequence[nn.Module]],
                     if store.scores is not None:
                         scale = getattr(module, "scale_attn", None)
                         store.scores[id(module)] = (query, key, 1.0 / float(scale) if scale is not None
-                                                    else query.shape[-1] ** -0.5)
+                                                    else query.shape[-1] ** -0.5,
+                                                    args[0] if args else kwargs.get("attention_mask"))
                 return output, weights
             output, weights = original(query.detach(), key.detach(), value.detach(), *args, **kwargs)
             mask = args[0] if args else kwargs.get("attention_mask")

@@ -28,9 +28,17 @@ from captum_ffb.engine.graph import (
 )
 from captum_ffb.engine.locking import serialized
 from captum_ffb.engine.passes import weights_fingerprint
+from captum_ffb.rules.attention_scores import allowed_keys
 from captum_ffb.vocabulary import node_id
 
 __all__ = ["ScoreSplitter"]
+
+
+def _index(value: Any, name: str) -> int:
+    """An index argument: an integer (a bool, a float or a string is a ``TypeError`` naming it)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
+    return value
 
 
 class ScoreSplitter:
@@ -99,18 +107,28 @@ class ScoreSplitter:
 
     @serialized
     def __call__(self, layer: int, head: int, query_position: int, key_position: int) -> dict[Any, float]:
+        for name, value in (("layer", layer), ("head", head), ("query_position", query_position),
+                            ("key_position", key_position)):
+            _index(value, name)
         engine = self.engine
-        tape = self.tape
         attention, writer = self._attention(layer)
+        tape = self.tape
         if tape.coefficients.scores is None or id(attention) not in tape.coefficients.scores:
             raise ValueError(f"{engine.model_type}'s attention computes its scores inline: its queries and "
                              "keys cannot be read, so its scores cannot be split")
-        query, key, scaling = tape.coefficients.scores[id(attention)]
+        query, key, scaling, mask = tape.coefficients.scores[id(attention)]
         heads = query.shape[1]
         if not 0 <= head < heads:
             raise ValueError(f"head {head} does not exist: block {layer} has {heads} heads")
+        at_query, at_key = query_position, key_position
         query_position = self._position(writer, "query_position", query_position)
         key_position = self._position(writer, "key_position", key_position)
+        allowed = allowed_keys(mask if isinstance(mask, Tensor) else None,
+                               (query.shape[0], heads, query.shape[2], key.shape[2]), query.device)
+        if not bool(allowed[0, min(head, allowed.shape[1] - 1), query_position, key_position]):
+            raise ValueError(f"key_position {at_key} is masked for query_position {at_query} in block {layer} "
+                             "(a causal head sees keys up to its query, a windowed one its window): its "
+                             "probability is 0 and its score takes no part")
         index = tape.writers.index(writer)
         kv = head // (heads // key.shape[1])
         q_parts, q_bias = self._parts(tape, index, query, head, query_position)
@@ -132,6 +150,8 @@ class ScoreSplitter:
         """``(n,)`` the attention probabilities of head ``head`` of block ``layer`` at query
         position ``query_position`` over the key positions of its input (the clean pass's;
         for an encoder–decoder's decoder, over the target)."""
+        for name, value in (("layer", layer), ("head", head), ("query_position", query_position)):
+            _index(value, name)
         attention, writer = self._attention(layer)
         weights = self.tape.coefficients.values.get(("attention", id(attention), 0))
         if weights is None:

@@ -240,8 +240,9 @@ class AppEvents:
                 raise ValueError(f"context attribution explains a causal LM's answer; "
                                  f"{type(self.loaded.model).__name__} is a {self.task} model")
             limit = getattr(self.loaded.model.config, "max_position_embeddings", None)
-            found = context_attribution(NormDecomposition(self.loaded.model), self.loaded.tokenizer,
-                                        check_text(context), check_text(question), group_by=group_by,
+            found = context_attribution(NormDecomposition(self.loaded), self.loaded.tokenizer,
+                                        check_text(context, name="the context"),
+                                        check_text(question or "", name="the question"), group_by=group_by,
                                         target=target or None, max_tokens=limit)
         except ValueError as error:
             raise gr.Error(str(error)) from None
@@ -264,7 +265,8 @@ def graph_summary(graph: Any) -> str:
     residual = graph.flow_residual()
     return (f"Explained: `{graph.output_label}`, value {graph.value:.4f}. {len(d)} nodes, {len(d.weights)} edges; "
             f"kept {int(graph.node_mask.sum())} nodes and {int(graph.edge_mask.sum())} edges holding "
-            f"{graph.kept_share:.1%} of the output. Largest flow residual {residual:.1e}.")
+            f"{'–' if graph.kept_share != graph.kept_share else f'{graph.kept_share:.1%}'} of the output. "
+            f"Largest flow residual {residual:.1e}.")
 
 
 def redraw_maps(maps: TextMaps | None, layer: int, scopes: list[str], ff_amp: bool, normalize: str) -> Any:

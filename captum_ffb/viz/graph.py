@@ -26,6 +26,7 @@ is exact.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
     header = (f'<p class="meta">explains {escape(explained)} · value {graph.value:.4g} · '
               f'{graph.granularity} granularity · {int(graph.node_mask.sum())} of {len(graph.data)} nodes, '
               f'{int(graph.edge_mask.sum())} of {len(graph.data.weights)} edges kept, holding '
-              f'{graph.kept_share:.1%} of the output</p>')
+              f'{_share(graph.kept_share)} of the output</p>')
     return page(title or f"Attribution graph of “{shown}”", BODY, header=header, style=STYLE,
                 data={"ffb-graph-data": data}, script=[COLOUR_JS, SCRIPT])
 
@@ -79,6 +80,11 @@ def _query_key(graph: Any) -> dict[str, Any]:
         return graph.query_key_pairs()
     except ValueError:  # a family whose attention computes its scores inline
         return {}
+
+
+def _share(share: float) -> str:
+    """A kept share as a percentage ("–" where it is not a number: the explained value is 0)."""
+    return f"{share:.1%}" if math.isfinite(share) else "–"
 
 
 def save_graph_html(graph: Any, path: str | os.PathLike, **kwargs: Any) -> Path:

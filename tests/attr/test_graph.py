@@ -180,7 +180,7 @@ def test_score_splits_add_up_to_the_models_scores(name):
     for layer in range(len(nd.engine.blocks)):
         block = nd.engine.blocks[layer]
         attention = resolve(block, nd.engine.family.for_block(block).attention)
-        query, key, scaling = tape.coefficients.scores[id(attention)]
+        query, key, scaling, _ = tape.coefficients.scores[id(attention)]
         head = query.shape[1] - 1
         kv = head // (query.shape[1] // key.shape[1])
         q, s = ids.shape[1] - 1, 2
@@ -334,7 +334,7 @@ def test_encoder_decoder_score_splits_add_up(name):
     layer = n_encoder + 1
     tape = graph.scorer.tape
     attention = resolve(nd.engine.blocks[1], nd.engine.family.for_block(nd.engine.blocks[1]).attention)
-    query, key, scaling = tape.coefficients.scores[id(attention)]
+    query, key, scaling, _ = tape.coefficients.scores[id(attention)]
     q, s = 2, 1
     real = float((query[0, 0, q] * key[0, 0, s]).sum().detach()) * scaling
     split = graph.score_split(layer, 0, n_source + q, n_source + s)

@@ -325,3 +325,56 @@ def test_cli_graph_of_an_encoder_decoder(tmp_path):
     assert main(["graph", "the cat sat", "--model", str(model), "--out", str(tmp_path / "o2"), "--quiet"]) == 2
     assert main(["graph", "the cat ||| le", "--model", str(model), "--out", str(tmp_path / "o3"),
                  "--baseline", "the dog ||| le", "--quiet"]) == 2
+
+
+def test_a_graph_refuses_to_split_scores_of_a_changed_model():
+    """The splitter recorded its pass lazily: zeroing a query projection after building the graph
+    made ``attention`` uniform and the splits sum to 0 — the graph described another model."""
+    model = tiny_task_model("llama", "causal_lm")
+    nd = NormDecomposition(model)
+    ids = token_ids()[:1, :7]
+    graph = nd.attribute_graph(ids, 5, prune=False)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.q_proj.weight.data.zero_()
+    with pytest.raises(ValueError, match="weights changed since this graph was built"):
+        graph.score_split(1, 0, 6, 2)
+    again = nd.attribute_graph(ids, 5, prune=False)
+    assert abs(sum(again.score_split(1, 0, 6, 2).values())) < 1e-6  # the new model's: q = 0
+    recorded = nd.attribute_graph(ids, 5, prune=False)
+    recorded.score_split(1, 0, 6, 2)  # recorded now: later answers stay the build's
+    first = recorded.attention(1, 0, 6)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.k_proj.weight.data.mul_(3)
+    torch.testing.assert_close(recorded.attention(1, 0, 6), first)
+
+
+def test_the_dict_is_a_copy_and_score_links_join_kept_nodes_once():
+    nd = NormDecomposition(tiny_task_model("llama", "causal_lm"))
+    ids = token_ids()[:1, :7]
+    graph = nd.attribute_graph(ids, 5)
+    saved = graph.to_dict()
+    saved["tokens"].append("x")
+    saved["thresholds"]["node_threshold"] = 0
+    assert graph.to_dict()["tokens"] == graph.tokens and graph.thresholds["node_threshold"] == 0.8
+    head = next(k for k, kind in enumerate(graph.data.kinds) if kind == "head" and graph.node_mask[k])
+    layer, part, position = graph.data.layers[head], graph.data.heads[head], graph.data.positions[head]
+    first = graph.attach_score_pairs(layer, part, position, 0, top=5)
+    kept = {i for i, shown in zip(graph.ids(), graph.node_mask.tolist()) if shown}
+    assert all(link["source"] in kept and link["target"] in kept for link in first)
+    graph.attach_score_pairs(layer, part, position, 0, top=5)
+    links = [(link["source"], link["target"]) for link in graph.to_dict()["links"] if link.get("kind") == "qk"]
+    assert len(links) == len(set(links)) == len(first)
+    with pytest.raises(ValueError, match="key_position 6 is masked for query_position 3"):
+        graph.score_split(layer, part, 3, 6)
+
+
+def test_a_page_with_no_share_is_drawn():
+    """``kept_share`` is not a number where the explained value is 0 (a contrast of equal
+    logits): the page's data held a bare NaN and the page stayed blank."""
+    from captum_ffb.viz.graph import graph_html
+
+    nd = NormDecomposition(tiny_task_model("llama", "causal_lm"))
+    graph = nd.attribute_graph(token_ids()[:1, :7], 5)
+    graph.data.values[graph.data.output] = 0.0
+    page = graph_html(graph)
+    assert "NaN" not in page and '"kept_share": null' in page and "– of the output" in page

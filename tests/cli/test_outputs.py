@@ -203,3 +203,56 @@ def test_atomic_writes(tmp_path):
         raise RuntimeError("interrupted")
     assert json.loads(path.read_text()) == {"x": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+# --------------------------------------------------------------------------- output sets (issue 45)
+def test_an_output_set_moves_in_whole_or_not_at_all(tmp_path):
+    from captum_ffb.outputs import OutputError, output_set, write_text
+
+    out = tmp_path / "out"
+    with output_set(out) as files:
+        write_text(files.path("a.json"), "old a")
+        write_text(files.path("b.html"), "old b")
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "old a", "b.html": "old b"}
+    with pytest.raises(KeyboardInterrupt):  # an interrupt halfway: the old set stays whole
+        with output_set(out) as files:
+            write_text(files.path("a.json"), "new a")
+            raise KeyboardInterrupt
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "old a", "b.html": "old b"}
+    with pytest.raises(OutputError, match="a file could not be written \\(No space left on device\\)"):
+        with output_set(out) as files:
+            write_text(files.path("a.json"), "new a")
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.json": "old a", "b.html": "old b"}
+    (out / "c.png").mkdir()
+    with pytest.raises(OutputError, match="c.png is a folder there, in the way"):
+        with output_set(out) as files:
+            write_text(files.path("a.json"), "new a")
+            write_text(files.path("c.png"), "new c")
+    assert {p.name: p.is_dir() or p.read_text() for p in out.iterdir()} == {"a.json": "old a", "b.html": "old b",
+                                                                             "c.png": True}
+    with output_set(out) as files:
+        write_text(files.path("a.json"), "new a")
+        paths = [files.path("a.json")]
+    assert files.final(paths) == [out / "a.json"] and (out / "a.json").read_text() == "new a"
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+def test_an_interrupted_graph_command_leaves_the_old_set(tmp_path, monkeypatch):
+    """The graph's three files were written one by one: an interrupt left graph.json of the new
+    prompt beside the old page."""
+    import captum_ffb.viz.graph as views
+    from tests.models import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "lm")
+    out = tmp_path / "graph"
+    assert main(["graph", "the cat sat on the mat", "--model", str(folder), "--out", str(out), "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) == {"graph.json", "graph.html", "graph_neuronpedia.json"}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(views, "save_graph_html", interrupted)
+    assert main(["graph", "a dog ran to the park", "--model", str(folder), "--out", str(out), "--quiet"]) == 130
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -115,6 +115,8 @@ def test_the_graph_tab_is_graph_texts(lm):
     assert f"kept {int(expected.node_mask.sum())} nodes" in summary and "iframe" in page
     with pytest.raises(gradio.Error, match="corrupted"):
         session.graph(TEXT, "", -1, "the cat", "head", 0.8)
+    none_summary, _ = session.graph(TEXT, "", -1, None, "head", 0.8)  # AttributeError before
+    assert none_summary == summary
 
 
 def test_the_context_tab_is_context_attribution(lm, classifier):
@@ -131,6 +133,9 @@ def test_the_context_tab_is_context_attribution(lm, classifier):
     assert list(table["contribution"].abs()) == sorted(table["contribution"].abs(), reverse=True)
     with pytest.raises(gradio.Error, match="empty|visible"):
         session.context("  ", "the cat was", "paragraph", "")
+    token = lm.tokenizer.decode(lm.tokenizer.encode(" mat", add_special_tokens=False)[:1])
+    _, by_text = session.context(context, "the cat was", "paragraph", token)  # a traceback before
+    assert sorted(by_text["group"]) == [0, 1, 2]
     with pytest.raises(gradio.Error, match="causal LM"):
         gradio_app.AppEvents(classifier).context(context, "the cat was", "paragraph", "")
 
