@@ -33,6 +33,7 @@ from typing import IO, Any
 
 __all__ = [
     "OutputError",
+    "OutputSet",
     "atomic_open",
     "check_out_dir",
     "finite",

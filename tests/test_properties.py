@@ -9,7 +9,7 @@ from functools import cache
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from captum_ffb import Contrast, Decomposition, NormDecomposition
@@ -88,6 +88,7 @@ def test_every_family_is_complete_and_both_routes_agree(name, n, padding, left, 
 @given(name=st.sampled_from(CAUSAL), a=st.integers(0, VOCAB - 1), b=st.integers(0, VOCAB - 1),
        route=st.sampled_from(["backward", "forward"]), seed=st.integers(0, 2**16))
 def test_a_contrast_is_the_difference_of_its_targets(name, a, b, route, seed):
+    assume(a != b)  # a contrast of a unit with itself is refused (0 for every input)
     nd = _model(name)
     torch.manual_seed(seed)
     ids = torch.randint(4, VOCAB, (1, 6))

@@ -237,7 +237,9 @@ class AttributionGraph:
             layer, head, position = d.layers[k], d.heads[k], d.positions[k]
             probabilities = self.attention(layer, head, position)
             entries = []
-            for key in probabilities.argsort(descending=True)[:keys].tolist():
+            seen = [key for key in probabilities.argsort(descending=True)[:keys].tolist()
+                    if float(probabilities[key]) > 0]  # a masked key takes no part
+            for key in seen:
                 split = self.score_split(layer, head, position, key)
                 pairs = sorted(split.items(), key=lambda kv: -abs(kv[1]))[:top]
                 entries.append({"key_position": key, "probability": float(probabilities[key]),

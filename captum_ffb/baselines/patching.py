@@ -104,6 +104,7 @@ def activation_patching(model: Any, inputs: Tensor, corrupted_inputs: Tensor | N
         PatchingResult: one effect per component.
     """
     from captum_ffb.attr.norm_decomposition import NormDecomposition
+    from captum_ffb.engine.locking import model_lock
     from captum_ffb.engine.patching import corrupted_like
     from captum_ffb.engine.requests import check_count
 
@@ -128,6 +129,7 @@ def activation_patching(model: Any, inputs: Tensor, corrupted_inputs: Tensor | N
         raise ValueError("inputs: activation patching runs one input at a time (a batch of 1)")
     corrupted = nd.request(corrupted_like(corrupted_inputs, request), request.target, forward_kwargs=forward_kwargs,
                            name="corrupted_inputs")
-    effects, clean, corrupted_value = nd.engine.activation_patching(request, corrupted, granularity, batch_size,
-                                                                    show_progress)
+    with model_lock(nd.model):  # one call at a time on the model, as every attribution
+        effects, clean, corrupted_value = nd.engine.activation_patching(request, corrupted, granularity,
+                                                                        batch_size, show_progress)
     return PatchingResult(_Effects(effects), clean, corrupted_value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from captum_ffb.cli._common import (
     UsageError,
@@ -18,7 +19,7 @@ from captum_ffb.cli._options import (
     default_out,
     model_placement,
 )
-from captum_ffb.outputs import check_out_dir
+from captum_ffb.outputs import check_out_dir, output_set
 
 DEFAULT_OUT = default_out("analyze")
 
@@ -132,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"captum-ffb: interrupted; run the same command again to resume ({out}/shards "
               "keeps the finished batches)", file=sys.stderr)
         return 130
-    written = write_report(summary, out, figures=not args.no_figures)
+    with output_set(out) as files:  # the report as one set (the shards stay where they are)
+        written = write_report(summary, files.staging, figures=not args.no_figures)
+    written = {key: out / Path(path).name for key, path in written.items()}
     if not args.quiet:
         skipped = summary["skipped"]
         print(f"{summary['sequences']} sequences ({summary['tokens']} tokens) of {corpus.name} "

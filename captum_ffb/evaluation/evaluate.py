@@ -51,7 +51,7 @@ from captum_ffb.evaluation.metrics import (
 )
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
 from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
-from captum_ffb.outputs import atomic_open, check_out_dir
+from captum_ffb.outputs import atomic_open, check_out_dir, output_set
 from captum_ffb.readouts import PromptContrast
 from captum_ffb.stats import mean_sem
 
@@ -392,7 +392,8 @@ def evaluate(
     from captum_ffb.evaluation.report import write_report
 
     summary["skipped"] = [asdict(s) for s in skipped]
-    write_report(summary, folder)
+    with output_set(folder, "the output folder") as files:  # the report as one set (the shards stay)
+        write_report(summary, files.staging)
     return summary
 
 

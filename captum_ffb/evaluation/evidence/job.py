@@ -28,7 +28,7 @@ from captum_ffb.evaluation.evidence.task import EvidenceTask, _as_example
 from captum_ffb.evaluation.methods import METHODS
 from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
 from captum_ffb.models import LoadedModel
-from captum_ffb.outputs import atomic_open, check_out_dir
+from captum_ffb.outputs import atomic_open, check_out_dir, output_set
 
 #: The default methods of an evidence run.
 DEFAULT_METHODS = ("decomposition,decomposition_frozen,decomposition_lrp_attention,"
@@ -196,7 +196,8 @@ def evaluate_evidence(
     summary.update(model=loaded.name, model_type=loaded.model_type, split=split,
                    data="bundled" if data is None else str(data), read=len(rows), skipped=skipped,
                    options={m: {**METHODS[m].options, **(options or {}).get(m, {})} for m in chosen})
-    write_evidence_report(summary, shards, examples, folder)
+    with output_set(folder, "the output folder") as files:  # the report as one set (the shards stay)
+        write_evidence_report(summary, shards, examples, files.staging)
     return summary
 
 
