@@ -262,6 +262,10 @@ class Linearisation:
     calls: dict[int, _Call] = field(default_factory=dict)
     last: Tensor | None = None
     sweeping: bool = False
+    #: with separate blocks: each block's output (its graph starting at its input) and the
+    #: input each block read (``inputs``, then a leaf in place of the previous block's output)
+    block_outputs: list[Tensor] = field(default_factory=list)
+    block_inputs: list[Tensor] = field(default_factory=list)
 
     @property
     def leaves(self) -> list[Tensor]:
@@ -601,6 +605,27 @@ class _Hooks:
             self.run.before(block, enter(index), with_kwargs=True)
             self.run.after(block, leave(index), with_kwargs=True)
 
+    def separate_blocks(self, blocks: Sequence[nn.Module]) -> None:
+        """Each block's graph on its own: a block's output (kept, with its graph) is handed on
+        as a new leaf, so a gradient can be pulled back through one block at a time
+        (``state.block_outputs[l]`` with respect to ``state.block_inputs[l]``)."""
+        state = self.state
+        count = len(blocks)
+
+        def hook(module, args, kwargs, output):
+            if not state.block_inputs:
+                state.block_inputs.append(state.inputs)
+            hidden = _first_tensor(output)
+            state.block_outputs.append(hidden)
+            if len(state.block_outputs) == count:  # the last block's output goes on as it is
+                return None
+            leaf = hidden.detach().requires_grad_(True)
+            state.block_inputs.append(leaf)
+            return (leaf, *output[1:]) if isinstance(output, tuple) else leaf
+
+        for block in dict.fromkeys(blocks):  # a block shared by several layers (ALBERT) once
+            self.run.after(block, hook, with_kwargs=True)
+
 
 @contextlib.contextmanager
 def linearise(
@@ -614,6 +639,7 @@ def linearise(
     *,
     watch_inputs: Mapping[str, nn.Module] | None = None,
     recompute: bool = False,
+    separate_blocks: bool = False,
     source: tuple[ArchitectureSpec, Sequence[nn.Module], nn.Module | None] | None = None,
     coefficients: FrozenCoefficients | None = None,
 ) -> Iterator[Linearisation]:
@@ -637,6 +663,9 @@ def linearise(
                     each block again during it instead (:meth:`_Hooks.recompute`): memory of
                     one block instead of all, for about one more forward pass; take the
                     gradients with :meth:`Linearisation.gradients`.
+        separate_blocks (bool): each block's graph starts at a leaf of its own
+                    (:meth:`_Hooks.separate_blocks`), for backward sweeps that carry many
+                    cotangents block by block.
         source (tuple, optional): for an encoder–decoder, the encoder's ``(spec, blocks,
                     final norm)``: frozen too, its first block's input the leaf
                     ``source_inputs`` (``blocks`` and ``final_norm`` are then the decoder's).
@@ -654,6 +683,8 @@ def linearise(
     if coefficients is not None and (recompute or frozen.attention is not None):
         raise ValueError("a recorded frozen model keeps frozen probabilities and every block's tensors "
                          "(no rule that credits the scores, no recomputation)")
+    if separate_blocks and (recompute or source is not None):
+        raise ValueError("separate blocks are for one stack whose blocks keep their tensors")
     if recompute and source is not None:
         raise ValueError("an encoder–decoder's frozen pass keeps its blocks' tensors (no recomputation)")
     state = Linearisation(run=run)
@@ -683,6 +714,8 @@ def linearise(
         hooks.watch(watch or {}, watch_inputs or {})
         if recompute:
             hooks.recompute(blocks)
+        if separate_blocks:
+            hooks.separate_blocks(blocks)
         frozen_attention(run, methods, frozen.attention, eager=state.inline or coefficients is not None)
         yield state
     finally:

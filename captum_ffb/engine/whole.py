@@ -97,6 +97,7 @@ from captum_ffb.engine.players import (  # noqa: F401  (importable from here, as
     visible_positions,
 )
 from captum_ffb.engine.score_split import ScoreSplitter
+from captum_ffb.engine.sweep import swept_gradients
 from captum_ffb.rules import is_linear_in_players
 from captum_ffb.vocabulary import check_granularity
 
@@ -104,7 +105,8 @@ from captum_ffb.vocabulary import check_granularity
 ROUTES = ("backward", "forward")
 #: At most this many read-outs of one block share a batched backward pass (a block's heads
 #: together: 13 % faster than one pass each on SmolLM2; mixing blocks of different depths is not).
-GRADIENT_CHUNK = 16
+#: at most this many read-outs carried by one backward sweep of the component tables
+SWEEP_LIMIT = 256
 #: A backward pass of one writer through one block costs about this many forward-route
 #: players through one block (SmolLM2, one thread: 1.7 at n = 32, 1.2 at n = 128).
 BACKWARD_PER_FORWARD_PLAYER = 1.4
@@ -647,7 +649,7 @@ class WholeModel(BoundModel):
             watch = {f"{index}.{name}": module for (index, name), module in writers.items()}
             with ModelPass(self.model, grad=True) as run, \
                     linearise(run, self.stack.spec, self.stack.blocks, rules, self.head.final_norm, (), watch,
-                              watch_inputs=parts) as frozen:
+                              watch_inputs=parts, separate_blocks=True) as frozen:
                 run.run(*request.args, **kwargs)
                 inputs = frozen.inputs
                 players = inputs.detach().to(self.dtype)
@@ -672,12 +674,11 @@ class WholeModel(BoundModel):
                         read_outs += [(index, f"attention.head.{h}", v) for h, v in enumerate(values)]
                 found = [ComponentSums() for _ in blocks]
                 progress = self._progress(len(read_outs))
-                for chunk in _chunks(read_outs, self._gradient_chunk(inputs)):  # one block's at a time
-                    grads = _batched_gradients([value for _, _, value in chunk], inputs)
-                    for (index, name, value), grad in zip(chunk, grads):
-                        found[index].add(name, *split(value, grad))
-                    if progress is not None:
-                        progress.update(len(chunk))
+                grads = swept_gradients(frozen.block_outputs, frozen.block_inputs,
+                                        [(index, value) for index, _, value in read_outs], self._sweep_limit(inputs),
+                                        None if progress is None else progress.update)
+                for (index, name, value), grad in zip(read_outs, grads):
+                    found[index].add(name, *split(value, grad))
                 for index, block in enumerate(blocks):
                     settle_block(sums, found[index], index, self.chain, paths, granularity, block.is_moe)
                 sums.add(HEAD, None, paths.constants[HEAD])
@@ -847,12 +848,12 @@ class WholeModel(BoundModel):
                              "raise memory_budget")
         return size
 
-    def _gradient_chunk(self, inputs: Tensor) -> int:
-        """How many read-outs may share one batched backward pass: as many as keep their
-        gradients (and the pass's batched activations, about 8 of a gradient's size per
-        block) within ``memory_budget``, at most :data:`GRADIENT_CHUNK`."""
-        per_read_out = inputs.numel() * inputs.element_size() * (1 + 8 * len(self.stack.blocks))
-        return max(1, min(GRADIENT_CHUNK, int(self.memory_budget // max(per_read_out, 1))))
+    def _sweep_limit(self, inputs: Tensor) -> int:
+        """How many read-outs one backward sweep carries: as many as keep their cotangents (and
+        one block's batched activations, about 12 of a cotangent's size) within
+        ``memory_budget``, at most :data:`SWEEP_LIMIT`."""
+        per_read_out = inputs.numel() * inputs.element_size() * 13
+        return max(1, min(SWEEP_LIMIT, int(self.memory_budget // max(per_read_out, 1))))
 
     def _progress(self, total: int) -> Any:
         if not self.show_progress:
@@ -880,33 +881,6 @@ class WholeModel(BoundModel):
 
 
 # --------------------------------------------------------------------------- helpers of the routes
-def _chunks(read_outs: Sequence[tuple[int, str, Tensor]], size: int) -> Iterator[Sequence[Any]]:
-    """The read-outs of one block at a time (they reach equally deep), at most ``size`` each."""
-    start = 0
-    while start < len(read_outs):
-        stop = start + 1
-        while stop < len(read_outs) and stop - start < size and read_outs[stop][0] == read_outs[start][0]:
-            stop += 1
-        yield read_outs[start:stop]
-        start = stop
-
-
-def _batched_gradients(values: Sequence[Tensor], inputs: Tensor) -> Tensor:
-    """``(k, *inputs.shape)``: the gradient of each ``(B,)`` read-out (summed over the batch)
-    with respect to ``inputs``, in one batched backward pass (one pass each where a rule's
-    backward does not batch)."""
-    if len(values) == 1:
-        return torch.autograd.grad(values[0].sum(), inputs, retain_graph=True)[0][None]
-    stacked_values = torch.stack([v.sum() for v in values])
-    try:
-        (grads,) = torch.autograd.grad(stacked_values, inputs,
-                                       grad_outputs=torch.eye(len(values), dtype=stacked_values.dtype),
-                                       retain_graph=True, is_grads_batched=True)
-        return grads
-    except RuntimeError:
-        return torch.stack([torch.autograd.grad(v.sum(), inputs, retain_graph=True)[0] for v in values])
-
-
 def _sequence(tensor: Tensor, batch: int) -> Tensor:
     """``(B·n, d)`` outputs (some families flatten before the FF) back to ``(B, n, d)``."""
     return tensor.reshape(batch, -1, tensor.shape[-1]) if tensor.dim() == 2 else tensor
