@@ -149,3 +149,23 @@ def test_every_subcommand_with_device_cuda(command, tmp_path):
     extra: list[str] = []
     assert main([command, text, "--model", str(folder), "--device", "cuda", "--out", str(tmp_path / command),
                  "--quiet", *extra]) == 0
+
+
+def test_the_fused_coefficients_compiled_on_cuda_equal_the_eager_ones(monkeypatch):
+    """The coefficient functions compiled on CUDA (CAPTUM_FFB_COMPILE=auto) against their eager
+    forms on the CPU, in float32 and from bfloat16 inputs."""
+    from captum_ffb.rules import GatedIGActivation, IGActivation, RMSNorm
+    from captum_ffb.rules.fused import COMPILE_VARIABLE
+
+    monkeypatch.setenv(COMPILE_VARIABLE, "auto")
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, 300, 512, generator=g) * 4, torch.randn(2, 300, 512, generator=g)
+    for fn in (torch.nn.SiLU(), torch.nn.GELU()):
+        for dtype in (torch.float32, torch.bfloat16):
+            x, y = a.to(dtype).float(), b.to(dtype).float()
+            for got, expected in zip(GatedIGActivation().slopes(fn, x.to(CUDA), y.to(CUDA)),
+                                     GatedIGActivation().slopes(fn, x, y)):
+                torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(IGActivation().slope(fn, x.to(CUDA)).cpu(), IGActivation().slope(fn, x),
+                                       atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(RMSNorm().frozen_scale(a.to(CUDA), 1e-6).cpu(), RMSNorm().frozen_scale(a, 1e-6))

@@ -181,6 +181,33 @@ def _delta(u: Tensor) -> Tensor:
     return u - u.detach()
 
 
+class _FrozenElementWise(torch.autograd.Function):
+    """``value + Σ_k c_k ⊙ (u_k − u_k.detach())`` in one step: the value forward, ``c_k ⊙ grad``
+    to each ``u_k`` backward (no pass over the zero-valued deltas)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, *pairs: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(*pairs[1::2])
+        ctx.dtypes = [u.dtype for u in pairs[0::2]]
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        grads: list[Tensor | None] = [None]
+        needed = ctx.needs_input_grad[1::2]
+        for coefficient, dtype, need in zip(ctx.saved_tensors, ctx.dtypes, needed):
+            grads += [(grad * coefficient).to(dtype) if need else None, None]
+        return tuple(grads)
+
+
+def frozen_element_wise(value: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
+    """``value.detach() + Σ c ⊙ (u − u.detach())`` for pairs ``(u, c)``, with the coefficients
+    ``c`` (broadcast to ``u``'s shape) fixed: the value-preserving form of an element-wise
+    frozen map, computed without forming the deltas."""
+    flat = [t for u, c in pairs for t in (u, c.detach())]
+    return _FrozenElementWise.apply(value.detach(), *flat)
+
+
 @dataclass
 class FrozenRules:
     """The frozen linear maps the backward route takes from the rules (by role)."""
@@ -373,7 +400,7 @@ def _activation_between(store: dict[str, Tensor], key: str, fn: Callable[[Tensor
         slope = frozen_value("activation", module, lambda: rule.slope(fn, s.detach().to(torch.float32))).to(z.dtype)
         if _replaying():  # the frozen map, linear in the pre-activation
             return (s * slope, *args[1:])
-        return (z.detach() + _delta(s) * slope, *args[1:])
+        return (frozen_element_wise(z, (s, slope)), *args[1:])
 
     return hook
 
@@ -395,7 +422,7 @@ def _gated_between(store: dict[str, Tensor], gate_key: str, up_key: str, fn: Cal
             fn, a.detach().to(torch.float32), b.detach().to(torch.float32)))
         if _replaying():  # the frozen map: c_A ⊙ A + c_B ⊙ B
             return (a * coeff_a.to(z.dtype) + b * coeff_b.to(z.dtype), *args[1:])
-        return (z.detach() + _delta(a) * coeff_a.to(z.dtype) + _delta(b) * coeff_b.to(z.dtype), *args[1:])
+        return (frozen_element_wise(z, (a, coeff_a.to(z.dtype)), (b, coeff_b.to(z.dtype))), *args[1:])
 
     return hook
 

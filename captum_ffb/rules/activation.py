@@ -20,6 +20,7 @@ derivative of the rule's frozen linear map.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from captum_ffb.decomposition import (
     no_terms,
 )
 from captum_ffb.rules.base import Rule
+from captum_ffb.rules.fused import fused
 
 ActivationFn = Callable[[Tensor], Tensor]
 
@@ -216,11 +218,10 @@ class GatedIGActivation(Rule):
     def slopes(self, fn: ActivationFn, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         """The frozen coefficients ``(B (g(A) − m) / A, m)`` of the gate and up shares."""
         mean_value = self.mean_value or mean_value_closed_form(fn)
-        m = mean_value(a) if mean_value is not None else gate_mean_value(fn, a, self.n_points)
         _, slope0 = _value_at_zero(fn, a)
-        zero = a == 0
-        safe = torch.where(zero, torch.ones_like(a), a)
-        return b * torch.where(zero, slope0 / 2, (fn(a) - m) / safe), m
+        if mean_value is None:
+            return _gated_coefficients(fn, gate_mean_value(fn, a, self.n_points), a, b, slope0 / 2)
+        return _gated_ig_slopes(mean_value, fn)(a, b, slope0 / 2)
 
     def __call__(self, gate: Decomposition, up: Decomposition, fn: ActivationFn,
                  real_gate: Tensor | None = None, real_up: Tensor | None = None) -> Decomposition:
@@ -332,6 +333,37 @@ def _value_at_zero(fn: ActivationFn, like: Tensor) -> tuple[Tensor, Tensor]:
 _AT_ZERO: dict[tuple, tuple] = {}
 
 
+def _gated_coefficients(fn: ActivationFn, m: Tensor, a: Tensor, b: Tensor, half_slope0: Tensor) -> tuple[Tensor, Tensor]:
+    """``(B (g(A) − m) / A, m)``, with ``B g'(0) / 2`` where ``A = 0``."""
+    zero = a == 0
+    safe = torch.where(zero, torch.ones_like(a), a)
+    return b * torch.where(zero, half_slope0, (fn(a) - m) / safe), m
+
+
+@functools.lru_cache(maxsize=64)
+def _gated_ig_slopes(mean_value: Callable[[Tensor], Tensor], fn: ActivationFn) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The gated IG coefficients from a closed-form mean value, as one fused function."""
+
+    def slopes(a: Tensor, b: Tensor, half_slope0: Tensor) -> tuple[Tensor, Tensor]:
+        return _gated_coefficients(fn, mean_value(a), a, b, half_slope0)
+
+    slopes.__qualname__ = f"gated IG coefficients of {getattr(fn, '__name__', type(fn).__name__)}"
+    return fused(slopes)
+
+
+@functools.lru_cache(maxsize=64)
+def _ig_coefficients(fn: ActivationFn) -> Callable[..., Tensor]:
+    """``(g(S) − g(0)) / S`` (``g'(0)`` where ``S = 0``) as one fused function."""
+
+    def coefficients(s: Tensor, g0: Tensor, slope0: Tensor) -> Tensor:
+        zero = s == 0
+        safe = torch.where(zero, torch.ones_like(s), s)
+        return torch.where(zero, slope0, (fn(s) - g0) / safe)
+
+    coefficients.__qualname__ = f"IG coefficients of {getattr(fn, '__name__', type(fn).__name__)}"
+    return fused(coefficients)
+
+
 def activation_coefficients(fn: ActivationFn, pre_activation: Tensor) -> tuple[Tensor, Tensor]:
     r"""Closed-form IG coefficients ``r = (g(S) − g(0)) / S`` (``g'(0)`` where ``S = 0``).
 
@@ -344,10 +376,7 @@ def activation_coefficients(fn: ActivationFn, pre_activation: Tensor) -> tuple[T
         token.
     """
     g0, slope0 = _value_at_zero(fn, pre_activation)
-    value = fn(pre_activation) - g0
-    zero = pre_activation == 0
-    safe = torch.where(zero, torch.ones_like(pre_activation), pre_activation)
-    return torch.where(zero, slope0, value / safe), g0
+    return _ig_coefficients(fn)(pre_activation, g0, slope0), g0
 
 
 def _captum_activation(

@@ -12,6 +12,19 @@ from torch import Tensor
 
 from captum_ffb.decomposition import Decomposition
 from captum_ffb.rules.base import Rule
+from captum_ffb.rules.fused import fused
+
+
+@fused
+def _layer_norm_scale(real_input: Tensor, eps: float) -> Tensor:
+    """``1 / sqrt(var(y_i) + ε)`` per row."""
+    return torch.rsqrt(real_input.var(dim=-1, unbiased=False) + eps)
+
+
+@fused
+def _rms_scale(real_input: Tensor, eps: float) -> Tensor:
+    """``1 / sqrt(mean(y_i²) + ε)`` per row."""
+    return torch.rsqrt(real_input.pow(2).mean(dim=-1) + eps)
 
 
 class LayerNorm(Rule):
@@ -36,7 +49,7 @@ class LayerNorm(Rule):
 
     def frozen_scale(self, real_input: Tensor, eps: float) -> Tensor:
         """``1 / s(y_i)`` per row ``(B, n)``, from the real input."""
-        return torch.rsqrt(real_input.var(dim=-1, unbiased=False) + eps)
+        return _layer_norm_scale(real_input, eps)
 
     def __call__(
         self,
@@ -64,7 +77,7 @@ class RMSNorm(Rule):
 
     def frozen_scale(self, real_input: Tensor, eps: float) -> Tensor:
         """``1 / rms(y_i)`` per row ``(B, n)``, from the real input."""
-        return torch.rsqrt(real_input.pow(2).mean(dim=-1) + eps)
+        return _rms_scale(real_input, eps)
 
     def __call__(
         self,
