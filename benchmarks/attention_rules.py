@@ -8,9 +8,11 @@ Run from the repository root::
 SmolLM2-135M-Instruct, next-token attribution (``NormDecomposition``, backward route): the
 default (the paper's rules, players centred on the input's mean token), the paper's rules from
 zero, ``AttnLRPAttention`` (the previous default), ``CompleteAttnLRPAttention`` and
-``IGAttention(4, exact=True)``, at n = 128, 512 and 2048, against one plain forward + backward
-pass of the model (loss = the target logit, gradients of every parameter). Each time is the
-best of ``--repeat`` runs, interleaved so that every method sees the same machine state. At
+``IGAttention(4, exact=True)``, at n = 128, 512 and 2048, against the input-gradient pass
+(``benchmarks/baseline.py``: the gradient of the explained logit with respect to the input
+embeddings, no parameter gradient; what Captum's ``Saliency`` or ``InputXGradient`` costs).
+Each time is the best of ``--repeat`` runs, interleaved so that every method sees the same
+machine state. At
 n = 2048 each method also runs once in a process of its own, which reports its peak resident
 memory during the run (Linux: the high-water mark is reset after the model has loaded, so the
 loader's own peak does not hide the method's) and that peak less the resident memory before it.
@@ -32,6 +34,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.baseline import NAME as BASELINE  # noqa: E402
+from benchmarks.baseline import input_gradient_pass  # noqa: E402
 
 #: name → (the attention rule from captum_ffb.rules, reference); ``None``: the default's.
 METHODS = {
@@ -57,11 +62,7 @@ def runs_for(model, n: int) -> tuple[dict, torch.Tensor]:
     with torch.no_grad():
         token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
 
-    def plain():
-        model.zero_grad(set_to_none=True)
-        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
-
-    runs = {"forward + backward": plain}
+    runs = {BASELINE: lambda: input_gradient_pass(model, ids, token)}
     for name, (rule, reference) in METHODS.items():
         rules = None if rule is None else {"attention": rule(r)}
         nd = NormDecomposition(model, rules=rules)
@@ -104,13 +105,17 @@ def main() -> None:
     if args.one:
         one(args.one[0], int(args.one[1]))
         return
-    torch.set_num_threads(1)
-    model = load_smollm2().model
     sizes = [32] if args.quick else [128, 512, 2048]
     rows = []
     if args.memory_only:
         rows = json.loads((ROOT / "benchmarks" / "ATTENTION_RULES.json").read_text())["rows"]
+        if any("ratio_to_input_gradient" not in r for r in rows):
+            raise SystemExit(f"benchmarks/ATTENTION_RULES.json was measured against the old baseline (forward + "
+                             f"backward, every parameter's gradient), not the {BASELINE}: rerun "
+                             "`python benchmarks/attention_rules.py` in full")
         sizes = []
+    torch.set_num_threads(1)
+    model = load_smollm2().model if sizes else None
     for n in sizes:
         runs, _ = runs_for(model, n)
         best = {name: float("inf") for name in runs}
@@ -124,12 +129,12 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         for name, seconds in best.items():
             rows.append({"n": n, "method": name, "seconds": seconds,
-                         "ratio_to_forward_backward": seconds / best["forward + backward"]})
-            print(f"n={n:4d} {name:38s} {seconds:8.3f} s  ratio {seconds / best['forward + backward']:.2f}",
+                         "ratio_to_input_gradient": seconds / best[BASELINE]})
+            print(f"n={n:4d} {name:38s} {seconds:8.3f} s  × {BASELINE} {seconds / best[BASELINE]:.2f}",
                   flush=True)
     memory = []
     if not args.quick:
-        for name in ["forward + backward", *METHODS]:
+        for name in [BASELINE, *METHODS]:
             done = subprocess.run([sys.executable, __file__, "--one", name, "2048"], capture_output=True,
                                   text=True, check=True)
             found = json.loads(done.stdout.strip().splitlines()[-1])
@@ -147,9 +152,11 @@ def main() -> None:
     lines = ["# Whole-model rules: cost on the backward route (SmolLM2-135M, next token)", "",
              f"Measured {meta['date']} on {meta['processor']}, {meta['threads']} thread"
              f"{'s' if meta['threads'] != 1 else ''}, torch {meta['torch']}, best of {args.repeat} "
-             f"(one run at n = 2048); by `python benchmarks/attention_rules.py`.", "",
-             "| n | method | seconds | ratio to one forward + backward |", "|---|---|---:|---:|"]
-    lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.3f} | {r['ratio_to_forward_backward']:.2f} |" for r in rows]
+             f"(one run at n = 2048); by `python benchmarks/attention_rules.py`. The {BASELINE}: the gradient "
+             "of the explained logit with respect to the input embeddings, no parameter gradient "
+             "(`benchmarks/baseline.py`; what Captum's `Saliency` or `InputXGradient` costs).", "",
+             f"| n | method | seconds | × {BASELINE} |", "|---|---|---:|---:|"]
+    lines += [f"| {r['n']} | {r['method']} | {r['seconds']:.3f} | {r['ratio_to_input_gradient']:.2f} |" for r in rows]
     lines += ["", "Each alone in a process of its own at n = 2048 (the model loaded; peak resident memory during "
               "the run, and that peak less the resident memory before it):", "",
               "| method | seconds | peak resident memory (GB) | added by the run (GB) |", "|---|---:|---:|---:|"]

@@ -5,13 +5,15 @@ Run from the repository root::
     python benchmarks/components.py            # writes benchmarks/COMPONENTS.md and .json
     python benchmarks/components.py --sizes 128,512,2048 --forward-up-to 128 --memory 512
     python benchmarks/components.py --quick    # n = 32 only, a smoke test
-    python benchmarks/components.py --sizes 512 --methods "forward + backward,attribute (backward route),attribute_components (sublayer)"
+    python benchmarks/components.py --sizes 512 --methods "input-gradient pass,attribute (backward route),attribute_components (sublayer)"
                                                # some rows only: added to the files' rows of
                                                # earlier runs
 
 SmolLM2-135M-Instruct, the next token's logit: ``NormDecomposition.attribute_components`` at
-the ``"sublayer"`` and ``"head"`` granularities against one plain forward + backward pass of
-the model (loss = the target logit, gradients of every parameter), against ``attribute`` on
+the ``"sublayer"`` and ``"head"`` granularities against the input-gradient pass
+(``benchmarks/baseline.py``: the gradient of the explained logit with respect to the input
+embeddings, no parameter gradient; what Captum's ``Saliency`` or ``InputXGradient`` costs),
+against ``attribute`` on
 its default (backward) route and against ``attribute`` on the forward route, which
 ``attribute_components`` on its default route (``"auto"``: the cheaper one) and on each route
 named (up to ``--forward-up-to`` tokens: the forward route grows as n²) and TransformerLens's direct logit attribution of
@@ -38,18 +40,25 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-METHODS = ["forward + backward", "attribute (backward route)", "attribute (forward route)",
+
+from benchmarks.baseline import NAME as BASELINE  # noqa: E402
+from benchmarks.baseline import input_gradient_pass  # noqa: E402
+
+METHODS = [BASELINE, "attribute (backward route)", "attribute (forward route)",
            "attribute_components (sublayer)", "attribute_components (head)",
            "attribute_components (sublayer, backward route)", "attribute_components (head, backward route)",
            "attribute_components (sublayer, forward route)", "attribute_components (head, forward route)",
            "TransformerLens DLA (sublayer)", "TransformerLens DLA (head)"]
 #: ratio column → the method it divides by (within the same run)
-RATIOS = {"ratio_to_forward_backward": "forward + backward",
+RATIOS = {"ratio_to_input_gradient": BASELINE,
           "ratio_to_attribute": "attribute (backward route)",
           "ratio_to_sublayer": "attribute_components (sublayer)"}
+#: the ratio key of runs against the old baseline (a forward + backward with every parameter's
+#: gradient); their rows are not mixed with the input-gradient pass's
+OLD_RATIO = "ratio_to_forward_backward"
 #: runs from here on have the routes (earlier ones: the forward route only)
 ROUTES_SINCE = "2026-11-24T20:00"
-MEMORY_METHODS = ["forward + backward", "attribute (backward route)", "attribute_components (sublayer)",
+MEMORY_METHODS = [BASELINE, "attribute (backward route)", "attribute_components (sublayer)",
                   "attribute_components (head)"]
 
 
@@ -84,12 +93,8 @@ def runs_for(model, nd, n: int, forward_up_to: int, lens: dict):
     with torch.no_grad():
         token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
 
-    def plain():
-        model.zero_grad(set_to_none=True)
-        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
-
     runs = {
-        "forward + backward": plain,
+        BASELINE: lambda: input_gradient_pass(model, ids, token),
         "attribute (backward route)": lambda: nd.attribute(ids, target=token),
         "attribute (forward route)": lambda: nd.attribute(ids, target=token, route="forward"),
         "attribute_components (sublayer)": lambda: nd.attribute_components(ids, target=token),
@@ -115,7 +120,7 @@ def runs_for(model, nd, n: int, forward_up_to: int, lens: dict):
 
 def auto_route(model: torch.nn.Module, name: str, n: int) -> str | None:
     """The route ``route="auto"`` takes for the table row ``name`` at ``n`` tokens."""
-    from captum_ffb.attr.norm_decomposition import component_route
+    from captum_ffb.engine.whole import component_route
 
     if not name.startswith("attribute_components") or "route)" in name:
         return None
@@ -157,8 +162,10 @@ def write_markdown(meta: dict, rows: list[dict], memory: list[dict]) -> None:
              f"{meta['threads']} thread, torch {meta['torch']}, best of {meta['repeat']}; by "
              "`python benchmarks/components.py`. Ratios are taken within one run (the `run` column: "
              "its start), never across runs. `attribute_components` rows without a route take "
-             "`route=\"auto\"` (the column says which route it chose).", "",
-             "| n | method | auto's route | seconds | × forward + backward | × attribute | × sublayer table | run |",
+             f"`route=\"auto\"` (the column says which route it chose). The {BASELINE}: the gradient of the "
+             "explained logit with respect to the input embeddings, no parameter gradient "
+             "(`benchmarks/baseline.py`; what Captum's `Saliency` or `InputXGradient` costs).", "",
+             f"| n | method | auto's route | seconds | × {BASELINE} | × attribute | × sublayer table | run |",
              "|---|---|---|---:|---:|---:|---:|---|"]
 
     def row(r: dict) -> str:
@@ -197,6 +204,10 @@ def main() -> None:
         return
     if args.tables_only:
         found = json.loads((ROOT / "benchmarks" / "COMPONENTS.json").read_text())
+        if any(OLD_RATIO in r for r in found["rows"]) or any(m["method"] not in METHODS for m in found["memory"]):
+            raise SystemExit(f"benchmarks/COMPONENTS.json holds runs against the old baseline (forward + "
+                             f"backward, every parameter's gradient), not the {BASELINE}: rerun "
+                             "`python benchmarks/components.py` (it drops those runs) before --tables-only")
         write_markdown(found["meta"], found["rows"], found["memory"])
         return
     torch.set_num_threads(1)
@@ -232,6 +243,8 @@ def main() -> None:
             rows.append({"n": n, "method": name, "seconds": seconds, "run": run, "route": auto_route(model, name, n),
                          **{key: seconds / best[base] if base in best else None
                             for key, base in RATIOS.items()}})
+            if BASELINE in best:
+                print(f"n={n:4d} {name:48s} {seconds / best[BASELINE]:8.2f} × {BASELINE}", flush=True)
     memory = []
     if args.memory and not args.quick:
         for name in MEMORY_METHODS:
@@ -248,9 +261,14 @@ def main() -> None:
             "torch": torch.__version__, "repeat": args.repeat}
     path = ROOT / "benchmarks" / "COMPONENTS.json"
     earlier = json.loads(path.read_text()) if path.exists() else {}
-    kept = [r for r in earlier.get("rows", []) if r["run"] != run and r["method"] in METHODS]
+    old = [r for r in earlier.get("rows", []) if OLD_RATIO in r]
+    if old:
+        print(f"dropped {len(old)} rows of {path.name} measured against the old baseline (forward + backward)",
+              flush=True)
+    kept = [r for r in earlier.get("rows", [])
+            if r["run"] != run and r["method"] in METHODS and OLD_RATIO not in r]
     rows = sorted(kept + rows, key=lambda r: (r["n"], r["run"], METHODS.index(r["method"])))
-    memory = memory or earlier.get("memory", [])
+    memory = memory or [m for m in earlier.get("memory", []) if m["method"] in METHODS]
     path.write_text(json.dumps({"meta": meta, "rows": rows, "memory": memory}, indent=2))
     write_markdown(meta, rows, memory)
 

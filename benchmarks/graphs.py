@@ -7,11 +7,13 @@ Run from the repository root::
 
 SmolLM2-135M-Instruct, the predicted next token of random ids: ``attribute_graph`` at head
 granularity, pruned with circuit-tracer's default thresholds (the default ``max_nodes``),
-against one plain forward + backward pass of the model (loss = the target logit, gradients of
-every parameter) and ``attribute`` (the backward route), interleaved and timed in the same run
-(best of ``--repeat``); ``score_split`` per call (after the first, which records the pass);
-and, each in a process of its own, the peak resident memory of the *unpruned* graph at
-``--memory`` tokens (Linux: the high-water mark reset after the model has loaded). One thread.
+against the input-gradient pass (``benchmarks/baseline.py``: the gradient of the explained
+logit with respect to the input embeddings, no parameter gradient; what Captum's ``Saliency``
+or ``InputXGradient`` costs) and ``attribute`` (the backward route), interleaved and timed in
+the same run (best of ``--repeat``); ``score_split`` per call (after the first, which records
+the pass); and, each in a process of its own, the peak resident memory of the *unpruned* graph
+at ``--memory`` tokens (Linux: the high-water mark reset after the model has loaded). One
+thread.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-METHODS = ["forward + backward", "attribute (backward route)", "attribute_graph (head, pruned)",
+
+from benchmarks.baseline import NAME as BASELINE  # noqa: E402
+from benchmarks.baseline import input_gradient_pass  # noqa: E402
+
+METHODS = [BASELINE, "attribute (backward route)", "attribute_graph (head, pruned)",
            "attribute_graph (sublayer, pruned)"]
 
 
@@ -51,12 +57,8 @@ def inputs(model: torch.nn.Module, n: int) -> tuple[torch.Tensor, int]:
 def timings(model, nd, n: int, repeat: int) -> tuple[list[dict], dict]:
     ids, token = inputs(model, n)
 
-    def plain():
-        model.zero_grad(set_to_none=True)
-        model(ids, logits_to_keep=1).logits[0, -1, token].backward()
-
     runs = {
-        "forward + backward": plain,
+        BASELINE: lambda: input_gradient_pass(model, ids, token),
         "attribute (backward route)": lambda: nd.attribute(ids, target=token),
         "attribute_graph (head, pruned)": lambda: nd.attribute_graph(ids, token),
         "attribute_graph (sublayer, pruned)": lambda: nd.attribute_graph(ids, token, granularity="sublayer"),
@@ -82,7 +84,7 @@ def timings(model, nd, n: int, repeat: int) -> tuple[list[dict], dict]:
         graph.score_split(layer, head, n - 1, key)
     facts["score_split_s"] = (time.perf_counter() - start) / calls
     rows = [{"n": n, "method": name, "seconds": best[name],
-             "ratio_to_forward_backward": best[name] / best["forward + backward"]} for name in runs]
+             "ratio_to_input_gradient": best[name] / best[BASELINE]} for name in runs]
     return rows, facts
 
 
@@ -115,10 +117,12 @@ def markdown(result: dict) -> str:
              f"1 thread, torch {result['torch']}, best of {result['repeat']}, run {result['run']}; by "
              "`python benchmarks/graphs.py`. Ratios are taken within this run. The pruned graph computes the "
              "edges of the default `max_nodes` (256) writer nodes, then prunes with circuit-tracer's thresholds "
-             "(0.8 / 0.98).", "",
-             "| n | method | seconds | × forward + backward |", "|---|---|---:|---:|"]
+             f"(0.8 / 0.98). The {BASELINE}: the gradient of the explained logit with respect to the input "
+             "embeddings, no parameter gradient (`benchmarks/baseline.py`; what Captum's `Saliency` or "
+             "`InputXGradient` costs).", "",
+             f"| n | method | seconds | × {BASELINE} |", "|---|---|---:|---:|"]
     for row in result["rows"]:
-        lines.append(f"| {row['n']} | {row['method']} | {row['seconds']:.2f} | {row['ratio_to_forward_backward']:.2f} |")
+        lines.append(f"| {row['n']} | {row['method']} | {row['seconds']:.2f} | {row['ratio_to_input_gradient']:.2f} |")
     lines += ["", "| n | graph nodes | edges computed | kept nodes | kept edges | kept share | `score_split` per call (s) |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for n, facts in result["facts"].items():
@@ -154,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         result["rows"] += rows
         result["facts"][str(n)] = facts
         for row in rows:
-            print(f"n={n} {row['method']}: {row['seconds']:.2f} s ({row['ratio_to_forward_backward']:.2f}×)", flush=True)
+            print(f"n={n} {row['method']}: {row['seconds']:.2f} s ({row['ratio_to_input_gradient']:.2f}× {BASELINE})",
+                  flush=True)
     if args.memory and not args.quick:
         out = subprocess.run([sys.executable, __file__, "--alone", str(args.memory)], capture_output=True,
                              text=True, check=True)

@@ -1,4 +1,4 @@
-"""Long contexts: whole-model attribution against one forward + backward pass, n = 512 … 8192.
+"""Long contexts: whole-model attribution against the input-gradient pass, n = 512 … 8192.
 
 Run from the repository root::
 
@@ -7,11 +7,13 @@ Run from the repository root::
 
 SmolLM2-135M-Instruct in float32, the last position's predicted token of random token ids.
 Each (n, method) runs in a process of its own (the model loaded, one warm-up call at n = 64,
-the high-water mark of resident memory reset, then one timed call): the plain forward +
-backward pass of the same logit (the model's default attention, only the last position's
-logits, gradients of every parameter) and ``NormDecomposition(model).attribute(ids,
-target=token)`` (the default rules and route). ``--tree DIR`` runs the attribution from
-another checkout (a "before" column). Two threads.
+the high-water mark of resident memory reset, then one timed call): the input-gradient pass
+(``benchmarks/baseline.py``: the gradient of the same logit with respect to the input
+embeddings, no parameter gradient, the model's default attention, only the last position's
+logits; what Captum's ``Saliency`` or ``InputXGradient`` costs; an encoder–decoder's takes the
+gradient with respect to the source and the target prefix) and
+``NormDecomposition(model).attribute(ids, target=token)`` (the default rules and route).
+``--tree DIR`` runs the attribution from another checkout (a "before" column). Two threads.
 """
 
 from __future__ import annotations
@@ -27,14 +29,19 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-METHODS = ("forward + backward", "attribute")
+sys.path.insert(0, str(ROOT))  # a --tree child puts its checkout before this one
+
+from benchmarks.baseline import NAME as BASELINE  # noqa: E402
+from benchmarks.baseline import input_gradient_pass  # noqa: E402
+
+METHODS = (BASELINE, "attribute")
 #: the rules that credit queries and keys, timed at ``--rule-sizes``
 RULES = {"attribute (IGAttention)": "IGAttention()",
          "attribute (IGAttention, 4 points, exact)": "IGAttention(n_steps=4, exact=True)",
          "attribute (CompleteAttnLRPAttention)": "CompleteAttnLRPAttention()"}
 #: the encoder–decoder route, timed at ``--seq2seq-sizes`` on a BART-base-sized model (random
 #: weights: none are available offline) with a source of n tokens and a 16-token target prefix
-SEQ2SEQ = ("forward + backward (encoder–decoder)", "attribute (encoder–decoder)")
+SEQ2SEQ = (f"{BASELINE} (encoder–decoder)", "attribute (encoder–decoder)")
 PREFIX = 16
 
 
@@ -89,14 +96,13 @@ def child(method: str, n: int, tree: str) -> None:
             return model(ids, decoder_input_ids=prefix).logits[:, -1:]
         return model(ids, logits_to_keep=1).logits
 
-    def plain(ids: torch.Tensor, token: int) -> None:
-        model.zero_grad(set_to_none=True)
-        logits(ids)[0, -1, token].backward()
+    def base(ids: torch.Tensor, token: int) -> None:
+        input_gradient_pass(model, ids, token, kwargs or None)
 
     def ours(ids: torch.Tensor, token: int) -> None:
         nd.attribute(ids, target=token, forward_kwargs=kwargs or None)
 
-    run = plain if method.startswith("forward + backward") else ours
+    run = base if method.startswith(BASELINE) else ours
     warm = ids_of(64)
     run(warm, 0)
     ids = ids_of(n)
@@ -128,49 +134,52 @@ def measure(method: str, n: int, tree: str) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["# Long contexts: attribution against one forward + backward pass (SmolLM2-135M, float32)", "",
+    lines = [f"# Long contexts: attribution against the {BASELINE} (SmolLM2-135M, float32)", "",
              f"Run {result['run']} by `python benchmarks/long_context.py` (torch {result['torch']}, 2 threads, "
              "each measurement in a process of its own, random token ids, the last position's predicted "
-             "token). Memory: the peak resident memory above the loaded model during the call.", "",
-             "| n | forward + backward (s) | attribute (s) | ratio | memory, forward + backward (GiB) | "
+             "token). Memory: the peak resident memory above the loaded model during the call. The "
+             f"{BASELINE}: the gradient of the explained logit with respect to the input embeddings, no "
+             "parameter gradient (`benchmarks/baseline.py`; what Captum's `Saliency` or `InputXGradient` "
+             "costs).", "",
+             f"| n | {BASELINE} (s) | attribute (s) | × {BASELINE} | memory, {BASELINE} (GiB) | "
              "memory, attribute (GiB) |", "|---:|---:|---:|---:|---:|---:|"]
     for n, row in result["rows"].items():
-        plain, ours = row["forward + backward"], row["attribute"]
-        lines.append(f"| {n} | {plain['seconds']:.2f} | {ours['seconds']:.2f} | "
-                     f"{ours['seconds'] / plain['seconds']:.2f}× | {plain['added_bytes'] / 2**30:.2f} | "
+        base, ours = row[BASELINE], row["attribute"]
+        lines.append(f"| {n} | {base['seconds']:.2f} | {ours['seconds']:.2f} | "
+                     f"{ours['seconds'] / base['seconds']:.2f}× | {base['added_bytes'] / 2**30:.2f} | "
                      f"{ours['added_bytes'] / 2**30:.2f} |")
     ruled = {n: row for n, row in result["rows"].items() if any(m in row for m in RULES)}
     if ruled:
         lines += ["", "The rules that credit queries and keys (`rules={\"attention\": ...}`; their backward pass "
                   "rebuilds the probabilities chunk by chunk and, for `IGAttention`, one softmax per "
                   "quadrature point):", "",
-                  "| n | rule | seconds | × forward + backward | memory (GiB) |", "|---:|---|---:|---:|---:|"]
+                  f"| n | rule | seconds | × {BASELINE} | memory (GiB) |", "|---:|---|---:|---:|---:|"]
         for n, row in ruled.items():
             for method in RULES:
                 if method in row:
                     found = row[method]
                     lines.append(f"| {n} | `{RULES[method]}` | {found['seconds']:.2f} | "
-                                 f"{found['seconds'] / row['forward + backward']['seconds']:.2f}× | "
+                                 f"{found['seconds'] / row[BASELINE]['seconds']:.2f}× | "
                                  f"{found['added_bytes'] / 2**30:.2f} |")
     paired = {n: row for n, row in result["rows"].items() if all(m in row for m in SEQ2SEQ)}
     if paired:
         lines += ["", "The encoder–decoder route (a BART-base-sized model, random weights; a source of n "
                   f"tokens, a {PREFIX}-token target prefix, the last target position's predicted token; "
                   "the default route):", "",
-                  "| source n | forward + backward (s) | attribute (s) | ratio | memory, forward + backward (GiB) "
+                  f"| source n | {BASELINE} (s) | attribute (s) | × {BASELINE} | memory, {BASELINE} (GiB) "
                   "| memory, attribute (GiB) |", "|---:|---:|---:|---:|---:|---:|"]
         for n, row in paired.items():
-            plain, ours = (row[m] for m in SEQ2SEQ)
-            lines.append(f"| {n} | {plain['seconds']:.2f} | {ours['seconds']:.2f} | "
-                         f"{ours['seconds'] / plain['seconds']:.2f}× | {plain['added_bytes'] / 2**30:.2f} | "
+            base, ours = (row[m] for m in SEQ2SEQ)
+            lines.append(f"| {n} | {base['seconds']:.2f} | {ours['seconds']:.2f} | "
+                         f"{ours['seconds'] / base['seconds']:.2f}× | {base['added_bytes'] / 2**30:.2f} | "
                          f"{ours['added_bytes'] / 2**30:.2f} |")
     if result.get("before"):
         lines += ["", f"Before (the attribution of the checkout at `{result['before_tree']}`, commit "
                   f"{result.get('before_commit') or 'unknown'}, same run):", "",
-                  "| n | attribute before (s) | ratio before | memory before (GiB) |", "|---:|---:|---:|---:|"]
+                  f"| n | attribute before (s) | × {BASELINE} before | memory before (GiB) |", "|---:|---:|---:|---:|"]
         for n, row in result["before"].items():
-            plain = result["rows"][n]["forward + backward"]
-            lines.append(f"| {n} | {row['seconds']:.2f} | {row['seconds'] / plain['seconds']:.2f}× | "
+            base = result["rows"][n][BASELINE]
+            lines.append(f"| {n} | {row['seconds']:.2f} | {row['seconds'] / base['seconds']:.2f}× | "
                          f"{row['added_bytes'] / 2**30:.2f} |")
     return "\n".join(lines) + "\n"
 
