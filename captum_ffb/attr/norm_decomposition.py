@@ -25,6 +25,8 @@ from captum_ffb.attr.graph import (
     EDGE_THRESHOLD,
     NODE_THRESHOLD,
     AttributionGraph,
+    check_positions,
+    graph_target,
     output_label,
     token_labels,
 )
@@ -252,7 +254,7 @@ class NormDecomposition(Door, Attribution):
                         max_nodes: int | None = None, corrupted_inputs: Tensor | None = None,
                         additional_forward_args: Any = None, forward_kwargs: dict[str, Any] | None = None,
                         reference: str | int | Tensor | None = None, rules: Mapping[str, Callable] | None = None,
-                        exact_above: float | None = None) -> AttributionGraph:
+                        exact_above: float | None = None, exclude_positions: Sequence[int] = ()) -> AttributionGraph:
         r"""The exact attribution graph of one output of one input: the tokens, the writers of
         the stream at each position, the bias and the output, flow conserved at every node.
 
@@ -273,12 +275,20 @@ class NormDecomposition(Door, Attribution):
             exact_above (float, optional): the κ above which ``"atp+exact"`` patches a node
                         for real (default :data:`~captum_ffb.engine.patching.EXACT_ABOVE`;
                         ``math.inf``: never).
+            exclude_positions (list[int]): positions whose writer nodes are set aside from
+                        pruning and ranking (an attention sink's, e.g. ``[0]``; none by
+                        default): ``max_nodes`` chooses them last, pruning runs without them,
+                        :meth:`~captum_ffb.attr.AttributionGraph.ranking` skips them; their
+                        values and edges stay in ``graph.data``.
             additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
 
         Returns:
             AttributionGraph: pruned unless ``prune=False``; flow is conserved either way
             (pruning only hides nodes and edges, ``kept_share`` says how much of the output the
-            kept graph holds).
+            kept graph holds). The default prunes among the ``max_nodes`` (256) writers of
+            largest ``|value|`` only, so it keeps fewer nodes than
+            ``attribute_graph(prune=False).prune()``, which prunes among all of them with the
+            same thresholds (docs/graphs.md, "Which graph is the circuit").
         """
         if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
             raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
@@ -302,6 +312,10 @@ class NormDecomposition(Door, Attribution):
                                forward_kwargs=forward_kwargs, reference=reference)
         if request.batch_size != 1:
             raise ValueError("inputs: an attribution graph explains one input at a time (a batch of 1)")
+        width = int(request.read_mask.shape[1])
+        if self.engine.source is not None:  # the layout [source | target]
+            width += int(request.args[0].shape[1])
+        excluded = check_positions(exclude_positions, width)
         corrupted = None
         if corrupted_inputs is not None:
             self.engine.refuse_two_stacks("patching estimates")
@@ -309,11 +323,13 @@ class NormDecomposition(Door, Attribution):
                                      additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
                                      reference=request.reference, name="corrupted_inputs")
         limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
-        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above)
+        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above, excluded)
         tokens, ids = token_labels(self.tokenizer, request, built.n_source)
         graph = AttributionGraph.of(built.data, tokens, output_label(self.tokenizer, self.task, request.target),
                                     granularity, probability=built.probability, token_ids=ids,
-                                    n_source=built.n_source, scorer=built.splitter)
+                                    n_source=built.n_source, scorer=built.splitter,
+                                    target=graph_target(self.tokenizer, self.engine, request.target, built.n_source or 0),
+                                    excluded_positions=excluded)
         if built.estimates is not None:
             graph.patch_estimates = built.estimates.estimates
             graph.patch_kappa = built.estimates.kappa
