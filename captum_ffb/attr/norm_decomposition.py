@@ -33,6 +33,7 @@ from captum_ffb.attr.graph import (
 from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.model import wrapper_tokenizer
 from captum_ffb.engine.patching import EXACT_ABOVE, corrupted_like
 from captum_ffb.engine.requests import (
     check_call,
@@ -84,7 +85,9 @@ class NormDecomposition(Door, Attribution):
         forward_func (nn.Module): a Hugging Face model of a supported family (a
                     ``*ForCausalLM``, a ``*ForSequenceClassification``, an encoder–decoder
                     with its LM head, or a base model), or what
-                    :func:`~captum_ffb.models.load_model` returns (its tokenizer comes along).
+                    :func:`~captum_ffb.models.load_model` returns, a TransformerLens
+                    ``TransformerBridge`` or an nnsight ``LanguageModel`` of one (their
+                    tokenizer comes along; :func:`~captum_ffb.engine.model.find_model`).
         rules (dict, optional): role → rule replacing the default rule of that role
                     (:func:`~captum_ffb.rules.whole_model_rules`).
         reference (str, int or Tensor): what the players are measured from when a call does
@@ -117,6 +120,7 @@ class NormDecomposition(Door, Attribution):
         if isinstance(forward_func, LoadedModel):  # its tokenizer comes along
             tokenizer = forward_func.tokenizer if tokenizer is None else tokenizer
             forward_func = forward_func.model
+        tokenizer = wrapper_tokenizer(forward_func) if tokenizer is None else tokenizer  # a bridge's, nnsight's
         model = find_model(forward_func)
         if model is None:
             raise TypeError("NormDecomposition needs the model itself (an nn.Module) as forward_func")
