@@ -481,3 +481,33 @@ def test_a_page_with_no_share_is_drawn():
     graph.data.values[graph.data.output] = 0.0
     page = graph_html(graph)
     assert "NaN" not in page and '"kept_share": null' in page and "– of the output" in page
+
+
+def test_activation_patching_reads_text_targets_and_inputs_with_a_tokenizer():
+    from tests.models import causal_tokenizer, tiny_lm
+
+    tokenizer = causal_tokenizer()
+    model = tiny_lm("llama")
+    clean, corrupt = "the cat sat on the mat because", "the dog sat on the mat because"
+    ids = tokenizer(clean, return_tensors="pt").input_ids
+    corrupted = tokenizer(corrupt, return_tensors="pt").input_ids
+    cat, mat = tokenizer.convert_tokens_to_ids(["cat", "mat"])
+    by_id = activation_patching(model, ids, corrupted, cat, show_progress=False).effects
+    assert activation_patching(model, ids, corrupted, "cat", tokenizer=tokenizer,
+                               show_progress=False).effects == pytest.approx(by_id, abs=1e-6)
+    assert activation_patching(model, clean, corrupt, "cat", tokenizer=tokenizer,
+                               show_progress=False).effects == pytest.approx(by_id, abs=1e-6)
+    from captum_ffb.readouts import Contrast
+
+    both = activation_patching(model, ids, corrupted, Contrast("cat", "mat"), tokenizer=tokenizer, show_progress=False)
+    assert both.effects == pytest.approx(activation_patching(model, ids, corrupted, Contrast(cat, mat),
+                                                             show_progress=False).effects, abs=1e-6)
+    nd = NormDecomposition(model)
+    activation_patching(nd, ids, corrupted, "cat", tokenizer=tokenizer, show_progress=False)
+    assert nd.tokenizer is None  # the caller's attribution is left as it was
+    with pytest.raises(TypeError, match=r"target 'cat' is text: give activation_patching\(\.\.\., tokenizer=\.\.\.\)"):
+        activation_patching(model, ids, corrupted, "cat", show_progress=False)
+    with pytest.raises(TypeError, match="inputs is text"):
+        activation_patching(model, clean, corrupted, cat, show_progress=False)
+    with pytest.raises(ValueError, match="is 2 tokens"):
+        activation_patching(model, ids, corrupted, "cat sat", tokenizer=tokenizer, show_progress=False)
