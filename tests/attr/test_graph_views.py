@@ -197,6 +197,8 @@ def test_the_logit_node_names_the_explained_token_and_position():
 def test_the_page_is_self_contained(llama):
     nd, ids = llama
     page = graph_html(nd.attribute_graph(ids, 5))
+    assert "of its edges' |weight|" in page and "set aside" not in page
+    assert "set aside: the writers at position 0" in graph_html(nd.attribute_graph(ids, 5, exclude_positions=[0]))
     for pattern in ("src=", "href=", "@import", "url(", "fetch(", "XMLHttpRequest"):
         assert pattern not in page
     assert "://" not in page  # not even the SVG namespace's name: the script reads it from the element
