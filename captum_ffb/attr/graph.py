@@ -568,6 +568,8 @@ def _shown(data: GraphData) -> Tensor:
 def check_positions(positions: Any, n: int, name: str = "exclude_positions") -> tuple[int, ...]:
     """Positions checked (integers in ``0 … n − 1``, negative ones counted from the end),
     sorted and without repeats; a one-line ``TypeError`` or ``ValueError`` naming ``name``."""
+    if hasattr(positions, "tolist") and not isinstance(positions, (str, bytes)):  # a tensor or an array
+        positions = positions.tolist()
     if isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence):
         raise TypeError(f"{name} must be a list of positions (e.g. [0]), got {type(positions).__name__}")
     found = set()

@@ -56,7 +56,7 @@ DIGEST_CHUNK = 1021 * 4096
 #: The relative tolerance of the weights' fingerprint sums (float64 sums of the same
 #: weights on two devices differ in their last digits; one weight edited by more than about
 #: this share of the parameter's ``Σ|w|`` is seen).
-DIGEST_TOLERANCE = 1e-9
+DIGEST_TOLERANCE = 1e-12
 
 
 # --------------------------------------------------------------------------- fingerprint
@@ -101,7 +101,7 @@ def _digest_difference(saved: list[list[Any]], found: list[list[Any]]) -> str | 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     if dtype in (torch.bfloat16, torch.float16):
         return np.dtype(np.float32)  # NumPy has no bfloat16: widened
-    return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+    return np.dtype(torch.empty(0, dtype=dtype, device="cpu").numpy().dtype)
 
 
 def _write_array(archive: zipfile.ZipFile, name: str, tensor: Tensor, dtype: Any = None) -> None:
@@ -212,9 +212,9 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
     }
     mode = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     with atomic_open(target, "wb") as handle, zipfile.ZipFile(handle, "w", compression=mode, allowZip64=True) as archive:
-        _write_array(archive, "kinds", torch.tensor([NODE_KINDS.index(k) for k in d.kinds], dtype=torch.uint8))
+        _write_array(archive, "kinds", torch.tensor([NODE_KINDS.index(k) for k in d.kinds], dtype=torch.uint8, device="cpu"))
         for name in ("layers", "heads", "positions"):
-            _write_array(archive, name, torch.tensor(getattr(d, name), dtype=torch.int32))
+            _write_array(archive, name, torch.tensor(getattr(d, name), dtype=torch.int32, device="cpu"))
         _write_array(archive, "values", d.values)
         _write_array(archive, "sources", d.sources, index_dtype)
         _write_array(archive, "targets", d.targets, index_dtype)

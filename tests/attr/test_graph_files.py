@@ -194,6 +194,7 @@ def test_excluded_positions_are_set_aside_from_pruning_ranking_and_max_nodes(bui
     full = nd.attribute_graph(ids, 5, prune=False)
     assert full.prune(exclude_positions=[0]).excluded_positions == (0,)
     assert full.prune(exclude_positions=[-7]).excluded_positions == (0,)  # from the end
+    assert full.prune(exclude_positions=torch.tensor([2, 0, 2])).excluded_positions == (0, 2)
     for bad, error in (("0", TypeError), ([1.5], TypeError), ([7], ValueError), (5, TypeError)):
         with pytest.raises(error, match="exclude_positions"):
             nd.attribute_graph(ids, 5, exclude_positions=bad)
