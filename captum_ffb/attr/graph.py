@@ -38,7 +38,7 @@ NODE_THRESHOLD, EDGE_THRESHOLD = 0.8, 0.98
 #: the rest send what they send as "left out"): pruning keeps far fewer, and the edges are
 #: the graph's cost. An unpruned graph computes every node's edges unless told otherwise.
 DEFAULT_MAX_NODES = 256
-#: :meth:`AttributionGraph.to_dict` refuses more kept links than this (a link is about 2.5 kB
+#: :meth:`~captum_ffb.attr.AttributionGraph.to_dict` refuses more kept links than this (a link is about 2.5 kB
 #: as a dict and in JSON: 5.2 GB for SmolLM2's 2.1 M at 10 tokens); prune, or ``save()``.
 MAX_DICT_LINKS = 500_000
 #: What :meth:`AttributionGraph.ranking` ranks by, and at which level.
@@ -73,15 +73,11 @@ class GraphTarget:
 
 
 class HookSite(NamedTuple):
-    """Where a graph node can be patched in a TransformerLens model (:meth:`AttributionGraph.hook_name`).
-
-    Attributes:
-        name (str): the hook's name (``blocks.23.attn.hook_z``).
-        position (int): the node's position along the hook's sequence dimension.
-        index (int, optional): the head (``hook_z``), neuron (``mlp.hook_post``) or unit
-                    (``unembed.hook_out``) along the next dimension; ``None``: the whole
-                    activation at the position.
-    """
+    """Where a graph node can be patched in a TransformerLens model
+    (:meth:`AttributionGraph.hook_name`): ``name`` the hook's name (``blocks.23.attn.hook_z``),
+    ``position`` the node's position along the hook's sequence dimension, ``index`` the head
+    (``hook_z``), neuron (``mlp.hook_post``) or unit (``unembed.hook_out``) along the next
+    dimension (``None``: the whole activation at the position)."""
 
     name: str
     position: int
@@ -381,8 +377,9 @@ class AttributionGraph:
 
         Args:
             max_links (int, optional): refuse (a ``ValueError``) a graph keeping more links
-                        than this (:data:`MAX_DICT_LINKS`): as dicts they would not fit in
-                        memory; prune it, or write it with :meth:`save`. ``None``: no limit.
+                        than this (:data:`~captum_ffb.attr.graph.MAX_DICT_LINKS`): as dicts
+                        they would not fit in memory; prune it, or write it with
+                        :meth:`save`. ``None``: no limit.
         """
         d = self.data
         shown = self.kept_links(max_links)

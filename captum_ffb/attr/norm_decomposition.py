@@ -87,7 +87,7 @@ class NormDecomposition(Door, Attribution):
                     with its LM head, or a base model), or what
                     :func:`~captum_ffb.models.load_model` returns, a TransformerLens
                     ``TransformerBridge`` or an nnsight ``LanguageModel`` of one (their
-                    tokenizer comes along; :func:`~captum_ffb.engine.model.find_model`).
+                    tokenizer comes along; :func:`~captum_ffb.engine.find_model`).
         rules (dict, optional): role → rule replacing the default rule of that role
                     (:func:`~captum_ffb.rules.whole_model_rules`).
         reference (str, int or Tensor): what the players are measured from when a call does

@@ -18,7 +18,7 @@ from captum_ffb.engine.block import has_path, resolve
 
 def find_model(forward_func: Callable | nn.Module | Any) -> nn.Module | None:
     """The Hugging Face ``nn.Module`` behind ``forward_func``: itself, the owner of a bound
-    method, the model under a TransformerLens ``TransformerBridge`` (:func:`unbridged`) or
+    method, the model under a TransformerLens ``TransformerBridge`` (``unbridged``) or
     under an nnsight model (``LanguageModel``, ``TransformersModel``: its ``_module``)."""
     wrapped = _wrapped_model(forward_func)
     if wrapped is not None:
