@@ -17,6 +17,7 @@ nodes (:meth:`AttributionGraph.ranking`) and names the TransformerLens hook of e
 
 from __future__ import annotations
 
+import heapq
 import math
 import os
 import warnings
@@ -343,7 +344,7 @@ class AttributionGraph:
                     if float(probabilities[key]) > 0]  # a masked key takes no part
             for key in seen:
                 split = self.score_split(layer, head, position, key)
-                pairs = sorted(split.items(), key=lambda kv: -abs(kv[1]))[:top]
+                pairs = heapq.nlargest(top, split.items(), key=lambda kv: abs(kv[1]))
                 entries.append({"key_position": key, "probability": float(probabilities[key]),
                                 "score": sum(split.values()),
                                 "pairs": [{"query": q, "key": s, "value": v} for (q, s), v in pairs]})
