@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -381,6 +382,16 @@ def test_cli_writes_its_files_and_prints_the_rankings(tmp_path, capsys, monkeypa
     assert {"value", "kept_nodes", "patch_default", "patch_atp", "patch_frozen", "patch_atp+exact"} <= set(rows[0])
     assert sum(int(row["kept_nodes"]) for row in rows) == sum(
         1 for n in saved["nodes"] if n["kind"] not in ("token", "bias", "output"))
+    assert re.search(r"largest flow residual over every node: \d\.\de[+-]\d\d", printed)
+    # --max-nodes: the residual over the nodes whose edges were computed, the others named as left out
+    assert main(["graph", "the cat sat on the mat because", "--model", str(model), "--out", str(tmp_path / "m"),
+                 "--max-nodes", "5", "--format", "json"]) == 0
+    limited = json.loads((tmp_path / "m" / "graph.json").read_text())
+    found = re.search(r"largest flow residual over the 5 writer nodes whose edges were computed \((\d+) left out, "
+                      r"their flow counted as left out\): (\S+)", capsys.readouterr().out)
+    writers = graph.data.kinds.count("head") + graph.data.kinds.count("ff")
+    assert found and int(found.group(1)) == writers - 5 and float(found.group(2)) < 1e-4
+    assert sum(1 for n in limited["nodes"] if n["kind"] in ("head", "ff")) <= 5
     # --exclude-first: the first position's writers set aside
     assert main(["graph", "the cat sat on the mat because", "--model", str(model), "--out", str(tmp_path / "x"),
                  "--exclude-first", "--format", "json"]) == 0
