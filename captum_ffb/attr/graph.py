@@ -8,14 +8,23 @@ total effect on the output; every edge is exact; every node conserves flow (its 
 and its bias edge add up to its value, its out-edges and its direct edge to the output too):
 no error node. Pruning follows circuit-tracer's (node influence, then edge influence, with
 the thresholds as parameters) and says what share of the output the kept graph holds.
+
+A graph is saved to one file and loaded again (:meth:`AttributionGraph.save`,
+:meth:`AttributionGraph.load`, :mod:`captum_ffb.attr.graph_files`), ranks its components and
+nodes (:meth:`AttributionGraph.ranking`) and names the TransformerLens hook of each node
+(:meth:`AttributionGraph.hook_name`).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -30,6 +39,50 @@ NODE_THRESHOLD, EDGE_THRESHOLD = 0.8, 0.98
 #: the rest send what they send as "left out"): pruning keeps far fewer, and the edges are
 #: the graph's cost. An unpruned graph computes every node's edges unless told otherwise.
 DEFAULT_MAX_NODES = 256
+#: :meth:`~captum_ffb.attr.AttributionGraph.to_dict` refuses more kept links than this (a link is about 2.5 kB
+#: as a dict and in JSON: 5.2 GB for SmolLM2's 2.1 M at 10 tokens); prune, or ``save()``.
+MAX_DICT_LINKS = 500_000
+#: What :meth:`AttributionGraph.ranking` ranks by, and at which level.
+RANK_BY, RANK_LEVELS = ("value", "patch"), ("component", "node")
+#: The node kinds that are no writer of the stream.
+_ENDS = ("token", "bias", "output")
+
+
+@dataclass(frozen=True)
+class GraphTarget:
+    r"""What a graph explains, resolved.
+
+    Attributes:
+        kind (str): ``"token"`` (a language model's logit), ``"class"`` (a classifier's) or
+                    ``"direction"`` (a direction read from the hidden states).
+        units (tuple[int, ...]): the token ids or classes read (a contrast: positive, then
+                    negative; none for a direction).
+        coefficients (tuple[float, ...]): each unit's coefficient (``(1.0, -1.0)`` for a
+                    contrast).
+        position (int, optional): the position read (``None``: pooled).
+        texts (tuple[str, ...], optional): the units as the tokenizer decodes them
+                    (``" Paris"``), when a tokenizer was given.
+        n_units (int, optional): how many units the head has (the vocabulary's size).
+    """
+
+    kind: str
+    units: tuple[int, ...]
+    coefficients: tuple[float, ...]
+    position: int | None = None
+    texts: tuple[str, ...] | None = None
+    n_units: int | None = None
+
+
+class HookSite(NamedTuple):
+    """Where a graph node can be patched in a TransformerLens model
+    (:meth:`AttributionGraph.hook_name`): ``name`` the hook's name (``blocks.23.attn.hook_z``),
+    ``position`` the node's position along the hook's sequence dimension, ``index`` the head
+    (``hook_z``), neuron (``mlp.hook_post``) or unit (``unembed.hook_out``) along the next
+    dimension (``None``: the whole activation at the position)."""
+
+    name: str
+    position: int
+    index: int | None = None
 
 
 @dataclass
@@ -60,6 +113,11 @@ class AttributionGraph:
         token_ids (list[int], optional): the input's token ids.
         n_source (int, optional): an encoder–decoder's source length (positions
                     ``0 … n_source − 1`` are the source's, the rest the target's).
+        target (GraphTarget, optional): what is explained (units, position, texts).
+        excluded_positions (tuple[int, ...]): positions whose writer nodes are set aside from
+                    pruning and ranking (an attention sink's, ``exclude_positions=``).
+        origin (dict, optional): what :meth:`bind` needs to bind a loaded graph to its model
+                    again (the input, reference, rules and the weights' fingerprint).
     """
 
     data: GraphData
@@ -78,19 +136,16 @@ class AttributionGraph:
     probability: float | None = None
     token_ids: list[int] | None = None
     n_source: int | None = None
+    target: GraphTarget | None = None
+    excluded_positions: tuple[int, ...] = ()
+    origin: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, data: GraphData, tokens: list[str], output_label: str, granularity: str, **extra: Any
            ) -> AttributionGraph:
         """The unpruned graph of ``data``."""
         device = data.values.device
-        nodes = torch.ones(len(data), dtype=torch.bool, device=device)
-        if data.left_out is not None:  # writer nodes whose edges were not computed (max_nodes) are not shown
-            has = torch.zeros(len(data), dtype=torch.bool, device=device)
-            has[data.targets] = True
-            has[data.sources] = True
-            nodes &= has | torch.tensor([k in ("token", "bias", "output") for k in data.kinds], device=device)
-        return cls(data, tokens, output_label, granularity, nodes,
+        return cls(data, tokens, output_label, granularity, _shown(data),
                    torch.ones(len(data.weights), dtype=torch.bool, device=device),
                    **extra)
 
@@ -163,10 +218,28 @@ class AttributionGraph:
 
     @property
     def kept_share(self) -> float:
-        """The share of the output's value its kept in-edges carry (1 before pruning)."""
+        """The share of the output's value its kept in-edges carry (1 before pruning): the
+        signed sum of the kept direct edges into the output over the value. Signed edges
+        cancel, so a pruned graph may hold more than 100% (it dropped edges that pull the
+        other way; a contrast ``logit(A) − logit(B)`` does so readily) or less than 0%:
+        :attr:`kept_abs_share` is the share of the output's edges' ``|weight|``, between 0
+        and 1."""
         d = self.data
         into = (d.targets == d.output) & self.edge_mask
         return float(d.weights[into].sum()) / self.value if self.value else float("nan")
+
+    @property
+    def kept_abs_share(self) -> float:
+        """The share of ``Σ |weight|`` over the output's in-edges that its kept in-edges carry
+        (what ``max_nodes`` left out counted among the in-edges): between 0 and 1, 1 before
+        pruning when every node's edges were computed."""
+        d = self.data
+        into = d.targets == d.output
+        total = float(d.weights[into].abs().sum())
+        if d.left_out is not None:
+            total += abs(float(d.left_out[d.output]))
+        kept = float(d.weights[into & self.edge_mask & self.node_mask[d.sources]].abs().sum())
+        return kept / total if total else float("nan")
 
     def component_estimates(self, estimator: str = "default") -> dict[str, float]:
         """Patching estimates summed over positions: component id (``block.<l>.attention.head.<h>``,
@@ -188,21 +261,51 @@ class AttributionGraph:
         return found
 
     # ------------------------------------------------------------------ pruning
-    def prune(self, node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD) -> AttributionGraph:
+    def prune(self, node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD, *,
+              exclude_positions: Sequence[int] | None = None) -> AttributionGraph:
         """The graph pruned as circuit-tracer prunes: nodes by their influence on the output
         (absolute edge weights, each node's in-edges normalised, influence summed over
         paths) until ``node_threshold`` of it is kept, then edges by their influence until
         ``edge_threshold``; tokens, the bias and the output always stay; nodes left without
-        an edge go."""
+        an edge go.
+
+        Pruning starts again from every node whose edges were computed (a pruned or loaded
+        graph is re-pruned, not pruned further). The shares are of the influence of the nodes
+        whose edges were computed: a graph built with ``max_nodes`` (the default of
+        ``attribute_graph(prune=True)``: 256 writers) prunes among those only, and so keeps
+        fewer nodes than the graph of every node pruned with the same thresholds (docs/graphs.md,
+        "Which graph is the circuit").
+
+        Args:
+            node_threshold, edge_threshold (float): the shares of influence kept.
+            exclude_positions (list[int], optional): positions whose writer nodes are set
+                        aside (an attention sink's, e.g. ``[0]``): pruning runs on the graph
+                        without them, and :meth:`ranking` skips them (``None``: the graph's
+                        own :attr:`excluded_positions`; ``()``: none).
+        """
         for name, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name} must be a number between 0 and 1, got {type(value).__name__}")
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must lie between 0 and 1, got {value}")
-        node_mask, edge_mask, influence = prune_masks(self.data, self.node_mask, self.edge_mask, node_threshold,
+        excluded = self.excluded_positions if exclude_positions is None else \
+            check_positions(exclude_positions, len(self.tokens))
+        candidates = _shown(self.data) & ~self._at_positions(excluded)
+        every_edge = torch.ones_like(self.edge_mask)
+        node_mask, edge_mask, influence = prune_masks(self.data, candidates, every_edge, node_threshold,
                                                       edge_threshold)
+        computed = None if self.data.computed is None else int(self.data.computed.sum())
         return replace(self, node_mask=node_mask, edge_mask=edge_mask, influence=influence,
-                       thresholds={"node_threshold": node_threshold, "edge_threshold": edge_threshold})
+                       thresholds={"node_threshold": node_threshold, "edge_threshold": edge_threshold,
+                                   "max_nodes": computed},
+                       excluded_positions=excluded)
+
+    def _at_positions(self, positions: Sequence[int]) -> Tensor:
+        """``(N,)`` bool: the writer nodes at ``positions``."""
+        d = self.data
+        chosen = set(positions)
+        return torch.tensor([k not in _ENDS and p in chosen for k, p in zip(d.kinds, d.positions)],
+                            dtype=torch.bool, device=d.values.device)
 
     # ------------------------------------------------------------------ query–key pairs
     def score_split(self, layer: int, head: int, query_position: int, key_position: int) -> dict[Any, float]:
@@ -241,7 +344,7 @@ class AttributionGraph:
                     if float(probabilities[key]) > 0]  # a masked key takes no part
             for key in seen:
                 split = self.score_split(layer, head, position, key)
-                pairs = sorted(split.items(), key=lambda kv: -abs(kv[1]))[:top]
+                pairs = heapq.nlargest(top, split.items(), key=lambda kv: abs(kv[1]))
                 entries.append({"key_position": key, "probability": float(probabilities[key]),
                                 "score": sum(split.values()),
                                 "pairs": [{"query": q, "key": s, "value": v} for (q, s), v in pairs]})
@@ -265,13 +368,22 @@ class AttributionGraph:
         return [dict(link) for link in found]
 
     # ------------------------------------------------------------------ exports
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, max_links: int | None = MAX_DICT_LINKS) -> dict[str, Any]:
         """``{"nodes": [...], "links": [...], ...}``: every kept node (``id``, ``kind``,
         ``layer``, ``head``, ``position``, ``value``, with ``token``, ``influence`` and
-        ``patch_estimate`` where known) and every kept edge (``source``, ``target``,
+        ``patch_estimate`` where known; the output node at the explained position, with its
+        ``token_id`` or ``class_index``) and every kept edge (``source``, ``target``,
         ``weight``; query–key links with ``"kind": "qk"``). A new dict: changing it changes
-        nothing of the graph; a share that is not a number (the value 0) is ``None``."""
+        nothing of the graph; a share that is not a number (the value 0) is ``None``.
+
+        Args:
+            max_links (int, optional): refuse (a ``ValueError``) a graph keeping more links
+                        than this (:data:`~captum_ffb.attr.graph.MAX_DICT_LINKS`): as dicts
+                        they would not fit in memory; prune it, or write it with
+                        :meth:`save`. ``None``: no limit.
+        """
         d = self.data
+        shown = self.kept_links(max_links)
         ids = self.ids()
         nodes = []
         for k in self.node_mask.nonzero()[:, 0].tolist():
@@ -281,6 +393,7 @@ class AttributionGraph:
                 node["token"] = self.tokens[d.positions[k]]
             if d.kinds[k] == "output":
                 node["token"] = self.output_label
+                node.update(self._output_fields())
             if self.influence is not None:
                 node["influence"] = float(self.influence[k])
             if self.patch_estimates and d.kinds[k] not in ("token", "bias", "output"):
@@ -288,14 +401,183 @@ class AttributionGraph:
                 node["patch_estimates"] = {name: float(v[k]) for name, v in self.patch_estimates.items()}
                 node["patch_kappa"] = float(self.patch_kappa[k])
             nodes.append(node)
-        shown = self.node_mask[d.sources] & self.node_mask[d.targets] & self.edge_mask
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
                  for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
-        share = self.kept_share
+        share, absolute = self.kept_share, self.kept_abs_share
         return {"granularity": self.granularity, "value": self.value, "output": self.output_label,
                 "tokens": list(self.tokens), "n_source": self.n_source,
-                "kept_share": share if math.isfinite(share) else None, "thresholds": dict(self.thresholds),
+                "kept_share": share if math.isfinite(share) else None,
+                "kept_abs_share": absolute if math.isfinite(absolute) else None, "thresholds": dict(self.thresholds),
+                "excluded_positions": list(self.excluded_positions),
                 "nodes": nodes, "links": links + [dict(link) for link in self.qk_links]}
+
+    def kept_links(self, max_links: int | None = None) -> Tensor:
+        """``(E,)`` bool: the kept edges between kept nodes; a ``ValueError`` saying what to do
+        instead when they are more than ``max_links`` (see :meth:`to_dict`)."""
+        d = self.data
+        shown = self.node_mask[d.sources] & self.node_mask[d.targets] & self.edge_mask
+        count = int(shown.sum())
+        if max_links is not None and count > max_links:
+            raise ValueError(f"this graph keeps {count:,} links (about {count * 2.5e3 / 1e9:.1f} GB as dicts and "
+                             f"JSON, over max_links={max_links:,}): prune it (graph.prune()) or write it with "
+                             "graph.save(path), whose arrays stream to disk")
+        return shown
+
+    def _output_fields(self) -> dict[str, Any]:
+        """The output node's explained position and unit(s): ``token_id`` (or ``class_index``),
+        and for a contrast the subtracted one's as ``negative_token_id``."""
+        target = self.target
+        if target is None:
+            return {}
+        found: dict[str, Any] = {"position": -1 if target.position is None else target.position}
+        if target.kind in ("token", "class") and target.units:
+            name = "token_id" if target.kind == "token" else "class_index"
+            found[name] = target.units[0]
+            if len(target.units) == 2:
+                found[f"negative_{name}"] = target.units[1]
+        return found
+
+    # ------------------------------------------------------------------ rankings
+    def ranking(self, by: str = "value", level: str = "component", top: int | None = 20,
+                estimator: str = "default") -> list[tuple[str, float]]:
+        """The components (or nodes) of largest ``|score|``, largest first: ``[(id, score)]``.
+
+        Every writer node the graph computed a value for is ranked, kept by the pruning or
+        not (all of them: ``max_nodes`` limits only whose edges are computed), except those
+        at :attr:`excluded_positions`. Tokens, the bias and the output are not ranked.
+
+        Args:
+            by (str): ``"value"`` (each node's total effect on the output) or ``"patch"``
+                        (its patching estimate, ``estimator``'s; the graph needs
+                        ``corrupted_inputs``).
+            level (str): ``"component"`` (``block.23.attention.head.4``: its nodes summed over
+                        positions; by patch, a component ``"atp+exact"`` patched for real at
+                        every position takes that pass's effect, unless positions are
+                        excluded) or ``"node"`` (``block.23.attention.head.4@7``).
+            top (int, optional): how many (``None``: all).
+            estimator (str): the patching estimator (``by="patch"``).
+        """
+        if by not in RANK_BY:
+            raise ValueError(f"by must be one of {', '.join(RANK_BY)}, got {by!r}")
+        if level not in RANK_LEVELS:
+            raise ValueError(f"level must be one of {', '.join(RANK_LEVELS)}, got {level!r}")
+        if top is not None:
+            _count(top, "top")
+        d = self.data
+        if by == "value":
+            scores = d.values.tolist()
+        else:
+            if estimator not in self.patch_estimates:
+                known = ", ".join(self.patch_estimates) or \
+                    "none: build the graph with corrupted_inputs= (--corrupted) for patch estimates"
+                raise ValueError(f"estimator must be one of {known}, got {estimator!r}")
+            scores = self.patch_estimates[estimator].tolist()
+        aside = set(self.excluded_positions)
+        writers = [k for k, kind in enumerate(d.kinds) if kind not in _ENDS and d.positions[k] not in aside]
+        found: dict[str, float] = {}
+        if level == "node":
+            ids = self.ids()
+            found = {ids[k]: scores[k] for k in writers}
+        else:
+            for k in writers:
+                name = component_of(d.kinds[k], d.layers[k], d.heads[k])
+                found[name] = found.get(name, 0.0) + scores[k]
+            if by == "patch" and not aside:
+                found.update(self.patch_components.get(estimator, {}))
+        ranked = sorted(found.items(), key=lambda kv: -abs(kv[1]))
+        return ranked if top is None else ranked[:top]
+
+    # ------------------------------------------------------------------ TransformerLens
+    def hook_name(self, node: str) -> HookSite:
+        """Where node ``node`` can be patched in a TransformerLens model (a ``TransformerBridge``
+        of the same model; :class:`HookSite`): a head ``block.23.attention.head.4@7`` at
+        ``blocks.23.attn.hook_z``, position 7, head 4; an attention sublayer at
+        ``blocks.<l>.hook_attn_out``; an FF block at ``blocks.<l>.hook_mlp_out``; a neuron at
+        ``blocks.<l>.mlp.hook_post``, its index; a token at ``blocks.0.hook_resid_pre`` (a token
+        node is the first block's input, position embeddings included); the output at
+        ``unembed.hook_out`` (the logits), the explained position and unit. The bias node (the
+        model's own constants) and an encoder–decoder's nodes have none: a ``ValueError``."""
+        k = self.index(node)
+        d = self.data
+        kind, layer, part, position = d.kinds[k], d.layers[k], d.heads[k], d.positions[k]
+        if self.n_source is not None:
+            raise ValueError("hook names are TransformerLens's for one-stack models; this graph is an "
+                             "encoder–decoder's")
+        if kind == "bias":
+            raise ValueError("the bias node is the model's own constants: no hook carries it alone")
+        if kind == "output":
+            target = self.target
+            if target is None:
+                raise ValueError("this graph does not record what it explains (built before 0.4)")
+            unit = target.units[0] if len(target.units) == 1 else None
+            return HookSite("unembed.hook_out", len(self.tokens) - 1 if target.position is None else target.position,
+                            unit)
+        names = {"token": ("blocks.0.hook_resid_pre", None), "head": (f"blocks.{layer}.attn.hook_z", part),
+                 "attention": (f"blocks.{layer}.hook_attn_out", None), "ff": (f"blocks.{layer}.hook_mlp_out", None),
+                 "neuron": (f"blocks.{layer}.mlp.hook_post", part)}
+        if kind not in names:
+            raise ValueError(f"a {kind} node has no TransformerLens hook")
+        name, index = names[kind]
+        return HookSite(name, position, index)
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | os.PathLike, compress: bool = True) -> Path:
+        """Write the graph to one file (:mod:`captum_ffb.attr.graph_files`: a ``.npz`` zip of
+        arrays and ``metadata.json``; edges are streamed to disk, never held as dicts), with
+        what :meth:`bind` needs to bind it to its model again; returns the path."""
+        from captum_ffb.attr.graph_files import save_graph
+
+        return save_graph(self, path, compress=compress)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, model: Any = None, rules: Any = None) -> AttributionGraph:
+        """A graph written by :meth:`save`; with ``model`` (the same weights, or a
+        ``ValueError``), bound to it for score splits (:meth:`bind`)."""
+        from captum_ffb.attr.graph_files import load_graph
+
+        return load_graph(path, model=model, rules=rules)
+
+    def bind(self, model: Any, rules: Any = None) -> AttributionGraph:
+        """Bind a loaded graph to ``model`` (an ``nn.Module``, a ``LoadedModel``, a
+        ``NormDecomposition``, a TransformerLens bridge or an nnsight model) so that
+        :meth:`score_split`, :meth:`attention` and :meth:`query_key_pairs` work: refused (a
+        ``ValueError``) where the weights are not those the graph was built on, or the graph
+        was built with other rules than ``rules`` (the defaults when ``None``). Returns the
+        graph."""
+        from captum_ffb.attr.graph_files import bind_graph
+
+        bind_graph(self, model, rules)
+        return self
+
+
+def _shown(data: GraphData) -> Tensor:
+    """``(N,)`` bool: the nodes an unpruned graph shows (all but the writers whose edges
+    ``max_nodes`` did not compute)."""
+    device = data.values.device
+    nodes = torch.ones(len(data), dtype=torch.bool, device=device)
+    if data.left_out is not None:
+        has = torch.zeros(len(data), dtype=torch.bool, device=device)
+        has[data.targets] = True
+        has[data.sources] = True
+        nodes &= has | torch.tensor([k in _ENDS for k in data.kinds], device=device)
+    return nodes
+
+
+def check_positions(positions: Any, n: int, name: str = "exclude_positions") -> tuple[int, ...]:
+    """Positions checked (integers in ``0 … n − 1``, negative ones counted from the end),
+    sorted and without repeats; a one-line ``TypeError`` or ``ValueError`` naming ``name``."""
+    if hasattr(positions, "tolist") and not isinstance(positions, (str, bytes)):  # a tensor or an array
+        positions = positions.tolist()
+    if isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence):
+        raise TypeError(f"{name} must be a list of positions (e.g. [0]), got {type(positions).__name__}")
+    found = set()
+    for p in positions:
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise TypeError(f"{name} must hold integer positions, got {p!r}")
+        if not -n <= p < n:
+            raise ValueError(f"{name}: position {p} is outside the input's {n} positions")
+        found.add(p % n)
+    return tuple(sorted(found))
 
 
 def _count(value: Any, name: str) -> int:
@@ -331,6 +613,23 @@ def token_labels(tokenizer: Any, request: Any, n_source: int | None) -> tuple[li
                            else [str(i) for i in target])
         ids = None if ids is None else ids + target
     return labels, ids
+
+
+def graph_target(tokenizer: Any, engine: Any, target: Any, offset: int = 0) -> GraphTarget:
+    """The :class:`GraphTarget` of a resolved head target (``engine``: the bound model;
+    ``offset``: the read stack's first position in the layout, an encoder–decoder's source
+    length)."""
+    task = engine.task
+    units = () if target.indices is None else tuple(int(u) for u in target.indices[0])
+    kind = "direction" if not units else ("class" if task == "sequence_classification" else "token")
+    coefficients = tuple(float(c) for c in target.coefficients[0])
+    position = None if target.positions is None else int(target.positions.reshape(-1)[0]) + offset
+    texts = None
+    if kind == "token" and tokenizer is not None:
+        texts = tuple(tokenizer.decode([u]) for u in units)
+    head = engine.head.output
+    n_units = None if head is None else int(head.weight.shape[0])
+    return GraphTarget(kind, units, coefficients, position, texts, n_units)
 
 
 def output_label(tokenizer: Any, task: str, target: Any) -> str:

@@ -25,12 +25,15 @@ from captum_ffb.attr.graph import (
     EDGE_THRESHOLD,
     NODE_THRESHOLD,
     AttributionGraph,
+    check_positions,
+    graph_target,
     output_label,
     token_labels,
 )
 from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.model import wrapper_tokenizer
 from captum_ffb.engine.patching import EXACT_ABOVE, corrupted_like
 from captum_ffb.engine.requests import (
     check_call,
@@ -82,7 +85,9 @@ class NormDecomposition(Door, Attribution):
         forward_func (nn.Module): a Hugging Face model of a supported family (a
                     ``*ForCausalLM``, a ``*ForSequenceClassification``, an encoder–decoder
                     with its LM head, or a base model), or what
-                    :func:`~captum_ffb.models.load_model` returns (its tokenizer comes along).
+                    :func:`~captum_ffb.models.load_model` returns, a TransformerLens
+                    ``TransformerBridge`` or an nnsight ``LanguageModel`` of one (their
+                    tokenizer comes along; :func:`~captum_ffb.engine.find_model`).
         rules (dict, optional): role → rule replacing the default rule of that role
                     (:func:`~captum_ffb.rules.whole_model_rules`).
         reference (str, int or Tensor): what the players are measured from when a call does
@@ -115,6 +120,7 @@ class NormDecomposition(Door, Attribution):
         if isinstance(forward_func, LoadedModel):  # its tokenizer comes along
             tokenizer = forward_func.tokenizer if tokenizer is None else tokenizer
             forward_func = forward_func.model
+        tokenizer = wrapper_tokenizer(forward_func) if tokenizer is None else tokenizer  # a bridge's, nnsight's
         model = find_model(forward_func)
         if model is None:
             raise TypeError("NormDecomposition needs the model itself (an nn.Module) as forward_func")
@@ -252,7 +258,7 @@ class NormDecomposition(Door, Attribution):
                         max_nodes: int | None = None, corrupted_inputs: Tensor | None = None,
                         additional_forward_args: Any = None, forward_kwargs: dict[str, Any] | None = None,
                         reference: str | int | Tensor | None = None, rules: Mapping[str, Callable] | None = None,
-                        exact_above: float | None = None) -> AttributionGraph:
+                        exact_above: float | None = None, exclude_positions: Sequence[int] = ()) -> AttributionGraph:
         r"""The exact attribution graph of one output of one input: the tokens, the writers of
         the stream at each position, the bias and the output, flow conserved at every node.
 
@@ -273,12 +279,20 @@ class NormDecomposition(Door, Attribution):
             exact_above (float, optional): the κ above which ``"atp+exact"`` patches a node
                         for real (default :data:`~captum_ffb.engine.patching.EXACT_ABOVE`;
                         ``math.inf``: never).
+            exclude_positions (list[int]): positions whose writer nodes are set aside from
+                        pruning and ranking (an attention sink's, e.g. ``[0]``; none by
+                        default): ``max_nodes`` chooses them last, pruning runs without them,
+                        :meth:`~captum_ffb.attr.AttributionGraph.ranking` skips them; their
+                        values and edges stay in ``graph.data``.
             additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
 
         Returns:
             AttributionGraph: pruned unless ``prune=False``; flow is conserved either way
             (pruning only hides nodes and edges, ``kept_share`` says how much of the output the
-            kept graph holds).
+            kept graph holds). The default prunes among the ``max_nodes`` (256) writers of
+            largest ``|value|`` only, so it keeps fewer nodes than
+            ``attribute_graph(prune=False).prune()``, which prunes among all of them with the
+            same thresholds (docs/graphs.md, "Which graph is the circuit").
         """
         if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
             raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
@@ -302,6 +316,10 @@ class NormDecomposition(Door, Attribution):
                                forward_kwargs=forward_kwargs, reference=reference)
         if request.batch_size != 1:
             raise ValueError("inputs: an attribution graph explains one input at a time (a batch of 1)")
+        width = int(request.read_mask.shape[1])
+        if self.engine.source is not None:  # the layout [source | target]
+            width += int(request.args[0].shape[1])
+        excluded = check_positions(exclude_positions, width)
         corrupted = None
         if corrupted_inputs is not None:
             self.engine.refuse_two_stacks("patching estimates")
@@ -309,11 +327,13 @@ class NormDecomposition(Door, Attribution):
                                      additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
                                      reference=request.reference, name="corrupted_inputs")
         limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
-        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above)
+        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above, excluded)
         tokens, ids = token_labels(self.tokenizer, request, built.n_source)
         graph = AttributionGraph.of(built.data, tokens, output_label(self.tokenizer, self.task, request.target),
                                     granularity, probability=built.probability, token_ids=ids,
-                                    n_source=built.n_source, scorer=built.splitter)
+                                    n_source=built.n_source, scorer=built.splitter,
+                                    target=graph_target(self.tokenizer, self.engine, request.target, built.n_source or 0),
+                                    excluded_positions=excluded)
         if built.estimates is not None:
             graph.patch_estimates = built.estimates.estimates
             graph.patch_kappa = built.estimates.kappa

@@ -17,6 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from captum_ffb._deprecation import REMOVED_IN
+from captum_ffb.readouts import with_token_ids
 from captum_ffb.vocabulary import FEATURE_GRANULARITIES, check_granularity, component_of
 
 __all__ = ["PATCHING_GRANULARITIES", "PatchingResult", "activation_patching", "component_id"]
@@ -79,7 +80,8 @@ class PatchingResult:
         return {k: v for k, v in self.effects.items() if k.split(".")[2] == kind and ".head." not in k}
 
 
-def activation_patching(model: Any, inputs: Tensor, corrupted_inputs: Tensor | None = None, target: Any = None,
+def activation_patching(model: Any, inputs: Tensor | str, corrupted_inputs: Tensor | str | None = None,
+                        target: Any = None,
                         granularity: str = "head", *, forward_kwargs: Mapping[str, Any] | None = None,
                         batch_size: int = 16, show_progress: bool = True, tokenizer: Any = None,
                         baseline_inputs: Tensor | None = None) -> PatchingResult:
@@ -87,18 +89,23 @@ def activation_patching(model: Any, inputs: Tensor, corrupted_inputs: Tensor | N
 
     Args:
         model (nn.Module, LoadedModel or NormDecomposition): a Hugging Face model (or one
-                    loaded with its tokenizer, or bound already).
-        inputs (Tensor): ``(1, n)`` the clean token ids.
-        corrupted_inputs (Tensor): ``(1, n)`` the corrupted ones (same length;
-                    ``baseline_inputs``, its name before 0.4, is read with a warning).
-        target (int, str, ReadOut, optional): what is explained, as in ``attribute`` (a text
-                    needs a tokenizer; ``None``: the clean prediction).
+                    loaded with its tokenizer, bound already, a TransformerLens bridge or an
+                    nnsight model of one).
+        inputs (Tensor or str): ``(1, n)`` the clean token ids, or the text (read by the
+                    tokenizer).
+        corrupted_inputs (Tensor or str): ``(1, n)`` the corrupted ones, or the text (same
+                    length in tokens; ``baseline_inputs``, its name before 0.4, is read with a
+                    warning).
+        target (int, str, ReadOut, optional): what is explained, as in ``attribute``: a token
+                    id, or its text (``" Mary"``, one token; also inside ``NextToken`` and
+                    ``Contrast``) read by the tokenizer; ``None``: the clean prediction.
         granularity (str): ``"head"`` (each head and each FF block) or ``"sublayer"``.
         forward_kwargs (dict, optional): further arguments of the model's forward.
         batch_size (int): patched passes run together (each row of a batch the input with its
                     own patch).
         show_progress (bool): a progress bar over the patched passes.
-        tokenizer (optional): reads a text target.
+        tokenizer (optional): reads a text target or text inputs (by default the model's own:
+                    a ``LoadedModel``'s, a ``NormDecomposition``'s, a bridge's or nnsight's).
 
     Returns:
         PatchingResult: one effect per component.
@@ -120,9 +127,11 @@ def activation_patching(model: Any, inputs: Tensor, corrupted_inputs: Tensor | N
     check_count(batch_size, "batch_size")
     check_granularity(granularity, "patching")
     nd = model if isinstance(model, NormDecomposition) else NormDecomposition(model, tokenizer=tokenizer)
-    if tokenizer is not None and nd.tokenizer is None:
-        nd.tokenizer = tokenizer
+    reader = tokenizer if tokenizer is not None else nd.tokenizer
     nd.engine.refuse_two_stacks("activation patching")
+    inputs, corrupted_inputs = (_token_ids(reader, text, name, nd.model)
+                                for text, name in ((inputs, "inputs"), (corrupted_inputs, "corrupted_inputs")))
+    target = with_token_ids(target, lambda text: _one_token(nd, reader, text))
     forward_kwargs = dict(forward_kwargs or {})
     request = nd.request(inputs, target, forward_kwargs=forward_kwargs)
     if request.batch_size != 1:
@@ -133,3 +142,23 @@ def activation_patching(model: Any, inputs: Tensor, corrupted_inputs: Tensor | N
         effects, clean, corrupted_value = nd.engine.activation_patching(request, corrupted, granularity,
                                                                         batch_size, show_progress)
     return PatchingResult(_Effects(effects), clean, corrupted_value)
+
+
+def _token_ids(tokenizer: Any, inputs: Any, name: str, model: Any) -> Any:
+    """Text inputs as ``(1, n)`` token ids on the model's device (others as they are)."""
+    if not isinstance(inputs, str):
+        return inputs
+    from captum_ffb.text import check_text
+
+    check_text(inputs, name=name)
+    if tokenizer is None:
+        raise TypeError(f"{name} is text: give activation_patching(..., tokenizer=...) to read it, or token ids")
+    return tokenizer(inputs, return_tensors="pt").input_ids.to(next(model.parameters()).device)
+
+
+def _one_token(nd: Any, tokenizer: Any, text: str) -> int:
+    """A text target's one token id (a one-line error without a tokenizer, or for more than one token)."""
+    if tokenizer is None:
+        raise TypeError(f"target {text!r} is text: give activation_patching(..., tokenizer=...) to read it, or its "
+                        "token id")
+    return int(nd.engine.token_ids(tokenizer, text, one=True)[0])

@@ -1,9 +1,12 @@
 """``captum-ffb graph``: the exact attribution graph of one text's output, as JSON, an offline
-HTML page and circuit-tracer's (Neuronpedia's) graph JSON."""
+HTML page, circuit-tracer's (Neuronpedia's) graph JSON, the graph's own file and a table of
+its components, with the top components and nodes printed."""
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import sys
 from typing import Any
 
@@ -14,12 +17,14 @@ from captum_ffb.cli._options import (
     default_out,
     model_placement,
 )
-from captum_ffb.outputs import check_out_dir, output_set, write_json
-from captum_ffb.vocabulary import FEATURE_GRANULARITIES
+from captum_ffb.outputs import check_out_dir, output_set, write_json, write_text
+from captum_ffb.vocabulary import FEATURE_GRANULARITIES, component_of
 
 DEFAULT_OUT = default_out("graph")
 #: What ``--format`` chooses from.
-GRAPH_FORMATS = ("json", "html", "neuronpedia")
+GRAPH_FORMATS = ("json", "html", "neuronpedia", "npz")
+#: How many components and nodes the summary prints per ranking.
+TOP = 5
 GRANULARITIES = FEATURE_GRANULARITIES["graph"]
 #: The library's parameter names this command's messages show as its flags.
 FLAGS = {"corrupted_inputs": "--corrupted", "corrupted": "--corrupted", "class_index": "--class", "node_threshold": "--node-threshold",
@@ -32,7 +37,10 @@ examples:
       into ./{DEFAULT_OUT}/
   captum-ffb graph "When Mary and John went to the store, John gave a drink to" --model ./SmolLM2 \\
       --target " Mary" --corrupted "When Alice and Bob went to the store, Bob gave a drink to"
-      every component node also carries its patching estimates from the corrupted prompt
+      every component node also carries its patching estimates from the corrupted prompt;
+      the top components and nodes are printed by value and by patch estimate
+  captum-ffb graph "The Eiffel Tower is located in the city of" --model ./SmolLM2 --exclude-first
+      the first token's writers (an attention sink) set aside from pruning and the rankings
   captum-ffb graph "a charming film" --granularity sublayer --no-prune
       the bundled all-MiniLM-L6-v2 and its sentiment head, every node and every edge
   captum-ffb graph "the cat sat on the mat ||| le chat" --model ./my-marian
@@ -46,6 +54,10 @@ files written to --out:
                           on top; click a node for its edges and a head's query–key pairs
   graph_neuronpedia.json  the same graph in circuit-tracer's schema (metadata, qParams,
                           nodes, links), for its frontend or Neuronpedia's graph viewer
+  graph.npz               the whole graph, every computed node and edge and the pruning, for
+                          AttributionGraph.load (re-prune, rank, bind to the model)
+  components.csv          every component (head, attention, FF) summed over positions: value,
+                          kept nodes, patch estimates; largest |value| first
 """
 
 
@@ -84,11 +96,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="pruning: the share the kept edges hold (default 0.98)")
     parser.add_argument("--no-prune", action="store_true", help="keep every node and every non-zero edge")
     parser.add_argument("--max-nodes", type=int, default=None, metavar="N",
-                        help="compute edges for the N writer nodes of largest |value| only (long inputs)")
+                        help="compute edges for the N writer nodes of largest |value| only (default 256 when "
+                        "pruning, every node with --no-prune)")
+    parser.add_argument("--exclude-first", action="store_true",
+                        help="set the first position's writers (an attention sink) aside from pruning and the "
+                        "rankings")
     parser.add_argument("--neuronpedia", action="store_true",
                         help="write graph_neuronpedia.json (also when --format leaves it out)")
     parser.add_argument("--format", default=",".join(GRAPH_FORMATS), metavar="LIST",
-                        help=f"comma list of {', '.join(GRAPH_FORMATS)} (default: all three)")
+                        help=f"comma list of {', '.join(GRAPH_FORMATS)} (default: all four; components.csv "
+                        "is always written)")
     add_shared_options(parser, "graph", "model", "out", "device", "dtype", "quiet")
     parser.set_defaults(run=run, flags=FLAGS)
 
@@ -142,11 +159,22 @@ def run(args: argparse.Namespace) -> int:
         graph = graph_text(args.text, loaded, target=args.target, class_index=args.class_index,
                            corrupted=args.corrupted, granularity=args.granularity, prune=not args.no_prune,
                            node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
-                           max_nodes=args.max_nodes)
+                           max_nodes=args.max_nodes, exclude_positions=(0,) if args.exclude_first else ())
     except ValueError as error:
         raise UsageError(as_flags(str(error), FLAGS)) from None
+    as_dicts = [f for f in formats if f != "npz"]
+    if as_dicts:
+        from captum_ffb.attr.graph import MAX_DICT_LINKS
+
+        try:
+            graph.kept_links(MAX_DICT_LINKS)
+        except ValueError as error:
+            raise UsageError(f"{error}; with --no-prune, write only --format npz (graph.npz holds every edge), "
+                             f"or prune (drop --no-prune) for {', '.join(as_dicts)}") from None
     with output_set(out) as files:
-        written = []
+        written = [write_text(files.path("components.csv"), components_csv(graph))]
+        if "npz" in formats:
+            written.append(graph.save(files.path("graph.npz")))
         if "json" in formats:
             written.append(write_json(files.path("graph.json"), graph.to_dict()))
         if "html" in formats:
@@ -167,6 +195,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def components_csv(graph: Any) -> str:
+    """``components.csv``: every component of the graph (its nodes summed over positions,
+    excluded positions left out), largest ``|value|`` first: ``component``, ``value``,
+    ``kept_nodes`` (how many of its nodes the pruning kept) and one ``patch_<estimator>``
+    column per patching estimator."""
+    d = graph.data
+    values = graph.ranking("value", "component", top=None)
+    patches = {name: dict(graph.ranking("patch", "component", top=None, estimator=name))
+               for name in graph.patch_estimates}
+    kept: dict[str, int] = {}
+    for k in graph.node_mask.nonzero()[:, 0].tolist():
+        if d.kinds[k] not in ("token", "bias", "output") and d.positions[k] not in graph.excluded_positions:
+            name = component_of(d.kinds[k], d.layers[k], d.heads[k])
+            kept[name] = kept.get(name, 0) + 1
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["component", "value", "kept_nodes", *(f"patch_{name}" for name in patches)])
+    for name, value in values:
+        writer.writerow([name, f"{value:.6g}", kept.get(name, 0),
+                         *(f"{patch[name]:.6g}" if name in patch else "" for patch in patches.values())])
+    return buffer.getvalue()
+
+
 def _summary(graph: Any, model_name: str) -> None:
     d = graph.data
     writers = {k for k, kind in enumerate(d.kinds) if kind not in ("token", "bias", "output")}
@@ -174,12 +225,25 @@ def _summary(graph: Any, model_name: str) -> None:
         f"the {int(d.computed.sum())} writer nodes whose edges were computed ({len(writers) - int(d.computed.sum())} " \
         "left out, their flow counted as left out)"
     print(f"{model_name}: {len(graph.tokens)} tokens; explained “{graph.output_label}”, value {graph.value:.4f}")
-    share = graph.kept_share
+    share, absolute = graph.kept_share, graph.kept_abs_share
     print(f"  {len(d)} nodes and {len(d.weights)} edges; kept {int(graph.node_mask.sum())} nodes and "
-          f"{int(graph.edge_mask.sum())} edges holding {'–' if share != share else f'{share:.1%}'} of the output; "
-          f"largest flow residual over {computed}: {graph.flow_residual():.1e}")
-    top = sorted((k for k in graph.node_mask.nonzero()[:, 0].tolist() if k in writers),
-                 key=lambda k: -abs(float(d.values[k])))[:5]
-    ids = graph.ids()
-    for k in top:
-        print(f"    {ids[k]} ({graph.tokens[d.positions[k]]}): {float(d.values[k]):+.4f}")
+          f"{int(graph.edge_mask.sum())} edges holding {_percent(share)} of the output ({_percent(absolute)} of its "
+          f"edges' |weight|); largest flow residual over {computed}: {graph.flow_residual():.1e}")
+    if graph.excluded_positions:
+        print(f"  set aside: the writers at position(s) {', '.join(map(str, graph.excluded_positions))}")
+    rankings = [("value", "")]
+    if graph.patch_estimates:
+        rankings.append(("patch", " (patch estimate, every computed component, kept or not)"))
+    for by, note in rankings:
+        for level in ("component", "node"):
+            print(f"  top {level}s by {by}{note}:")
+            for name, score in graph.ranking(by, level, top=TOP):
+                where = ""
+                if level == "node":
+                    position = int(name.rsplit("@", 1)[1])
+                    where = f" ({graph.tokens[position]})" if 0 <= position < len(graph.tokens) else ""
+                print(f"    {name}{where}: {score:+.4f}")
+
+
+def _percent(share: float) -> str:
+    return "–" if share != share else f"{share:.1%}"

@@ -550,14 +550,17 @@ def _writer_nodes(table: _Nodes, tape: GraphTape, total: Mapping[str, Tensor], r
     return ids, part_totals
 
 
-def _chosen_nodes(values: Tensor, ids: list[Tensor], max_nodes: int | None) -> tuple[Tensor | None, list[Tensor]]:
+def _chosen_nodes(values: Tensor, ids: list[Tensor], max_nodes: int | None, set_aside: Tensor | None = None
+                  ) -> tuple[Tensor | None, list[Tensor]]:
     """With ``max_nodes``, the writer nodes whose edges are computed (those of largest
-    ``|value|``; the others' ids become ``-2``); ``None`` when every node's are."""
+    ``|value|``, the nodes ``set_aside`` marks last; the others' ids become ``-2``); ``None``
+    when every node's are."""
     writer_all = torch.cat([i.reshape(-1) for i in ids])
     writer_all = writer_all[writer_all >= 0]
     if max_nodes is None or len(writer_all) <= max_nodes:
         return None, ids
-    order = values[writer_all].abs().argsort(descending=True)
+    score = values.abs() if set_aside is None else torch.where(set_aside, -1.0, values.abs())
+    order = score[writer_all].argsort(descending=True)
     chosen = torch.zeros(len(values), dtype=torch.bool, device=values.device)
     chosen[writer_all[order[:max_nodes]]] = True
     ids = [torch.where(chosen[i.clamp_min(0)] & (i >= 0), i, torch.full_like(i, -2)) for i in ids]
@@ -632,7 +635,7 @@ def _bias_and_direct_edges(edges: _Edges, tape: GraphTape, direct: Mapping[str, 
 
 
 def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Players], chunk: int = 16,
-                max_nodes: int | None = None) -> GraphData:
+                max_nodes: int | None = None, exclude_positions: Sequence[int] = ()) -> GraphData:
     """Every node and every non-zero edge of one recorded pass (batch of one), computed on
     the pass's device and handed back on the CPU.
 
@@ -644,6 +647,8 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
         max_nodes (int, optional): compute the edges into (and out of) only this many writer
                     nodes, those of largest ``|value|`` (the others keep their values; the
                     output's direct edges are always computed).
+        exclude_positions (list[int]): positions whose writer nodes ``max_nodes`` chooses
+                    last (an attention sink's: their edges are then rarely computed).
 
     Positions are the layout's: ``[source | target]`` for an encoder–decoder.
     """
@@ -656,7 +661,11 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
     bias = table.add("bias", -1, -1, [-1], torch.zeros(1, dtype=dtype, device=device))[0]
     output = table.add("output", -1, -1, [-1], tape.value.detach().to(dtype).reshape(1))[0]
     values = torch.cat([v.detach().to(dtype) for v in table.values])
-    chosen, ids = _chosen_nodes(values, ids, max_nodes)
+    set_aside = None
+    if exclude_positions:
+        set_aside = torch.tensor([k not in ("token", "bias", "output") and p in set(exclude_positions)
+                                  for k, p in zip(table.kinds, table.positions)], device=device)
+    chosen, ids = _chosen_nodes(values, ids, max_nodes, set_aside)
     layout = _Layout([leaf.detach() for leaf in tape.leaves], reals, offsets, token_ids, ids, part_totals, total,
                      device)
     edges = _Edges(len(values), dtype, device)

@@ -1,8 +1,13 @@
-"""Where a model keeps its blocks and norms, read from its family's spec."""
+"""Where a model keeps its blocks and norms, read from its family's spec; and the Hugging Face
+model behind what a user hands over (:func:`find_model`)."""
 
 from __future__ import annotations
 
+import copy
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from torch import nn
 
@@ -11,12 +16,95 @@ from captum_ffb.architectures.spec import ArchitectureSpec
 from captum_ffb.engine.block import has_path, resolve
 
 
-def find_model(forward_func: Callable | nn.Module) -> nn.Module | None:
-    """The ``nn.Module`` behind ``forward_func`` (itself, or the owner of a bound method)."""
+def find_model(forward_func: Callable | nn.Module | Any) -> nn.Module | None:
+    """The Hugging Face ``nn.Module`` behind ``forward_func``: itself, the owner of a bound
+    method, the model under a TransformerLens ``TransformerBridge`` (``unbridged``) or
+    under an nnsight model (``LanguageModel``, ``TransformersModel``: its ``_module``)."""
+    wrapped = _wrapped_model(forward_func)
+    if wrapped is not None:
+        return wrapped
     if isinstance(forward_func, nn.Module):
         return forward_func
     owner = getattr(forward_func, "__self__", None)
+    if owner is not None and not isinstance(owner, nn.Module):
+        return _wrapped_model(owner)
     return owner if isinstance(owner, nn.Module) else None
+
+
+def wrapper_tokenizer(forward_func: Any) -> Any:
+    """The tokenizer a TransformerLens bridge or an nnsight model carries (``None`` for
+    anything else)."""
+    if _library_of(forward_func) in ("transformer_lens", "nnsight"):
+        return getattr(forward_func, "tokenizer", None)
+    return None
+
+
+def _library_of(value: Any) -> str:
+    return type(value).__module__.split(".", 1)[0]
+
+
+def _wrapped_model(value: Any) -> nn.Module | None:
+    """The Hugging Face model a TransformerLens bridge or an nnsight model wraps (``None`` for
+    anything else); a ``ValueError`` for one whose model cannot be read as Hugging Face's."""
+    library = _library_of(value)
+    if library == "transformer_lens" and isinstance(value, nn.Module) and hasattr(type(value), "original_model"):
+        if getattr(value, "compatibility_mode", False):
+            raise ValueError("this TransformerBridge is in compatibility mode (its weights folded, it computes "
+                             "HookedTransformer's model): explain a bridge without enable_compatibility_mode(), "
+                             "or the Hugging Face model itself")
+        try:
+            original = value.original_model
+        except AttributeError:
+            raise ValueError("this TransformerBridge holds no local model (a remote driver): explain a bridge "
+                             "booted from a Hugging Face model") from None
+        return unbridged(value, original)
+    if library == "nnsight":
+        module = value.__dict__.get("_module", value.__dict__.get("_model"))
+        if isinstance(module, nn.Module):
+            if value.__dict__.get("dispatched", True) is False:
+                raise ValueError("this nnsight model is not dispatched (its weights are not loaded yet): load it "
+                                 "with dispatch=True or call its .dispatch() first")
+            return module
+    return None
+
+
+#: each bridge's view of its Hugging Face model (one per bridge, so that its lock is one too)
+_views: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
+#: the hook tables an ``nn.Module`` keeps (a view gets empty ones of its own)
+_HOOK_TABLES = tuple(name for name in vars(nn.Module()) if name.endswith(("hooks", "hooks_with_kwargs",
+                                                                          "hooks_always_called")))
+
+
+def unbridged(bridge: nn.Module, original: nn.Module) -> nn.Module:
+    """The Hugging Face model under a TransformerLens 4 ``TransformerBridge``, as Hugging Face
+    built it: booting a bridge replaces the model's modules in place by bridge components
+    (each keeping the original as ``original_component``, its attention computed by the
+    bridge's own code). The view puts the originals back in new module objects that share
+    every parameter and buffer with the bridge (nothing is copied; an edit of a weight shows
+    in both) and have no hooks of the bridge's; the bridge itself is left as it was."""
+    view = _views.get(bridge)
+    if view is None:
+        view = _views[bridge] = _without_bridges(original)
+    return view
+
+
+def _without_bridges(module: nn.Module) -> nn.Module:
+    original = module._modules.get("_original_component")
+    if original is not None and _library_of(module) == "transformer_lens":
+        return _without_bridges(original)
+    children = OrderedDict((name, None if child is None else _without_bridges(child))
+                           for name, child in module._modules.items())
+    patched = "forward" in vars(module) and \
+        getattr(vars(module)["forward"], "__module__", "").startswith("transformer_lens")
+    if not patched and all(children[name] is child for name, child in module._modules.items()):
+        return module
+    view = copy.copy(module)
+    view._modules = children
+    for table in _HOOK_TABLES:
+        setattr(view, table, OrderedDict())
+    if patched:
+        del view.__dict__["forward"]
+    return view
 
 
 def base_model_of(model: nn.Module) -> nn.Module:

@@ -66,6 +66,9 @@ class ScoreSplitter:
         self.granularity, self.players = granularity, players
         self.fingerprint = weights_fingerprint(engine.model)
         self._tape: GraphTape | None = None
+        #: (writer index, "query" | "key", head, position) → a ``_parts`` result: a head's
+        #: query parts serve every key it is asked about, a key's every head sharing it
+        self._parts_seen: dict[tuple[int, str, int, int], tuple[dict[str, Tensor], Tensor]] = {}
 
     @property
     def model(self) -> nn.Module:
@@ -75,6 +78,7 @@ class ScoreSplitter:
     def release(self) -> None:
         """Forget the recorded pass (its memory); the next call runs it again."""
         self._tape = None
+        self._parts_seen = {}
 
     @property
     def tape(self) -> GraphTape:
@@ -131,18 +135,23 @@ class ScoreSplitter:
                              "probability is 0 and its score takes no part")
         index = tape.writers.index(writer)
         kv = head // (heads // key.shape[1])
-        q_parts, q_bias = self._parts(tape, index, query, head, query_position)
-        k_parts, k_bias = self._parts(tape, index, key, kv, key_position)
+        q_parts, q_bias = self._cached_parts(tape, index, "query", query, head, query_position)
+        k_parts, k_bias = self._cached_parts(tape, index, "key", key, kv, key_position)
+        # every pair's product at once (one product per pair in Python was most of a split's time)
+        queries = torch.stack([*q_parts.values(), q_bias])  # (writers at the query + 1, e)
+        keys = torch.stack([*k_parts.values(), k_bias])
+        products = (queries @ keys.T).tolist()
+        q_ids, k_ids = [*q_parts, "bias"], [*k_parts, "bias"]
         found: dict[Any, float] = {}
-        for q_id, q in q_parts.items():
-            for k_id, k in k_parts.items():
-                value = float((q * k).sum()) * scaling
+        for q_id, row in zip(q_ids[:-1], products):
+            for k_id, product in zip(k_ids[:-1], row):
+                value = product * scaling
                 if value != 0.0:
                     found[(q_id, k_id)] = value
-            found[(q_id, "bias")] = float((q * k_bias).sum()) * scaling
-        for k_id, k in k_parts.items():
-            found[("bias", k_id)] = float((q_bias * k).sum()) * scaling
-        found[("bias", "bias")] = float((q_bias * k_bias).sum()) * scaling
+            found[(q_id, "bias")] = row[-1] * scaling
+        for k_id, product in zip(k_ids[:-1], products[-1]):
+            found[("bias", k_id)] = product * scaling
+        found[("bias", "bias")] = products[-1][-1] * scaling
         return found
 
     @serialized
@@ -160,6 +169,14 @@ class ScoreSplitter:
         if not 0 <= head < weights.shape[1]:
             raise ValueError(f"head {head} does not exist: block {layer} has {weights.shape[1]} heads")
         return weights[0, head, self._position(writer, "query_position", query_position)].detach().float()
+
+    def _cached_parts(self, tape: Any, index: int, role: str, tensor: Tensor, head: int, position: int
+                      ) -> tuple[dict[str, Tensor], Tensor]:
+        """:meth:`_parts`, computed once per writer, role, head and position of the tape."""
+        key = (index, role, head, position)
+        if key not in self._parts_seen:
+            self._parts_seen[key] = self._parts(tape, index, tensor, head, position)
+        return self._parts_seen[key]
 
     def _parts(self, tape: Any, index: int, tensor: Tensor, head: int, position: int
                ) -> tuple[dict[str, Tensor], Tensor]:

@@ -689,16 +689,18 @@ class WholeModel(BoundModel):
 
     # ------------------------------------------------------------------ graphs and patching
     def graph(self, request: Request, rules: Mapping[str, Callable], granularity: str, max_nodes: int | None,
-              corrupted: Request | None = None, exact_above: float = EXACT_ABOVE) -> BuiltGraph:
+              corrupted: Request | None = None, exact_above: float = EXACT_ABOVE,
+              exclude_positions: Sequence[int] = ()) -> BuiltGraph:
         """The exact attribution graph of ``request.target`` (batch of one): one frozen pass
         with every writer reading the stream through a leaf of its own, its covectors, every
         node and edge (:func:`~captum_ffb.engine.graph.build_graph`, the edges of at most
         ``max_nodes`` writer nodes), with a corrupted run the nodes' patching estimates, and
-        the splitter of the heads' scores."""
+        the splitter of the heads' scores (``exclude_positions``: writers ``max_nodes`` chooses
+        last)."""
         tape = graph_pass(self, request, request.target, rules, granularity)
         found = covectors(tape)
         players = players_of(self, request, tape)
-        data = build_graph(tape, found, players, max_nodes=max_nodes)
+        data = build_graph(tape, found, players, max_nodes=max_nodes, exclude_positions=exclude_positions)
         estimates = None
         if corrupted is not None:
             self.refuse_two_stacks("patching estimates")

@@ -607,6 +607,8 @@ SCRIPT = r"""
     if (u.layer >= 0 && u.kind !== "group") h += row("block", u.layer + (u.head >= 0 ? ", part " + u.head : ""));
     if (u.position >= 0 && u.kind !== "group") h += row("position", u.position + " “" + esc(words[u.position]) + "”");
     if (u.kind === "output") h += row("explains", esc(u.label));
+    if (u.kind === "output" && u.d) ["token_id", "negative_token_id", "class_index", "negative_class_index"].forEach(
+      function (k) { if (u.d[k] !== undefined) h += row(k.replace(/_/g, " "), esc(String(u.d[k]))); });
     h += row(u.kind === "group" ? "value (sum)" : "value", signed(u.value));
     if (u.influence !== undefined && u.kind !== "output") h += row("influence", fmt(u.influence));
     if (u.patch !== undefined) h += row("patch estimate", signed(u.patch));

@@ -1,5 +1,6 @@
 r"""Views of a :class:`~captum_ffb.context.ContextAttribution`: a bar figure of the groups by
-contribution and an offline page of the context with every group shaded by its contribution."""
+contribution and an offline page with the groups ranked, then the context with every group
+numbered and shaded by its contribution (its text in black or white, whichever reads)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 from captum_ffb.context import ContextAttribution
 from captum_ffb.outputs import write_text
-from captum_ffb.pages import escape, page
+from captum_ffb.pages import css, diverging, escape, page
 from captum_ffb.viz._common import cpu_view
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
@@ -62,34 +63,72 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
     return figure
 
 
+def _relative_luminance(colour: tuple[int, int, int]) -> float:
+    """WCAG 2's relative luminance of an sRGB colour."""
+    def linear(c: int) -> float:
+        c = c / 255
+        return c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (linear(c) for c in colour)
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def _contrast_ratio(first: tuple[int, int, int], second: tuple[int, int, int]) -> float:
+    """WCAG 2's contrast ratio of two sRGB colours (1 to 21; 4.5 is AA for body text)."""
+    low, high = sorted((_relative_luminance(first), _relative_luminance(second)))
+    return (high + 0.05) / (low + 0.05)
+
+
+#: The text colours a shaded group is written in (black or white, whichever contrasts more:
+#: at least 4.5 on every colour of the diverging scale).
+BLACK, WHITE = (0, 0, 0), (255, 255, 255)
+
+
+def _text_colour(background: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Black or white, whichever has the larger contrast ratio with ``background``."""
+    return BLACK if _contrast_ratio(background, BLACK) >= _contrast_ratio(background, WHITE) else WHITE
+
+
 @cpu_view
 def context_html(found: ContextAttribution, title: str | None = None) -> str:
-    """An offline page: the context with each group shaded by its contribution (red raises
-    the output, blue lowers it, on the scale of the largest group), its value on hover, and
-    the table of groups by contribution."""
+    """An offline page: the groups ranked by ``|contribution|`` at the top (each numbered as in
+    ``context.csv``, with its contribution, its share of the value and its text, linked to its
+    place), then the context with each group shaded by its contribution on the package's
+    diverging scale (red raises the output, blue lowers it, the largest group full), its number
+    in front and its value on hover; each group's text in black or white, whichever reads
+    better on its shade (WCAG contrast at least 4.5)."""
     found = _check(found)
     scale = float(found.contributions.abs().max()) or 1.0
+    shares = found.shares().tolist()
     spans, done = [], 0
     for g, ((start, end), value) in enumerate(zip(found.spans, found.contributions.tolist())):
-        strength = min(1.0, abs(value) / scale)
-        colour = f"rgba(214, 39, 40, {strength:.3f})" if value > 0 else f"rgba(31, 119, 180, {strength:.3f})"
+        shade = diverging(value, scale)
         spans.append(escape(found.context[done:start]))
-        spans.append(f'<span class="group" style="background:{colour}" title="#{g}: {value:+.4f}">'
+        spans.append(f'<span class="group" id="group-{g}" style="background:{css(shade)};color:{css(_text_colour(shade))}"'
+                     f' title="#{g}: {value:+.4f}"><span class="number">#{g}</span> '
                      f"{escape(found.context[start:end])}</span>")
         done = end
     spans.append(escape(found.context[done:]))
-    rows = "".join(f"<tr><td>{g}</td><td>{value:+.4f}</td><td>{escape(_label(text, 120))}</td></tr>"
-                   for g, text, value in found.top(len(found.groups)))
+    rows = []
+    for rank, (g, text, value) in enumerate(found.top(len(found.groups)), start=1):
+        shade = diverging(value, scale)
+        share = f"{shares[g]:.1%}" if shares[g] == shares[g] else "–"
+        rows.append(f'<tr><td>{rank}</td><td><a href="#group-{g}">#{g}</a></td>'
+                    f'<td style="background:{css(shade)};color:{css(_text_colour(shade))}">{value:+.4f}</td>'
+                    f"<td>{share}</td><td>{escape(_label(text, 120))}</td></tr>")
     header = (f'<p class="meta">{escape(found.target)}: value {found.value:.4f} = Σ groups '
               f"{float(found.contributions.sum()):.4f} + question {found.question:.4f} + rest {found.rest:.4f} "
               f"+ bias {found.bias:.4f} (delta {found.delta:.1e}); {len(found.groups)} groups</p>\n")
-    body = (f'<section class="context">{"".join(spans)}</section>\n'
-            "<h2>Groups by contribution</h2>\n<table><tr><th>#</th><th>contribution</th><th>text</th></tr>"
-            f"{rows}</table>")
-    style = (".context { white-space: pre-wrap; line-height: 1.7; max-width: 60em; }\n"
+    body = ("<h2>Groups ranked by |contribution|</h2>\n"
+            '<table class="ranked"><tr><th>rank</th><th>group</th><th>contribution</th><th>share</th>'
+            f'<th>text</th></tr>{"".join(rows)}</table>\n'
+            '<h2>The context, each group shaded by its contribution</h2>\n'
+            '<div class="legend">lowers the output <span class="bar diverging"></span> raises it</div>\n'
+            f'<section class="context">{"".join(spans)}</section>')
+    style = (".context { white-space: pre-wrap; line-height: 1.9; max-width: 60em; }\n"
              ".group { border-radius: 3px; padding: 1px 2px; }\n"
-             "table { border-collapse: collapse; } td, th { padding: 2px 8px; border-bottom: 1px solid #ddd; "
-             "text-align: left; }\n")
+             ".group .number { font-size: 10px; font-weight: 600; opacity: .8; }\n"
+             ".ranked td:last-child { text-align: left; max-width: 50em; }\n")
     return page(title or "Which parts of the context drove the answer", body, header=header, style=style)
 
 

@@ -18,10 +18,15 @@ the page; a search box finds nodes by id or token; wheel, drag and buttons zoom,
 Everything is inline: the page requests nothing.
 
 :func:`neuronpedia_graph` writes circuit-tracer 0.5's schema (``metadata``, ``qParams``,
-``nodes``, ``links``): tokens as ``embedding`` nodes, the output as the ``logit`` node, the
-model's own components as nodes of their own ``feature_type`` (``attention``, ``attention
-head``, ``cross attention``, ``mlp``, ``mlp neuron``) and the bias as ``bias``. There is no error node: the graph
-is exact.
+``nodes``, ``links``) with only the four ``feature_type`` values circuit-tracer writes and its
+viewer draws (:data:`FEATURE_TYPES`): tokens as ``embedding`` nodes; the output as the
+``logit`` node, its ``feature`` the explained token's id (a contrast or a direction: the
+virtual index ``n_units``, as circuit-tracer numbers a custom target) at the explained
+position; every head, attention sublayer, cross-attention, FF block or neuron as a ``cross
+layer transcoder`` node (the viewer's one kind of feature; ``feature`` the Cantor pairing of
+its block and its index in the block, as circuit-tracer's); and the bias (the model's own
+constants) as the one ``mlp reconstruction error`` node, the viewer's kind of node that
+explains nothing further. There is no error node beyond it: the graph is exact.
 """
 
 from __future__ import annotations
@@ -31,15 +36,19 @@ import os
 from pathlib import Path
 from typing import Any
 
+from captum_ffb.attr.graph import MAX_DICT_LINKS
 from captum_ffb.outputs import write_json, write_text
 from captum_ffb.viz._common import COLOUR_JS, cpu_view, display_token, display_tokens, escape, page
 from captum_ffb.viz._graph_page import BODY, SCRIPT, STYLE
 
 __all__ = ["graph_html", "neuronpedia_graph", "save_graph_html", "save_neuronpedia_graph"]
 
-#: circuit-tracer's ``feature_type`` for each node kind of ours
-FEATURE_TYPES = {"token": "embedding", "output": "logit", "attention": "attention", "head": "attention head",
-                 "cross_attention": "cross attention", "ff": "mlp", "neuron": "mlp neuron", "bias": "bias"}
+#: circuit-tracer's ``feature_type`` for each node kind of ours (circuit-tracer 0.5 writes
+#: only these four: ``Node.token_node``, ``logit_node``, ``feature_node``, ``error_node``)
+FEATURE_TYPES = {"token": "embedding", "output": "logit", "attention": "cross layer transcoder",
+                 "head": "cross layer transcoder", "cross_attention": "cross layer transcoder",
+                 "ff": "cross layer transcoder", "neuron": "cross layer transcoder",
+                 "bias": "mlp reconstruction error"}
 
 
 @cpu_view
@@ -65,10 +74,14 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
     explained = f"“{shown}”"
     if graph.probability is not None:
         explained += f" (p = {graph.probability:.3f})"
+    aside = ""
+    if graph.excluded_positions:
+        aside = f" · set aside: the writers at position {', '.join(map(str, graph.excluded_positions))}"
     header = (f'<p class="meta">explains {escape(explained)} · value {graph.value:.4g} · '
               f'{graph.granularity} granularity · {int(graph.node_mask.sum())} of {len(graph.data)} nodes, '
               f'{int(graph.edge_mask.sum())} of {len(graph.data.weights)} edges kept, holding '
-              f'{_share(graph.kept_share)} of the output</p>')
+              f'{_share(graph.kept_share)} of the output ({_share(graph.kept_abs_share)} of its edges\' |weight|)'
+              f'{aside}</p>')
     return page(title or f"Attribution graph of “{shown}”", BODY, header=header, style=STYLE,
                 data={"ffb-graph-data": data}, script=[COLOUR_JS, SCRIPT])
 
@@ -100,7 +113,7 @@ def _cantor(x: int, y: int) -> int:
 
 @cpu_view
 def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", scan: str = "captum-ffb",
-                      token_ids: list[int] | None = None) -> dict[str, Any]:
+                      token_ids: list[int] | None = None, max_links: int | None = MAX_DICT_LINKS) -> dict[str, Any]:
     r"""The kept graph in circuit-tracer 0.5's JSON schema (what its frontend and Neuronpedia's
     graph viewer load).
 
@@ -111,11 +124,14 @@ def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", s
         scan (str): what produced it (a model's name).
         token_ids (list[int], optional): the input's token ids (in the tokens' node ids;
                     the graph's own by default).
+        max_links (int, optional): refuse more kept links than this, as
+                    :meth:`~captum_ffb.attr.AttributionGraph.to_dict` does.
 
     Returns:
         dict: ``{"metadata", "qParams", "nodes", "links"}``.
     """
     d = graph.data
+    shown = graph.kept_links(max_links)
     ids = graph.ids()
     token_ids = token_ids if token_ids is not None else graph.token_ids
     layers = max([layer for layer in d.layers if layer >= 0], default=-1) + 1
@@ -132,32 +148,54 @@ def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", s
         if kind == "token":
             vocab = token_ids[position] if token_ids is not None else position
             node.update(node_id=f"E_{vocab}_{position}", feature=position, layer="E", ctx_idx=position,
-                        jsNodeId=f"E_{vocab}-{position}", clerp=f"Emb: {graph.tokens[position]}")
+                        jsNodeId=f"E_{vocab}-{position}")
         elif kind == "output":
-            position = len(graph.tokens) - 1
+            feature, position, label = _logit(graph)
             probability = graph.probability if graph.probability is not None else 0.0
-            node.update(node_id=f"{layers + 1}_0_{position}", feature=0, layer=str(layers + 1), ctx_idx=position,
-                        jsNodeId=f"L_0-{position}", is_target_logit=True, token_prob=probability,
-                        clerp=f'Output "{graph.output_label}" (p={probability:.3f})')
+            node.update(node_id=f"{layers + 1}_{feature}_{position}", feature=feature, layer=str(layers + 1),
+                        ctx_idx=position, jsNodeId=f"L_{feature}-{position}", is_target_logit=True,
+                        token_prob=probability, clerp=f'Output "{label}" (p={probability:.3f})', activation=None)
         elif kind == "bias":
-            node.update(node_id="bias_0_0", feature=-2, layer="E", ctx_idx=0, jsNodeId="bias-0",
-                        clerp="the model's own bias terms")
+            node.update(node_id="bias_0_0", feature=-1, layer="E", ctx_idx=0, jsNodeId="bias_0-0",
+                        clerp="Bias: the model's own constants")
         else:
             heads = max(widths.get(layer, 1), 1)
             feature = {"head": part, "attention": 0, "cross_attention": heads, "ff": heads + 1,
                        "neuron": heads + 2 + part}[kind]
             node.update(node_id=f"{layer}_{feature}_{position}", feature=_cantor(layer, feature), layer=str(layer),
                         ctx_idx=position, jsNodeId=f"{layer}_{feature}-0",
-                        clerp=ids[k] + (f" @ {graph.tokens[position]}" if 0 <= position < len(graph.tokens) else ""))
+                        clerp=ids[k].split("@")[0] + (f" @ {graph.tokens[position]}"
+                                                      if 0 <= position < len(graph.tokens) else ""))
         names[ids[k]] = node["node_id"]
         nodes.append(node)
-    shown = graph.node_mask[d.sources] & graph.node_mask[d.targets] & graph.edge_mask
     links = [{"source": names[ids[int(s)]], "target": names[ids[int(t)]], "weight": float(w)}
              for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
     metadata = {"slug": slug, "scan": scan, "transcoder_list": [], "prompt_tokens": list(graph.tokens),
                 "prompt": prompt, "node_threshold": graph.thresholds.get("node_threshold"), "schema_version": 1}
     q_params = {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""}
     return {"metadata": metadata, "qParams": q_params, "nodes": nodes, "links": links}
+
+
+def _logit(graph: Any) -> tuple[int, int, str]:
+    """The logit node's ``feature``, ``ctx_idx`` and label as circuit-tracer writes them: the
+    token id (a contrast's or a direction's: the virtual index ``n_units``), the explained
+    position and the token as decoded (``" Paris"``, no quotes added)."""
+    target = graph.target
+    last = len(graph.tokens) - 1
+    if target is None:  # a graph of before 0.4
+        return 0, last, graph.output_label
+    position = last if target.position is None else target.position
+    if len(target.units) == 1:
+        feature = target.units[0]
+    else:
+        feature = target.n_units if target.n_units is not None else 0
+    if target.texts:
+        label = " − ".join(target.texts)
+    elif target.kind == "class":
+        label = " − ".join(f"class {u}" for u in target.units)
+    else:
+        label = graph.output_label
+    return feature, position, label
 
 
 def save_neuronpedia_graph(graph: Any, path: str | os.PathLike, prompt: str, **kwargs: Any) -> Path:

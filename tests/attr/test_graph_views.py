@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -109,25 +110,96 @@ def _graph_models():
     return module
 
 
+# What circuit-tracer 0.5.0 reads, from its wheel (circuit_tracer/frontend/graph_models.py and
+# utils/create_graph_files.py): pydantic classes Model(metadata: Metadata, qParams: QParams,
+# nodes: list[Node], links: list[dict]); Metadata(slug, scan, transcoder_list, prompt_tokens,
+# prompt, node_threshold=None, schema_version=1); QParams(pinnedIds, supernodes, linkType,
+# clickedId, sg_pos); Node(node_id, feature: int, layer: str, ctx_idx: int, feature_type: str,
+# token_prob=0.0, is_target_logit=False, run_idx=0, reverse_ctx_idx=0, jsNodeId, clerp="",
+# influence=None, activation=None); Link(source, target, weight). Its four node constructors
+# write the only feature types it emits and its viewer draws: "embedding" (token_node:
+# node_id E_<vocab>_<pos>, feature = pos, layer "E"), "logit" (logit_node: node_id
+# <n_layers+1>_<vocab>_<pos>, feature = the token id, or vocab_size + k for a custom target,
+# jsNodeId L_<vocab>-<pos>, clerp 'Output "<token>" (p=<p>)' with the decoded token),
+# "cross layer transcoder" (feature_node: feature = Cantor pairing of layer and index) and
+# "mlp reconstruction error" (error_node, feature -1). Its viewer (util-cg.js) reads the
+# logit's probability back from the clerp's "(p=" and marks any type containing "error".
+CIRCUIT_TRACER_TYPES = {"embedding", "logit", "cross layer transcoder", "mlp reconstruction error"}
+NODE_FIELDS = {"node_id": str, "feature": int, "layer": str, "ctx_idx": int, "feature_type": str, "jsNodeId": str}
+METADATA_FIELDS = {"slug": str, "scan": str, "transcoder_list": list, "prompt_tokens": list, "prompt": str}
+Q_PARAMS_FIELDS = {"pinnedIds": list, "supernodes": list, "linkType": str, "clickedId": str, "sg_pos": str}
+
+
+def _check_schema(found):
+    """The schema above, checked without circuit-tracer (and by its classes where installed)."""
+    assert set(found) == {"metadata", "qParams", "nodes", "links"}
+    for part, wanted in (("metadata", METADATA_FIELDS), ("qParams", Q_PARAMS_FIELDS)):
+        assert all(isinstance(found[part][name], kind) for name, kind in wanted.items()), part
+    for node in found["nodes"]:
+        assert all(isinstance(node[name], kind) and not isinstance(node[name], bool)
+                   for name, kind in NODE_FIELDS.items()), node
+        assert node["feature_type"] in CIRCUIT_TRACER_TYPES, node["feature_type"]
+        assert isinstance(node.get("clerp", ""), str) and isinstance(node.get("token_prob", 0.0), float)
+    ids_ = [n["node_id"] for n in found["nodes"]]
+    assert len(set(ids_)) == len(ids_)
+    for link in found["links"]:
+        assert set(link) == {"source", "target", "weight"} and isinstance(link["weight"], float)
+        assert link["source"] in ids_ and link["target"] in ids_
+    if importlib.util.find_spec("circuit_tracer") is not None:
+        _graph_models().Model(**found)
+    return {n["node_id"]: n for n in found["nodes"]}
+
+
 def test_neuronpedia_json_is_what_circuit_tracer_reads(llama):
     nd, ids = llama
     graph = nd.attribute_graph(ids, 5)
     found = neuronpedia_graph(graph, "a prompt", token_ids=ids[0].tolist())
-    model = _graph_models().Model(**found)
-    assert len(model.nodes) == int(graph.node_mask.sum())
-    types = {n.feature_type for n in model.nodes}
-    assert {"embedding", "logit"} <= types and not any("error" in t for t in types)
-    ids_ = {n.node_id for n in model.nodes}
-    assert len(ids_) == len(model.nodes)
-    assert all(link["source"] in ids_ and link["target"] in ids_ for link in model.links)
-    logits = [n for n in model.nodes if n.feature_type == "logit"]
-    assert len(logits) == 1 and logits[0].is_target_logit
-    assert model.metadata.prompt_tokens == graph.tokens
+    nodes = _check_schema(found)
+    assert len(nodes) == int(graph.node_mask.sum())
+    types = {n["feature_type"] for n in nodes.values()}
+    assert types == CIRCUIT_TRACER_TYPES  # heads and FF blocks as features, the bias as the one error node
+    logits = [n for n in nodes.values() if n["feature_type"] == "logit"]
+    assert len(logits) == 1 and logits[0]["is_target_logit"]
+    assert found["metadata"]["prompt_tokens"] == graph.tokens
+    model = _graph_models().Model(**found)  # circuit-tracer's own classes (skipped where not installed)
+    assert len(model.nodes) == len(nodes)
+
+
+def test_the_logit_node_names_the_explained_token_and_position():
+    """The logit node's ``feature`` is the explained token's id and its ``ctx_idx`` the position
+    read (it was always 0 and the last position); its label is the decoded token, quoted once
+    as circuit-tracer quotes it."""
+    from captum_ffb.readouts import Contrast, NextToken
+    from tests.models import causal_tokenizer, tiny_lm
+
+    tokenizer = causal_tokenizer()
+    nd = NormDecomposition(tiny_lm("llama"), tokenizer=tokenizer)
+    ids = tokenizer("the cat sat on the mat because", return_tensors="pt").input_ids
+    cat = tokenizer.convert_tokens_to_ids("cat")
+    graph = nd.attribute_graph(ids, NextToken(cat, position=3))
+    assert graph.target.units == (cat,) and graph.target.position == 3 and graph.target.texts == ("cat",)
+    found = neuronpedia_graph(graph, "the cat sat on the mat because")
+    (logit,) = [n for n in _check_schema(found).values() if n["feature_type"] == "logit"]
+    assert logit["feature"] == cat and logit["ctx_idx"] == 3
+    assert logit["node_id"] == f"{len(nd.engine.blocks) + 1}_{cat}_3" and logit["jsNodeId"] == f"L_{cat}-3"
+    assert logit["clerp"] == f'Output "cat" (p={graph.probability:.3f})'
+    output = next(n for n in graph.to_dict()["nodes"] if n["kind"] == "output")
+    assert output["token_id"] == cat and output["position"] == 3
+    # a contrast: circuit-tracer's virtual index for a custom target, both tokens in the label
+    mat = tokenizer.convert_tokens_to_ids("mat")
+    contrast = nd.attribute_graph(ids, Contrast(cat, mat))
+    (logit,) = [n for n in _check_schema(neuronpedia_graph(contrast, "x")).values() if n["feature_type"] == "logit"]
+    assert logit["feature"] == contrast.target.n_units == nd.engine.head.output.weight.shape[0]
+    assert logit["ctx_idx"] == ids.shape[1] - 1 and logit["clerp"].startswith('Output "cat − mat" (p=')
+    output = next(n for n in contrast.to_dict()["nodes"] if n["kind"] == "output")
+    assert (output["token_id"], output["negative_token_id"]) == (cat, mat)
 
 
 def test_the_page_is_self_contained(llama):
     nd, ids = llama
     page = graph_html(nd.attribute_graph(ids, 5))
+    assert "of its edges' |weight|" in page and "set aside" not in page
+    assert "set aside: the writers at position 0" in graph_html(nd.attribute_graph(ids, 5, exclude_positions=[0]))
     for pattern in ("src=", "href=", "@import", "url(", "fetch(", "XMLHttpRequest"):
         assert pattern not in page
     assert "://" not in page  # not even the SVG namespace's name: the script reads it from the element
@@ -273,14 +345,19 @@ def test_kappa_is_the_patch_over_the_stream_after_the_write():
         assert float(graph.patch_kappa[node]) == pytest.approx(float(expected[p]), rel=1e-4, abs=1e-7)
 
 
-def test_cli_writes_the_three_files(tmp_path):
+def test_cli_writes_its_files_and_prints_the_rankings(tmp_path, capsys, monkeypatch):
+    import csv
+
+    from captum_ffb.attr import AttributionGraph
     from tests.models import save_tiny_lm
 
     model = save_tiny_lm(tmp_path / "model")
     out = tmp_path / "out"
     assert main(["graph", "the cat sat on the mat because", "--model", str(model), "--out", str(out),
-                 "--baseline", "the dog sat on the mat because", "--quiet"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["graph.html", "graph.json", "graph_neuronpedia.json"]
+                 "--baseline", "the dog sat on the mat because"]) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["components.csv", "graph.html", "graph.json", "graph.npz",
+                                                     "graph_neuronpedia.json"]
     saved = json.loads((out / "graph.json").read_text())
     assert any("patch_estimate" in n for n in saved["nodes"])
     from tests.models import load_saved
@@ -290,7 +367,46 @@ def test_cli_writes_the_three_files(tmp_path):
     with torch.no_grad():
         predicted = int(loaded.model(ids).logits[0, -1].argmax())
     assert saved["output"] == repr(loaded.tokenizer.decode([predicted]))  # the token as text, not its id
-    _graph_models().Model(**json.loads((out / "graph_neuronpedia.json").read_text()))
+    output = next(n for n in saved["nodes"] if n["kind"] == "output")
+    assert output["token_id"] == predicted and output["position"] == ids.shape[1] - 1
+    _check_schema(json.loads((out / "graph_neuronpedia.json").read_text()))
+    # the rankings: by value and by patch estimate, components and nodes, every computed one
+    graph = AttributionGraph.load(out / "graph.npz")
+    assert graph.to_dict() == saved
+    for by in ("value", "patch"):
+        assert f"top components by {by}" in printed and f"top nodes by {by}" in printed
+        (name, score), *_ = graph.ranking(by, "component")
+        assert f"{name}: {score:+.4f}" in printed
+    rows = list(csv.DictReader((out / "components.csv").open()))
+    assert [row["component"] for row in rows] == [name for name, _ in graph.ranking("value", top=None)]
+    assert {"value", "kept_nodes", "patch_default", "patch_atp", "patch_frozen", "patch_atp+exact"} <= set(rows[0])
+    assert sum(int(row["kept_nodes"]) for row in rows) == sum(
+        1 for n in saved["nodes"] if n["kind"] not in ("token", "bias", "output"))
+    assert re.search(r"largest flow residual over every node: \d\.\de[+-]\d\d", printed)
+    # --max-nodes: the residual over the nodes whose edges were computed, the others named as left out
+    assert main(["graph", "the cat sat on the mat because", "--model", str(model), "--out", str(tmp_path / "m"),
+                 "--max-nodes", "5", "--format", "json"]) == 0
+    limited = json.loads((tmp_path / "m" / "graph.json").read_text())
+    found = re.search(r"largest flow residual over the 5 writer nodes whose edges were computed \((\d+) left out, "
+                      r"their flow counted as left out\): (\S+)", capsys.readouterr().out)
+    writers = graph.data.kinds.count("head") + graph.data.kinds.count("ff")
+    assert found and int(found.group(1)) == writers - 5 and float(found.group(2)) < 1e-4
+    assert sum(1 for n in limited["nodes"] if n["kind"] in ("head", "ff")) <= 5
+    # --exclude-first: the first position's writers set aside
+    assert main(["graph", "the cat sat on the mat because", "--model", str(model), "--out", str(tmp_path / "x"),
+                 "--exclude-first", "--format", "json"]) == 0
+    assert "set aside: the writers at position(s) 0" in capsys.readouterr().out
+    excluded = json.loads((tmp_path / "x" / "graph.json").read_text())
+    assert excluded["excluded_positions"] == [0]
+    assert not [n for n in excluded["nodes"] if n["kind"] not in ("token", "bias", "output") and n["position"] == 0]
+    # too many links for dicts: a one-line error naming what to write instead (nothing written)
+    monkeypatch.setattr("captum_ffb.attr.graph.MAX_DICT_LINKS", 10)
+    assert main(["graph", "the cat sat", "--model", str(model), "--out", str(tmp_path / "big"), "--no-prune",
+                 "--quiet"]) == 2
+    assert "--format npz" in capsys.readouterr().err and not (tmp_path / "big").exists()
+    assert main(["graph", "the cat sat", "--model", str(model), "--out", str(tmp_path / "big"), "--no-prune",
+                 "--format", "npz", "--quiet"]) == 0
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["components.csv", "graph.npz"]
     assert main(["graph", "the cat", "--model", str(model), "--out", str(tmp_path / "o2"),
                  "--baseline", "the cat sat", "--quiet"]) == 2
     assert main(["graph", "the cat", "--model", str(model), "--out", str(tmp_path / "o3"),
@@ -378,3 +494,33 @@ def test_a_page_with_no_share_is_drawn():
     graph.data.values[graph.data.output] = 0.0
     page = graph_html(graph)
     assert "NaN" not in page and '"kept_share": null' in page and "– of the output" in page
+
+
+def test_activation_patching_reads_text_targets_and_inputs_with_a_tokenizer():
+    from tests.models import causal_tokenizer, tiny_lm
+
+    tokenizer = causal_tokenizer()
+    model = tiny_lm("llama")
+    clean, corrupt = "the cat sat on the mat because", "the dog sat on the mat because"
+    ids = tokenizer(clean, return_tensors="pt").input_ids
+    corrupted = tokenizer(corrupt, return_tensors="pt").input_ids
+    cat, mat = tokenizer.convert_tokens_to_ids(["cat", "mat"])
+    by_id = activation_patching(model, ids, corrupted, cat, show_progress=False).effects
+    assert activation_patching(model, ids, corrupted, "cat", tokenizer=tokenizer,
+                               show_progress=False).effects == pytest.approx(by_id, abs=1e-6)
+    assert activation_patching(model, clean, corrupt, "cat", tokenizer=tokenizer,
+                               show_progress=False).effects == pytest.approx(by_id, abs=1e-6)
+    from captum_ffb.readouts import Contrast
+
+    both = activation_patching(model, ids, corrupted, Contrast("cat", "mat"), tokenizer=tokenizer, show_progress=False)
+    assert both.effects == pytest.approx(activation_patching(model, ids, corrupted, Contrast(cat, mat),
+                                                             show_progress=False).effects, abs=1e-6)
+    nd = NormDecomposition(model)
+    activation_patching(nd, ids, corrupted, "cat", tokenizer=tokenizer, show_progress=False)
+    assert nd.tokenizer is None  # the caller's attribution is left as it was
+    with pytest.raises(TypeError, match=r"target 'cat' is text: give activation_patching\(\.\.\., tokenizer=\.\.\.\)"):
+        activation_patching(model, ids, corrupted, "cat", show_progress=False)
+    with pytest.raises(TypeError, match="inputs is text"):
+        activation_patching(model, clean, corrupted, cat, show_progress=False)
+    with pytest.raises(ValueError, match="is 2 tokens"):
+        activation_patching(model, ids, corrupted, "cat sat", tokenizer=tokenizer, show_progress=False)

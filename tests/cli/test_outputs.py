@@ -239,7 +239,7 @@ def test_an_output_set_moves_in_whole_or_not_at_all(tmp_path):
 
 
 def test_an_interrupted_graph_command_leaves_the_old_set(tmp_path, monkeypatch):
-    """The graph's three files were written one by one: an interrupt left graph.json of the new
+    """The graph's files were written one by one: an interrupt left graph.json of the new
     prompt beside the old page."""
     import captum_ffb.viz.graph as views
     from tests.models import save_tiny_lm
@@ -248,7 +248,7 @@ def test_an_interrupted_graph_command_leaves_the_old_set(tmp_path, monkeypatch):
     out = tmp_path / "graph"
     assert main(["graph", "the cat sat on the mat", "--model", str(folder), "--out", str(out), "--quiet"]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert set(before) == {"graph.json", "graph.html", "graph_neuronpedia.json"}
+    assert set(before) == {"graph.json", "graph.html", "graph_neuronpedia.json", "graph.npz", "components.csv"}
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -141,6 +141,8 @@ def test_the_whole_graph_and_every_token_fit_the_window_and_the_panel_shows_the_
               chosen: document.body.dataset.chosen};""")
     assert shown["panel"] and shown["firstIn"] and shown["chosen"] == output
     assert largest in shown["text"] and shown["first"] == largest
+    token_id = next(n["token_id"] for n in saved["nodes"] if n["kind"] == "output")
+    assert f"token id{token_id}" in shown["text"]  # what the output reads, by its id
     assert driver.execute_script("return window.ffbGraph.choose('no such node')") is False
 
 
