@@ -59,6 +59,13 @@ class AttributionGraph:
         token_ids (list[int], optional): the input's token ids.
         n_source (int, optional): an encoder–decoder's source length (positions
                     ``0 … n_source − 1`` are the source's, the rest the target's).
+        patch_seconds (dict): estimator name → the seconds its node estimates took.
+        patch_passes (dict): estimator name → the model passes they ran (a ``"+exact"``
+                    estimator's real patched passes included).
+        edge_patcher (Any, optional): computes the edges' patching estimates
+                    (:meth:`edge_patch_estimates`), bound to the model and the two inputs.
+        edge_patches (dict): estimator name → ``(E,)`` the edges' estimates computed so far
+                    (``nan`` where not computed).
     """
 
     data: GraphData
@@ -77,6 +84,10 @@ class AttributionGraph:
     probability: float | None = None
     token_ids: list[int] | None = None
     n_source: int | None = None
+    patch_seconds: dict[str, float] = field(default_factory=dict)
+    patch_passes: dict[str, float] = field(default_factory=dict)
+    edge_patcher: Any = None
+    edge_patches: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def of(cls, data: GraphData, tokens: list[str], output_label: str, granularity: str, **extra: Any
@@ -280,9 +291,56 @@ class AttributionGraph:
         shown = self.node_mask[d.sources] & self.node_mask[d.targets] & self.edge_mask
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
                  for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
+        if self.edge_patcher is not None:  # the shown edges' patch estimates (the default estimator's)
+            estimates = self.edge_patch_estimates(edges=shown.nonzero()[:, 0])[shown]
+            for link, value in zip(links, estimates.tolist()):
+                if value == value:  # not nan (the bias's edges have none)
+                    link["patch_estimate"] = value
         return {"granularity": self.granularity, "value": self.value, "output": self.output_label,
                 "tokens": self.tokens, "n_source": self.n_source, "kept_share": self.kept_share, "thresholds": self.thresholds,
                 "nodes": nodes, "links": links + list(self.qk_links)}
+
+    # ------------------------------------------------------------------ edges' patch estimates
+    def edge_patch_estimates(self, estimator: str | None = None, edges: Tensor | None = None) -> Tensor:
+        """``(E,)`` each edge's estimated *path-patching* effect (``output(inputs) − output(inputs
+        with only the target's computation seeing the source's write from the corrupted run)``,
+        what the edge weights are for the frozen model), aligned with ``data.sources`` and
+        ``data.targets``: for the kept edges (or the indices ``edges``), ``nan`` elsewhere and on
+        the bias's edges. ``estimator``: one of
+        :data:`~captum_ffb.engine.patching.EDGE_ESTIMATORS` (default
+        :data:`~captum_ffb.engine.patching.DEFAULT_EDGE_ESTIMATOR`). Computed on first use (one
+        pass of the model and one vector–Jacobian product per target node) and kept."""
+        from captum_ffb.engine.patching import DEFAULT_EDGE_ESTIMATOR, EDGE_ESTIMATORS
+
+        if self.edge_patcher is None:
+            raise ValueError("this graph has no edge patch estimates: build it with corrupted_inputs (at head or "
+                             "sublayer granularity)")
+        name = DEFAULT_EDGE_ESTIMATOR if estimator in (None, "default") else estimator
+        if name not in EDGE_ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(EDGE_ESTIMATORS)}, got {estimator!r}")
+        d = self.data
+        if edges is None:
+            edges = (self.edge_mask & self.node_mask[d.sources] & self.node_mask[d.targets]).nonzero()[:, 0]
+        edges = torch.as_tensor(edges, dtype=torch.long).reshape(-1)
+        known = self.edge_patches.setdefault(name, torch.full((len(d.weights),), float("nan"), dtype=torch.float64))
+        missing = edges[torch.isnan(known[edges]) & ~_bias_edges(d, edges)]
+        if len(missing):
+            known[missing] = self.edge_patcher.estimates(d, missing, (name,))[name]
+        found = torch.full((len(d.weights),), float("nan"), dtype=torch.float64)
+        found[edges] = known[edges]
+        return found
+
+    def edge_path_patching(self, edges: Tensor, batch_size: int = 16) -> Tensor:
+        """``(len(edges),)`` the real path-patching effect of the edges ``edges`` (indices into
+        ``data.sources``), one forward pass each (:func:`~captum_ffb.engine.patching.path_patching`):
+        what :meth:`edge_patch_estimates` estimates."""
+        if self.edge_patcher is None:
+            raise ValueError("this graph has no corrupted input: build it with corrupted_inputs")
+        return self.edge_patcher.real(self.data, torch.as_tensor(edges, dtype=torch.long).reshape(-1), batch_size)
+
+
+def _bias_edges(d: GraphData, edges: Tensor) -> Tensor:
+    return (d.sources[edges] == d.bias) | (d.targets[edges] == d.bias)
 
 
 def attribution_graph(nd: Any, inputs: Any, target: Any = None, **options: Any) -> AttributionGraph:
