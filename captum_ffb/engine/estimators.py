@@ -95,8 +95,9 @@ from captum_ffb.rules.attention_scores import (
     masked_softmax,
 )
 
-__all__ = ["EAP_IG_STEPS", "GradientAttention", "Link", "Recorded", "atp_star", "differences", "eap_ig_gradients",
-           "edge_estimates", "gradients", "record", "relp_rules"]
+__all__ = ["EAP_IG_STEPS", "Differences", "GradientAttention", "Link", "Probe", "Recorded", "StarEstimates", "atp_star",
+           "differences", "eap_ig_gradients", "edge_estimates", "gradients", "linear_estimates", "link_of", "record",
+           "relp_rules"]
 
 #: EAP-IG's steps (Hanna et al. use m = 5).
 EAP_IG_STEPS = 5
@@ -137,10 +138,7 @@ def relp_rules(engine: BoundModel, ah_rule: bool = False) -> dict[str, Callable]
     rules = dict(engine.rules())
     rules["activation"] = IGActivation()
     rules["gated_activation"] = UniformGatedActivation()
-    if ah_rule:
-        rules.pop("attention", None)
-        rules["attention"] = engine.rules()["attention"]
-    else:
+    if not ah_rule:  # with it, the default attention rule: the probabilities frozen
         rules["attention"] = GradientAttention()
     return rules
 
