@@ -14,7 +14,7 @@ from a few passes instead of one patched pass per component. The linear ones are
   in proportion, slope ``g(S)/S`` (the identity rule), a gate ``g(A) ⊙ B`` splitting its
   relevance in half between its two factors (the half rule), linear layers by the 0-rule
   (plain gradient × input) and the attention softmax differentiated as it is (their
-  optional ``AH-rule``, the probabilities detached, is :data:`RELP_AH`, the same as the
+  optional ``AH-rule``, the probabilities detached, is ``relp_rules(engine, ah_rule=True)``, the same as the
   frozen estimator with the half rule on gates). Two forward passes (clean, corrupted) and
   one backward pass, no real patched pass.
 * **EAP-IG** (Hanna, Pezzelle and Belinkov, 2024, "Have Faith in Faithfulness", arXiv:2403.17806):
@@ -115,7 +115,7 @@ class GradientAttention(ScoreCreditingAttention):
     ``∂/∂q`` and ``∂/∂k`` of ``q·k`` in full (no uniform split). On the one-backward-pass
     route it makes a linearised pass differentiate attention exactly as the real model does
     while its norms, activations and gates follow other rules: RelP without the optional
-    AH-rule. (Its forward route is not a decomposition: only :meth:`linearised` is used.)"""
+    AH-rule. (Its forward route is not a decomposition: only ``linearised`` is used.)"""
 
     def value_coefficients(self, probs: Tensor, allowed: Tensor) -> Tensor:
         return probs
@@ -210,7 +210,8 @@ class Probe:
         weights (Tensor): ``(1, H, n, n)`` its probabilities, with their graph.
         query, key (Tensor): as its attention function read them (after rotary embeddings).
         allowed (Tensor): ``(1, 1 or H, n, n)`` the keys each query may attend to.
-        scaling (float), softcap (float, optional): of the scores.
+        scaling (float): the scores' scale.
+        softcap (float, optional): the scores' cap, where the family has one.
         method (str, optional): the family's attention method, where it has one.
     """
 
@@ -237,7 +238,7 @@ class Recorded:
         tape (GraphTape): the writers' outputs and parts (with their graphs), the value, the
                     first block's input (a leaf) and, with ``reads``, each read's leaf.
         probes (list[Probe]): with ``probe``, each attention's (the QK fix).
-        gate (_Gate, optional): with ``gate``, GradDrop's switch.
+        gate (object, optional): with ``gate``, GradDrop's switch.
     """
 
     tape: GraphTape
@@ -260,12 +261,12 @@ def record(engine: BoundModel, request: Request, granularity: str, *, rules: Map
 
     Args:
         rules (Mapping, optional): run the linearised model of these rules
-                    (:func:`~captum_ffb.engine.linearise.linearise`; values are the real model's,
+                    (``captum_ffb.engine.linearise.linearise``; values are the real model's,
                     gradients the rules'); ``None``: the real model.
         start (Tensor, optional): ``(1, n, d)`` the first block's input to run from instead
                     of the inputs' own (EAP-IG's interpolation; real model only).
         reads (bool): every writer reads the stream through a leaf of its own (edges:
-                    :func:`~captum_ffb.engine.graph.pulled_back`).
+                    ``captum_ffb.engine.graph.pulled_back``).
         probe (bool): keep each attention's probabilities, queries, keys and call (the QK fix).
         gate (bool): put GradDrop's switch after every writer.
         grad (bool): ``False``: a forward pass only (the corrupted run).
@@ -695,9 +696,9 @@ class Link:
     """An edge of a graph: ``source`` writes the stream where ``target`` reads it.
 
     Attributes:
-        source (NodeKey): ``(kind, layer, part, position)``: a ``"token"``, ``"head"``,
+        source (tuple): ``(kind, layer, part, position)``: a ``"token"``, ``"head"``,
                     ``"attention"`` or ``"ff"`` node.
-        target (NodeKey): a ``"head"``, ``"attention"`` or ``"ff"`` node, or ``("output", -1,
+        target (tuple): a ``"head"``, ``"attention"`` or ``"ff"`` node, or ``("output", -1,
                     -1, -1)``.
     """
 
