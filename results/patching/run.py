@@ -1,6 +1,6 @@
 """Patching estimates against real activation and path patching (SmolLM2-135M-Instruct, four tasks).
 
-Run from the repository root (about 1.9 hours on one core of a shared 2-core machine at the
+Run from the repository root (about 1.5 hours on one core of a shared 2-core machine at the
 default counts; resumable: the prompts already in ``results.json`` are kept)::
 
     python results/patching/run.py                 # writes RESULTS.md, results.json and SUMMARY.md here
