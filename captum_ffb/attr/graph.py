@@ -118,6 +118,13 @@ class AttributionGraph:
                     pruning and ranking (an attention sink's, ``exclude_positions=``).
         origin (dict, optional): what :meth:`bind` needs to bind a loaded graph to its model
                     again (the input, reference, rules and the weights' fingerprint).
+        patch_seconds (dict): estimator name → the seconds its node estimates took.
+        patch_passes (dict): estimator name → the model passes they ran (a ``"+exact"``
+                    estimator's real patched passes included).
+        edge_patcher (Any, optional): computes the edges' patching estimates
+                    (:meth:`edge_patch_estimates`), bound to the model and the two inputs.
+        edge_patches (dict): estimator name → ``(E,)`` the edges' estimates computed so far
+                    (``nan`` where not computed).
     """
 
     data: GraphData
@@ -139,6 +146,10 @@ class AttributionGraph:
     target: GraphTarget | None = None
     excluded_positions: tuple[int, ...] = ()
     origin: dict[str, Any] | None = None
+    patch_seconds: dict[str, float] = field(default_factory=dict)
+    patch_passes: dict[str, float] = field(default_factory=dict)
+    edge_patcher: Any = None
+    edge_patches: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def of(cls, data: GraphData, tokens: list[str], output_label: str, granularity: str, **extra: Any
@@ -403,6 +414,11 @@ class AttributionGraph:
             nodes.append(node)
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
                  for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
+        if self.edge_patcher is not None or self.edge_patches:  # the shown edges' patch estimates (the default's)
+            estimates = self.edge_patch_estimates(edges=shown.nonzero()[:, 0])[shown]
+            for link, value in zip(links, estimates.tolist()):
+                if value == value:  # not nan (the bias's edges have none)
+                    link["patch_estimate"] = value
         share, absolute = self.kept_share, self.kept_abs_share
         return {"granularity": self.granularity, "value": self.value, "output": self.output_label,
                 "tokens": list(self.tokens), "n_source": self.n_source,
@@ -524,9 +540,12 @@ class AttributionGraph:
     def save(self, path: str | os.PathLike, compress: bool = True) -> Path:
         """Write the graph to one file (:mod:`captum_ffb.attr.graph_files`: a ``.npz`` zip of
         arrays and ``metadata.json``; edges are streamed to disk, never held as dicts), with
-        what :meth:`bind` needs to bind it to its model again; returns the path."""
+        what :meth:`bind` needs to bind it to its model again and the kept edges' patch
+        estimates (computed first where the graph can); returns the path."""
         from captum_ffb.attr.graph_files import save_graph
 
+        if self.edge_patcher is not None:
+            self.edge_patch_estimates()
         return save_graph(self, path, compress=compress)
 
     @classmethod
@@ -548,6 +567,45 @@ class AttributionGraph:
 
         bind_graph(self, model, rules)
         return self
+
+    # ------------------------------------------------------------------ edges' patch estimates
+    def edge_patch_estimates(self, estimator: str | None = None, edges: Tensor | None = None) -> Tensor:
+        """``(E,)`` each edge's estimated *path-patching* effect (``output(inputs) − output(inputs
+        with only the target's computation seeing the source's write from the corrupted run)``,
+        what the edge weights are for the frozen model), aligned with ``data.sources`` and
+        ``data.targets``: for the kept edges (or the indices ``edges``), ``nan`` elsewhere and on
+        the bias's edges. ``estimator``: one of
+        :data:`~captum_ffb.engine.patching.EDGE_ESTIMATORS` (default
+        :data:`~captum_ffb.engine.patching.DEFAULT_EDGE_ESTIMATOR`). Computed on first use (one
+        pass of the model and one vector–Jacobian product per target node) and kept; a loaded
+        graph gives those it was saved with (``nan`` for the rest)."""
+        from captum_ffb.engine.patching import DEFAULT_EDGE_ESTIMATOR, EDGE_ESTIMATORS
+
+        if self.edge_patcher is None and not self.edge_patches:
+            raise ValueError("this graph has no edge patch estimates: build it with corrupted_inputs (at head or "
+                             "sublayer granularity)")
+        name = DEFAULT_EDGE_ESTIMATOR if estimator in (None, "default") else estimator
+        if name not in EDGE_ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(EDGE_ESTIMATORS)}, got {estimator!r}")
+        d = self.data
+        if edges is None:
+            edges = (self.edge_mask & self.node_mask[d.sources] & self.node_mask[d.targets]).nonzero()[:, 0]
+        edges = torch.as_tensor(edges, dtype=torch.long).reshape(-1)
+        known = self.edge_patches.setdefault(name, torch.full((len(d.weights),), float("nan"), dtype=torch.float64))
+        missing = edges[torch.isnan(known[edges]) & ~_bias_edges(d, edges)]
+        if len(missing) and self.edge_patcher is not None:
+            known[missing] = self.edge_patcher.estimates(d, missing, (name,))[name]
+        found = torch.full((len(d.weights),), float("nan"), dtype=torch.float64)
+        found[edges] = known[edges]
+        return found
+
+    def edge_path_patching(self, edges: Tensor, batch_size: int = 16) -> Tensor:
+        """``(len(edges),)`` the real path-patching effect of the edges ``edges`` (indices into
+        ``data.sources``), one forward pass each (:func:`~captum_ffb.engine.patching.path_patching`):
+        what :meth:`edge_patch_estimates` estimates."""
+        if self.edge_patcher is None:
+            raise ValueError("this graph has no corrupted input: build it with corrupted_inputs")
+        return self.edge_patcher.real(self.data, torch.as_tensor(edges, dtype=torch.long).reshape(-1), batch_size)
 
 
 def _shown(data: GraphData) -> Tensor:
@@ -587,6 +645,9 @@ def _count(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return value
+
+def _bias_edges(d: GraphData, edges: Tensor) -> Tensor:
+    return (d.sources[edges] == d.bias) | (d.targets[edges] == d.bias)
 
 
 def attribution_graph(nd: Any, inputs: Any, target: Any = None, **options: Any) -> AttributionGraph:

@@ -208,6 +208,8 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
         "thresholds": dict(graph.thresholds), "excluded_positions": list(graph.excluded_positions),
         "qk_links": [dict(link) for link in graph.qk_links],
         "patch_estimators": list(graph.patch_estimates), "patch_components": graph.patch_components,
+        "patch_seconds": dict(graph.patch_seconds), "patch_passes": dict(graph.patch_passes),
+        "edge_estimators": list(graph.edge_patches),
         "origin": None if origin is None else {k: v for k, v in origin.items() if k != "arrays"},
     }
     mode = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
@@ -223,7 +225,8 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
         _write_array(archive, "edge_mask", graph.edge_mask)
         optional = {"influence": graph.influence, "left_out": d.left_out, "computed": d.computed,
                     "patch_kappa": graph.patch_kappa,
-                    **{f"patch_estimates.{name}": v for name, v in graph.patch_estimates.items()}, **origin_arrays}
+                    **{f"patch_estimates.{name}": v for name, v in graph.patch_estimates.items()},
+                    **{f"edge_patches.{name}": v for name, v in graph.edge_patches.items()}, **origin_arrays}
         for name, tensor in optional.items():
             if tensor is not None:
                 _write_array(archive, name, tensor)
@@ -274,7 +277,9 @@ def load_graph(path: str | os.PathLike, model: Any = None, rules: Any = None) ->
         patch_kappa=arrays.get("patch_kappa"), patch_components=meta["patch_components"],
         thresholds=dict(meta["thresholds"]), qk_links=list(meta["qk_links"]), probability=meta["probability"],
         token_ids=meta["token_ids"], n_source=meta["n_source"], target=target,
-        excluded_positions=tuple(meta["excluded_positions"]), origin=origin)
+        excluded_positions=tuple(meta["excluded_positions"]), origin=origin,
+        patch_seconds=dict(meta.get("patch_seconds", {})), patch_passes=dict(meta.get("patch_passes", {})),
+        edge_patches={name: arrays[f"edge_patches.{name}"] for name in meta.get("edge_estimators", [])})
     if model is not None:
         bind_graph(graph, model, rules)
     return graph
@@ -285,6 +290,7 @@ def _check_sizes(data: Any, arrays: Mapping[str, Tensor], meta: Mapping[str, Any
     sized = {"kinds": n, "values": n, "node_mask": n, "sources": e, "targets": e, "weights": e, "edge_mask": e}
     sized.update({name: n for name in arrays if name in ("influence", "left_out", "computed", "patch_kappa")
                   or name.startswith("patch_estimates.")})
+    sized.update({name: e for name in arrays if name.startswith("edge_patches.")})
     wrong = [name for name, size in sized.items() if arrays[name].shape != (size,)]
     if wrong or len(data) != n:
         raise IndexError(f"array sizes: {', '.join(wrong) or 'nodes'}")

@@ -34,7 +34,7 @@ from captum_ffb.engine import find_model
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.locking import serialized
 from captum_ffb.engine.model import wrapper_tokenizer
-from captum_ffb.engine.patching import EXACT_ABOVE, corrupted_like
+from captum_ffb.engine.patching import EXACT_ABOVE, check_estimators, corrupted_like
 from captum_ffb.engine.requests import (
     check_call,
     check_forward_kwargs,
@@ -258,7 +258,8 @@ class NormDecomposition(Door, Attribution):
                         max_nodes: int | None = None, corrupted_inputs: Tensor | None = None,
                         additional_forward_args: Any = None, forward_kwargs: dict[str, Any] | None = None,
                         reference: str | int | Tensor | None = None, rules: Mapping[str, Callable] | None = None,
-                        exact_above: float | None = None, exclude_positions: Sequence[int] = ()) -> AttributionGraph:
+                        exact_above: float | None = None, exclude_positions: Sequence[int] = (),
+                        estimators: Sequence[str] | None = None) -> AttributionGraph:
         r"""The exact attribution graph of one output of one input: the tokens, the writers of
         the stream at each position, the bias and the output, flow conserved at every node.
 
@@ -284,6 +285,10 @@ class NormDecomposition(Door, Attribution):
                         default): ``max_nodes`` chooses them last, pruning runs without them,
                         :meth:`~captum_ffb.attr.AttributionGraph.ranking` skips them; their
                         values and edges stay in ``graph.data``.
+            estimators (Sequence[str], optional): patching estimators to compute beyond
+                        :data:`~captum_ffb.engine.patching.COMPUTED` and the default (those of
+                        :data:`~captum_ffb.engine.patching.ESTIMATORS`: ``"atp*"`` and
+                        ``"eap-ig"`` cost more passes).
             additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
 
         Returns:
@@ -327,7 +332,9 @@ class NormDecomposition(Door, Attribution):
                                      additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
                                      reference=request.reference, name="corrupted_inputs")
         limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
-        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above, excluded)
+        estimators = check_estimators(estimators)
+        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above, excluded,
+                                  estimators)
         tokens, ids = token_labels(self.tokenizer, request, built.n_source)
         graph = AttributionGraph.of(built.data, tokens, output_label(self.tokenizer, self.task, request.target),
                                     granularity, probability=built.probability, token_ids=ids,
@@ -338,6 +345,8 @@ class NormDecomposition(Door, Attribution):
             graph.patch_estimates = built.estimates.estimates
             graph.patch_kappa = built.estimates.kappa
             graph.patch_components = built.estimates.components
+            graph.patch_seconds, graph.patch_passes = built.estimates.seconds, built.estimates.passes
+            graph.edge_patcher = built.estimates.edges
         return graph.prune(node_threshold, edge_threshold) if prune else graph
 
     @log_usage()

@@ -690,7 +690,8 @@ class WholeModel(BoundModel):
     # ------------------------------------------------------------------ graphs and patching
     def graph(self, request: Request, rules: Mapping[str, Callable], granularity: str, max_nodes: int | None,
               corrupted: Request | None = None, exact_above: float = EXACT_ABOVE,
-              exclude_positions: Sequence[int] = ()) -> BuiltGraph:
+              exclude_positions: Sequence[int] = (), estimators: Sequence[str] | None = None
+              ) -> BuiltGraph:
         """The exact attribution graph of ``request.target`` (batch of one): one frozen pass
         with every writer reading the stream through a leaf of its own, its covectors, every
         node and edge (:func:`~captum_ffb.engine.graph.build_graph`, the edges of at most
@@ -704,7 +705,8 @@ class WholeModel(BoundModel):
         estimates = None
         if corrupted is not None:
             self.refuse_two_stacks("patching estimates")
-            estimates = patch_estimates(self, request, corrupted, tape, found, data, granularity, exact_above)
+            estimates = patch_estimates(self, request, corrupted, tape, found, data, granularity, exact_above,
+                                        estimators)
         n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
         return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players), estimates,
                           target_probability(tape.output, request.target), n_source)

@@ -143,7 +143,7 @@ SCRIPT = r"""
     if (e.kind) return;  // query–key links are listed on their head, not drawn
     var s = byId[e.source], t = byId[e.target];
     if (!s || !t) return;
-    var l = {source: e.source, target: e.target, weight: e.weight};
+    var l = {source: e.source, target: e.target, weight: e.weight, patch: e.patch_estimate};
     s.out.push(l); t.into.push(l); links.push(l);
   });
   var hasPatch = nodes.some(function (u) { return u.patch !== undefined; });
@@ -181,6 +181,8 @@ SCRIPT = r"""
   function get(id) { return byId[id] || groups[id]; }
   function strength(u) { return Math.abs(hasInfluence && u.influence !== undefined ? u.influence : u.value); }
   function measureOf(u) { return S.size === "patch" && u.patch !== undefined ? u.patch : u.value; }
+  // an edge's: its weight, or (size "patch") its patch estimate where the graph carries one
+  function edgeMeasure(e) { return S.size === "patch" && e.patch !== undefined ? e.patch : e.weight; }
 
   // What is shown: the nodes holding the chosen share of the influence (tokens, the bias and
   // the output always), then the edges holding the chosen share of |weight|, writers left
@@ -206,6 +208,7 @@ SCRIPT = r"""
       var k = s + "\n" + t, e = found[k];
       if (!e) { e = found[k] = {source: s, target: t, weight: 0, parts: 0}; edges.push(e); }
       e.weight += l.weight; e.parts += 1;
+      if (l.patch !== undefined) e.patch = (e.patch || 0) + l.patch;
     });
     edges.sort(function (a, b) { return Math.abs(b.weight) - Math.abs(a.weight); });
     if (!S.pinnedOnly && S.edgeShare < 1) {
@@ -411,13 +414,13 @@ SCRIPT = r"""
       el("text", {"class": "rowlabel", x: xs + 5, y: 12}, back).textContent = "target";
     }
     // edges, weakest first so that the strong ones are drawn over them
-    var wTop = shown.edges.reduce(function (m, e) { return Math.max(m, Math.abs(e.weight)); }, 0) || 1;
+    var wTop = shown.edges.reduce(function (m, e) { return Math.max(m, Math.abs(edgeMeasure(e))); }, 0) || 1;
     drawn = {nodes: 0, edges: shown.edges.slice()};
     shown.edges.slice().reverse().forEach(function (e) {
       var s = L.place[e.source], t = L.place[e.target];
       if (!s || !t) return;
-      var a = Math.abs(e.weight) / wTop, mid = (s.y + t.y) / 2;
-      var c = ffbColour.diverging((e.weight < 0 ? -1 : 1) * Math.max(Math.abs(e.weight), 0.45 * wTop), wTop);
+      var m = edgeMeasure(e), a = Math.abs(m) / wTop, mid = (s.y + t.y) / 2;
+      var c = ffbColour.diverging((m < 0 ? -1 : 1) * Math.max(Math.abs(m), 0.45 * wTop), wTop);
       var path = el("path", {"class": "edge", d: "M" + s.x + "," + s.y + " C" + s.x + "," + mid + " " + t.x + "," + mid
         + " " + t.x + "," + t.y, stroke: ffbColour.css(c), "stroke-width": (0.5 + 4 * a).toFixed(2),
         "stroke-opacity": (0.12 + 0.78 * Math.sqrt(a)).toFixed(2)}, edgeLayer);
@@ -841,7 +844,7 @@ SCRIPT = r"""
     showPinned: showPinned, group: group, ungroup: ungroup, threshold: threshold, search: search, size: size,
     expand: expand, fit: fit, zoom: zoom, pan: pan, viewBox: viewBox, label: function (id) { var u = get(id); return u ? u.label : null; },
     nodes: function () { return drawn.nodes; }, edges: function () { return drawn.edges.length; },
-    edgeList: function () { return drawn.edges.map(function (e) { return {source: e.source, target: e.target, weight: e.weight}; }); },
+    edgeList: function () { return drawn.edges.map(function (e) { return {source: e.source, target: e.target, weight: e.weight, patch: e.patch}; }); },
     layout: function () { return view; }
   };
   document.body.dataset.state = "drawn";

@@ -376,6 +376,36 @@ def test_the_size_toggle_sizes_nodes_by_patch_estimate(pages, browser):
     assert not driver.find_element("id", "ffb-size").is_displayed()
 
 
+def test_the_size_toggle_sizes_edges_by_their_patch_estimate(pages, browser):
+    """With patching estimates, the graph's links carry the edges' (``patch_estimate``); the
+    size toggle then draws each edge as wide as its |patch estimate| (the bias's edges, which
+    have none, keep their weight)."""
+    from selenium.webdriver.support.select import Select
+
+    path, saved = pages["heads"]
+    driver = _open(browser, path)
+    assert any("patch_estimate" in link for link in saved["links"])
+
+    def widths():
+        return {(s, t): w for s, t, w in driver.execute_script(
+            "var o = []; document.querySelectorAll('#ffb-graph path.edge').forEach(function (p) {"
+            " o.push([p.dataset.source, p.dataset.target, +p.getAttribute('stroke-width')]); }); return o;")}
+
+    def ordered(by):
+        drawn = widths()
+        pairs = sorted((abs(e[by]), drawn[(e["source"], e["target"])]) for e in
+                       driver.execute_script("return window.ffbGraph.edgeList()") if e.get(by) is not None)
+        return [w for _, w in pairs]
+
+    before = ordered("weight")
+    assert before == sorted(before)
+    Select(driver.find_element("id", "ffb-size")).select_by_value("patch")
+    after = ordered("patch")
+    assert after and after == sorted(after) and widths() != {}
+    assert driver.execute_script("return window.ffbGraph.size('value')") == "value"
+    assert ordered("weight") == before
+
+
 def test_zoom_and_pan_change_the_view_box_and_fit_restores_it(pages, browser):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.actions.wheel_input import ScrollOrigin
