@@ -576,6 +576,9 @@ def _edges_into(edges: _Edges, tape: GraphTape, index: int, layout: _Layout, pla
     ids = layout.ids[index]
     wanted = (ids.T >= 0).nonzero()[:, [1, 0]]  # (k, 2): position, part (part by part)
     seq = _seq(g, writer.n)  # a flattened (B·n, d) write as (B, n, d)
+    if _position_wise(tape, index):
+        _position_wise_edges_into(edges, tape, index, layout, players, wanted[:, 0], seq)
+        return
     for first in range(0, len(wanted), chunk):
         group = wanted[first:first + chunk]
         rows = torch.arange(len(group), device=g.device)
@@ -595,6 +598,46 @@ def _edges_into(edges: _Edges, tape: GraphTape, index: int, layout: _Layout, pla
             tokens = token_values(pulled[index + segment], layout.leaves[segment], who.reference, who.seen,
                                   who.mask)[:, 0]  # (k, n)
             edges.add(found[None].expand_as(tokens), targets[:, None].expand_as(tokens), tokens)
+
+
+def _position_wise(tape: GraphTape, index: int) -> bool:
+    """Whether writer ``index``'s edges can be computed from one vector–Jacobian product: an
+    FF block not split into parts (it and the norm before it act on each position alone, and
+    the stream reaches the earlier writers and the players through position-wise additions
+    and norms only), in a single stack (every writer and player stream of one length)."""
+    writer = tape.writers[index]
+    return writer.kind == "ff" and writer.parts is None and len(tape.leaves) == 1 and \
+        all(w.n == writer.n for w in tape.writers[:index]) and _seq(tape.leaves[0], writer.n).shape[1] == writer.n
+
+
+def _position_wise_edges_into(edges: _Edges, tape: GraphTape, index: int, layout: _Layout,
+                              players: Sequence[Players], positions: Tensor, seq: Tensor) -> None:
+    """The edges into a position-wise writer's nodes (:func:`_position_wise`): the node at
+    position ``p`` receives only from the writer nodes at ``p`` (and from the tokens through
+    its covector at ``p``), so its covectors at every kept position go back in one product,
+    each position's share read where it lands."""
+    if not len(positions):
+        return
+    writer = tape.writers[index]
+    ids = layout.ids[index]
+    cot = torch.zeros((1, *seq.shape), dtype=seq.dtype, device=seq.device)
+    cot[0, :, positions] = seq[:, positions]
+    _, pulled = pulled_back(tape, index, cot.reshape(1, *layout.totals[writer.key].shape))
+    targets = ids[positions, 0]
+    for source_index, covector in enumerate(pulled[:index]):
+        w = _edge_weights(tape, source_index, covector).reshape(tape.writers[source_index].n, -1)[positions]
+        sources = layout.ids[source_index][positions]  # (k, parts)
+        edges.add(sources, targets[:, None].expand_as(w), w)
+    # the tokens: each node's covector at the players' stream alone (a reference shares a
+    # token's start over every position)
+    at_players = pulled[index][0]  # (B, n, d)
+    rows = torch.arange(len(positions), device=positions.device)
+    each = torch.zeros((len(positions), *at_players.shape), dtype=at_players.dtype, device=at_players.device)
+    each[rows, :, positions] = at_players[:, positions].transpose(0, 1)
+    who = players[0]
+    tokens = token_values(each, layout.leaves[0], who.reference, who.seen, who.mask)[:, 0]  # (k, n)
+    found = layout.token_ids[0]
+    edges.add(found[None].expand_as(tokens), targets[:, None].expand_as(tokens), tokens)
 
 
 def _edge_weights(tape: GraphTape, source_index: int, covector: Tensor) -> Tensor:

@@ -56,6 +56,32 @@ def test_the_unpruned_graph_conserves_flow_and_its_tokens_are_the_contributions(
             assert float(d.weights[d.sources == d.bias].abs().sum()) <= 1e-5 * scale
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "gemma2", "mixtral", "opt-post-ln", "granite", "cohere"])
+def test_an_ff_blocks_edges_from_one_product_equal_those_node_by_node(name, monkeypatch):
+    """The position-wise shortcut (one vector–Jacobian product for all of an FF block's nodes)
+    against the general path (one per node), on pruned and unpruned graphs."""
+    from captum_ffb.engine import graph as engine_graph
+
+    nd, ids, target = _model(name)
+    found = {}
+    for shortcut in (True, False):
+        if not shortcut:
+            monkeypatch.setattr(engine_graph, "_position_wise", lambda tape, index: False)
+        found[shortcut] = [nd.attribute_graph(ids, target, granularity=granularity, prune=False, max_nodes=max_nodes)
+                           for granularity, max_nodes in (("head", None), ("sublayer", 6))]
+    def dense(d):
+        matrix = torch.zeros(len(d.values), len(d.values), dtype=torch.float64)
+        return matrix.index_put_((d.sources, d.targets), d.weights.double(), accumulate=True)
+
+    for fast, slow in zip(found[True], found[False]):
+        a, b = fast.data, slow.data
+        assert a.kinds == b.kinds and a.positions == b.positions
+        scale = float(b.weights.abs().max())
+        torch.testing.assert_close(dense(a), dense(b), atol=1e-6 * scale, rtol=1e-5)
+        torch.testing.assert_close(a.values, b.values, atol=1e-6 * scale, rtol=1e-5)
+        assert int((dense(a) != 0).sum()) >= int((dense(b).abs() > 1e-6 * scale).sum())  # no edge lost
+
+
 def _replayed(nd, ids, target, store, edit):
     """The frozen model of the recorded pass, with ``edit``'s hooks: its value."""
     request = nd.engine.request((ids,), {})
