@@ -47,6 +47,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.baseline import input_gradient_pass  # noqa: E402
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -133,13 +135,8 @@ def measure(call: Any, device: torch.device, repeat: int) -> dict[str, Any]:
 
 
 def input_gradient(model: torch.nn.Module, ids: torch.Tensor, target: int) -> None:
-    """The gradient of the target's logit with respect to the input embeddings (no parameter
-    gradient): the denominator of every ratio."""
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
-    logit = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=1).logits[0, -1, target]
-    torch.autograd.grad(logit, embeds)
+    """The denominator of every ratio: :func:`benchmarks.baseline.input_gradient_pass`."""
+    input_gradient_pass(model, ids, target)
 
 
 def run_shape(shape: Shape, device: torch.device, repeat: int, lengths: list[int] | None,
