@@ -29,8 +29,9 @@ def _mode(call: ast.Call, position: int) -> str | None:
 
 
 def _is_store(receiver: ast.expr) -> bool:
-    """A shard store's ``save`` (it writes through the atomic writer), not ``numpy.save``."""
-    return isinstance(receiver, ast.Name) and receiver.id == "store"
+    """A shard store's or an attribution graph's ``save`` (both write through the atomic
+    writer: ``jobs``' store, ``attr.graph_files.save_graph``), not ``numpy.save``."""
+    return isinstance(receiver, ast.Name) and receiver.id in ("store", "graph")
 
 
 def raw_writes(source: str) -> list[tuple[int, str]]:

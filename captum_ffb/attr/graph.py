@@ -554,7 +554,8 @@ class AttributionGraph:
         ``ValueError``), bound to it for score splits (:meth:`bind`)."""
         from captum_ffb.attr.graph_files import load_graph
 
-        return load_graph(path, model=model, rules=rules)
+        graph = load_graph(path, cls, GraphTarget)
+        return graph if model is None else graph.bind(model, rules)
 
     def bind(self, model: Any, rules: Any = None) -> AttributionGraph:
         """Bind a loaded graph to ``model`` (an ``nn.Module``, a ``LoadedModel``, a
@@ -563,9 +564,12 @@ class AttributionGraph:
         ``ValueError``) where the weights are not those the graph was built on, or the graph
         was built with other rules than ``rules`` (the defaults when ``None``). Returns the
         graph."""
+        # the package, not attr.norm_decomposition (which imports this module)
+        from captum_ffb.attr import NormDecomposition
         from captum_ffb.attr.graph_files import bind_graph
 
-        bind_graph(self, model, rules)
+        nd = model if isinstance(model, NormDecomposition) else NormDecomposition(model)
+        bind_graph(self, nd.engine, nd._rules(rules))
         return self
 
     # ------------------------------------------------------------------ edges' patch estimates

@@ -235,10 +235,10 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
 
 
 # --------------------------------------------------------------------------- load
-def load_graph(path: str | os.PathLike, model: Any = None, rules: Any = None) -> Any:
-    """The graph written to ``path`` by :func:`save_graph`, bound to ``model`` when given
-    (:func:`bind_graph`); a ``ValueError`` for a file that is not one."""
-    from captum_ffb.attr.graph import AttributionGraph, GraphTarget
+def load_graph(path: str | os.PathLike, graph_class: Any, target_class: Any) -> Any:
+    """The graph written to ``path`` by :func:`save_graph`, as ``graph_class`` (its target as
+    ``target_class``; :meth:`~captum_ffb.attr.AttributionGraph.load` passes its own classes);
+    a ``ValueError`` for a file that is not one."""
     from captum_ffb.engine.graph import NODE_KINDS, GraphData
 
     source = Path(path)
@@ -265,12 +265,12 @@ def load_graph(path: str | os.PathLike, model: Any = None, rules: Any = None) ->
         _check_sizes(data, arrays, meta)
     except (KeyError, IndexError) as error:
         raise ValueError(f"{source} is a damaged graph file (missing or bad {error})") from None
-    target = None if meta["target"] is None else GraphTarget(**{
+    target = None if meta["target"] is None else target_class(**{
         k: tuple(v) if isinstance(v, list) else v for k, v in meta["target"].items()})
     origin = meta.get("origin")
     if origin is not None:
         origin = {**origin, "arrays": {k: v for k, v in arrays.items() if k.startswith("origin.")}}
-    graph = AttributionGraph(
+    graph = graph_class(
         data, list(meta["tokens"]), meta["output_label"], meta["granularity"], arrays["node_mask"],
         arrays["edge_mask"], influence=arrays.get("influence"),
         patch_estimates={name: arrays[f"patch_estimates.{name}"] for name in meta["patch_estimators"]},
@@ -280,8 +280,6 @@ def load_graph(path: str | os.PathLike, model: Any = None, rules: Any = None) ->
         excluded_positions=tuple(meta["excluded_positions"]), origin=origin,
         patch_seconds=dict(meta.get("patch_seconds", {})), patch_passes=dict(meta.get("patch_passes", {})),
         edge_patches={name: arrays[f"edge_patches.{name}"] for name in meta.get("edge_estimators", [])})
-    if model is not None:
-        bind_graph(graph, model, rules)
     return graph
 
 
@@ -302,13 +300,12 @@ def _check_sizes(data: Any, arrays: Mapping[str, Tensor], meta: Mapping[str, Any
 
 
 # --------------------------------------------------------------------------- bind
-def bind_graph(graph: Any, model: Any, rules: Any = None) -> None:
+def bind_graph(graph: Any, engine: Any, chosen: Mapping[str, Any]) -> None:
     """Give ``graph`` (loaded, or built on another copy of the model) a score splitter bound to
-    ``model``: refused (a ``ValueError``) unless the model is of the graph's family with the
-    same weights (:func:`weights_digest`), the rules are the graph's (``rules``: as given to
-    ``attribute_graph``; the defaults when ``None``) and the frozen pass gives the graph's
-    value again."""
-    from captum_ffb.attr.norm_decomposition import NormDecomposition
+    ``engine`` (a ``NormDecomposition``'s engine): refused (a ``ValueError``) unless
+    its model is of the graph's family with the same weights (:func:`weights_digest`), the
+    rules ``chosen`` (by role, the defaults filled in) are the graph's and the frozen pass
+    gives the graph's value again."""
     from captum_ffb.engine.graph import graph_pass, players_of
     from captum_ffb.engine.head import HeadTarget
     from captum_ffb.engine.locking import model_lock
@@ -320,8 +317,6 @@ def bind_graph(graph: Any, model: Any, rules: Any = None) -> None:
                          "splitter): build it again with attribute_graph")
     if "unbindable" in origin:
         raise ValueError(f"this graph cannot be bound to a model: {origin['unbindable']}")
-    nd = model if isinstance(model, NormDecomposition) else NormDecomposition(model)
-    engine = nd.engine
     if engine.model_type != origin["model_type"]:
         raise ValueError(f"this graph was built on a {origin['model_type']} model ({origin['model_class']}), not "
                          f"a {engine.model_type} one")
@@ -333,7 +328,6 @@ def bind_graph(graph: Any, model: Any, rules: Any = None) -> None:
         raise ValueError(f"the weights of this {type(engine.model).__name__} are not those this graph was built on "
                          f"({difference}): its score splits would describe another model; bind the model the "
                          "graph was built on, or build the graph again")
-    chosen = nd._rules(rules)
     if _rules_of(chosen) != origin["rules"]:
         other = sorted(set(origin["rules"].items()) ^ set(_rules_of(chosen).items()))
         raise ValueError(f"this graph was built with other rules ({', '.join(f'{r}: {v}' for r, v in other)}): "

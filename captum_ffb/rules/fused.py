@@ -19,7 +19,7 @@ import functools
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,9 +28,6 @@ from torch import Tensor
 COMPILE_VARIABLE = "CAPTUM_FFB_COMPILE"
 #: Its values.
 COMPILE_MODES = ("auto", "always", "never")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 def compile_mode() -> str:
     """The compile mode from ``CAPTUM_FFB_COMPILE`` (``"auto"`` when unset).
@@ -49,7 +46,7 @@ def _wants_compile(device: torch.device) -> bool:
     return mode == "always" or (mode == "auto" and device.type == "cuda")
 
 
-def fused(fn: F) -> F:
+def fused(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` run as one compiled kernel where :func:`compile_mode` asks for it, else eagerly.
 
     ``fn`` takes tensors first (the first one's device decides) and computes no gradient.
@@ -76,4 +73,4 @@ def fused(fn: F) -> F:
                 return fn(*args, **kwargs)
 
     call.eager = fn  # type: ignore[attr-defined]
-    return call  # type: ignore[return-value]
+    return call
