@@ -70,7 +70,6 @@ from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.graph import (
     Covectors,
     GraphTape,
-    RecordedWriter,
     StreamRecorder,
     _grad,
     _seq,
@@ -80,6 +79,7 @@ from captum_ffb.engine.graph import (
     part_covectors,
     part_pulled_back,
     pulled_back,
+    recorded_writer,
 )
 from captum_ffb.engine.head import target_value
 from captum_ffb.engine.linearise import linearise
@@ -312,16 +312,7 @@ def record(engine: BoundModel, request: Request, granularity: str, *, rules: Map
         leaf = frozen.inputs if frozen is not None else kept["start"]
     n = request.read_mask.shape[1]
     batch = request.read_mask.shape[0]
-    recorded = []
-    for writer in writers:
-        raw = recorder.parts.get(writer.id)
-        part = None
-        if raw is not None:
-            part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
-            split = writer.n_heads if writer.kind == "attention" else part.shape[-1]
-            part = part.reshape(batch, part.shape[1], split, -1)
-        recorded.append(RecordedWriter(writer.id, writer.layer, writer.kind, recorder.outputs[writer.id], writer.read,
-                                       part, raw, n=n))
+    recorded = [recorded_writer(recorder, writer, batch, n=n) for writer in writers]
     tape = GraphTape(value, leaf, recorded, recorder.tape_reads, FrozenCoefficients(), output)
     probes = []
     for writer, module, read, method in probed:

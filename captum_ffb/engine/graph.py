@@ -251,19 +251,24 @@ def graph_pass(engine: BoundModel, request: Request, target: HeadTarget, rules: 
     lengths = [leaf.shape[1] for leaf in leaves]
     offsets = [sum(lengths[:k]) for k in range(len(lengths))]
     batch = request.read_mask.shape[0]
-    writers = []
-    for writer in points.writers:
-        raw = recorder.parts.get(writer.id)
-        part = None
-        if raw is not None:
-            part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
-            split = writer.n_heads if writer.kind == "attention" else part.shape[-1]
-            part = part.reshape(batch, part.shape[1], split, -1)
-        writers.append(RecordedWriter(writer.id, writer.layer, writer.kind, recorder.outputs[writer.id], writer.read,
-                                      part, raw, segment=writer.segment, n=lengths[writer.segment],
-                                      offset=offsets[writer.segment]))
+    writers = [recorded_writer(recorder, writer, batch, segment=writer.segment, n=lengths[writer.segment],
+                               offset=offsets[writer.segment]) for writer in points.writers]
     return GraphTape(value, leaves[-1], writers, recorder.tape_reads, store, output,
                      source_inputs=leaves[0] if len(leaves) == 2 else None)
+
+
+def recorded_writer(recorder: Any, writer: Writer, batch: int, **where: int) -> RecordedWriter:
+    """Writer ``writer`` as ``recorder`` saw it: its output, and its parts (``(B, n, p, w)``:
+    an attention's heads, an FF's neurons) where they were recorded; ``where``: its
+    ``segment``, ``n`` and ``offset``."""
+    raw = recorder.parts.get(writer.id)
+    part = None
+    if raw is not None:
+        part = raw.reshape(batch, -1, raw.shape[-1]) if raw.dim() == 2 else raw
+        split = writer.n_heads if writer.kind == "attention" else part.shape[-1]
+        part = part.reshape(batch, part.shape[1], split, -1)
+    return RecordedWriter(writer.id, writer.layer, writer.kind, recorder.outputs[writer.id], writer.read, part, raw,
+                          **where)
 
 
 def _split(writer: Writer, granularity: str) -> bool:
