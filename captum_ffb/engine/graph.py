@@ -27,6 +27,7 @@ the same frozen model (:func:`frozen_value_with`).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -321,6 +322,89 @@ def earlier(tape: GraphTape, index: int) -> list[RecordedWriter]:
     return tape.writers[:index]
 
 
+#: Autograd nodes through which a gradient passes unchanged (an addition with ``alpha`` 1, a copy).
+_PLAIN = ("AddBackward0", "CloneBackward0")
+
+
+def stream_sums(tape: GraphTape) -> list[int] | None:
+    """Per writer ``i``, the ``m`` such that the stream it reads is exactly the players' stream
+    plus the outputs of writers ``0 … m − 1``, each added once (its gradient then reaches each
+    of them, and the players, unchanged); ``None`` where some stream is not such a sum (a
+    Post-LN norm, a scaled residual, two stacks): read from the pass's own autograd graph,
+    once per tape."""
+    cache = tape.__dict__.setdefault("_stream_sums", {})
+    if "sums" not in cache:
+        cache["sums"] = _stream_sums(tape)
+    return cache["sums"]
+
+
+def _stream_sums(tape: GraphTape) -> list[int] | None:
+    if len(tape.leaves) != 1:
+        return None
+    leaf = tape.leaves[0]
+    outputs = {w.output.grad_fn: k for k, w in enumerate(tape.writers)
+               if w.output.grad_fn is not None and w.output.shape == leaf.shape}
+    if len(outputs) != len(tape.writers):
+        return None
+    known: dict[Any, collections.Counter] = {}  # a read stream's node → what it sums
+    sums = []
+    for writer in tape.writers:
+        stream = tape.reads[writer.read][0]
+        if stream is leaf:
+            counts = collections.Counter({-1: 1})
+        elif stream.grad_fn in known:
+            counts = known[stream.grad_fn]
+        else:
+            counts = _summands(stream.grad_fn, outputs, leaf, known)
+            if counts is None:
+                return None
+            known[stream.grad_fn] = counts
+        m = len(counts) - 1
+        if counts != collections.Counter({k: 1 for k in range(-1, m)}):
+            return None  # not the players and a prefix of the writers, each once
+        sums.append(m)
+    return sums
+
+
+def _summands(node: Any, outputs: Mapping[Any, int], leaf: Tensor, known: Mapping[Any, collections.Counter]
+              ) -> collections.Counter | None:
+    """What the stream at ``node`` sums (writer index → times, ``-1`` the players' stream), or
+    ``None`` where anything but plain additions and copies lies between."""
+    counts: collections.Counter = collections.Counter()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue  # a constant
+        if node in outputs:
+            counts[outputs[node]] += 1
+        elif node in known:
+            counts.update(known[node])
+        elif type(node).__name__ == "AccumulateGrad":
+            if node.variable is not leaf:
+                return None
+            counts[-1] += 1
+        elif type(node).__name__ in _PLAIN and getattr(node, "_saved_alpha", 1) == 1:
+            stack.extend(f for f, _ in node.next_functions)
+        else:
+            return None
+    return counts
+
+
+def stream_pulled(tape: GraphTape, index: int, cotangents: Tensor) -> list[Tensor]:
+    """``k`` cotangents ``(k, B, n, d)`` at the stream writer ``index`` reads, pulled back to
+    every earlier writer's output and to the players' streams (:attr:`GraphTape.leaves`): where
+    that stream is a plain sum (:func:`stream_sums`) the cotangents themselves (zero for the
+    writers it does not hold), else one vector–Jacobian product."""
+    sums = stream_sums(tape)
+    if sums is None:
+        stream = tape.reads[tape.writers[index].read][0]
+        return _batched_grad(stream, [w.output for w in earlier(tape, index)] + tape.leaves, cotangents)
+    m = sums[index]
+    zero = cotangents.new_zeros(()).expand_as(cotangents)
+    return [cotangents if k < m else zero for k in range(index)] + [cotangents]
+
+
 def covectors(tape: GraphTape) -> Covectors:
     """Direct and total covectors of every writer (and of the players' streams, ``"inputs"``
     and an encoder–decoder's ``"source_inputs"``): the direct ones from the output's gradient
@@ -329,6 +413,9 @@ def covectors(tape: GraphTape) -> Covectors:
     outputs = [w.output for w in tape.writers] + tape.leaves
     keys = [w.key for w in tape.writers] + tape.leaf_keys
     direct = dict(zip(keys, _grad(tape.value.sum(), outputs, torch.ones_like(tape.value.sum()))))
+    sums = stream_sums(tape)
+    if sums is not None:
+        return Covectors(direct, _summed_totals(tape, direct, sums))
     total = {key: g.clone() for key, g in direct.items()}
     for index in range(len(tape.writers) - 1, -1, -1):
         writer = tape.writers[index]
@@ -341,27 +428,46 @@ def covectors(tape: GraphTape) -> Covectors:
     return Covectors(direct, total)
 
 
+def _summed_totals(tape: GraphTape, direct: Mapping[str, Tensor], sums: Sequence[int]) -> dict[str, Tensor]:
+    """The total covectors where every read stream is a plain sum (:func:`stream_sums`):
+    writer ``k``'s is its direct one plus ``J_Bᵀ G_B`` of every later writer ``B`` whose
+    stream holds ``k``'s output, summed from the top down in one running sum."""
+    count = len(tape.writers)
+    waiting: list[Tensor | None] = [None] * (count + 1)  # by the number of writers a stream holds
+    running = None
+    total: dict[str, Tensor] = {}
+    for index in range(count - 1, -1, -1):
+        if waiting[index + 1] is not None:
+            running = waiting[index + 1] if running is None else running + waiting[index + 1]
+        writer = tape.writers[index]
+        g = direct[writer.key] if running is None else direct[writer.key] + running
+        total[writer.key] = g
+        (back,) = _grad(writer.output, [tape.reads[writer.read][1]], g)
+        m = sums[index]
+        waiting[m] = back if waiting[m] is None else waiting[m] + back
+    everything = [w for w in waiting if w is not None]  # every stream holds the players'
+    key = tape.leaf_keys[0]
+    total[key] = direct[key] + sum(everything) if everything else direct[key].clone()
+    return total
+
+
 def pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[Tensor, list[Tensor]]:
     """For ``k`` cotangents at writer ``index``'s output ``(k, B, n, d)``: its own
     ``J_Bᵀ`` products ``(k, B, n, d)`` at the stream it reads, and those pulled back to every
     earlier writer's output and to the players' streams (the list: the ``index`` earlier
     writers, then :attr:`GraphTape.leaves`)."""
     writer = tape.writers[index]
-    stream, leaf = tape.reads[writer.read]
-    (back,) = _batched_grad(writer.output, [leaf], cotangents)
-    sources = [w.output for w in earlier(tape, index)] + tape.leaves
-    return back, _batched_grad(stream, sources, back)
+    (back,) = _batched_grad(writer.output, [tape.reads[writer.read][1]], cotangents)
+    return back, stream_pulled(tape, index, back)
 
 
 def part_pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[Tensor, list[Tensor]]:
     """As :func:`pulled_back`, for cotangents at writer ``index``'s parts (its output
     projection's input, ``(k, B, n, p, w)``)."""
     writer = tape.writers[index]
-    stream, leaf = tape.reads[writer.read]
     flat = cotangents.reshape(cotangents.shape[0], *writer.raw.shape)
-    (back,) = _batched_grad(writer.raw, [leaf], flat)
-    sources = [w.output for w in earlier(tape, index)] + tape.leaves
-    return back, _batched_grad(stream, sources, back)
+    (back,) = _batched_grad(writer.raw, [tape.reads[writer.read][1]], flat)
+    return back, stream_pulled(tape, index, back)
 
 
 def part_covectors(tape: GraphTape, index: int, total: Tensor) -> Tensor:
@@ -503,6 +609,43 @@ class _Layout:
     part_totals: list[Tensor | None]
     totals: Mapping[str, Tensor]
     device: torch.device
+    joined: _Joined | None = None
+
+
+@dataclass
+class _Joined:
+    """Every writer's nodes side by side, where every read stream is a plain sum
+    (:func:`stream_sums`): a covector at a stream is the covector at each earlier writer's
+    output, so what every earlier node sends along it is one product with ``writes``.
+
+    Attributes:
+        writes (Tensor): ``(n, C, d)`` what each node (a sublayer, a head) adds to the stream
+                    at each position, writer after writer.
+        ids (Tensor): ``(n, C)`` their node ids.
+        columns (list[int]): writer ``k``'s first column (and the count at the end).
+    """
+
+    writes: Tensor
+    ids: Tensor
+    columns: list[int]
+
+
+def _joined(tape: GraphTape, ids: Sequence[Tensor]) -> _Joined | None:
+    """:class:`_Joined` for a pass of plain sums whose writers are sublayers or heads (a
+    neuron sends through its output projection: the edges then go writer by writer); the
+    heads' cached writes become views of it."""
+    if stream_sums(tape) is None or any(w.parts is not None and w.kind != "attention" for w in tape.writers):
+        return None
+    writes = [tape.part_outputs(k) if w.parts is not None else w.output.detach()[0][:, None]
+              for k, w in enumerate(tape.writers)]
+    columns = [0]
+    for w in writes:
+        columns.append(columns[-1] + w.shape[1])
+    joined = _Joined(torch.cat(writes, dim=1), torch.cat(list(ids), dim=1), columns)
+    cache = tape.__dict__.get("_part_outputs", {})
+    for k in list(cache):
+        cache[k] = joined.writes[:, columns[k]:columns[k + 1]]
+    return joined
 
 
 def _real(players: Players) -> list[int]:
@@ -595,7 +738,11 @@ def _edges_into(edges: _Edges, tape: GraphTape, index: int, layout: _Layout, pla
         cot = cot.reshape(len(group), *g.shape)
         _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
         targets = ids[group[:, 0], group[:, 1]]
-        for source_index, covector in enumerate(pulled[:index]):
+        if layout.joined is not None:  # every earlier node in one product
+            end = layout.joined.columns[stream_sums(tape)[index]]
+            w = torch.einsum("knd,ncd->knc", pulled[index][:, 0], layout.joined.writes[:, :end])
+            edges.add(layout.joined.ids[None, :, :end].expand_as(w), targets[:, None, None].expand_as(w), w)
+        for source_index, covector in enumerate(pulled[:index] if layout.joined is None else ()):
             w = _edge_weights(tape, source_index, covector).reshape(len(group), tape.writers[source_index].n, -1)
             edges.add(layout.ids[source_index][None].expand_as(w), targets[:, None, None].expand_as(w), w)
         for segment, found in enumerate(layout.token_ids):
@@ -629,7 +776,11 @@ def _position_wise_edges_into(edges: _Edges, tape: GraphTape, index: int, layout
     cot[0, :, positions] = seq[:, positions]
     _, pulled = pulled_back(tape, index, cot.reshape(1, *layout.totals[writer.key].shape))
     targets = ids[positions, 0]
-    for source_index, covector in enumerate(pulled[:index]):
+    if layout.joined is not None:  # every earlier node in one product
+        end = layout.joined.columns[stream_sums(tape)[index]]
+        w = torch.einsum("kd,kcd->kc", pulled[index][0, 0, positions], layout.joined.writes[positions, :end])
+        edges.add(layout.joined.ids[positions, :end], targets[:, None].expand_as(w), w)
+    for source_index, covector in enumerate(pulled[:index] if layout.joined is None else ()):
         w = _edge_weights(tape, source_index, covector).reshape(tape.writers[source_index].n, -1)[positions]
         sources = layout.ids[source_index][positions]  # (k, parts)
         edges.add(sources, targets[:, None].expand_as(w), w)
@@ -715,7 +866,7 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
                                   for k, p in zip(table.kinds, table.positions)], device=device)
     chosen, ids = _chosen_nodes(values, ids, max_nodes, set_aside)
     layout = _Layout([leaf.detach() for leaf in tape.leaves], reals, offsets, token_ids, ids, part_totals, total,
-                     device)
+                     device, _joined(tape, ids))
     edges = _Edges(len(values), dtype, device)
     for index in range(len(tape.writers)):
         _edges_into(edges, tape, index, layout, players, chunk)

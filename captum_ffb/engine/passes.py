@@ -471,12 +471,25 @@ def run_model(model: nn.Module, *args: Any, grad: bool = False, inputs_only: boo
 
 def weights_fingerprint(model: nn.Module) -> tuple[Any, ...]:
     """A cheap fingerprint of ``model``'s weights (each parameter's storage, version counter
-    and float64 sum): it changes when a weight is replaced or edited in place, ``.data``
-    included."""
+    and the wrapping integer sum of its bits): it changes when a weight is replaced or edited
+    in place, ``.data`` included."""
     parameters = list(model.parameters())
     by_device: dict[torch.device, list[Tensor]] = {}
     for p in parameters:
         if p.device.type != "meta":
-            by_device.setdefault(p.device, []).append(p.detach().sum(dtype=torch.float64))
+            by_device.setdefault(p.device, []).append(_bit_sum(p.detach()))
     totals = [value for sums in by_device.values() for value in torch.stack(sums).tolist()]
     return tuple((p.data_ptr(), version_counter(p)) for p in parameters), tuple(totals)
+
+
+#: the integer type of each element size, to read a tensor's bits as
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bit_sum(t: Tensor) -> Tensor:
+    """``t``'s bits summed as integers, wrapping: exact and the same in any order (any thread
+    count, any device's reduction), and as fast as a sum in the weights' own type."""
+    kind = _BITS.get(t.element_size())
+    if kind is None or not t.is_contiguous():
+        return t.sum(dtype=torch.float64).view(torch.int64)
+    return t.reshape(-1).view(kind).sum(dtype=torch.int64 if kind is torch.int64 else torch.int32).to(torch.int64)

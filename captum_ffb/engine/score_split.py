@@ -24,6 +24,7 @@ from captum_ffb.engine.graph import (
     Players,
     _batched_grad,
     graph_pass,
+    stream_pulled,
     token_values,
 )
 from captum_ffb.engine.locking import serialized
@@ -183,14 +184,13 @@ class ScoreSplitter:
         """A query's (or key's) part from each writer at ``position`` (of the reading writer's
         segment) ``{node id: (e,)}`` and what no writer owns ``(e,)``."""
         writer = tape.writers[index]
-        stream, leaf = tape.reads[writer.read]
+        leaf = tape.reads[writer.read][1]
         width = tensor.shape[-1]
         cot = torch.zeros((width, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
         rows = torch.arange(width)
         cot[rows, 0, head, position, rows] = 1.0
         (at_leaf,) = _batched_grad(tensor, [leaf], cot)  # (e, B, n, d): each component's covector
-        sources = [w.output for w in tape.writers[:index]] + tape.leaves
-        pulled = _batched_grad(stream, sources, at_leaf)
+        pulled = stream_pulled(tape, index, at_leaf)
         parts: dict[str, Tensor] = {}
         at = position + writer.offset
         for source_index, (source, covector) in enumerate(zip(tape.writers[:index], pulled[:index])):

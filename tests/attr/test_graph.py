@@ -12,6 +12,8 @@ import torch
 from captum_ffb import NormDecomposition
 from captum_ffb.architectures.paths import resolve
 from captum_ffb.attr.graph import AttributionGraph
+from captum_ffb.engine import graph as engine_graph
+from captum_ffb.engine import whole as engine_whole
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.graph import graph_pass
 from tests.models import (
@@ -80,6 +82,44 @@ def test_an_ff_blocks_edges_from_one_product_equal_those_node_by_node(name, monk
         torch.testing.assert_close(dense(a), dense(b), atol=1e-6 * scale, rtol=1e-5)
         torch.testing.assert_close(a.values, b.values, atol=1e-6 * scale, rtol=1e-5)
         assert int((dense(a) != 0).sum()) >= int((dense(b).abs() > 1e-6 * scale).sum())  # no edge lost
+
+
+#: families whose every read stream is the players' stream plus earlier writes, each added once
+PLAIN_SUMS = {"llama", "gpt2", "gemma2", "mixtral", "cohere", "gpt_neox", "falcon"}
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_SUMS) + ["bert", "granite", "opt"])
+def test_plain_sum_streams_pass_covectors_on_unchanged_as_autograd_does(name, monkeypatch):
+    """Where every stream a writer reads is a plain sum of the earlier writes (read from the
+    pass's autograd graph), the covectors, edges and score splits skip the pull-back along the
+    stream and equal those of the vector–Jacobian products; a Post-LN norm (BERT), a scaled
+    residual (Granite) or a flattened write (OPT) takes the products."""
+    nd, ids, target = _model(name)
+    tapes = []
+    real_covectors = engine_graph.covectors
+    monkeypatch.setattr(engine_whole, "covectors", lambda tape: tapes.append(tape) or real_covectors(tape))
+    fast = nd.attribute_graph(ids, target, granularity="head", prune=False)
+    assert (engine_graph.stream_sums(tapes[0]) is not None) == (name in PLAIN_SUMS)
+    monkeypatch.setattr(engine_graph, "_stream_sums", lambda tape: None)
+    slow = nd.attribute_graph(ids, target, granularity="head", prune=False)
+    a, b = fast.data, slow.data
+    scale = float(b.weights.abs().max())
+    torch.testing.assert_close(_dense(a), _dense(b), atol=1e-6 * scale, rtol=1e-5)
+    torch.testing.assert_close(a.values, b.values, atol=1e-6 * scale, rtol=1e-5)
+    if name not in INLINE_ATTENTION and name not in ENCODERS:
+        monkeypatch.undo()
+        layer = len(nd.engine.stack.blocks) - 1
+        split = fast.score_split(layer=layer, head=0, query_position=ids.shape[1] - 1, key_position=1)
+        monkeypatch.setattr(engine_graph, "_stream_sums", lambda tape: None)
+        again = slow.score_split(layer=layer, head=0, query_position=ids.shape[1] - 1, key_position=1)
+        assert split.keys() == again.keys()
+        for key in split:
+            torch.testing.assert_close(torch.as_tensor(split[key]), torch.as_tensor(again[key]), atol=1e-6, rtol=1e-5)
+
+
+def _dense(d) -> torch.Tensor:
+    matrix = torch.zeros(len(d.values), len(d.values), dtype=torch.float64)
+    return matrix.index_put_((d.sources, d.targets), d.weights.double(), accumulate=True)
 
 
 def _replayed(nd, ids, target, store, edit):
