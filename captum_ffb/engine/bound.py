@@ -12,8 +12,9 @@ value through the frozen model).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -200,6 +201,25 @@ class BoundModel:
             return run.run(*request.args, **request.kwargs)
 
     # ------------------------------------------------------------------ players and values
+    def keep_needed_logits(self, kwargs: dict[str, Any], targets: list[HeadTarget]
+                            ) -> tuple[dict[str, Any], list[HeadTarget]]:
+        """Ask a causal LM for the logits of the target positions only (``logits_to_keep``):
+        the ``n × vocabulary`` logits are most of the memory of a long sequence otherwise."""
+        if "logits_to_keep" in kwargs:
+            if not (isinstance(kwargs["logits_to_keep"], int) and kwargs["logits_to_keep"] == 0):
+                raise ValueError("leave logits_to_keep out (or 0): the target positions say which "
+                                 "logits are read")
+            return kwargs, targets
+        if self.head.task != "causal_lm":
+            return kwargs, targets
+        if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
+            return kwargs, targets
+        # One 1-D tensor of positions, kept for every row: every transformers 5 release reads
+        # it the same way (a per-row 2-D tensor is understood from 5.21 on only).
+        keep, index = torch.unique(torch.stack([t.positions for t in targets], dim=1), return_inverse=True)
+        moved = [replace(t, positions=index[:, k]) for k, t in enumerate(targets)]
+        return {**kwargs, "logits_to_keep": keep}, moved
+
     def masks(self, request: Request, shapes: Sequence[torch.Size]) -> list[Tensor]:
         """Each segment's real positions ``(B, n_segment)``, for segments of these shapes."""
         if self.source is None:

@@ -100,8 +100,9 @@ class GraphTape:
         reads (dict): stream point → ``(the stream there, with its graph; the leaf the writer
                     read instead)``.
         coefficients (FrozenCoefficients): the pass's coefficients (to replay it).
-        output (Any): the model's output.
+        output (Any): the model's output (a causal LM's logits at the target's positions only).
         source_inputs (Tensor, optional): an encoder–decoder's encoder's first input, a leaf.
+        target (HeadTarget, optional): the explained target as ``output`` holds it.
     """
 
     value: Tensor
@@ -111,6 +112,7 @@ class GraphTape:
     coefficients: FrozenCoefficients
     output: Any = None
     source_inputs: Tensor | None = None
+    target: HeadTarget | None = None
 
     @property
     def leaves(self) -> list[Tensor]:
@@ -229,6 +231,7 @@ def graph_pass(engine: BoundModel, request: Request, target: HeadTarget, rules: 
     projection's input: with the probabilities frozen, nothing else of it depends on a
     writer)."""
     check_granularity(granularity, "graph")
+    kwargs, (target,) = engine.keep_needed_logits(dict(request.kwargs), [target])  # target: in the kept logits
     head = engine.head
     store = FrozenCoefficients() if coefficients is None else coefficients
     points = engine.points
@@ -246,7 +249,7 @@ def graph_pass(engine: BoundModel, request: Request, target: HeadTarget, rules: 
                 recorder.part(writer.parts, writer.id)
         if edit is not None:
             edit(recorder)
-        output = run.run(*request.args, **request.kwargs)
+        output = run.run(*request.args, **kwargs)
         value = engine.linearised_value(output, frozen, target, rules)
         leaves = frozen.leaves
     lengths = [leaf.shape[1] for leaf in leaves]
@@ -255,7 +258,7 @@ def graph_pass(engine: BoundModel, request: Request, target: HeadTarget, rules: 
     writers = [recorded_writer(recorder, writer, batch, segment=writer.segment, n=lengths[writer.segment],
                                offset=offsets[writer.segment]) for writer in points.writers]
     return GraphTape(value, leaves[-1], writers, recorder.tape_reads, store, output,
-                     source_inputs=leaves[0] if len(leaves) == 2 else None)
+                     source_inputs=leaves[0] if len(leaves) == 2 else None, target=target)
 
 
 def recorded_writer(recorder: Any, writer: Writer, batch: int, **where: int) -> RecordedWriter:

@@ -385,7 +385,7 @@ class WholeModel(BoundModel):
         warn_if_padded_without_mask(args, kwargs, self.config)
         self._warn_if_reduced_precision()
         shares = [self.shared_positions(reference, request.read_mask, t) for t in targets]  # before remapping
-        kwargs, targets = self._keep_needed_logits(kwargs, targets)  # positions index the kept logits
+        kwargs, targets = self.keep_needed_logits(kwargs, targets)  # positions index the kept logits
         watch = {} if head.output is None else {"output": head.output}
         source = None if self.source is None else (self.source.spec, self.source.blocks, self.source.final_norm)
         answers = []
@@ -709,7 +709,7 @@ class WholeModel(BoundModel):
                                         estimators)
         n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
         return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players), estimates,
-                          target_probability(tape.output, request.target), n_source)
+                          target_probability(tape.output, tape.target), n_source)
 
     def activation_patching(self, request: Request, corrupted: Request, granularity: str, batch_size: int = 16,
                             progress: bool = False) -> tuple[dict[str, float], float, float]:
@@ -788,25 +788,6 @@ class WholeModel(BoundModel):
         for block in captured.blocks:
             block.source = source
         return joint(own, encoded.n_in, 0, encoded.player_mask, None)
-
-    def _keep_needed_logits(self, kwargs: dict[str, Any], targets: list[HeadTarget]
-                            ) -> tuple[dict[str, Any], list[HeadTarget]]:
-        """Ask a causal LM for the logits of the target positions only (``logits_to_keep``):
-        the ``n × vocabulary`` logits are most of the memory of a long sequence otherwise."""
-        if "logits_to_keep" in kwargs:
-            if not (isinstance(kwargs["logits_to_keep"], int) and kwargs["logits_to_keep"] == 0):
-                raise ValueError("leave logits_to_keep out (or 0): the target positions say which "
-                                 "logits are read")
-            return kwargs, targets
-        if self.head.task != "causal_lm":
-            return kwargs, targets
-        if "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
-            return kwargs, targets
-        # One 1-D tensor of positions, kept for every row: every transformers 5 release reads
-        # it the same way (a per-row 2-D tensor is understood from 5.21 on only).
-        keep, index = torch.unique(torch.stack([t.positions for t in targets], dim=1), return_inverse=True)
-        moved = [replace(t, positions=index[:, k]) for k, t in enumerate(targets)]
-        return {**kwargs, "logits_to_keep": keep}, moved
 
     # ------------------------------------------------------------------ budgets
     def _light(self, ids: Tensor) -> bool:

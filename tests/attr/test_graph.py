@@ -117,6 +117,19 @@ def test_plain_sum_streams_pass_covectors_on_unchanged_as_autograd_does(name, mo
             torch.testing.assert_close(torch.as_tensor(split[key]), torch.as_tensor(again[key]), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_the_graph_pass_keeps_only_the_targets_logits_and_reads_the_models_probability(name, monkeypatch):
+    nd, ids, target = _model(name)
+    tapes = []
+    real_covectors = engine_graph.covectors
+    monkeypatch.setattr(engine_whole, "covectors", lambda tape: tapes.append(tape) or real_covectors(tape))
+    graph = nd.attribute_graph(ids, target)
+    assert tapes[0].output.logits.shape[1] == 1  # not n × vocabulary
+    with torch.no_grad():
+        expected = nd.model(ids).logits[0, -1].softmax(-1)[target]
+    assert graph.probability == pytest.approx(float(expected), rel=1e-5)
+
+
 def _dense(d) -> torch.Tensor:
     matrix = torch.zeros(len(d.values), len(d.values), dtype=torch.float64)
     return matrix.index_put_((d.sources, d.targets), d.weights.double(), accumulate=True)
