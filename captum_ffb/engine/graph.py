@@ -639,16 +639,20 @@ def _joined(tape: GraphTape, ids: Sequence[Tensor]) -> _Joined | None:
     heads' cached writes become views of it."""
     if stream_sums(tape) is None or any(w.parts is not None and w.kind != "attention" for w in tape.writers):
         return None
-    writes = [tape.part_outputs(k) if w.parts is not None else w.output.detach()[0][:, None]
-              for k, w in enumerate(tape.writers)]
     columns = [0]
-    for w in writes:
-        columns.append(columns[-1] + w.shape[1])
-    joined = _Joined(torch.cat(writes, dim=1), torch.cat(list(ids), dim=1), columns)
-    cache = tape.__dict__.get("_part_outputs", {})
-    for k in list(cache):
-        cache[k] = joined.writes[:, columns[k]:columns[k + 1]]
-    return joined
+    for w in tape.writers:
+        columns.append(columns[-1] + (1 if w.parts is None else w.parts.shape[2]))
+    output = tape.writers[0].output
+    writes = output.new_empty((output.shape[1], columns[-1], output.shape[-1]))
+    cache = tape.__dict__.setdefault("_part_outputs", {})
+    for k, w in enumerate(tape.writers):  # written in place: no second copy of the heads' writes
+        at = writes[:, columns[k]:columns[k + 1]]
+        if w.parts is None:
+            at.copy_(w.output.detach()[0][:, None])
+            continue
+        at.copy_(cache[k] if k in cache else tape.part_writes(k, w.parts.detach()))
+        cache[k] = at
+    return _Joined(writes, torch.cat(list(ids), dim=1), columns)
 
 
 def _real(players: Players) -> list[int]:
