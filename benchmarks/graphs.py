@@ -12,8 +12,8 @@ logit with respect to the input embeddings, no parameter gradient; what Captum's
 or ``InputXGradient`` costs) and ``attribute`` (the backward route), interleaved and timed in
 the same run (best of ``--repeat``); ``score_split`` per call (after the first, which records
 the pass); and, each in a process of its own, the peak resident memory of the *unpruned* graph
-at ``--memory`` tokens (Linux: the high-water mark reset after the model has loaded). One
-thread.
+at ``--memory`` tokens (Linux: the high-water mark reset after the model has loaded).
+``--threads`` torch threads (one by default; the report says how many).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _status_bytes(field: str) -> int:
 
 def markdown(result: dict) -> str:
     lines = ["# Attribution graphs: cost (SmolLM2-135M, next token)", "",
-             f"1 thread, torch {result['torch']}, best of {result['repeat']}, run {result['run']}; by "
+             f"{_threads(result)}, torch {result['torch']}, best of {result['repeat']}, run {result['run']}; by "
              "`python benchmarks/graphs.py`. Ratios are taken within this run. The pruned graph computes the "
              "edges of the default `max_nodes` (256) writer nodes, then prunes with circuit-tracer's thresholds "
              f"(0.8 / 0.98). The {BASELINE}: the gradient of the explained logit with respect to the input "
@@ -136,6 +136,11 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _threads(result: dict) -> str:
+    threads = result.get("threads", 1)
+    return "1 thread" if threads == 1 else f"{threads} threads"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="128,512")
@@ -143,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", type=int, default=32, help="n for the unpruned graph's memory (0: skip)")
     parser.add_argument("--alone", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="n = 32, one repeat, no files")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.alone is not None:
         alone(args.alone)
         return 0
@@ -152,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     model, nd = load()
     result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
               "machine": platform.processor() or platform.machine(), "repeat": 1 if args.quick else args.repeat,
-              "rows": [], "facts": {}}
+              "threads": args.threads, "rows": [], "facts": {}}
     for n in sizes:
         rows, facts = timings(model, nd, n, result["repeat"])
         result["rows"] += rows
@@ -161,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"n={n} {row['method']}: {row['seconds']:.2f} s ({row['ratio_to_input_gradient']:.2f}× {BASELINE})",
                   flush=True)
     if args.memory and not args.quick:
-        out = subprocess.run([sys.executable, __file__, "--alone", str(args.memory)], capture_output=True,
+        out = subprocess.run([sys.executable, __file__, "--alone", str(args.memory), "--threads", str(args.threads)],
+                             capture_output=True,
                              text=True, check=True)
         result["memory"] = json.loads(out.stdout.strip().splitlines()[-1])
     if args.quick:
