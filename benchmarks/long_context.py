@@ -7,7 +7,9 @@ Run from the repository root::
 
 SmolLM2-135M-Instruct in float32, the last position's predicted token of random token ids.
 Each (n, method) runs in a process of its own (the model loaded, one warm-up call at n = 64,
-the high-water mark of resident memory reset, then one timed call): the input-gradient pass
+the high-water mark of resident memory reset, then a first call at n, whose peak memory and
+seconds are reported, then ``--repeat`` more calls at n: the seconds are their median, as on the
+GPU, "one call after a warm-up at that n, median of 3"): the input-gradient pass
 (``benchmarks/baseline.py``: the gradient of the same logit with respect to the input
 embeddings, no parameter gradient, the model's default attention, only the last position's
 logits; what Captum's ``Saliency`` or ``InputXGradient`` costs; an encoder–decoder's takes the
@@ -22,6 +24,7 @@ import argparse
 import datetime
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -62,8 +65,9 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def child(method: str, n: int, tree: str) -> None:
-    """In a process of its own: one timed call; print seconds and peak memory as JSON."""
+def child(method: str, n: int, tree: str, repeat: int) -> None:
+    """In a process of its own: a first call at ``n`` (its seconds and peak memory), then
+    ``repeat`` timed calls (their median); print them as JSON."""
     sys.path.insert(0, tree)
     import gc
 
@@ -114,9 +118,16 @@ def child(method: str, n: int, tree: str) -> None:
     before = _status_bytes("VmRSS")
     start = time.perf_counter()
     run(ids, token)
-    seconds = time.perf_counter() - start
+    first = time.perf_counter() - start
     peak = _status_bytes("VmHWM")
-    print(json.dumps({"n": n, "method": method, "seconds": seconds, "peak_bytes": peak, "added_bytes": peak - before}))
+    again = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run(ids, token)
+        again.append(time.perf_counter() - start)
+    seconds = statistics.median(again) if again else first
+    print(json.dumps({"n": n, "method": method, "seconds": seconds, "first_seconds": first, "repeat": repeat,
+                      "peak_bytes": peak, "added_bytes": peak - before}))
 
 
 def _commit(tree: str | None) -> str | None:
@@ -127,26 +138,35 @@ def _commit(tree: str | None) -> str | None:
     return out.stdout.strip() or None
 
 
-def measure(method: str, n: int, tree: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--tree", tree],
-                         capture_output=True, text=True, check=True)
+def measure(method: str, n: int, tree: str, repeat: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--tree", tree,
+                          "--repeat", str(repeat)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _protocol(result: dict) -> str:
+    repeat = result.get("repeat", 0)
+    if not repeat:
+        return "one call after a warm-up at n = 64"
+    return f"the median of {repeat} calls after a first call at n (which follows a warm-up at n = 64)"
 
 
 def markdown(result: dict) -> str:
     lines = [f"# Long contexts: attribution against the {BASELINE} (SmolLM2-135M, float32)", "",
              f"Run {result['run']} by `python benchmarks/long_context.py` (torch {result['torch']}, 2 threads, "
              "each measurement in a process of its own, random token ids, the last position's predicted "
-             "token). Memory: the peak resident memory above the loaded model during the call. The "
+             f"token). Seconds: {_protocol(result)}. Memory: the peak resident memory above the loaded model "
+             "during the first call at n. The "
              f"{BASELINE}: the gradient of the explained logit with respect to the input embeddings, no "
              "parameter gradient (`benchmarks/baseline.py`; what Captum's `Saliency` or `InputXGradient` "
              "costs).", "",
-             f"| n | {BASELINE} (s) | attribute (s) | × {BASELINE} | memory, {BASELINE} (GiB) | "
-             "memory, attribute (GiB) |", "|---:|---:|---:|---:|---:|---:|"]
+             f"| n | {BASELINE} (s) | attribute (s) | × {BASELINE} | first call at n: {BASELINE}, attribute (s) "
+             f"| memory, {BASELINE} (GiB) | memory, attribute (GiB) |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for n, row in result["rows"].items():
         base, ours = row[BASELINE], row["attribute"]
+        first = (f"{base['first_seconds']:.2f}, {ours['first_seconds']:.2f}" if "first_seconds" in ours else "")
         lines.append(f"| {n} | {base['seconds']:.2f} | {ours['seconds']:.2f} | "
-                     f"{ours['seconds'] / base['seconds']:.2f}× | {base['added_bytes'] / 2**30:.2f} | "
+                     f"{ours['seconds'] / base['seconds']:.2f}× | {first} | {base['added_bytes'] / 2**30:.2f} | "
                      f"{ours['added_bytes'] / 2**30:.2f} |")
     ruled = {n: row for n, row in result["rows"].items() if any(m in row for m in RULES)}
     if ruled:
@@ -195,31 +215,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--tree", default=str(ROOT), help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first at each n (their median)")
     args = parser.parse_args(argv)
     if args.child is not None:
-        child(args.child, args.n, args.tree)
+        child(args.child, args.n, args.tree, args.repeat)
         return 0
     import torch
 
     result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
-              "machine": platform.processor() or platform.machine(), "rows": {}, "before": {},
+              "machine": platform.processor() or platform.machine(), "repeat": args.repeat, "rows": {}, "before": {},
               "before_tree": args.before, "before_commit": _commit(args.before)}
     for n in (int(s) for s in args.sizes.split(",")):
         row = {}
         for method in METHODS:
-            row[method] = measure(method, n, str(ROOT))
+            row[method] = measure(method, n, str(ROOT), args.repeat)
             print(json.dumps(row[method]), flush=True)
         result["rows"][str(n)] = row
         if args.before and str(n) in args.before_sizes.split(","):
-            result["before"][str(n)] = measure("attribute", n, args.before)
+            result["before"][str(n)] = measure("attribute", n, args.before, args.repeat)
             print("before", json.dumps(result["before"][str(n)]), flush=True)
         if str(n) in args.rule_sizes.split(","):
             for method in RULES:
-                row[method] = measure(method, n, str(ROOT))
+                row[method] = measure(method, n, str(ROOT), args.repeat)
                 print(json.dumps(row[method]), flush=True)
         if str(n) in args.seq2seq_sizes.split(","):
             for method in SEQ2SEQ:
-                row[method] = measure(method, n, str(ROOT))
+                row[method] = measure(method, n, str(ROOT), args.repeat)
                 print(json.dumps(row[method]), flush=True)
     text = markdown(result)
     print(text)
