@@ -669,6 +669,7 @@ def linearise(
     separate_blocks: bool = False,
     source: tuple[ArchitectureSpec, Sequence[nn.Module], nn.Module | None] | None = None,
     coefficients: FrozenCoefficients | None = None,
+    eager_attention: bool = False,
 ) -> Iterator[Linearisation]:
     r"""Freeze the model's coefficients for the runs of the pass ``run`` made inside the context.
 
@@ -700,6 +701,11 @@ def linearise(
                     into it, or (``coefficients.replayed()``) run the frozen model of a
                     recorded pass: its coefficients, applied to whatever this pass computes
                     (see :mod:`captum_ffb.engine.frozen`; attention runs eager to record).
+        eager_attention (bool): run the frozen attention eagerly, its probabilities
+                    materialised, whatever the model runs: their product with the values is
+                    then the whole backward pass through attention, which a batched backward
+                    (many cotangents at once) runs as one product, where a fused kernel's
+                    backward runs once per cotangent.
 
     Yields:
         Linearisation
@@ -743,7 +749,8 @@ def linearise(
             hooks.recompute(blocks)
         if separate_blocks:
             hooks.separate_blocks(blocks)
-        frozen_attention(run, methods, frozen.attention, eager=state.inline or coefficients is not None)
+        frozen_attention(run, methods, frozen.attention,
+                         eager=state.inline or coefficients is not None or eager_attention)
         yield state
     finally:
         _scoring_rule.reset(scoring)

@@ -649,7 +649,8 @@ class WholeModel(BoundModel):
             watch = {f"{index}.{name}": module for (index, name), module in writers.items()}
             with ModelPass(self.model, grad=True) as run, \
                     linearise(run, self.stack.spec, self.stack.blocks, rules, self.head.final_norm, (), watch,
-                              watch_inputs=parts, separate_blocks=True) as frozen:
+                              watch_inputs=parts, separate_blocks=True,
+                              eager_attention=not self._light(request.read_mask)) as frozen:
                 run.run(*request.args, **kwargs)
                 inputs = frozen.inputs
                 players = inputs.detach().to(self.dtype)

@@ -58,7 +58,8 @@ def test_progress_counts_every_value():
 @pytest.mark.parametrize("granularity", ["sublayer", "head"])
 def test_component_tables_are_the_same_whatever_the_sweeps_carry(name, granularity):
     """A memory budget that lets one read-out through at a time gives the same table as one
-    sweep carrying all of them, and as the forward route."""
+    sweep carrying all of them, and as the forward route; the narrow budget also keeps the
+    model's attention kernel where the wide one runs the frozen attention eagerly."""
     task = "causal_lm" if name == "llama" else "sequence_classification"
     model = tiny_task_model(name, task)
     ids = token_ids()
@@ -67,6 +68,7 @@ def test_component_tables_are_the_same_whatever_the_sweeps_carry(name, granulari
                                                          route="backward")
     narrow_engine = NormDecomposition(model, memory_budget=1)
     assert narrow_engine.engine._sweep_limit(torch.zeros(1, 8, 32)) == 1
+    assert narrow_engine.engine._light(ids) and not NormDecomposition(model).engine._light(ids)
     narrow = narrow_engine.attribute_components(ids, target=target, granularity=granularity, route="backward")
     forward = NormDecomposition(model).attribute_components(ids, target=target, granularity=granularity,
                                                             route="forward")
