@@ -19,7 +19,7 @@ its default (backward) route and against ``attribute`` on the forward route, whi
 named (up to ``--forward-up-to`` tokens: the forward route grows as n²) and TransformerLens's direct logit attribution of
 the same model (its bridge over a copy of the model, built once; ``run_with_cache``, then
 ``decompose_resid`` or ``stack_head_results`` through ``apply_ln_to_stack``, no token axis).
-One thread. Each time is the best of ``--repeat`` runs, interleaved so that every method sees
+``--threads`` torch threads (one by default). Each time is the best of ``--repeat`` runs, interleaved so that every method sees
 the same machine state. ``--memory N`` also runs each table method alone in a process of its
 own at n = N and reports its peak resident memory during the call (Linux: the high-water mark
 is reset after the model has loaded) and that peak less the memory before it.
@@ -31,6 +31,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -159,18 +160,18 @@ def alone(name: str, n: int) -> None:
 def write_markdown(meta: dict, rows: list[dict], memory: list[dict]) -> None:
     """``benchmarks/COMPONENTS.md`` from the rows of ``COMPONENTS.json``."""
     lines = ["# Token × component attributions: cost (SmolLM2-135M, next token)", "",
-             f"{meta['threads']} thread, torch {meta['torch']}, best of {meta['repeat']}; by "
+             f"torch {meta['torch']}, best of each run's repeats, its torch threads in the `threads` column; by "
              "`python benchmarks/components.py`. Ratios are taken within one run (the `run` column: "
              "its start), never across runs. `attribute_components` rows without a route take "
              f"`route=\"auto\"` (the column says which route it chose). The {BASELINE}: the gradient of the "
              "explained logit with respect to the input embeddings, no parameter gradient "
              "(`benchmarks/baseline.py`; what Captum's `Saliency` or `InputXGradient` costs).", "",
-             f"| n | method | auto's route | seconds | × {BASELINE} | × attribute | × sublayer table | run |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
+             f"| n | method | auto's route | seconds | × {BASELINE} | × attribute | × sublayer table | run | threads |",
+             "|---|---|---|---:|---:|---:|---:|---|---:|"]
 
     def row(r: dict) -> str:
         return (f"| {r['n']} | {r['method']} | {r.get('route') or ''} | {r['seconds']:.2f} | " + " | ".join(
-            "–" if r.get(key) is None else f"{r[key]:.2f}" for key in RATIOS) + f" | {r['run']} |")
+            "–" if r.get(key) is None else f"{r[key]:.2f}" for key in RATIOS) + f" | {r['run']} | {r.get('threads', 1)} |")
 
     lines += [row(r) for r in rows if r["run"] >= ROUTES_SINCE]
     earlier = [r for r in rows if r["run"] < ROUTES_SINCE]
@@ -197,6 +198,7 @@ def main() -> None:
     parser.add_argument("--memory", type=int, default=None, metavar="N", help="peak memory, each method alone, at n = N")
     parser.add_argument("--methods", default=None, help="comma-separated method names (default: all)")
     parser.add_argument("--tables-only", action="store_true", help="rewrite COMPONENTS.md from COMPONENTS.json")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the table says each run's)")
     parser.add_argument("--alone", nargs=2, metavar=("NAME", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.alone:
@@ -210,7 +212,7 @@ def main() -> None:
                              "`python benchmarks/components.py` (it drops those runs) before --tables-only")
         write_markdown(found["meta"], found["rows"], found["memory"])
         return
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
 
     from captum_ffb import NormDecomposition
     from captum_ffb.models import load_model, smollm2_dir
@@ -224,7 +226,7 @@ def main() -> None:
     for n in sizes:
         runs = runs_for(model, nd, n, args.forward_up_to, lens)
         if args.methods:
-            chosen = [name.strip() for name in args.methods.split(",")]
+            chosen = [name.strip() for name in re.split(r",(?![^()]*\))", args.methods)]  # not inside (…)
             unknown = [name for name in chosen if name not in METHODS]
             if unknown:
                 raise SystemExit(f"unknown method {unknown[0]!r}; choose from {', '.join(METHODS)}")
@@ -241,6 +243,7 @@ def main() -> None:
         model.zero_grad(set_to_none=True)
         for name, seconds in best.items():
             rows.append({"n": n, "method": name, "seconds": seconds, "run": run, "route": auto_route(model, name, n),
+                         "threads": args.threads,
                          **{key: seconds / best[base] if base in best else None
                             for key, base in RATIOS.items()}})
             if BASELINE in best:
