@@ -529,14 +529,15 @@ def _silu_series(x: Tensor) -> Tensor:
 
 
 def _silu_closed(x: Tensor) -> Tensor:
-    """SiLU's mean value by the closed form of :func:`_silu_mean_value_wide`, in ``x``'s dtype
-    (for ``|A|`` away from zero, where nothing cancels)."""
+    """SiLU's mean value by its closed form (:func:`_silu_mean_value_wide`), in ``x``'s dtype:
+    for ``|A|`` away from zero, where nothing cancels."""
     magnitude = x.abs()
     u = torch.exp(-magnitude).log1p_()
     u2 = u * u
     series = torch.full_like(u, _LI2_COEFFICIENTS[-1])
     for c in reversed(_LI2_COEFFICIENTS[:-1]):
         series.mul_(u2).add_(c)
+    # F(−|A|) = π²/12 − u (|A| + 1) − u²/4 − u³ Σ…
     negative = series.mul_(u2).mul_(u).add_(u2, alpha=0.25).addcmul_(u, magnitude + 1).neg_().add_(torch.pi**2 / 12)
     integral = torch.where(x > 0, (x * x).mul_(0.5).sub_(negative), negative)
     return integral.div_(x)
@@ -547,24 +548,14 @@ def _silu_mean_value_wide(a: Tensor) -> Tensor:
 
     With ``F(A) = ∫₀^A u σ(u) du``: ``F(A) + F(−A) = A²/2``, and for ``A ≤ 0``, with ``x = e^A``
     and ``u = ln(1 + x)``, ``F(A) = A·u + Li₂(−x) + π²/12`` where Landen's identity and the
-    Bernoulli series give ``Li₂(−x) = −u²/2 − u + u²/4 − Σ_k B_2k u^(2k+1)/(2k+1)!``. Near zero
-    the series ``A/4 + A²/12 − A⁴/240`` avoids cancellation.
+    Bernoulli series give ``Li₂(−x) = −u²/2 − u + u²/4 − Σ_k B_2k u^(2k+1)/(2k+1)!``
+    (:func:`_silu_closed`). Near zero the series ``A/4 + A²/12 − A⁴/240`` avoids cancellation.
     """
     wide = a.to(torch.float64)
-    magnitude = wide.abs()
-    u = torch.exp(-magnitude).log1p_()
-    u2 = u * u
-    series = torch.full_like(u, _LI2_COEFFICIENTS[-1])
-    for c in reversed(_LI2_COEFFICIENTS[:-1]):
-        series.mul_(u2).add_(c)
-    # F(−|A|) = π²/12 − u (|A| + 1) − u²/4 − u³ Σ…
-    negative = series.mul_(u2).mul_(u).add_(u2, alpha=0.25).addcmul_(u, magnitude + 1).neg_().add_(torch.pi**2 / 12)
+    near = wide.abs() < 1e-2
+    closed = _silu_closed(torch.where(near, torch.ones_like(wide), wide))  # near zero: replaced below
     square = wide * wide
-    integral = torch.where(wide > 0, square.mul(0.5).sub_(negative), negative)
-    near = magnitude < 1e-2
-    mean = integral.div_(torch.where(near, torch.ones_like(wide), wide))
-    series_near = wide / 4 + square / 12 - square * square / 240
-    return torch.where(near, series_near, mean)
+    return torch.where(near, wide / 4 + square / 12 - square * square / 240, closed)
 
 
 def mean_value_closed_form(fn: ActivationFn) -> Callable[[Tensor], Tensor] | None:
