@@ -335,10 +335,9 @@ def stream_sums(tape: GraphTape) -> list[int] | None:
     of them, and the players, unchanged); ``None`` where some stream is not such a sum (a
     Post-LN norm, a scaled residual, two stacks): read from the pass's own autograd graph,
     once per tape."""
-    cache = tape.__dict__.setdefault("_stream_sums", {})
-    if "sums" not in cache:
-        cache["sums"] = _stream_sums(tape)
-    return cache["sums"]
+    if "_stream_sums" not in tape.__dict__:
+        tape.__dict__["_stream_sums"] = _stream_sums(tape)
+    return tape.__dict__["_stream_sums"]
 
 
 def _stream_sums(tape: GraphTape) -> list[int] | None:
