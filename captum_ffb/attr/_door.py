@@ -69,9 +69,7 @@ class Door:
         output on the request, or from one real pass)."""
         if isinstance(target, HeadTarget):
             return target
-        open_readout = isinstance(target, ReadOut) and (getattr(target, "token", 0) is None
-                                                        or getattr(target, "index", 0) is None)
-        if target is None or open_readout:
+        if self._predicts(target):
             if target is None:
                 if self.engine.task == "base":
                     raise ValueError(f"{type(self.model).__name__} is a base model: it predicts nothing to "
@@ -82,6 +80,14 @@ class Door:
             outputs = self.engine.predict(request) if outputs is None else outputs
             target = self._text_free(target).resolve(outputs, request.read_mask.long())
         return self._target(target, position, request.read_mask)
+
+    @staticmethod
+    def _predicts(target: Any) -> bool:
+        """Whether ``target`` names the model's prediction (``None``, or a read-out naming no
+        unit): resolving it needs the model's output."""
+        open_readout = isinstance(target, ReadOut) and (getattr(target, "token", 0) is None
+                                                        or getattr(target, "index", 0) is None)
+        return target is None or open_readout
 
     def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
         """The whole-model defaults, the instance's replacements, then this call's."""

@@ -243,8 +243,10 @@ class NormDecomposition(Door, Attribution):
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         chosen = self._rules(rules)
         groups, n_groups = self.engine.groups(feature_mask, None, request)
-        captured = self.engine.capture(request)
-        head_target = self._resolved(target, target_position, request, outputs=captured.output)
+        # a prediction is read from a capture the table then reuses; a given target needs none
+        captured = self.engine.capture(request) if self._predicts(target) else None
+        head_target = self._resolved(target, target_position, request,
+                                     outputs=None if captured is None else captured.output)
         table = self.engine.components(request, head_target, chosen, reference, granularity, route, groups,
                                        n_groups, captured)
         return ComponentAttribution(table.contributions, table.bias, table.names, table.real, table.delta,

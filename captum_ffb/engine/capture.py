@@ -186,6 +186,13 @@ def _keep_module(tensors: dict, raw: dict, role: str):
     return hook
 
 
+def keep_module(run: ModelPass, module: nn.Module, tensors: dict, role: str, raw: dict | None = None) -> None:
+    """Keep the first input and output of ``module`` in ``run`` under ``(role, "input" |
+    "output")`` in ``tensors`` (detached; its raw output in ``raw``), as a capture does: a
+    pass of its own (the backward route's) reads what a capture would have given it."""
+    run.after(module, _keep_module(tensors, {} if raw is None else raw, role), with_kwargs=True)
+
+
 def _keep_block_output(record: BlockCapture):
     """A forward hook keeping a block's first output hidden states."""
 
@@ -238,7 +245,7 @@ class _Recorder:
 
     def watch_module(self, module: nn.Module, tensors: dict, raw: dict, role: str) -> None:
         """Keep the first input and output of ``module`` under ``role``."""
-        self.run.after(module, _keep_module(tensors, raw, role), with_kwargs=True)
+        keep_module(self.run, module, tensors, role, raw)
 
     def _keep_block_input(self, record: BlockCapture):
         keep_calls = self.keep_calls

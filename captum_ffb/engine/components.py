@@ -117,10 +117,13 @@ def direct_paths(blocks: Sequence[Block], chain: Chain, rules: Mapping[str, Call
     passes a norm, whose real input is then needed)."""
     if not chain.stream:
         raise ValueError(f"the {chain.name!r} block type declares no residual stream (Chain.stream)")
+    passes_norms = any(step.kind == "norm" for step in chain.stream)
+    if not passes_norms and blocks:
+        return plain_direct_paths(len(blocks), chain, blocks[0].spec.residual_scale, blocks[0].config,
+                                  head_covector, head_constant)
     covector = head_covector
     writers: dict[tuple[int, str], Tensor] = {}
     constants: dict[str, Tensor] = {HEAD: head_constant}
-    passes_norms = any(step.kind == "norm" for step in chain.stream)
     for index in reversed(range(len(blocks))):
         block = blocks[index]
         if passes_norms and prepare is not None:
@@ -132,6 +135,20 @@ def direct_paths(blocks: Sequence[Block], chain: Chain, rules: Mapping[str, Call
                 scale = block.residual_scale
                 writers[(index, step.name)] = covector if scale is None else covector * scale
     return DirectPaths(writers, covector, constants)
+
+
+def plain_direct_paths(n_blocks: int, chain: Chain, residual_scale: Callable[[Any], float] | None, config: Any,
+                       head_covector: Tensor, head_constant: Tensor) -> DirectPaths:
+    """:func:`direct_paths` of blocks whose stream passes no norm: every writer is read
+    through the head's covector (scaled where its branch is scaled as it joins the stream;
+    ``residual_scale`` the spec's, read from ``config``); no block is needed."""
+    if not chain.stream:
+        raise ValueError(f"the {chain.name!r} block type declares no residual stream (Chain.stream)")
+    if any(step.kind == "norm" for step in chain.stream):
+        raise ValueError(f"the {chain.name!r} stream passes norms: its direct paths need the blocks")
+    scaled = head_covector if residual_scale is None else head_covector * float(residual_scale(config))
+    writers = {(index, step.name): scaled for index in range(n_blocks) for step in chain.stream}
+    return DirectPaths(writers, head_covector, {HEAD: head_constant})
 
 
 # --------------------------------------------------------------------------- read-outs of writers

@@ -91,11 +91,34 @@ def _scored_implementation(original: str) -> str:
 
 
 def _weighted_values(weights: Tensor, value: Tensor) -> Tensor:
-    """``weights @ value`` over grouped keys and values ``(B, H, n, d_head)``."""
-    groups = weights.shape[1] // value.shape[1]
-    if groups > 1:
-        value = value.repeat_interleave(groups, dim=1)
-    return torch.matmul(weights.to(value.dtype), value)
+    """``weights @ value`` over grouped keys and values ``(B, H, n, d_head)``.
+
+    A key–value head's query heads are laid along the rows of one product (no copy of the
+    values per query head), and the product is taken transposed, ``(vᵀ wᵀ)ᵀ``: its gradient
+    with respect to the values is then ``gᵀ w``, which a batched backward (many cotangents
+    ``g`` at once) runs as one product with the cotangents along its rows, where ``wᵀ g``
+    copies the weights once per cotangent."""
+    batch, heads, n, m = weights.shape
+    groups = heads // value.shape[1]
+    w = weights.to(value.dtype).reshape(batch, value.shape[1], groups * n, m)
+    mixed = torch.matmul(value.transpose(-1, -2), w.transpose(-1, -2)).transpose(-1, -2)
+    return mixed.reshape(batch, heads, n, value.shape[-1])
+
+
+def _frozen_eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Any,
+                  **kwargs: Any) -> tuple[Tensor, Tensor]:
+    """The module's eager attention with its probabilities frozen (queries and keys
+    detached), its output ``(B, n, H, d_head)`` mixed from the values by
+    :func:`_weighted_values`: the same numbers, with a gradient a batched backward runs
+    without copying the probabilities."""
+    output, weights = eager_attention(module)(module, query.detach(), key.detach(), value.detach(),
+                                              attention_mask, **kwargs)
+    if weights is None or weights.dim() != 4 or value.dim() != 4 or weights.shape[1] % value.shape[1]:
+        return eager_attention(module)(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+    mixed = _weighted_values(weights, value).transpose(1, 2)
+    if mixed.shape != output.shape:  # an eager function that is not ``weights @ value``
+        return eager_attention(module)(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+    return mixed.contiguous().to(output.dtype), weights
 
 
 def _frozen_implementation(original: str) -> str:
@@ -105,14 +128,15 @@ def _frozen_implementation(original: str) -> str:
     def frozen(module, query, key, value, attention_mask, **kwargs):
         store = ACTIVE.get()
         if store is None:
+            if original == "eager":
+                return _frozen_eager(module, query, key, value, attention_mask, **kwargs)
             function = attention_function(module, original)
             return function(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
         # a recorded (or replayed) frozen model: the probabilities of the recorded pass
         if store.replaying:
             weights = store.value("attention", module, lambda: None)
             return _weighted_values(weights, value).transpose(1, 2).contiguous(), weights
-        output, weights = eager_attention(module)(module, query.detach(), key.detach(), value, attention_mask,
-                                                  **kwargs)
+        output, weights = _frozen_eager(module, query, key, value, attention_mask, **kwargs)
         store.value("attention", module, weights.detach)
         if store.scores is not None:
             scaling = kwargs.get("scaling")
@@ -356,8 +380,12 @@ def _norm_hook(module: nn.Module, spec: ArchitectureSpec, config: Any, rule: Any
         real = x.detach()
         scale = frozen_value("norm", mod, lambda: rule.frozen_scale(real.to(torch.float32), eps)).to(x.dtype)
         replay = _replaying()  # the recorded frozen map on the whole input, not value-preserving
+        centres = getattr(rule, "centres", False)
+        if not replay and not centres:  # one coefficient, one product per gradient
+            coefficient = scale[..., None] if weight is None else scale[..., None] * weight.detach()
+            return frozen_element_wise(output, (x, coefficient.to(x.dtype)))
         delta = x if replay else _delta(x)
-        if getattr(rule, "centres", False):
+        if centres:
             delta = delta - delta.mean(dim=-1, keepdim=True)
         delta = delta * scale[..., None]
         if weight is not None:

@@ -33,10 +33,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from captum_ffb.architectures.moe import MoEAdapter
 from captum_ffb.decomposition import Decomposition, stack_rows
 from captum_ffb.engine.block import Block, block_watch, norm_parameters
 from captum_ffb.engine.bound import TARGET_KEYS, BoundModel, Request, Stack  # noqa: F401  (importable from here, as before)
-from captum_ffb.engine.capture import capture, token_mask_of
+from captum_ffb.engine.capture import capture, keep_module, token_mask_of
 from captum_ffb.engine.chains import Chain
 from captum_ffb.engine.components import (
     EMBEDDINGS,
@@ -47,6 +48,7 @@ from captum_ffb.engine.components import (
     head_direct_path,
     head_read_outs,
     iter_groups,
+    plain_direct_paths,
     propagate_components,
     settle_block,
     stacked,
@@ -565,23 +567,29 @@ class WholeModel(BoundModel):
             raise ValueError("encoder–decoders' component tables take the forward route (route='forward' or None)")
         if self.source is not None and n_groups != groups.shape[1]:
             raise ValueError("feature_mask is not available for encoder–decoder models yet")
-        captured = captured if captured is not None else self.capture(request)
-        blocks = captured.blocks
-        moe = any(b.is_moe for b in blocks)
+        moe = [MoEAdapter.of(block, self.stack.spec) is not None for block in self.stack.blocks]
         if route is None:
             route = "forward" if self.source is not None else component_route(
-                n_groups, len(blocks), granularity, int(self.config.num_attention_heads), moe)
-        prepare = self._replay if captured.light else None
-        like = blocks[0].inputs.to(self.dtype)
-        with torch.no_grad():
-            covector, constant = head_direct_path(self.head, target, rules, captured.tensors, self.stack.spec,
-                                                  self.config, like)
-            paths = direct_paths(blocks, self.chain, rules, covector, constant, prepare)
-        real = target_value(self.head, captured.output, target, self.dtype)
+                n_groups, len(moe), granularity, int(self.config.num_attention_heads), any(moe))
+        backward = route == "backward" and not (granularity == "head" and any(moe))
+        if backward and captured is None and self._reads_alone(granularity):
+            names, table, bias, real = self._components_backward(request, None, None, target, rules, reference,
+                                                                 granularity, groups.shape[1], moe)
+        else:
+            captured = captured if captured is not None else self.capture(request)
+            blocks = captured.blocks
+            prepare = self._replay if captured.light else None
+            like = blocks[0].inputs.to(self.dtype)
+            with torch.no_grad():
+                covector, constant = head_direct_path(self.head, target, rules, captured.tensors,
+                                                      self.stack.spec, self.config, like)
+                paths = direct_paths(blocks, self.chain, rules, covector, constant, prepare)
+            real = target_value(self.head, captured.output, target, self.dtype)
         mask = self._players_mask(request, captured)
-        if route == "backward" and not (granularity == "head" and moe):
-            names, table, bias = self._components_backward(request, captured, paths, target, rules, reference,
-                                                           granularity, groups.shape[1])
+        if backward:
+            if captured is not None:
+                names, table, bias, _ = self._components_backward(request, captured, paths, target, rules,
+                                                                  reference, granularity, groups.shape[1], moe)
             table = table * mask[..., None].to(table.dtype)
             players = table.new_zeros(table.shape[0], n_groups, table.shape[-1])
             players.scatter_add_(1, groups[..., None].expand_as(table), table)  # the groups are the players
@@ -625,24 +633,37 @@ class WholeModel(BoundModel):
                 progress.close()
         return names, table, bias
 
-    def _components_backward(self, request, captured, paths, target, rules, reference, granularity, n):
+    def _reads_alone(self, granularity: str) -> bool:
+        """Whether the backward route's own pass gives the direct paths (no capture first): one
+        stack whose stream passes no norm between a writer and the head, a head of a final norm
+        and an output layer alone (no soft-capping), writers not split into heads."""
+        head = self.head
+        return (self.source is None and granularity != "head" and head.softcap is None and not head.steps
+                and not any(step.kind == "norm" for step in self.chain.stream))
+
+    def _components_backward(self, request, captured, paths, target, rules, reference, granularity, n, moe):
         """The backward route of :meth:`components`: one forward pass of the frozen model and,
         per writer, the gradient of its direct read-out ``⟨g_c, w_c⟩`` with respect to the
         players; the writer's bias is what its read-out keeps beyond the tokens'
-        (``⟨g_c, w_c⟩ − Σ_j C[j, c]``)."""
-        blocks = captured.blocks
-        like = blocks[0].inputs.to(self.dtype)
+        (``⟨g_c, w_c⟩ − Σ_j C[j, c]``). Returns ``(names, table, bias, the model's value)``.
+
+        Without ``captured`` (where :meth:`_reads_alone`) the pass itself records the final
+        norm's input, from which the head's covector and the direct paths are computed; the
+        value is the pass's own output."""
+        n_blocks = len(moe)
         points = {(writer.layer, writer.kind): writer for writer in self.points.writers}
         writers = {(index, kind): points[(index, kind)].module
-                   for index in range(len(blocks)) for kind in ("attention", "ff")}
+                   for index in range(n_blocks) for kind in ("attention", "ff")}
         seen = self.shared_positions(reference, request.read_mask, target)
-        r = None if seen is not None else self.reference_of(reference, like, request.read_mask, request.args,
-                                                          request.kwargs)
-        parts = {f"{index}.parts": points[(index, "attention")].parts for index in range(len(blocks))} \
+        parts = {f"{index}.parts": points[(index, "attention")].parts for index in range(n_blocks)} \
             if granularity == "head" else {}
-        kwargs = dict(request.kwargs)
-        if self.task == "causal_lm" and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
-            kwargs.setdefault("logits_to_keep", 1)  # the head is read through its direct path
+        if captured is None:  # the target's logits are the value
+            kwargs, (kept,) = self.keep_needed_logits(dict(request.kwargs), [target])
+        else:
+            kwargs, kept = dict(request.kwargs), None
+            if self.task == "causal_lm" and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
+                kwargs.setdefault("logits_to_keep", 1)  # the head is read through its direct path
+        head_tensors: dict = {}
         sums = ComponentSums()
         progress = None
         try:
@@ -651,9 +672,22 @@ class WholeModel(BoundModel):
                     linearise(run, self.stack.spec, self.stack.blocks, rules, self.head.final_norm, (), watch,
                               watch_inputs=parts, separate_blocks=True,
                               eager_attention=not self._light(request.read_mask)) as frozen:
-                run.run(*request.args, **kwargs)
+                if captured is None and self.head.final_norm is not None:
+                    keep_module(run, self.head.final_norm, head_tensors, "final_norm")
+                output = run.run(*request.args, **kwargs)
                 inputs = frozen.inputs
                 players = inputs.detach().to(self.dtype)
+                like = players
+                real = None
+                if captured is None:
+                    with torch.no_grad():
+                        covector, constant = head_direct_path(self.head, target, rules, head_tensors,
+                                                              self.stack.spec, self.config, like)
+                        paths = plain_direct_paths(n_blocks, self.chain, self.stack.spec.residual_scale,
+                                                   self.config, covector, constant)
+                    real = target_value(self.head, output, kept, self.dtype).detach()
+                r = None if seen is not None else self.reference_of(reference, like, request.read_mask,
+                                                                  request.args, request.kwargs)
 
                 def split(value: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
                     """A read-out's tokens (from its gradient) and its bias."""
@@ -663,30 +697,30 @@ class WholeModel(BoundModel):
                 gradient = paths.embeddings.to(inputs.dtype)
                 sums.add(EMBEDDINGS, *split((gradient * inputs.detach()).sum((1, 2)), gradient))
                 read_outs: list[tuple[int, str, Tensor]] = []  # in stream order, a block's heads after it
-                for index in range(len(blocks)):
+                for index in range(n_blocks):
                     for name in ("attention", "ff"):
                         g = paths.writers[(index, name)]
                         w = _sequence(frozen.outputs[f"{index}.{name}"], g.shape[0])
                         read_outs.append((index, name, (w * g.to(w.dtype)).sum((1, 2))))
                     if granularity == "head":
-                        values = head_read_outs(blocks[index], frozen.outputs[f"{index}.parts"],
+                        values = head_read_outs(captured.blocks[index], frozen.outputs[f"{index}.parts"],
                                                 paths.writers[(index, "attention")],
                                                 rules, self.stack.spec, int(self.config.num_attention_heads))
                         read_outs += [(index, f"attention.head.{h}", v) for h, v in enumerate(values)]
-                found = [ComponentSums() for _ in blocks]
+                found = [ComponentSums() for _ in range(n_blocks)]
                 progress = self._progress(len(read_outs))
                 grads = swept_gradients(frozen.block_outputs, frozen.block_inputs,
                                         [(index, value) for index, _, value in read_outs], self._sweep_limit(inputs),
                                         None if progress is None else progress.update)
                 for (index, name, value), grad in zip(read_outs, grads):
                     found[index].add(name, *split(value, grad))
-                for index, block in enumerate(blocks):
-                    settle_block(sums, found[index], index, self.chain, paths, granularity, block.is_moe)
+                for index in range(n_blocks):
+                    settle_block(sums, found[index], index, self.chain, paths, granularity, moe[index])
                 sums.add(HEAD, None, paths.constants[HEAD])
         finally:
             if progress is not None:
                 progress.close()
-        return stacked(sums, n, like)
+        return (*stacked(sums, n, like), real)
 
     # ------------------------------------------------------------------ graphs and patching
     def graph(self, request: Request, rules: Mapping[str, Callable], granularity: str, max_nodes: int | None,
@@ -732,8 +766,9 @@ class WholeModel(BoundModel):
                 bar.close()
 
     # ------------------------------------------------------------------ players and starts
-    def _players_mask(self, request: Request, captured: Captured) -> Tensor:
-        """The real positions of every player ``(B, P)``, in the layout's order."""
+    def _players_mask(self, request: Request, captured: Captured | None) -> Tensor:
+        """The real positions of every player ``(B, P)``, in the layout's order (``captured``:
+        an encoder–decoder's, for its source's length)."""
         if self.source is None:
             return request.read_mask
         return torch.cat(self.masks(request, [captured.source[0].inputs.shape[:2],

@@ -236,6 +236,36 @@ def test_groups_and_predicted_target():
     torch.testing.assert_close(found.contributions[0, 0], found.contributions[0, 1])
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt_neox", "granite", "bert"])
+def test_a_given_target_takes_one_pass_on_the_backward_route(name):
+    """With the target given, the backward route of a stream that passes no norm reads the
+    head's covector from its own pass (no capture first); the table is the one a predicted
+    target (read from a capture) gives, and the delta checks it against the model."""
+    model = tiny_task_model(name)
+    nd = NormDecomposition(model)
+    ids = token_ids(batch=1)
+    with torch.no_grad():
+        predicted = int(model(ids).logits[0, -1].argmax())
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        given = nd.attribute_components(ids, target=predicted, route="backward")
+        passes = len(calls)
+        calls.clear()
+        read = nd.attribute_components(ids, route="backward")
+    finally:
+        handle.remove()
+    assert passes == (2 if name == "bert" else 1)  # BERT's stream passes its norms: a capture
+    assert len(calls) == 2  # a prediction is read from a capture
+    assert given.components == read.components
+    scale = float(read.contributions.abs().max())
+    assert float((given.contributions - read.contributions).abs().max()) <= 1e-6 * scale
+    assert float((given.bias - read.bias).abs().max()) <= 1e-6 * scale
+    # the model's value, from the backward route's own pass and from the capture
+    torch.testing.assert_close(given.value, read.value, atol=1e-5 * scale, rtol=0)
+    torch.testing.assert_close(given.delta, read.delta, atol=1e-5 * scale, rtol=0)
+
+
 def test_players_in_groups_under_a_small_budget():
     model = tiny_task_model("gpt2")
     ids = token_ids()
