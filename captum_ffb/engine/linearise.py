@@ -207,29 +207,49 @@ def _delta(u: Tensor) -> Tensor:
 
 class _FrozenElementWise(torch.autograd.Function):
     """``value + Σ_k c_k ⊙ (u_k − u_k.detach())`` in one step: the value forward, ``c_k ⊙ grad``
-    to each ``u_k`` backward (no pass over the zero-valued deltas)."""
+    to each ``u_k`` backward (no pass over the zero-valued deltas). A coefficient may be kept
+    as factors (a norm's per-row scale and its weight): their product is formed in the
+    backward only, once per call, not kept for it."""
 
     @staticmethod
-    def forward(ctx: Any, value: Tensor, *pairs: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(*pairs[1::2])
-        ctx.dtypes = [u.dtype for u in pairs[0::2]]
+    def forward(ctx: Any, value: Tensor, counts: tuple[int, ...], *tensors: Tensor) -> Tensor:  # type: ignore[override]
+        factors: list[Tensor] = []
+        dtypes = []
+        at = 0
+        for count in counts:  # each u followed by its coefficient's factors
+            dtypes.append(tensors[at].dtype)
+            factors += tensors[at + 1:at + 1 + count]
+            at += 1 + count
+        ctx.save_for_backward(*factors)
+        ctx.counts, ctx.dtypes = counts, dtypes
         return value.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        grads: list[Tensor | None] = [None]
-        needed = ctx.needs_input_grad[1::2]
-        for coefficient, dtype, need in zip(ctx.saved_tensors, ctx.dtypes, needed):
-            grads += [(grad * coefficient).to(dtype) if need else None, None]
+        grads: list[Tensor | None] = [None, None]
+        saved = ctx.saved_tensors
+        at, index = 0, 2
+        for count, dtype in zip(ctx.counts, ctx.dtypes):
+            coefficient = saved[at]
+            for factor in saved[at + 1:at + count]:
+                coefficient = coefficient * factor
+            grads.append((grad * coefficient).to(dtype) if ctx.needs_input_grad[index] else None)
+            grads += [None] * count
+            at, index = at + count, index + 1 + count
         return tuple(grads)
 
 
-def frozen_element_wise(value: Tensor, *pairs: tuple[Tensor, Tensor]) -> Tensor:
+def frozen_element_wise(value: Tensor, *pairs: tuple[Tensor, Tensor | tuple[Tensor, ...]]) -> Tensor:
     """``value.detach() + Σ c ⊙ (u − u.detach())`` for pairs ``(u, c)``, with the coefficients
-    ``c`` (broadcast to ``u``'s shape) fixed: the value-preserving form of an element-wise
-    frozen map, computed without forming the deltas."""
-    flat = [t for u, c in pairs for t in (u, c.detach())]
-    return _FrozenElementWise.apply(value.detach(), *flat)
+    ``c`` (broadcast to ``u``'s shape; a tuple: the product of its factors) fixed: the
+    value-preserving form of an element-wise frozen map, computed without forming the
+    deltas."""
+    counts, flat = [], []
+    for u, c in pairs:
+        factors = c if isinstance(c, tuple) else (c,)
+        counts.append(len(factors))
+        flat += [u, *(f.detach() for f in factors)]
+    return _FrozenElementWise.apply(value.detach(), tuple(counts), *flat)
 
 
 @dataclass
@@ -381,9 +401,10 @@ def _norm_hook(module: nn.Module, spec: ArchitectureSpec, config: Any, rule: Any
         scale = frozen_value("norm", mod, lambda: rule.frozen_scale(real.to(torch.float32), eps)).to(x.dtype)
         replay = _replaying()  # the recorded frozen map on the whole input, not value-preserving
         centres = getattr(rule, "centres", False)
-        if not replay and not centres:  # one coefficient, one product per gradient
-            coefficient = scale[..., None] if weight is None else scale[..., None] * weight.detach()
-            return frozen_element_wise(output, (x, coefficient.to(x.dtype)))
+        if not replay and not centres:  # one product per gradient; the scale and weight kept apart
+            factors = (scale[..., None].to(x.dtype),) if weight is None else \
+                (scale[..., None].to(x.dtype), weight.detach().to(x.dtype))
+            return frozen_element_wise(output, (x, factors))
         delta = x if replay else _delta(x)
         if centres:
             delta = delta - delta.mean(dim=-1, keepdim=True)

@@ -9,6 +9,12 @@ block ``l`` joining them, are pulled back to its input in one batched vector–J
 product. The arithmetic is the same; the products are a few large matrix products instead of
 many small ones.
 
+A batched product runs every cotangent through every operation of the block, zeros included:
+a read-out of the attention, born at block ``l``, would run through its FF as zeros. The
+cotangents carried from above are pulled back in one batch, and the values born at the block
+in batches of their own by ``group`` (an attention's read-outs apart from the FF's), each
+through the part of the block it depends on.
+
 The blocks' graphs must start at leaves of their own
 (``linearise(..., separate_blocks=True)``): block ``l``'s output depends on the blocks below
 only through its input, the residual stream (true of every registered family).
@@ -16,7 +22,7 @@ only through its input, the residual stream (true of every registered family).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 from torch import Tensor
@@ -24,7 +30,8 @@ from torch import Tensor
 
 def swept_gradients(block_outputs: Sequence[Tensor], block_inputs: Sequence[Tensor],
                     values: Sequence[tuple[int, Tensor]], limit: int,
-                    progress: Callable[[int], object] | None = None) -> list[Tensor]:
+                    progress: Callable[[int], object] | None = None,
+                    groups: Sequence[Hashable] | None = None) -> list[Tensor]:
     """The gradient of each value with respect to the first block's input.
 
     Args:
@@ -36,10 +43,16 @@ def swept_gradients(block_outputs: Sequence[Tensor], block_inputs: Sequence[Tens
         limit (int): at most this many cotangents carried at once; more values are swept in
                     several sweeps (the highest blocks' first).
         progress (Callable, optional): called with the number of values done.
+        groups (Sequence[Hashable], optional): a key per value: the values of one block with
+                    one key are pulled back through it together, apart from the others
+                    (default: all of a block's values together).
 
     Returns:
         list[Tensor]: one gradient ``block_inputs[0].shape`` per value, in their order.
     """
+    keys = [None] * len(values) if groups is None else list(groups)
+    if len(keys) != len(values):
+        raise ValueError(f"groups: give one key per value ({len(values)}), got {len(keys)}")
     found: list[Tensor | None] = [None] * len(values)
     order = sorted(range(len(values)), key=lambda k: -values[k][0])  # stable: a block's in order
     limit = max(1, int(limit))
@@ -48,10 +61,13 @@ def swept_gradients(block_outputs: Sequence[Tensor], block_inputs: Sequence[Tens
         channels: Tensor | None = None
         members: list[int] = []
         for block in range(values[group[0]][0], -1, -1):
-            new = [k for k in group if values[k][0] == block]
+            born: dict[Hashable, list[int]] = {}
+            for k in group:
+                if values[k][0] == block:
+                    born.setdefault(keys[k], []).append(k)
             channels = _pull_back(block_outputs[block], block_inputs[block], channels,
-                                  [values[k][1] for k in new])
-            members += new
+                                  [[values[k][1] for k in same] for same in born.values()])
+            members += [k for same in born.values() for k in same]
         for row, k in enumerate(members):
             found[k] = channels[row]
         if progress is not None:
@@ -59,33 +75,32 @@ def swept_gradients(block_outputs: Sequence[Tensor], block_inputs: Sequence[Tens
     return found  # type: ignore[return-value]
 
 
-def _pull_back(output: Tensor, inputs: Tensor, channels: Tensor | None, new: Sequence[Tensor]) -> Tensor:
-    """``(k + m, *inputs.shape)``: the ``k`` cotangents at a block's output and the gradients of
-    its ``m`` new values, pulled back to its input in one batched product."""
-    k = 0 if channels is None else channels.shape[0]
-    m = len(new)
-    outputs: list[Tensor] = []
-    cotangents: list[Tensor] = []
+def _pull_back(output: Tensor, inputs: Tensor, channels: Tensor | None, born: Sequence[Sequence[Tensor]]
+               ) -> Tensor:
+    """``(k + m, *inputs.shape)``: the ``k`` cotangents at a block's output, then the gradients
+    of its ``m`` new values (batch by batch, ``born``), pulled back to its input."""
+    parts = []
     if channels is not None:
-        outputs.append(output)
-        pad = channels.new_zeros((m, *channels.shape[1:]))
-        cotangents.append(torch.cat([channels.to(output.dtype), pad]).reshape(k + m, *output.shape))
-    if m:
-        stacked = torch.stack([v.sum() for v in new])
-        picks = stacked.new_zeros((k + m, m))
-        picks[k:] = torch.eye(m, dtype=stacked.dtype, device=stacked.device)
-        outputs.append(stacked)
-        cotangents.append(picks)
-    if k + m == 1:
-        return _grad(outputs, inputs, [c[0] for c in cotangents])[None]
+        parts.append(_batched(output, inputs, channels.to(output.dtype).reshape(-1, *output.shape)))
+    for values in born:
+        stacked = torch.stack([v.sum() for v in values])
+        parts.append(_batched(stacked, inputs, torch.eye(len(values), dtype=stacked.dtype, device=stacked.device)))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _batched(output: Tensor, inputs: Tensor, cotangents: Tensor) -> Tensor:
+    """``(k, *inputs.shape)``: the ``k`` cotangents of ``output`` pulled back to ``inputs``."""
+    if cotangents.shape[0] == 1:
+        return _grad(output, inputs, cotangents[0])[None]
     try:
-        (grads,) = torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True, allow_unused=True,
+        (grads,) = torch.autograd.grad(output, inputs, cotangents, retain_graph=True, allow_unused=True,
                                        is_grads_batched=True)
     except RuntimeError:  # an operation the batched backward cannot run: one cotangent at a time
-        return torch.stack([_grad(outputs, inputs, [c[row] for c in cotangents]) for row in range(k + m)])
-    return torch.zeros((k + m, *inputs.shape), dtype=inputs.dtype, device=inputs.device) if grads is None else grads
+        return torch.stack([_grad(output, inputs, c) for c in cotangents])
+    return torch.zeros((cotangents.shape[0], *inputs.shape), dtype=inputs.dtype, device=inputs.device) \
+        if grads is None else grads
 
 
-def _grad(outputs: list[Tensor], inputs: Tensor, cotangents: list[Tensor]) -> Tensor:
-    (found,) = torch.autograd.grad(outputs, inputs, cotangents, retain_graph=True, allow_unused=True)
+def _grad(output: Tensor, inputs: Tensor, cotangent: Tensor) -> Tensor:
+    (found,) = torch.autograd.grad(output, inputs, cotangent, retain_graph=True, allow_unused=True)
     return torch.zeros_like(inputs) if found is None else found

@@ -103,3 +103,11 @@ def test_frozen_element_wise_is_the_value_forward_and_the_coefficients_backward(
     only_a = frozen_element_wise(value, (a, ca.to(dtype)), (frozen_b, cb.to(dtype)))
     (grad_a,) = torch.autograd.grad(only_a.sum(), a)
     torch.testing.assert_close(grad_a, ca.to(dtype))
+    # a coefficient kept as factors (a norm's row scale and weight), batched cotangents too
+    scale, weight = torch.rand(2, 5, 1, generator=g, dtype=dtype), torch.randn(8, generator=g, dtype=dtype)
+    factored = frozen_element_wise(value, (a, (scale, weight)), (b, cb.to(dtype)))
+    torch.testing.assert_close(factored, value.detach())
+    many = torch.randn(3, 2, 5, 8, generator=g, dtype=dtype)
+    got = torch.autograd.grad(factored, (a, b), many, is_grads_batched=True)
+    torch.testing.assert_close(got[0], many * scale * weight)
+    torch.testing.assert_close(got[1], many * cb.to(dtype))
