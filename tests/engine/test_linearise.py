@@ -114,3 +114,21 @@ def test_frozen_rules_refuse_what_the_backward_route_cannot_run():
         FrozenRules.of({**rules, "activation": IGActivation(route="captum")})
     with pytest.raises(ValueError, match="a replaced 'linear' rule needs route='forward'"):
         FrozenRules.of({**rules, "linear": lambda *args: None})
+
+
+def test_grouped_values_are_the_repeated_values_product_and_its_batched_gradient():
+    """The frozen attention's mixing of grouped values (four query heads on two key–value
+    heads): the product of the repeated values, and the same gradients under a batched
+    backward."""
+    from captum_ffb.engine.linearise import _weighted_values
+
+    g = torch.Generator().manual_seed(3)
+    weights = torch.softmax(torch.randn(2, 4, 5, 6, generator=g), -1)
+    value = torch.randn(2, 2, 6, 3, generator=g, requires_grad=True)
+    reference = torch.matmul(weights, value.repeat_interleave(2, dim=1))
+    mixed = _weighted_values(weights, value)
+    torch.testing.assert_close(mixed, reference)
+    cotangents = torch.randn(7, *reference.shape, generator=g)
+    (got,) = torch.autograd.grad(mixed, value, cotangents, is_grads_batched=True)
+    (want,) = torch.autograd.grad(reference, value, cotangents, is_grads_batched=True)
+    torch.testing.assert_close(got, want)

@@ -75,3 +75,43 @@ def test_component_tables_are_the_same_whatever_the_sweeps_carry(name, granulari
     torch.testing.assert_close(narrow.contributions, wide.contributions, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(narrow.bias, wide.bias, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(wide.contributions, forward.contributions, atol=1e-5, rtol=1e-4)
+
+
+def test_groups_pull_a_blocks_values_apart_with_the_same_gradients():
+    """Values of one block in batches of their own (by key) give the gradients of one batch,
+    in the values' order; a key per value is required."""
+    blocks = _blocks(depth=3)
+    x = torch.randn(2, 3, 6, requires_grad=True)
+    outs, ins, current = [], [], x
+    for block in blocks:
+        ins.append(current)
+        outs.append(current + block(current))
+        current = outs[-1].detach().requires_grad_(True)
+    weights = torch.randn(5, 3, 6)
+    values = [(2, (outs[2] * weights[0]).sum((1, 2))), (1, (outs[1] * weights[1]).sum((1, 2))),
+              (2, (outs[2] * weights[2]).sum((1, 2))), (2, (outs[2] * weights[3]).sum((1, 2))),
+              (0, (outs[0] * weights[4]).sum((1, 2)))]
+    together = swept_gradients(outs, ins, values, 100)
+    for keys in (["a", "a", "b", "a", "c"], list(range(5))):
+        for limit in (2, 100):
+            apart = swept_gradients(outs, ins, values, limit, groups=keys)
+            for got, want in zip(apart, together):
+                torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="one key per value"):
+        swept_gradients(outs, ins, values, 100, groups=["a"])
+
+
+def test_a_sweep_on_the_cpu_keeps_its_ff_activations_under_the_cap():
+    """On a CPU a sweep carries at most as many read-outs as keep one batched FF activation
+    within ``CPU_SWEEP_BYTES``, and at least one."""
+    from captum_ffb.engine.whole import CPU_SWEEP_BYTES
+
+    model = tiny_task_model("llama")
+    engine = NormDecomposition(model).engine
+    ff = int(model.config.intermediate_size)
+    for n in (8, 4096, 10**5):
+        inputs = torch.zeros(1, n, int(model.config.hidden_size))
+        limit = engine._sweep_limit(inputs)
+        assert limit >= 1
+        assert limit == 1 or limit * n * ff * 4 <= CPU_SWEEP_BYTES
+    assert engine._sweep_limit(torch.zeros(1, 8, int(model.config.hidden_size))) > 1
