@@ -110,15 +110,22 @@ def _frozen_eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     """The module's eager attention with its probabilities frozen (queries and keys
     detached), its output ``(B, n, H, d_head)`` mixed from the values by
     :func:`_weighted_values`: the same numbers, with a gradient a batched backward runs
-    without copying the probabilities."""
-    output, weights = eager_attention(module)(module, query.detach(), key.detach(), value.detach(),
-                                              attention_mask, **kwargs)
-    if weights is None or weights.dim() != 4 or value.dim() != 4 or weights.shape[1] % value.shape[1]:
-        return eager_attention(module)(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+    without copying the probabilities. The eager function computes the probabilities alone
+    (on values of no width); one that cannot, or whose output is not ``weights @ value``,
+    runs as it is."""
+    eager = eager_attention(module)
+    try:
+        empty, weights = eager(module, query.detach(), key.detach(), value.detach()[..., :0], attention_mask,
+                               **kwargs)
+    except (RuntimeError, ValueError, IndexError):
+        empty, weights = None, None
+    if empty is None or weights is None or weights.dim() != 4 or value.dim() != 4 \
+            or weights.shape[1] % value.shape[1]:
+        return eager(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
     mixed = _weighted_values(weights, value).transpose(1, 2)
-    if mixed.shape != output.shape:  # an eager function that is not ``weights @ value``
-        return eager_attention(module)(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
-    return mixed.contiguous().to(output.dtype), weights
+    if mixed.shape[:-1] != empty.shape[:-1]:  # an eager function that is not ``weights @ value``
+        return eager(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+    return mixed.contiguous().to(empty.dtype), weights
 
 
 def _frozen_implementation(original: str) -> str:

@@ -132,3 +132,28 @@ def test_grouped_values_are_the_repeated_values_product_and_its_batched_gradient
     (got,) = torch.autograd.grad(mixed, value, cotangents, is_grads_batched=True)
     (want,) = torch.autograd.grad(reference, value, cotangents, is_grads_batched=True)
     torch.testing.assert_close(got, want)
+
+
+def test_frozen_eager_attention_runs_an_eager_function_it_cannot_read_as_it_is(monkeypatch):
+    """An eager function that cannot run on values of no width, or whose output is not
+    ``weights @ value``, runs as it is (its own output, the gradient through it)."""
+    import captum_ffb.engine.linearise as linearise_module
+
+    g = torch.Generator().manual_seed(5)
+    query, key = torch.randn(1, 2, 4, 3, generator=g), torch.randn(1, 2, 4, 3, generator=g)
+    value = torch.randn(1, 2, 4, 3, generator=g, requires_grad=True)
+
+    def indexing(module, q, k, v, mask, **kwargs):  # reads a value column: fails on no width
+        weights = torch.softmax(q @ k.transpose(-1, -2), -1)
+        return (weights @ v).transpose(1, 2) + v[..., :1, 0].mean(), weights
+
+    def truncating(module, q, k, v, mask, **kwargs):  # weights that are not the output's
+        weights = torch.softmax(q @ k.transpose(-1, -2), -1)
+        return (weights @ v).transpose(1, 2) * 2.0, weights[..., :2, :]
+
+    for eager in (indexing, truncating):
+        monkeypatch.setattr(linearise_module, "eager_attention", lambda module, eager=eager: eager)
+        output, _ = linearise_module._frozen_eager(None, query, key, value, None)
+        expected, _ = eager(None, query, key, value, None)
+        torch.testing.assert_close(output, expected)
+        assert output.requires_grad
