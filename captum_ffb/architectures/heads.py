@@ -229,6 +229,27 @@ register_head("deberta-v2", "sequence_classification", HeadSpec(
     output="classifier",
     unsupported=_deberta_pooler,
 ))
+# An encoder family's language-model head run as a causal LM (``BertLMHeadModel``,
+# ``RobertaForCausalLM``, ...): a dense layer, GELU and a LayerNorm before the output layer.
+register_head("bert", "causal_lm", HeadSpec(
+    final_norm=False,
+    layers=(Projection("cls.predictions.transform.dense"),
+            HeadActivation(path="cls.predictions.transform.transform_act_fn"),
+            HeadNorm("cls.predictions.transform.LayerNorm")),
+    output="cls.predictions.decoder",
+))
+for _name in ("roberta", "xlm-roberta", "camembert"):
+    register_head(_name, "causal_lm", HeadSpec(
+        final_norm=False,
+        layers=(Projection("lm_head.dense"), HeadActivation(function="gelu"), HeadNorm("lm_head.layer_norm")),
+        output="lm_head.decoder",
+    ))
+register_head("electra", "causal_lm", HeadSpec(
+    final_norm=False,
+    layers=(Projection("generator_predictions.dense"), HeadActivation(path="generator_predictions.activation"),
+            HeadNorm("generator_predictions.LayerNorm")),
+    output="generator_lm_head",
+))
 register_head("cohere", "causal_lm", HeadSpec(position="last", scale=lambda config: float(config.logit_scale)))
 register_head("granite", "causal_lm", HeadSpec(position="last", scale=lambda config: 1.0 / float(config.logits_scaling)))
 register_head("opt", "causal_lm", HeadSpec(position="last", layers=_OPT_PROJECT_OUT))
