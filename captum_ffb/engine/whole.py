@@ -575,10 +575,8 @@ class WholeModel(BoundModel):
             route = "forward" if self.source is not None else component_route(
                 n_groups, len(moe), granularity, int(self.config.num_attention_heads), any(moe))
         backward = route == "backward" and not (granularity == "head" and any(moe))
-        if backward and captured is None and self._reads_alone(granularity):
-            names, table, bias, real = self._components_backward(request, None, None, target, rules, reference,
-                                                                 granularity, groups.shape[1], moe)
-        else:
+        paths, real = None, None
+        if not (backward and captured is None and self._reads_alone(granularity)):  # else one pass of its own
             captured = captured if captured is not None else self.capture(request)
             blocks = captured.blocks
             prepare = self._replay if captured.light else None
@@ -590,9 +588,9 @@ class WholeModel(BoundModel):
             real = target_value(self.head, captured.output, target, self.dtype)
         mask = self._players_mask(request, captured)
         if backward:
-            if captured is not None:
-                names, table, bias, _ = self._components_backward(request, captured, paths, target, rules,
-                                                                  reference, granularity, groups.shape[1], moe)
+            names, table, bias, own = self._components_backward(request, captured, paths, target, rules, reference,
+                                                                granularity, groups.shape[1], moe)
+            real = own if real is None else real
             table = table * mask[..., None].to(table.dtype)
             players = table.new_zeros(table.shape[0], n_groups, table.shape[-1])
             players.scatter_add_(1, groups[..., None].expand_as(table), table)  # the groups are the players
@@ -648,11 +646,11 @@ class WholeModel(BoundModel):
         """The backward route of :meth:`components`: one forward pass of the frozen model and,
         per writer, the gradient of its direct read-out ``⟨g_c, w_c⟩`` with respect to the
         players; the writer's bias is what its read-out keeps beyond the tokens'
-        (``⟨g_c, w_c⟩ − Σ_j C[j, c]``). Returns ``(names, table, bias, the model's value)``.
+        (``⟨g_c, w_c⟩ − Σ_j C[j, c]``). Returns ``(names, table, bias, value)``.
 
         Without ``captured`` (where :meth:`_reads_alone`) the pass itself records the final
-        norm's input, from which the head's covector and the direct paths are computed; the
-        value is the pass's own output."""
+        norm's input, from which the head's covector and the direct paths are computed, and
+        ``value`` is the model's value from the pass's own output (``None`` with ``captured``)."""
         n_blocks = len(moe)
         points = {(writer.layer, writer.kind): writer for writer in self.points.writers}
         writers = {(index, kind): points[(index, kind)].module
