@@ -21,6 +21,7 @@ from captum_ffb.engine import (
     Outputs,
     capture_layers,
     chain_for,
+    find_blocks,
     find_model,
     model_type_of,
     reference,
@@ -32,6 +33,7 @@ from captum_ffb.engine.block import config_of, has_path
 from captum_ffb.engine.capture import forward_arguments
 from captum_ffb.engine.locking import serialized
 from captum_ffb.engine.requests import check_call, check_forward_kwargs
+from captum_ffb.engine.whole import check_finite_inputs
 
 ScopeArg = str | Sequence[str] | None
 
@@ -111,6 +113,7 @@ class LayerNormDecomposition(LayerAttribution):
         super().__init__(forward_func, layer, device_ids)
         self._layers: list[nn.Module] = layers
         self._model = find_model(forward_func)
+        _refuse_meta(self._model, layers)
         if self._model is not None:
             members = {id(m) for m in self._model.modules()}
             for index, module in enumerate(layers):
@@ -357,6 +360,25 @@ class LayerNormDecomposition(LayerAttribution):
                     f"(no {path!r}); pass one block, e.g. the first of the model's layer list"
                 )
 
+    def _check_finite(self, module: nn.Module, x: Tensor, given: Any) -> None:
+        """A one-line ValueError when ``module``'s input ``x`` holds NaN or inf, named by its
+        layer index (the input embeddings for the first block)."""
+        if bool(torch.isfinite(x).all()):
+            return
+        index, embedding = None, None
+        if self._model is not None:
+            try:
+                index = next((k for k, b in enumerate(find_blocks(self._model, self.spec)) if b is module), None)
+            except ValueError:
+                pass
+            try:
+                embedding = self._model.get_input_embeddings()
+            except (AttributeError, NotImplementedError):
+                pass
+        what = "the input embeddings" if index == 0 else \
+            f"the input of layer {index if index is not None else type(module).__name__}"
+        check_finite_inputs(x, given, embedding, what, first=index == 0)
+
     def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:
         """The paper's rules, the instance's replacements, then this call's."""
         return resolve_rules(self.chain, self.spec, {**self._user_rules, **(rules or {})},
@@ -383,6 +405,8 @@ class LayerNormDecomposition(LayerAttribution):
             self.forward_func, self._model, self._layers, self.spec, args,
             None, kwargs, dtype=self.dtype, with_next_norms=bool(extra),
         )
+        for module, block in zip(self._layers, blocks):
+            self._check_finite(module, block.capture.inputs, args[0])
         if extra and strict:
             missing = [k for k, block in enumerate(blocks) if block.next_norm is None]
             if missing:
@@ -416,6 +440,15 @@ class LayerNormDecomposition(LayerAttribution):
         finally:
             if progress is not None:
                 progress.close()
+
+
+def _refuse_meta(model: nn.Module | None, layers: Sequence[nn.Module]) -> None:
+    """A one-line ValueError when the weights are on the meta device (shapes, no values)."""
+    owners = [model] if model is not None else list(layers)
+    if any(p.device.type == "meta" for owner in owners for p in owner.parameters()):
+        name = type(owners[0]).__name__
+        raise ValueError(f"{name}'s weights are on the meta device (not loaded): load them "
+                         "(from_pretrained without device_map='meta'), then explain")
 
 
 def _progress(total: int, enabled: bool) -> Any:

@@ -44,13 +44,18 @@ def check_model_options(
 
 def resolve_device(name: str) -> Any:
     """``name`` as a torch device that exists here, or a one-line error (before any model
-    loads); the check is :func:`captum_ffb.models.check_device`."""
+    loads); the check is :func:`captum_ffb.models.check_device`. The meta device, which
+    holds shapes and no weights, is refused too: a model there has nothing to explain."""
     from captum_ffb.models import check_device
 
     try:
-        return check_device(name)
+        place = check_device(name)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if place.type == "meta":
+        raise UsageError(f"--device {name} holds no weights (it is for building a model without loading "
+                         "it): give cpu, cuda or another device")
+    return place
 
 
 def check_port(host: str, port: int | None) -> None:

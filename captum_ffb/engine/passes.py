@@ -38,12 +38,11 @@ from captum_ffb._private import (
     has_attention_implementation,
     model_eager_attention,
     set_attention_implementation,
-    version_counter,
 )
 from captum_ffb.engine.locking import model_lock
 
 __all__ = ["ModelPass", "active_pass", "attention_function", "eager_attention", "first_block_input",
-           "register_attention", "run_model", "weights_fingerprint"]
+           "register_attention", "run_model"]
 
 #: The pass running in this thread (``None``: no pass; the model runs untouched).
 _CURRENT: contextvars.ContextVar[ModelPass | None] = contextvars.ContextVar("captum_ffb_pass", default=None)
@@ -467,29 +466,3 @@ def run_model(model: nn.Module, *args: Any, grad: bool = False, inputs_only: boo
     gradients (``inputs_only=False`` keeps the parameters' too)."""
     with ModelPass(model, grad=grad, inputs_only=inputs_only) as run:
         return run.run(*args, **kwargs)
-
-
-def weights_fingerprint(model: nn.Module) -> tuple[Any, ...]:
-    """A cheap fingerprint of ``model``'s weights (each parameter's storage, version counter
-    and the wrapping integer sum of its bits): it changes when a weight is replaced or edited
-    in place, ``.data`` included."""
-    parameters = list(model.parameters())
-    by_device: dict[torch.device, list[Tensor]] = {}
-    for p in parameters:
-        if p.device.type != "meta":
-            by_device.setdefault(p.device, []).append(_bit_sum(p.detach()))
-    totals = [value for sums in by_device.values() for value in torch.stack(sums).tolist()]
-    return tuple((p.data_ptr(), version_counter(p)) for p in parameters), tuple(totals)
-
-
-#: the integer type of each element size, to read a tensor's bits as
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bit_sum(t: Tensor) -> Tensor:
-    """``t``'s bits summed as integers, wrapping: exact and the same in any order (any thread
-    count, any device's reduction), and as fast as a sum in the weights' own type."""
-    kind = _BITS.get(t.element_size())
-    if kind is None or not t.is_contiguous():
-        return t.sum(dtype=torch.float64).view(torch.int64)
-    return t.reshape(-1).view(kind).sum(dtype=torch.int64 if kind is torch.int64 else torch.int32).to(torch.int64)

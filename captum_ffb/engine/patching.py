@@ -62,6 +62,7 @@ from captum_ffb.engine.estimators import (
     record,
     relp_rules,
 )
+from captum_ffb.engine.fingerprint import Fingerprint, check_unchanged, weights_fingerprint
 from captum_ffb.engine.graph import (
     Covectors,
     GraphData,
@@ -78,8 +79,8 @@ from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.points import Writer
 from captum_ffb.vocabulary import check_granularity, component_of
 
-__all__ = ["COMPUTED", "DEFAULT_EDGE_ESTIMATOR", "DEFAULT_ESTIMATOR", "EDGE_ESTIMATORS", "ESTIMATORS", "EXACT_ABOVE",
-           "EdgePatcher", "Patch", "PatchEstimates", "RealWriters", "activation_patching", "check_estimators",
+__all__ = ["ALIASES", "COMPUTED", "DEFAULT_EDGE_ESTIMATOR", "DEFAULT_ESTIMATOR", "EDGE_ESTIMATORS", "ESTIMATORS",
+           "EXACT_ABOVE", "EdgePatcher", "Patch", "PatchEstimates", "RealWriters", "activation_patching", "check_estimators",
            "corrupted_like", "patch_estimates", "path_patching", "patched_values", "real_writers"]
 
 #: The linear estimators: ``⟨G, o − o^c⟩`` with the covector each names.
@@ -447,12 +448,22 @@ def _node_index(data: GraphData) -> dict[tuple[int, str, int, int], int]:
             in enumerate(zip(data.kinds, data.layers, data.heads, data.positions))}
 
 
-def check_estimators(names: Sequence[str] | None) -> tuple[str, ...]:
-    """The estimators a graph computes: :data:`COMPUTED` and ``names`` (checked)."""
-    names = tuple(names or ())
+#: Names ``estimators=`` also takes: the default, and AtP*'s query–key fix alone (computed with AtP*).
+ALIASES = {"default": DEFAULT_ESTIMATOR, "atp+qk": "atp*"}
+
+
+def check_estimators(names: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The estimators a graph computes: :data:`COMPUTED` and ``names`` (one name, or several;
+    those of :data:`ESTIMATORS` and :data:`ALIASES`; a one-line error for others)."""
+    if isinstance(names, str):
+        names = (names,)
+    if names is not None and not (isinstance(names, Sequence) and all(isinstance(n, str) for n in names)):
+        raise TypeError(f"estimators must be an estimator's name or a list of names, got {names!r}")
+    names = tuple(ALIASES.get(name, name) for name in names or ())
     unknown = [name for name in names if name not in ESTIMATORS]
     if unknown:
-        raise ValueError(f"estimators must be among {', '.join(ESTIMATORS)}; got {', '.join(map(repr, unknown))}")
+        raise ValueError(f"estimators must be among {', '.join((*ESTIMATORS, *ALIASES))}; got "
+                         f"{', '.join(map(repr, unknown))}")
     wanted = list(COMPUTED)
     for name in (DEFAULT_ESTIMATOR, *names):
         if name not in wanted:
@@ -462,10 +473,12 @@ def check_estimators(names: Sequence[str] | None) -> tuple[str, ...]:
 
 def patch_estimates(engine: BoundModel, request: Request, corrupted: Request, tape: GraphTape, found: Covectors,
                     data: GraphData, granularity: str, exact_above: float = EXACT_ABOVE,
-                    estimators: Sequence[str] | None = None, steps: int = EAP_IG_STEPS) -> PatchEstimates:
+                    estimators: Sequence[str] | None = None, steps: int = EAP_IG_STEPS,
+                    fingerprint: Fingerprint | None = None) -> PatchEstimates:
     """Every node's estimated patching effect under :data:`COMPUTED`, ``estimators`` and the
     default (``"default"``), each node's κ, the components the ``"+exact"`` estimators patched
-    for real (and AtP*'s whole components), and each estimator's seconds and passes."""
+    for real (and AtP*'s whole components), and each estimator's seconds and passes; the edges'
+    patcher bound to the weights of ``fingerprint`` (the model's now, when not given)."""
     wanted = check_estimators(estimators)
     bases = {name.removesuffix("+exact") for name in wanted} - {"atp*"}
     star = "atp*" in wanted
@@ -580,7 +593,8 @@ def patch_estimates(engine: BoundModel, request: Request, corrupted: Request, ta
     if DEFAULT_ESTIMATOR in whole:
         whole["default"] = dict(whole[DEFAULT_ESTIMATOR])
     seconds["default"], passes["default"] = seconds[DEFAULT_ESTIMATOR], passes[DEFAULT_ESTIMATOR]
-    patcher = EdgePatcher(engine, request, corrupted, granularity, steps) if granularity != "neuron" else None
+    patcher = None if granularity == "neuron" else \
+        EdgePatcher(engine, request, corrupted, granularity, steps, fingerprint=fingerprint)
     return PatchEstimates({name: value.detach() for name, value in estimates.items()}, kappa, whole, seconds, passes,
                           patcher)
 
@@ -590,12 +604,24 @@ class EdgePatcher:
     """Computes the patching estimates of a graph's edges on demand (bound to the model, the
     input and the corrupted input): :meth:`estimates` for the linear edge estimators
     (:func:`~captum_ffb.engine.estimators.edge_estimates`), :meth:`real` for real path
-    patching (one forward pass per edge)."""
+    patching (one forward pass per edge). Both refuse a model whose weights changed since the
+    graph was built (:mod:`~captum_ffb.engine.fingerprint`).
+
+    Args:
+        engine, request, corrupted: the model and the two inputs.
+        granularity (str): the graph's.
+        steps (int): EAP-IG's interpolation steps (a positive integer).
+        fingerprint (Fingerprint, optional): the weights the graph was built on (the model's
+                    now when not given).
+    """
 
     def __init__(self, engine: BoundModel, request: Request, corrupted: Request, granularity: str,
-                 steps: int = EAP_IG_STEPS) -> None:
+                 steps: int = EAP_IG_STEPS, fingerprint: Fingerprint | None = None) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive integer, got {steps!r}")
         self.engine, self.request, self.corrupted = engine, request, corrupted
         self.granularity, self.steps = granularity, steps
+        self.fingerprint = weights_fingerprint(engine.model) if fingerprint is None else fingerprint
 
     def links(self, data: GraphData, edges: Tensor) -> list[Link]:
         """The links of the graph's edges ``edges`` (indices into ``data.sources``)."""
@@ -606,6 +632,7 @@ class EdgePatcher:
                   ) -> dict[str, Tensor]:
         """Name → ``(k,)`` the estimates of the edges ``edges`` (indices into the graph's edges);
         edges from the bias have none (``nan``)."""
+        check_unchanged(self.engine.model, self.fingerprint, "edge patch estimates")
         links, rows = [], []
         for row, link in enumerate(self.links(data, edges)):
             if link.source[0] in ("bias",) or link.target[0] in ("bias", "token", "neuron"):
@@ -622,7 +649,11 @@ class EdgePatcher:
         return out
 
     def real(self, data: GraphData, edges: Tensor, batch_size: int = 16) -> Tensor:
-        """``(k,)`` each edge's real path-patching effect (``nan`` for the bias's edges)."""
+        """``(k,)`` each edge's real path-patching effect (``nan`` for the bias's edges), in
+        batches of ``batch_size`` passes."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_unchanged(self.engine.model, self.fingerprint, "path patching")
         links = self.links(data, edges)
         keep = [row for row, link in enumerate(links) if link.source[0] != "bias"]
         found = torch.full((len(links),), float("nan"), dtype=torch.float64)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from captum_ffb.architectures.paths import resolve
 from captum_ffb.engine.bound import BoundModel, Request
+from captum_ffb.engine.fingerprint import Fingerprint, check_unchanged, weights_fingerprint
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.graph import (
     GraphTape,
@@ -28,7 +29,6 @@ from captum_ffb.engine.graph import (
     token_values,
 )
 from captum_ffb.engine.locking import serialized
-from captum_ffb.engine.passes import weights_fingerprint
 from captum_ffb.rules.attention_scores import allowed_keys
 from captum_ffb.vocabulary import node_id
 
@@ -62,10 +62,11 @@ class ScoreSplitter:
     """
 
     def __init__(self, engine: BoundModel, request: Request, rules: Any, granularity: str,
-                 players: list[Players]) -> None:
+                 players: list[Players], fingerprint: Fingerprint | None = None) -> None:
         self.engine, self.request, self.rules = engine, request, rules
         self.granularity, self.players = granularity, players
-        self.fingerprint = weights_fingerprint(engine.model)
+        #: the weights the graph was built on (:mod:`~captum_ffb.engine.fingerprint`)
+        self.fingerprint = weights_fingerprint(engine.model) if fingerprint is None else fingerprint
         self._tape: GraphTape | None = None
         #: (writer index, "query" | "key", head, position) → a ``_parts`` result: a head's
         #: query parts serve every key it is asked about, a key's every head sharing it
@@ -84,9 +85,7 @@ class ScoreSplitter:
     @property
     def tape(self) -> GraphTape:
         if self._tape is None:
-            if weights_fingerprint(self.engine.model) != self.fingerprint:
-                raise ValueError("the model's weights changed since this graph was built: its query–key "
-                                 "splits would describe another model; build the graph again")
+            check_unchanged(self.engine.model, self.fingerprint, "query–key splits")
             self._tape = graph_pass(self.engine, self.request, self.request.target, self.rules, self.granularity,
                                     coefficients=FrozenCoefficients(scores=True))
         return self._tape

@@ -53,6 +53,7 @@ from captum_ffb.engine.components import (
     settle_block,
     stacked,
 )
+from captum_ffb.engine.fingerprint import weights_fingerprint
 from captum_ffb.engine.graph import (
     GraphData,
     build_graph,
@@ -249,6 +250,67 @@ def available_bytes(device: torch.device) -> int:
         pass
     return DEFAULT_MEMORY_BUDGET
 
+#: At most this many positions named in the message of :func:`check_finite_inputs`.
+_NAMED_POSITIONS = 8
+
+
+def check_finite_inputs(x: Tensor, ids: Any = None, embedding: nn.Module | None = None,
+                        what: str = "the input embeddings", first: bool = True) -> None:
+    r"""A one-line ValueError when a block's input ``x`` ``(B, n, d)`` holds NaN or inf.
+
+    Every player would then be NaN (and a graph's influence would never settle), so the
+    positions are named with what made them: non-finite inputs given as embeddings, the
+    model's embedding rows for those tokens, or (``first``: the first block's input) what
+    the model adds to finite rows; otherwise a block before this one. One ``isfinite`` of
+    ``x`` when it is finite.
+
+    Args:
+        x (Tensor): the block's input hidden states ``(B, n, d)``.
+        ids (Tensor, optional): the inputs it came from: token ids ``(B, n)``, or embeddings.
+        embedding (nn.Module, optional): the model's token embedding (its ``weight`` rows).
+        what (str): the name of ``x`` in the message.
+        first (bool): whether ``x`` is the first block's input (the embeddings).
+    """
+    if bool(torch.isfinite(x).all()):
+        return
+    bad = ~torch.isfinite(x).all(-1)  # (B, n)
+    row = int(bad.any(-1).nonzero()[0, 0])
+    positions = bad[row].nonzero()[:, 0].tolist()
+    named = ", ".join(str(p) for p in positions[:_NAMED_POSITIONS])
+    named += ", …" if len(positions) > _NAMED_POSITIONS else ""
+    where = (f"row {row}, " if x.shape[0] > 1 else "") + ("position " if len(positions) == 1 else "positions ")
+    picked = ids[row, positions].detach() if isinstance(ids, Tensor) and ids.shape[:2] == bad.shape else None
+    verb = "hold" if what.endswith("s") else "holds"
+    raise ValueError(f"{what} {verb} NaN or inf (at {where}{named}): {_non_finite_cause(picked, embedding, first)}")
+
+
+def _non_finite_cause(picked: Tensor | None, embedding: nn.Module | None, first: bool) -> str:
+    """What made the non-finite inputs at the positions whose inputs are ``picked`` (token ids,
+    or embedding vectors given): see :func:`check_finite_inputs`."""
+    unknown = "the model's embeddings are not finite there" if first else "a block before this one computes them"
+    weight = getattr(embedding, "weight", None)
+    if picked is None:
+        return unknown
+    if picked.is_floating_point():
+        return "the embeddings given are not finite there" if not bool(torch.isfinite(picked).all()) else unknown
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.device.type == "meta":
+        return unknown
+    tokens = picked.to(weight.device)
+    if not bool(((tokens >= 0) & (tokens < weight.shape[0])).all()):
+        return unknown
+    rows = ~torch.isfinite(weight[tokens].detach()).all(-1)
+    if not bool(rows.any()):
+        return ("the model's embedding rows for these tokens are finite: what it adds to them (position or "
+                "type embeddings, a norm) is not") if first else unknown
+    found = list(dict.fromkeys(tokens[rows].tolist()))
+    listed = ", ".join(str(t) for t in found)
+    if first:
+        these = f"these tokens (ids {listed})" if len(found) > 1 else f"this token (id {listed})"
+    else:
+        these = f"the tokens {listed}" if len(found) > 1 else f"the token {listed}"
+    return f"the model's embedding rows for {these} are not finite"
+
+
 class WholeModel(BoundModel):
     r"""A model bound to its family (:class:`~captum_ffb.engine.bound.BoundModel`: its stacks,
     its head, its stream points) with both routes, the component tables, the graphs, the
@@ -399,6 +461,7 @@ class WholeModel(BoundModel):
                           watch, recompute=self._recompute(request), source=source) as frozen:
             output = run.run(*args, **kwargs)
             inputs = [leaf.detach() for leaf in frozen.leaves]
+            self.check_players(request, inputs)
             masks = self.masks(request, [x.shape[:2] for x in inputs])
             references = [None if is_centered(reference) else
                           self.reference_of(reference, x.to(self.dtype), mask, args, kwargs)
@@ -430,6 +493,7 @@ class WholeModel(BoundModel):
             blocks, recorded = capture_layers(
                 model, model, self.stack.blocks, self.stack.spec, args, None, kwargs, dtype=self.dtype,
                 with_next_norms=False, extra=self.head.modules(), keep_output=True, light=light)
+            self.check_players(request, [blocks[0].inputs])
             return Captured(None, blocks, recorded.tensors, recorded.output, light)
         stacks = [*self.source.blocks, *self.stack.blocks]
         specs = [self.family.for_block(block) for block in stacks]
@@ -440,6 +504,7 @@ class WholeModel(BoundModel):
                            [block_watch(block, spec) for block, spec in zip(stacks, specs)],
                            model=model, extra=extra, keep_output=True)
         n_source = len(self.source.blocks)
+        self.check_players(request, [recorded.blocks[0].inputs, recorded.blocks[n_source].inputs])
         source_mask = token_mask_of(kwargs.get("attention_mask"), recorded.blocks[0].inputs)
         target_mask = token_mask_of(kwargs.get("decoder_attention_mask"), recorded.blocks[n_source].inputs)
         config = self.config
@@ -525,6 +590,7 @@ class WholeModel(BoundModel):
                                    dtype=self.dtype, with_next_norms=False, light=light)
         prepare = self._replay if light else None
         x = blocks[0].inputs
+        self.check_players(request, [x])
         batch, n, d = x.shape
         token_mask = blocks[0].token_mask
         positions = torch.arange(n, device=x.device).expand(batch, n)
@@ -677,6 +743,7 @@ class WholeModel(BoundModel):
                     keep_module(run, self.head.final_norm, head_tensors, "final_norm")
                 output = run.run(*request.args, **kwargs)
                 inputs = frozen.inputs
+                self.check_players(request, [inputs])
                 players = inputs.detach().to(self.dtype)
                 like = players
                 real = None
@@ -734,8 +801,10 @@ class WholeModel(BoundModel):
         node and edge (:func:`~captum_ffb.engine.graph.build_graph`, the edges of at most
         ``max_nodes`` writer nodes), with a corrupted run the nodes' patching estimates, and
         the splitter of the heads' scores (``exclude_positions``: writers ``max_nodes`` chooses
-        last)."""
+        last), both bound to the model's weights as they are now (their fingerprint)."""
+        fingerprint = weights_fingerprint(self.model)
         tape = graph_pass(self, request, request.target, rules, granularity)
+        self.check_players(request, tape.leaves)
         found = covectors(tape)
         players = players_of(self, request, tape)
         data = build_graph(tape, found, players, max_nodes=max_nodes, exclude_positions=exclude_positions)
@@ -743,9 +812,9 @@ class WholeModel(BoundModel):
         if corrupted is not None:
             self.refuse_two_stacks("patching estimates")
             estimates = patch_estimates(self, request, corrupted, tape, found, data, granularity, exact_above,
-                                        estimators)
+                                        estimators, fingerprint=fingerprint)
         n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
-        return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players), estimates,
+        return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players, fingerprint), estimates,
                           target_probability(tape.output, tape.target), n_source)
 
     def activation_patching(self, request: Request, corrupted: Request, granularity: str, batch_size: int = 16,
@@ -768,6 +837,20 @@ class WholeModel(BoundModel):
                 bar.close()
 
     # ------------------------------------------------------------------ players and starts
+    def check_players(self, request: Request, inputs: Sequence[Tensor]) -> None:
+        """A one-line ValueError when the first block's input of a stack (``inputs``: one per
+        segment, in the layout's order) holds NaN or inf (:func:`check_finite_inputs`)."""
+        ids = [request.args[0]] if self.source is None else [request.args[0], request.kwargs.get("decoder_input_ids")]
+        for segment, x, given in zip(self.segments, inputs, ids):
+            if bool(torch.isfinite(x).all()):
+                continue
+            try:
+                embedding = self.model.get_input_embeddings()
+            except (AttributeError, NotImplementedError):
+                embedding = None
+            what = "the input embeddings" if self.source is None else f"the {segment}'s input embeddings"
+            check_finite_inputs(x, given, embedding, what)
+
     def _players_mask(self, request: Request, captured: Captured | None) -> Tensor:
         """The real positions of every player ``(B, P)``, in the layout's order (``captured``:
         an encoder–decoder's, for its source's length)."""
