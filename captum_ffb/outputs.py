@@ -8,7 +8,10 @@ Every output file is written through :func:`atomic_open` (or :func:`write_text`,
 :func:`write_json`, :func:`save_figure`): the content goes to a temporary file in the same
 folder, which then replaces the destination with :func:`os.replace`. A reader never sees a
 half-written file, and a symbolic link at the destination is replaced, not followed, so the
-file it pointed to stays untouched.
+file it pointed to stays untouched. A destination that is not a regular file (a device such
+as ``/dev/null``, a pipe, a folder) is refused (:func:`check_destination`): replacing it would
+destroy it. Temporary names are short (``.captum_ffb-tmp-<pid>-<hex>.tmp``), and what a killed
+process left behind is removed by the next writer in that folder (:func:`remove_leftovers`).
 
 A command's files are written as one set (:func:`output_set`): into a hidden folder inside
 the output folder, moved into it when all of them are written. An error or an interrupt
@@ -24,9 +27,10 @@ import contextlib
 import json
 import math
 import os
+import re
 import secrets
 import shutil
-import tempfile
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -35,9 +39,12 @@ __all__ = [
     "OutputError",
     "OutputSet",
     "atomic_open",
+    "check_destination",
     "check_out_dir",
+    "check_out_files",
     "finite",
     "output_set",
+    "remove_leftovers",
     "save_figure",
     "to_json",
     "write_json",
@@ -75,9 +82,7 @@ def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
             if not folder.is_dir():
                 raise OutputError(f"{option} {folder} exists and is not a folder")
             try:
-                fd, probe = tempfile.mkstemp(prefix=".captum_ffb-check-", dir=folder)
-                os.close(fd)
-                os.unlink(probe)
+                _try_writing(folder, folder=False)
             except OSError as error:
                 raise OutputError(f"{option} {folder} is not writable ({_reason(error)})") from None
             return folder
@@ -85,13 +90,104 @@ def check_out_dir(path: str | os.PathLike, option: str = "--out") -> Path:
         if not ancestor.is_dir():
             raise OutputError(f"{option} {folder} cannot be created: {ancestor} is a file, not a folder")
         try:
-            os.rmdir(tempfile.mkdtemp(prefix=".captum_ffb-check-", dir=ancestor))
+            _try_writing(ancestor, folder=True)
         except OSError as error:
             raise OutputError(f"{option} {folder} cannot be created: {ancestor} is not writable "
                               f"({_reason(error)})") from None
     except OSError as error:  # a folder on the way cannot be searched, for one
         raise OutputError(f"{option} {folder} cannot be used ({_reason(error)})") from None
     return folder
+
+
+#: Temporary files and folders of this library's writers: ``.captum_ffb-<kind>-<pid>-<hex>``
+#: (short: a destination's name of up to 255 characters still fits beside them).
+_OWN = re.compile(r"\.captum_ffb-(tmp|writing|check)-(\d+)-[0-9a-f]{8}(\.tmp)?")
+
+
+def _own_name(kind: str) -> str:
+    return f".captum_ffb-{kind}-{os.getpid()}-{secrets.token_hex(4)}" + (".tmp" if kind == "tmp" else "")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (on this machine; another's is taken as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return True
+    return True
+
+
+def remove_leftovers(folder: str | os.PathLike) -> list[Path]:
+    r"""Remove what this library's writers left in ``folder`` when their process was killed
+    (temporary files, staging folders: ``.captum_ffb-<kind>-<pid>-<hex>`` of a process that
+    no longer runs); returns what was removed. Another running process's are left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        found = _OWN.fullmatch(entry.name)
+        if found is None or _alive(int(found.group(2))):
+            continue
+        path = Path(entry.path)
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+    return removed
+
+
+def check_destination(path: str | os.PathLike) -> Path:
+    """``path`` as a file to write: refused (an :class:`OutputError`) where something other than
+    a regular file or a symbolic link is there (a folder, a device such as ``/dev/null``, a
+    pipe, a socket), which replacing it would destroy."""
+    target = Path(path)
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as error:
+        raise OutputError(f"{target} cannot be written ({_reason(error)})") from None
+    if stat.S_ISDIR(mode):
+        raise OutputError(f"{target} is a folder: give a file name")
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+            "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise OutputError(f"{target} is {kind}, not a regular file: writing would replace it; give a file name")
+    return target
+
+
+def _try_writing(where: Path, folder: bool) -> None:
+    """Create and remove a file (or a folder) in ``where``: an ``OSError`` where it cannot."""
+    probe = where / _own_name("check")
+    if folder:
+        probe.mkdir()
+        probe.rmdir()
+    else:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+
+
+def check_out_files(folder: str | os.PathLike, names: list[str], option: str = "--out") -> None:
+    """Check, before any work starts, that the files ``names`` can be written into ``folder``:
+    none of them is a folder or another thing that is not a regular file there (an
+    :class:`OutputError` in one line)."""
+    for name in names:
+        path = Path(folder) / name
+        if path.is_dir() and not path.is_symlink():
+            raise OutputError(f"{option} {folder}: {name} is a folder there, in the way of the file of that name; "
+                              "move it or use another --out")
+        try:
+            check_destination(path)
+        except OutputError as error:
+            raise OutputError(f"{option} {folder}: {str(error).removeprefix(str(path) + ' ')}") from None
 
 
 @contextlib.contextmanager
@@ -111,7 +207,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes with mode 'w' or 'wb', not {mode!r}")
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    check_destination(target)
+    remove_leftovers(target.parent)
+    tmp = target.with_name(_own_name("tmp"))
     # 0o666 as open() uses, so that the umask sets the permissions
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
@@ -168,7 +266,9 @@ def output_set(folder: str | os.PathLike, option: str = "--out") -> Iterator[Out
     target = Path(folder)
     try:
         target.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".captum_ffb-writing-", dir=target))
+        remove_leftovers(target)
+        staging = target / _own_name("writing")
+        staging.mkdir()
     except OSError as error:
         raise OutputError(f"{option} {target} cannot be written ({_reason(error)})") from None
     try:
@@ -181,6 +281,8 @@ def output_set(folder: str | os.PathLike, option: str = "--out") -> Iterator[Out
         if blocked:
             raise OutputError(f"{option} {target}: {blocked[0]} is a folder there, in the way of the file of that "
                               "name; move it or use another --out")
+        for path in written:
+            check_destination(target / path.name)
         try:
             for path in written:
                 os.replace(path, target / path.name)

@@ -96,8 +96,7 @@ def test_out_that_cannot_be_written(command, models, tmp_path, one_line, no_mode
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr(captum_ffb.outputs.tempfile, "mkstemp", denied)
-    monkeypatch.setattr(captum_ffb.outputs.tempfile, "mkdtemp", denied)
+    monkeypatch.setattr(captum_ffb.outputs, "_try_writing", denied)
     out = tmp_path / "out"
     out.mkdir()
     assert one_line(_argv(command, models, out)) == (
