@@ -329,8 +329,8 @@ def _tables(summary: dict[str, Any], out: Path) -> None:
 # --------------------------------------------------------------------------- HTML
 def _fmt(value: Any, digits: int = 3) -> str:
     if isinstance(value, float):
-        return "–" if not math.isfinite(value) else f"{value:.{digits}f}"
-    return escape(str(value))
+        return "–" if not math.isfinite(value) else escape(f"{value:.{digits}f}")
+    return escape(value)
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -408,15 +408,15 @@ def _html(summary: dict[str, Any], figures: dict[str, Path], checks: list[dict[s
                if settings["mask_rate_applied"] > 0 else "no masking")
     skipped_text = ", ".join(f"{v} {k}" for k, v in sorted(skipped.items())) or "none"
     body = f"""<p>{escape(summary['model_type'])} ({escape(summary['chain'])}, {"causal" if summary['causal'] else "bidirectional"}),
-corpus <b>{escape(summary['source'])}</b>: {summary['sequences']} sequences, {summary['tokens']} tokens; {masking};
-skipped lines: {escape(skipped_text)}. Layers are numbered from 1.</p>
+corpus <b>{escape(summary['source'])}</b>: {escape(summary['sequences'])} sequences, {escape(summary['tokens'])} tokens;
+{escape(masking)}; skipped lines: {escape(skipped_text)}. Layers are numbered from 1.</p>
 <p class="note">Contextualization change = 1 − Spearman ρ between the flattened maps of two scopes, averaged
 over sequences. Padded rows and columns are dropped; for causal models only the lower triangle
 (with the diagonal) is used. FF-amp = column-normalised map after FF minus before FF, averaged per
-(receiver, giver) subword pair, without same-position pairs, pairs seen fewer than {settings['min_count']} times
+(receiver, giver) subword pair, without same-position pairs, pairs seen fewer than {escape(settings['min_count'])} times
 {"" if settings['include_special'] else "and pairs with special tokens"}.
 The γ compared with FF's outputs is that of the norm that next reads the FF output; the ablation drops the
-⌊{settings['ablation_fraction']:.0%} · d⌋ dimensions with the smallest γ from both maps' norms.</p>
+⌊{escape(f"{settings['ablation_fraction']:.0%}")} · d⌋ dimensions with the smallest γ from both maps' norms.</p>
 <h2>The paper's findings on this run</h2>
 {_table(["finding", "criterion", "layers", "holds", "this run", "the paper"], check_rows)}
 <h2>Contextualization change</h2>
@@ -434,7 +434,7 @@ The γ compared with FF's outputs is that of the norm that next reads the FF out
 {_table(["layer", "top pairs: score × count"], pair_rows)}
 {_pmi_section(layers)}
 <p class="note">Largest relative completeness residual of the decompositions per layer:
-{", ".join(f"{layer['completeness_residual_max']:.1e}" for layer in layers)}.
+{escape(", ".join(f"{layer['completeness_residual_max']:.1e}" for layer in layers))}.
 All numbers: results.json and the CSV files beside this page.</p>
 """
     return page(f"Feed-forward contextualization: {summary['model']}", body, style=_STYLE)

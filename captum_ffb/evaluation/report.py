@@ -163,7 +163,7 @@ def _scheme_html(summary: dict[str, Any]) -> str:
     tau = summary.get("scheme_tau")
     if not tau:
         return ""
-    cells = "".join(f"<tr><td>{escape(score)}</td><td>{escape(pair)}</td><td>{_fmt(value)}</td></tr>"
+    cells = "".join(f"<tr><td>{escape(score)}</td><td>{escape(pair)}</td><td>{escape(_fmt(value))}</td></tr>"
                     for score, pair, value in _scheme_rows(tau))
     return (f"<p>{escape(SCHEME_CAPTION)}</p><table><tr><th>scores</th><th>schemes</th><th>τ</th></tr>"
             f"{cells}</table>")

@@ -254,9 +254,10 @@ JS = r"""
     var info = document.getElementById("ffb-info"), what = data.help[state.scope] || "";
     var delta = state.scope === AMP ? null : data.delta[state.layer][state.scope];
     info.innerHTML = "";
-    var head = document.createElement("div");
-    head.innerHTML = "<b></b> \u2014 layer " + state.layer;
-    head.firstChild.textContent = state.scope;
+    var head = document.createElement("div"), name = document.createElement("b");
+    name.textContent = state.scope;
+    head.appendChild(name);
+    head.appendChild(document.createTextNode(" \u2014 layer " + state.layer));
     var formula = document.createElement("div");
     formula.className = "formula"; formula.textContent = what;
     info.appendChild(head); info.appendChild(formula);
@@ -337,8 +338,8 @@ JS = r"""
     var line = document.createElement("div");
     line.textContent = "output " + i + " \u201c" + data.labels[i] + "\u201d \u2190 input " + j + " \u201c" + data.labels[j] + "\u201d";
     var val = document.createElement("div");
-    val.innerHTML = state.scope + ": <b></b>";
-    val.lastChild.textContent = fmt(v);
+    val.textContent = state.scope + ": ";
+    val.appendChild(document.createElement("b")).textContent = fmt(v);
     tooltip.appendChild(line); tooltip.appendChild(val);
     if (state.overlay && state.scope !== AMP && data.ff_pair) {
       var a = document.createElement("div");

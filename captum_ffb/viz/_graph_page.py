@@ -168,6 +168,8 @@ SCRIPT = r"""
   }
   function fmt(v) {
     if (v === undefined || v === null || v !== v) return "–";
+    v = Number(v);  // a number's text, whatever a file carries
+    if (v !== v) return "–";
     return Math.abs(v) >= 1000 || (Math.abs(v) < 0.001 && v !== 0) ? v.toExponential(2) : (+v.toPrecision(3)).toString();
   }
   function signed(v) { return '<span class="' + (v >= 0 ? "pos" : "neg") + '">' + fmt(v) + "</span>"; }
@@ -530,7 +532,7 @@ SCRIPT = r"""
   }
   function cardHtml(u) {
     var e = edgesOf(u), h = "<b>" + esc(u.label) + "</b> <span class=lbl>" + esc(u.id) + "</span><br>";
-    if (u.position >= 0 && u.kind !== "output") h += "token " + u.position + " “" + esc(words[u.position]) + "”<br>";
+    if (u.position >= 0 && u.kind !== "output") h += "token " + esc(u.position) + " “" + esc(words[u.position]) + "”<br>";
     h += "value " + signed(u.value);
     if (u.influence !== undefined && u.kind !== "output") h += " · influence " + fmt(u.influence);
     if (u.patch !== undefined) h += " · patch estimate " + signed(u.patch);
@@ -556,7 +558,7 @@ SCRIPT = r"""
     if (d.node !== undefined) showCard(ev, d.node);
     else if (d.token !== undefined) {
       var p = +d.token, wide = view.expanded[p];
-      card.innerHTML = "<b>" + esc(words[p]) + "</b> <span class=lbl>position " + p + "</span>"
+      card.innerHTML = "<b>" + esc(words[p]) + "</b> <span class=lbl>position " + esc(p) + "</span>"
         + (!wide ? "<br>click to widen its column" : S.expanded[p] ? "<br>click to narrow its column" : "");
       card.style.display = "block";
       moveCard(ev);
@@ -607,8 +609,8 @@ SCRIPT = r"""
     var h = '<div class="title"><span class="swatch" style="background:' + fill(u, top) + '"></span><h3>' + esc(u.label)
       + "</h3><code>" + esc(u.id) + "</code></div><table>";
     h += row("kind", esc(u.kind === "group" ? "supernode of " + u.members.length : u.kind));
-    if (u.layer >= 0 && u.kind !== "group") h += row("block", u.layer + (u.head >= 0 ? ", part " + u.head : ""));
-    if (u.position >= 0 && u.kind !== "group") h += row("position", u.position + " “" + esc(words[u.position]) + "”");
+    if (u.layer >= 0 && u.kind !== "group") h += row("block", esc(u.layer) + (u.head >= 0 ? ", part " + esc(u.head) : ""));
+    if (u.position >= 0 && u.kind !== "group") h += row("position", esc(u.position) + " “" + esc(words[u.position]) + "”");
     if (u.kind === "output") h += row("explains", esc(u.label));
     if (u.kind === "output" && u.d) ["token_id", "negative_token_id", "class_index", "negative_class_index"].forEach(
       function (k) { if (u.d[k] !== undefined) h += row(k.replace(/_/g, " "), esc(String(u.d[k]))); });
@@ -632,7 +634,7 @@ SCRIPT = r"""
     if (qk) {
       h += "<h4>why it attends there: query–key pairs</h4>";
       qk.forEach(function (k) {
-        h += "<p>key position " + k.key_position + " (<code>" + esc(G.tokens[k.key_position]) + "</code>), probability "
+        h += "<p>key position " + esc(k.key_position) + " (<code>" + esc(G.tokens[k.key_position]) + "</code>), probability "
           + fmt(k.probability) + ", score " + signed(k.score) + '</p><ol class="qk">' + k.pairs.map(function (p) {
             return "<li><code>" + esc(p.query) + "</code> · <code>" + esc(p.key) + "</code> " + signed(p.value) + "</li>";
           }).join("") + "</ol>";

@@ -10,13 +10,12 @@ with a line between blocks.
 
 from __future__ import annotations
 
-import html
 import re
 import textwrap
 from typing import Any
 
 from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.viz._common import COLOUR_JS, DIVERGING, cpu_view, gradient, json_block
+from captum_ffb.viz._common import COLOUR_JS, DIVERGING, cpu_view, escape, gradient, json_block
 from captum_ffb.viz.figures import _figure_class, _require_matplotlib
 
 #: Up to this many columns every component is named; beyond, only block boundaries are.
@@ -176,10 +175,10 @@ def components_html(result: ComponentAttribution, row: int = 0, top: int = 10) -
             "groups": column_groups(result.components), "named": len(result.components) <= NAMED_COLUMNS_UP_TO,
             "scale": float(values.abs().max())}
     entries = "".join(
-        f"<li><code>{html.escape(labels[j])}</code> × <code>{html.escape(name)}</code>: "
-        f"{value:+.4g}</li>" for j, name, value in result.top(top, row))
-    parts = {"SUMMARY": html.escape(f"{result.granularity} granularity; {_summary(result, row)}"),
-             "TOP": str(min(top, values.numel())), "ENTRIES": entries, "DATA": json_block("cmp-data", data)}
+        f"<li><code>{escape(labels[j])}</code> × <code>{escape(name)}</code>: "
+        f"{escape(f'{value:+.4g}')}</li>" for j, name, value in result.top(top, row))
+    parts = {"SUMMARY": escape(f"{result.granularity} granularity; {_summary(result, row)}"),
+             "TOP": escape(min(top, values.numel())), "ENTRIES": entries, "DATA": json_block("cmp-data", data)}
     return re.sub(r"__(SUMMARY|TOP|ENTRIES|DATA)__", lambda found: parts[found.group(1)], _FRAGMENT)
 
 

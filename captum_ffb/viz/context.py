@@ -105,7 +105,7 @@ def context_html(found: ContextAttribution, title: str | None = None) -> str:
         shade = diverging(value, scale)
         spans.append(escape(found.context[done:start]))
         spans.append(f'<span class="group" id="group-{g}" style="background:{css(shade)};color:{css(_text_colour(shade))}"'
-                     f' title="#{g}: {value:+.4f}"><span class="number">#{g}</span> '
+                     f' title="#{g}: {escape(f"{value:+.4f}")}"><span class="number">#{g}</span> '
                      f"{escape(found.context[start:end])}</span>")
         done = end
     spans.append(escape(found.context[done:]))
@@ -114,11 +114,12 @@ def context_html(found: ContextAttribution, title: str | None = None) -> str:
         shade = diverging(value, scale)
         share = f"{shares[g]:.1%}" if shares[g] == shares[g] else "–"
         rows.append(f'<tr><td>{rank}</td><td><a href="#group-{g}">#{g}</a></td>'
-                    f'<td style="background:{css(shade)};color:{css(_text_colour(shade))}">{value:+.4f}</td>'
-                    f"<td>{share}</td><td>{escape(_label(text, 120))}</td></tr>")
-    header = (f'<p class="meta">{escape(found.target)}: value {found.value:.4f} = Σ groups '
-              f"{float(found.contributions.sum()):.4f} + question {found.question:.4f} + rest {found.rest:.4f} "
-              f"+ bias {found.bias:.4f} (delta {found.delta:.1e}); {len(found.groups)} groups</p>\n")
+                    f'<td style="background:{css(shade)};color:{css(_text_colour(shade))}">{escape(f"{value:+.4f}")}</td>'
+                    f"<td>{escape(share)}</td><td>{escape(_label(text, 120))}</td></tr>")
+    facts = (f"{found.target}: value {found.value:.4f} = Σ groups {float(found.contributions.sum()):.4f} "
+             f"+ question {found.question:.4f} + rest {found.rest:.4f} + bias {found.bias:.4f} "
+             f"(delta {found.delta:.1e}); {len(found.groups)} groups")
+    header = f'<p class="meta">{escape(facts)}</p>\n'
     body = ("<h2>Groups ranked by |contribution|</h2>\n"
             '<table class="ranked"><tr><th>rank</th><th>group</th><th>contribution</th><th>share</th>'
             f'<th>text</th></tr>{"".join(rows)}</table>\n'

@@ -75,12 +75,12 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
     if graph.probability is not None:
         explained += f" (p = {graph.probability:.3f})"
     aside = ""
-    if graph.excluded_positions:
-        aside = f" · set aside: the writers at position {', '.join(map(str, graph.excluded_positions))}"
-    header = (f'<p class="meta">explains {escape(explained)} · value {graph.value:.4g} · '
-              f'{graph.granularity} granularity · {int(graph.node_mask.sum())} of {len(graph.data)} nodes, '
+    if graph.excluded_positions:  # ints in a well-formed graph; a file may carry anything
+        aside = f" · set aside: the writers at position {escape(', '.join(map(str, graph.excluded_positions)))}"
+    header = (f'<p class="meta">explains {escape(explained)} · value {escape(f"{graph.value:.4g}")} · '
+              f'{escape(graph.granularity)} granularity · {int(graph.node_mask.sum())} of {len(graph.data)} nodes, '
               f'{int(graph.edge_mask.sum())} of {len(graph.data.weights)} edges kept, holding '
-              f'{_share(graph.kept_share)} of the output ({_share(graph.kept_abs_share)} of its edges\' |weight|)'
+              f'{escape(_share(graph.kept_share))} of the output ({escape(_share(graph.kept_abs_share))} of its edges\' |weight|)'
               f'{aside}</p>')
     return page(title or f"Attribution graph of “{shown}”", BODY, header=header, style=STYLE,
                 data={"ffb-graph-data": data}, script=[COLOUR_JS, SCRIPT])

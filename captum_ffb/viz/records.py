@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from captum.attr import LLMAttributionResult, visualization
 from torch import Tensor
 
-from captum_ffb.viz._common import cpu_view, display_tokens
+from captum_ffb.viz._common import cpu_view, display_tokens, escape
 
 
 def _scaled(row: Tensor, normalize: bool) -> Tensor:
@@ -24,7 +23,7 @@ def _scaled(row: Tensor, normalize: bool) -> Tensor:
 def _shown(tokens: Sequence[str]) -> list[str]:
     """Tokens as read (BPE space markers removed), HTML-escaped: ``visualize_text`` pastes
     them into its page as they are."""
-    return [html.escape(t) for t in display_tokens([str(t) for t in tokens])]
+    return [escape(t) for t in display_tokens([str(t) for t in tokens])]
 
 
 def _per_row(value: Any, rows: int, name: str, default: Any) -> list[Any]:
@@ -156,9 +155,9 @@ def to_visualization_records(
         records.append(visualization.VisualizationDataRecord(
             word_attributions=_scaled(row, normalize),
             pred_prob=float(per_row["pred_prob"][k]),
-            pred_class=html.escape(str(per_row["pred_class"][k])),
-            true_class=html.escape(str(per_row["true_class"][k])),
-            attr_class=html.escape(str(per_row["attr_class"][k])),
+            pred_class=escape(per_row["pred_class"][k]),
+            true_class=escape(per_row["true_class"][k]),
+            attr_class=escape(per_row["attr_class"][k]),
             attr_score=float(row.sum()),
             raw_input_ids=row_tokens[k],
             convergence_score=float(per_row["convergence_delta"][k]),

@@ -58,7 +58,8 @@ def plot_seq2seq(explanation: Seq2SeqExplanation, source_tokens: Sequence[str],
 
 def _cell(value: float, bound: float) -> str:
     colour = diverging(value, bound)
-    return f'<td style="background:{css(colour)};color:{ink(colour)}" title="{value:+.4f}">{value:+.3f}</td>'
+    return (f'<td style="background:{css(colour)};color:{ink(colour)}" title="{escape(f"{value:+.4f}")}">'
+            f'{escape(f"{value:+.3f}")}</td>')
 
 
 @cpu_view
@@ -74,9 +75,9 @@ def seq2seq_html(explanation: Seq2SeqExplanation, source_tokens: Sequence[str], 
         cells = "".join(_cell(float(v), bound) for v in explanation.source[step])
         cells += '<td class="gap"></td>' + "".join(_cell(float(v), bound) for v in explanation.target[step])
         rows.append(
-            f"<tr><th>{escape(token)}</th><td>{float(explanation.value[step]):.4f}</td>"
-            f"<td>{float(explanation.source_share[step]):.1%}</td><td>{float(explanation.delta[step]):.1e}</td>"
-            f"{cells}</tr>")
+            f"<tr><th>{escape(token)}</th><td>{escape(f'{float(explanation.value[step]):.4f}')}</td>"
+            f"<td>{escape(f'{float(explanation.source_share[step]):.1%}')}</td>"
+            f"<td>{escape(f'{float(explanation.delta[step]):.1e}')}</td>{cells}</tr>")
     body = f"""<p>Each explained token's logit is exactly Σ source + Σ target prefix + bias (delta: the
 completeness residual). Source share: Σ source / logit. Red raises the logit, blue lowers it.</p>
 <table><thead><tr><th>token</th><th>logit</th><th>source share</th><th>delta</th>{head}</tr></thead>
