@@ -29,7 +29,7 @@ from captum_ffb._deprecation import BACKEND_RENAMES, REMOVED_IN, renamed_argumen
 from captum_ffb.attr import NormDecomposition
 from captum_ffb.attr.components import ComponentAttribution
 from captum_ffb.engine.generation import generate_greedily
-from captum_ffb.engine.requests import check_new_tokens
+from captum_ffb.engine.requests import check_new_tokens, leading_space_hint, text_token_ids
 from captum_ffb.models import LoadedModel, load_model
 from captum_ffb.readouts import ClassLogit, Contrast, NextToken, ReadOut
 from captum_ffb.results import ExplainedOutput, first_token_share, token_share
@@ -153,12 +153,7 @@ def _finite(value: float) -> float | None:
 
 
 def _single_token(tokenizer: Any, text: str, name: str = "target") -> int:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) != 1:
-        pieces = tokenizer.convert_ids_to_tokens(ids)
-        raise ValueError(f"{name} {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); "
-                         "give one token (mind the leading space, e.g. ' Paris')")
-    return int(ids[0])
+    return int(text_token_ids(tokenizer, text, name, one=True)[0])
 
 
 def explain_text(
@@ -449,6 +444,10 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
                 else "the logit of the next token " + repr(target))
     mask = torch.ones_like(sequence)
     result, check = _run(nd, sequence, readouts, route, maps and not generate, {"attention_mask": mask})
+    if target is not None and not generate:
+        hint = leading_space_hint(tokenizer, target, NextToken(None, n_prompt - 1).resolve(result.outputs, mask).token)
+        if hint is not None:
+            warnings.warn(hint, UserWarning, stacklevel=3)
     values = torch.cat([r.value(result.outputs, mask) for r in result.readouts])
     contributions = result.contributions
     if contrast is not None:

@@ -6,7 +6,6 @@ files is :mod:`captum_ffb.corpus` (``read_rows``, ``read_texts``; still importab
 
 from __future__ import annotations
 
-import unicodedata
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.attr import LayerNormDecomposition
+from captum_ffb.engine.requests import INVISIBLE, check_text  # noqa: F401  (their home before)
 from captum_ffb.models import LoadedModel, load_model, model_device
 
 
@@ -154,48 +154,10 @@ def display_tokens(tokens: Sequence[str], tokenizer: Any = None, strip: bool = T
     return [display_token(str(t), tokenizer, strip) for t in tokens]
 
 
-#: Unicode categories that draw nothing: format characters (zero-width space, joiners, the
-#: byte-order mark), controls, separators.
-INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
-
-
-def check_text(text: str, name: str = "the text") -> str:
-    r"""``text`` if it can be tokenised, else a one-line ValueError: it is empty, or it is not
-    valid UTF-8 (bytes that are not UTF-8 on a command line reach Python as lone surrogates,
-    which tokenizers refuse); ``name`` says which text in the message."""
-    if not isinstance(text, str):
-        raise TypeError(f"{name} must be a string, got {type(text).__name__}")
-    if not text or not text.strip():
-        raise ValueError(f"{name} is empty")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        first = error.start
-    else:
-        if all(unicodedata.category(c) in INVISIBLE or c.isspace() for c in text):
-            raise ValueError(f"{name} has no visible characters (only spaces, zero-width or control "
-                             "characters)")
-        return text
-    try:
-        raw = text.encode("utf-8", "surrogateescape")  # the bytes the command line had
-        raw.decode("utf-8")
-    except UnicodeEncodeError:  # a surrogate that stands for no byte
-        pass
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{name} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at position "
-            f"{error.start})"
-        ) from None
-    raise ValueError(
-        f"{name} is not valid UTF-8 (lone surrogate U+{ord(text[first]):04X} at character "
-        f"{first})"
-    )
-
-
 def encode_text(text: str, model: LoadedModel, **kwargs: Any) -> Any:
     r"""Tokenise ``text`` for ``model`` as PyTorch tensors.
 
-    A one-line ValueError when :func:`check_text` refuses the text or it has more tokens
+    A one-line ValueError when :func:`~captum_ffb.engine.requests.check_text` refuses the text or it has more tokens
     than the model takes; the tokenizer's own warning about over-long inputs is not shown.
 
     Args:
@@ -238,7 +200,7 @@ def text_maps(
     over the players ``[source | target]`` (see :attr:`TextMaps.n_target`).
 
     Args:
-        text (str): the input; not empty, valid UTF-8 (see :func:`check_text`).
+        text (str): the input; not empty, valid UTF-8 (see :func:`~captum_ffb.engine.requests.check_text`).
         model (LoadedModel, optional): from :func:`captum_ffb.models.load_model`; the bundled
                     all-MiniLM-L6-v2 by default.
         layers (list[int] or "all"): layer indices (negative counts from the end).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,15 @@ from captum_ffb import (
 )
 from tests.models import (
     TINY_SEQ2SEQ,
+    causal_tokenizer,
     save_tiny,
     save_tiny_lm,
     save_tiny_seq2seq,
     save_tiny_whisper,
     tiny_lm,
     tiny_models,
+    tiny_task_model,
+    token_ids,
     wordpiece_tokenizer,
     write_wav,
 )
@@ -252,6 +256,13 @@ CLI_CASES = [
      "re:--corrupted must have as many tokens as the text \\(\\d+\\), it has \\d+"),
     ("an empty --corrupted", ["graph", "the cat sat", "--model", "{gpt2}", "--corrupted", " ", "--quiet"],
      "--corrupted is empty"),
+    # issue 54
+    ("a --target the tokenizer does not know (explained as <unk> before)",
+     ["explain", "the cat", "--model", "{gpt2}", "--target", "zebra", "--quiet"],
+     "--target 'zebra' is not in the tokenizer's vocabulary: it reads as '<unk>', which would be explained instead"),
+    ("a graph's --target the tokenizer does not know",
+     ["graph", "the cat", "--model", "{gpt2}", "--target", "zebra", "--quiet"],
+     "--target 'zebra' is not in the tokenizer's vocabulary: it reads as '<unk>', which would be explained instead"),
     ("a folder in the way of a graph file",
      ["graph", "the cat sat", "--model", "{gpt2}", "--format", "json", "--out", "{r}/blocked", "--quiet"],
      "re:--out .*blocked: graph.json is a folder there, in the way of the file of that name; .*"),
@@ -300,11 +311,24 @@ def api():
     lm = tiny_lm("llama")
     base = TINY["bert"].build()
     marian = TINY_SEQ2SEQ["marian"].build()
+    classifier = tiny_task_model("llama", "sequence_classification")
     nd = NormDecomposition(lm)
-    return {"lm": lm, "nd": nd, "base": base, "nd_base": NormDecomposition(base),
+    nd_base = NormDecomposition(base)
+    return {"lm": lm, "nd": nd, "base": base, "nd_base": nd_base,
             "graph": nd.attribute_graph(IDS[:1], target=3, prune=False),
+            "patched": nd.attribute_graph(IDS[:1], target=3, corrupted_inputs=IDS[1:], max_nodes=12),
+            "class_graph": NormDecomposition(classifier).attribute_graph(IDS[:1], target=1),
+            "direction_graph": nd_base.attribute_graph(IDS[:1], target=Direction(torch.ones(32))),
+            "nd_text": NormDecomposition(lm, tokenizer=causal_tokenizer()),
             "marian": marian, "nd_marian": NormDecomposition(marian),
             "lnd": LayerNormDecomposition(base, base.encoder.layer[0]), "tokenizer": wordpiece_tokenizer()}
+
+
+def _edge_patcher(a, steps):
+    from captum_ffb.engine.patching import EdgePatcher
+
+    nd = a["nd"]
+    return EdgePatcher(nd.engine, nd.request(IDS[:1], 3), nd.request(IDS[1:], 3), "head", steps=steps)
 
 
 IDS = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
@@ -449,6 +473,67 @@ API_CASES = [
     ("activation patching with corrupted ids out of the vocabulary",
      lambda a: activation_patching(a["lm"], IDS[:1], IDS[1:] + 100, 3, show_progress=False),
      ValueError, r"corrupted_inputs holds the token id 109"),
+    # issue 54: graphs a stranger can send, and the arguments of their methods
+    ("a negative edge index (wrapped before)", lambda a: a["patched"].edge_patch_estimates(edges=[-1]),
+     ValueError, r"edges: edge -1 is outside the graph's \d+ edges \(0 … \d+\)"),
+    ("a float edge index (truncated before)", lambda a: a["patched"].edge_patch_estimates(edges=[1.5]),
+     TypeError, r"edges must be integer edge indices \(or a bool mask\), got float32"),
+    ("an edge index past the edges (a raw IndexError before)",
+     lambda a: a["patched"].edge_path_patching([10 ** 6]),
+     ValueError, r"edges: edge 1000000 is outside the graph's \d+ edges"),
+    ("a bool mask of another length", lambda a: a["patched"].edge_path_patching(torch.ones(3, dtype=torch.bool)),
+     ValueError, r"edges: a bool mask must have one entry per edge \(\d+\), got shape \(3,\)"),
+    ("one bool as the edges", lambda a: a["patched"].edge_patch_estimates(edges=True),
+     TypeError, r"edges must be edge indices or a bool mask of the edges, got bool"),
+    ("path patching in batches of 0 ('range() arg 3 must not be zero' before)",
+     lambda a: a["patched"].edge_path_patching([0], batch_size=0),
+     ValueError, r"batch_size must be at least 1, got 0"),
+    ("an edge patcher of 0 steps (a raw error before)", lambda a: _edge_patcher(a, 0),
+     ValueError, r"steps must be a positive integer, got 0"),
+    ("max_links as a string (a raw TypeError before)", lambda a: a["graph"].to_dict(max_links="10"),
+     TypeError, r"max_links must be a whole number of links or None \(no limit\), got '10'"),
+    ("max_links nan (no limit before)", lambda a: a["graph"].to_dict(max_links=float("nan")),
+     TypeError, r"max_links must be a whole number of links or None \(no limit\), got nan"),
+    ("max_links -1 (accepted before)", lambda a: a["graph"].to_dict(max_links=-1),
+     ValueError, r"max_links must be at least 0 \(None: no limit\), got -1"),
+    ("max_links 1.5 (accepted before)", lambda a: a["graph"].to_dict(max_links=1.5),
+     TypeError, r"max_links must be a whole number of links or None"),
+    ("max_links True (accepted before)", lambda a: a["graph"].to_dict(max_links=True),
+     TypeError, r"max_links must be a whole number of links or None \(no limit\), got True"),
+    ("estimators without a corrupted run (ignored before)",
+     lambda a: a["nd"].attribute_graph(IDS[:1], target=3, estimators=["eap-ig"]),
+     ValueError, r"estimators sets up patching estimates, which need corrupted_inputs"),
+    ("exact_above without a corrupted run (ignored before)",
+     lambda a: a["nd"].attribute_graph(IDS[:1], target=3, exact_above=2.0),
+     ValueError, r"exact_above sets up patching estimates, which need corrupted_inputs"),
+    ("an unknown estimator lists every name the docs give",
+     lambda a: a["nd"].attribute_graph(IDS[:1], target=3, corrupted_inputs=IDS[1:], estimators="atp**"),
+     ValueError, r"estimators must be among frozen, .*atp\*, default, atp\+qk; got 'atp\*\*'"),
+    ("estimators of a number", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, corrupted_inputs=IDS[1:],
+                                                                 estimators=3),
+     TypeError, r"estimators must be an estimator's name or a list of names, got 3"),
+    ("a ranking by patch without a corrupted run ('one of none' before)",
+     lambda a: a["graph"].ranking(by="patch"),
+     ValueError, r"ranking by patch needs patch estimates, and this graph has none: build it with corrupted_inputs="),
+    ("component estimates without a corrupted run", lambda a: a["graph"].component_estimates(),
+     ValueError, r"component_estimates needs patch estimates, and this graph has none"),
+    ("the TransformerLens hook of a classifier's class (unembed.hook_out before)",
+     lambda a: a["class_graph"].hook_name("output"),
+     ValueError, r"the output node is a classifier's class \(read by its score head\), not a logit of the "
+                 r"unembedding: no TransformerLens hook carries it"),
+    ("the TransformerLens hook of a base model's direction (unembed.hook_out before)",
+     lambda a: a["direction_graph"].hook_name("output"),
+     ValueError, r"the output node is a direction read from the hidden states, not a logit"),
+    ("a text target the tokenizer does not know (explained as <unk> before)",
+     lambda a: a["nd_text"].attribute(IDS, target="zebra"),
+     ValueError, r"target 'zebra' is not in the tokenizer's vocabulary: it reads as '<unk>'"),
+    ("a text target of a graph the tokenizer does not know",
+     lambda a: a["nd_text"].attribute_graph(IDS[:1], target="zebra"),
+     ValueError, r"target 'zebra' is not in the tokenizer's vocabulary"),
+    ("a graph of text without a tokenizer", lambda a: a["nd"].attribute_graph("the cat sat", target=3),
+     TypeError, r"inputs is text: give NormDecomposition\(model, tokenizer=...\) to read it, or token ids"),
+    ("a graph saved as .json (a zip named .json before)", lambda a: a["graph"].save("/tmp/graph.json"),
+     ValueError, r"path '/tmp/graph.json': a graph file is a .npz archive"),
 ]
 
 
@@ -459,6 +544,120 @@ def test_api_raises_naming_the_parameter(case, call, error, message, api):
     assert type(raised.value) in (ValueError, TypeError)
     assert re.search(message, str(raised.value)), str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+# --------------------------------------------------------------------------- issue 54: what was silently wrong
+def test_a_bool_mask_of_edges_is_read_as_a_mask(api):
+    """``edge_patch_estimates(edges=graph.edge_mask)`` read the mask as the indices 0 and 1
+    (2 values instead of the kept edges) and ``edge_path_patching(mask)`` ran a pass per edge
+    of the graph on edges 0 and 1."""
+    graph = api["patched"]
+    mask = graph.edge_mask & graph.node_mask[graph.data.sources] & graph.node_mask[graph.data.targets]
+    by_mask = graph.edge_patch_estimates(edges=mask)
+    assert torch.equal(by_mask.isnan(), graph.edge_patch_estimates().isnan())
+    assert int((~by_mask.isnan()).sum()) > 2
+    kept = mask.nonzero()[:, 0][:3]
+    chosen = torch.zeros_like(mask)
+    chosen[kept] = True
+    assert torch.equal(graph.edge_path_patching(chosen), graph.edge_path_patching(kept))
+    assert len(graph.edge_path_patching(chosen)) == 3
+
+
+def test_every_estimator_name_the_docs_give_is_taken(api):
+    """A string is one name (``"atp*"`` was read as 'a', 't', 'p', '*'); ``"default"`` and
+    ``"atp+qk"`` (named by the docs) were refused."""
+    nd = api["nd"]
+    star = nd.attribute_graph(IDS[:1], target=3, corrupted_inputs=IDS[1:], max_nodes=8, estimators="atp*")
+    assert {"atp*", "atp+qk", "default"} <= set(star.patch_estimates)
+    qk = nd.attribute_graph(IDS[:1], target=3, corrupted_inputs=IDS[1:], max_nodes=8, estimators=["atp+qk", "default"])
+    assert "atp+qk" in qk.patch_estimates and torch.equal(qk.patch_estimates["atp+qk"], star.patch_estimates["atp+qk"])
+    # what docs/graphs.md says to ask for, and then to read
+    heads = nd.attribute_graph(IDS[:1], target=3, corrupted_inputs=IDS[1:], max_nodes=8, estimators="eap-ig+exact")
+    assert heads.component_estimates("eap-ig+exact").keys() == heads.component_estimates().keys()
+
+
+def test_a_ranking_by_patch_puts_what_is_no_number_last(api):
+    """Nodes whose estimate is NaN came out in arbitrary order."""
+    graph = replace(api["patched"], patch_estimates=dict(api["patched"].patch_estimates))
+    values = graph.patch_estimates["default"].clone()
+    writers = [k for k, kind in enumerate(graph.data.kinds) if kind not in ("token", "bias", "output")]
+    values[writers[::2]] = float("nan")
+    graph.patch_estimates["default"] = values
+    ranked = graph.ranking(by="patch", level="node", top=None)
+    numbers = [v for _, v in ranked if v == v]
+    assert [v != v for _, v in ranked] == [False] * len(numbers) + [True] * (len(ranked) - len(numbers))
+    assert [abs(v) for v in numbers] == sorted((abs(v) for v in numbers), reverse=True)
+    assert [name for name, _ in ranked] == [name for name, _ in graph.ranking(by="patch", level="node", top=None)]
+
+
+def test_a_graphs_repr_is_one_short_line(api):
+    """The dataclass dump was 38,568 characters for a 7-token graph."""
+    text = repr(api["patched"])
+    assert "\n" not in text and len(text) < 400, text
+    assert re.fullmatch(r"AttributionGraph\('3', value -?[0-9.e-]+, head granularity, 5 tokens, \d+ of \d+ nodes "
+                        r"and \d+ of \d+ edges kept .*; patch estimates: .*; bound to its model\)", text), text
+
+
+def test_saving_runs_no_model(api, tmp_path, monkeypatch):
+    """``save()`` computed every kept edge's estimate first (55 s on SmolLM2): it writes what
+    was computed, and what ``edge_patch_estimates`` computed before is in the file."""
+    graph = api["patched"]
+    patcher = graph.edge_patcher
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("save() ran the model")
+
+    monkeypatch.setattr(patcher, "estimates", refuse)
+    monkeypatch.setattr(patcher, "real", refuse)
+    path = graph.save(tmp_path / "graph.npz")
+    from captum_ffb.attr import AttributionGraph
+
+    again = AttributionGraph.load(path)
+    assert again.edge_patches.keys() == graph.edge_patches.keys()
+
+
+def test_a_text_target_without_its_leading_space_gets_a_hint(files, one_line, capsys):
+    """``target="Paris"`` explained the token 'Paris' without a word when the prediction was
+    ' Paris': a warning says so (API and command line), and the explanation is still of 'Paris'."""
+    from tests.models import byte_level_tokenizer
+
+    tokenizer = byte_level_tokenizer()
+    lm = tiny_lm("llama")
+    nd = NormDecomposition(lm, tokenizer=tokenizer)
+    for seed in range(1, 40):  # a prompt whose prediction is a word with its leading space
+        ids = token_ids(batch=1, n=6, seed=seed) % 40 + 5
+        predicted = tokenizer.convert_ids_to_tokens([int(lm(ids).logits[0, -1].argmax())])[0]
+        if predicted.startswith("Ġ") and len(tokenizer.encode(predicted[1:], add_special_tokens=False)) == 1:
+            break
+    else:
+        pytest.skip("no prompt predicts a spaced word")
+    word = predicted[1:]
+    with pytest.warns(UserWarning, match=rf"target '{word}' is the token '{word}', not the model's prediction "
+                                         rf"'Ġ{word}' \(the word with its leading space\): give ' {word}' to explain "
+                                         "the prediction"):
+        nd.attribute(ids, target=word)
+    with pytest.warns(UserWarning, match="not the model's prediction"):
+        nd.attribute_graph(ids, target=word)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nd.attribute(ids, target=" " + word)  # the prediction itself: no warning
+
+
+def test_a_blocked_graph_out_is_found_before_the_model_loads(files, one_line, monkeypatch):
+    """``captum-ffb graph`` into an --out where graph.json is a folder found out only after
+    building the graph."""
+    import captum_ffb.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
+    message = one_line(["graph", "the cat sat", "--model", str(files["gpt2"]), "--format", "json", "--out",
+                        str(files["root"] / "blocked"), "--quiet"])
+    assert re.fullmatch(r"--out .*blocked: graph.json is a folder there, in the way of the file of that name; .*",
+                        message), message
 
 
 # --------------------------------------------------------------------------- random requests

@@ -17,6 +17,8 @@ from captum_ffb.engine.requests import (
     check_call,
     check_forward_kwargs,
     check_index,
+    leading_space_hint,
+    text_input_ids,
     vocabulary_size,
 )
 from captum_ffb.engine.whole import HeadTarget, Request
@@ -79,7 +81,21 @@ class Door:
                 position = None
             outputs = self.engine.predict(request) if outputs is None else outputs
             target = self._text_free(target).resolve(outputs, request.read_mask.long())
+        elif isinstance(target, str) and self.tokenizer is not None and self.engine.task == "causal_lm":
+            self._hint_leading_space(target, position, request, outputs)
         return self._target(target, position, request.read_mask)
+
+    def _hint_leading_space(self, text: str, position: Any, request: Request, outputs: Any) -> None:
+        """Warn when a target text without its leading space (``"Paris"``) is not the model's
+        prediction but its spaced form (``" Paris"``) is (one more pass of the model, in that
+        case only)."""
+        if text[:1].isspace() or len(self.tokenizer.encode(" " + text, add_special_tokens=False)) != 1:
+            return
+        outputs = self.engine.predict(request) if outputs is None else outputs
+        predicted = NextToken(None, position).resolve(outputs, request.read_mask.long()).token
+        hint = leading_space_hint(self.tokenizer, text, predicted)
+        if hint is not None:
+            warnings.warn(hint, UserWarning, stacklevel=5)
 
     @staticmethod
     def _predicts(target: Any) -> bool:
@@ -106,6 +122,9 @@ class Door:
         """The head target of ``target`` (an index, its text, one per row, or a read-out)."""
         return head_target_of(self._text_free(target), self.engine.head, read_mask, self.engine.dtype, position,
                               type(self.model).__name__)
+
+    def _text_input(self, inputs: Any, name: str = "inputs") -> Any:
+        return text_input_ids(self.tokenizer, inputs, name, self.model)
 
     def _text_free(self, target: Any) -> Any:
         return with_token_ids(target, self._token_id)

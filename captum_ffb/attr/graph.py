@@ -85,7 +85,7 @@ class HookSite(NamedTuple):
     index: int | None = None
 
 
-@dataclass
+@dataclass(repr=False)
 class AttributionGraph:
     r"""An exact attribution graph of one explained output.
 
@@ -159,6 +159,21 @@ class AttributionGraph:
         return cls(data, tokens, output_label, granularity, _shown(data),
                    torch.ones(len(data.weights), dtype=torch.bool, device=device),
                    **extra)
+
+    def __repr__(self) -> str:
+        """One line: what is explained, the value, the granularity, what is kept."""
+        d = self.data
+        share = self.kept_share
+        extra = [f"patch estimates: {', '.join(self.patch_estimates)}"] if self.patch_estimates else []
+        if self.excluded_positions:
+            extra.append(f"positions set aside: {', '.join(map(str, self.excluded_positions))}")
+        extra.append("bound to its model" if self.scorer is not None else "not bound to a model")
+        target = self.target
+        label = " − ".join(target.texts) if target is not None and target.texts else self.output_label
+        return (f"AttributionGraph({label!r}, value {self.value:.4g}, {self.granularity} granularity, "
+                f"{len(self.tokens)} tokens, {int(self.node_mask.sum())} of {len(d)} nodes and "
+                f"{int(self.edge_mask.sum())} of {len(d.weights)} edges kept"
+                + (f" ({share:.1%} of the value)" if math.isfinite(share) else "") + "; " + "; ".join(extra) + ")")
 
     # ------------------------------------------------------------------ reading it
     @property
@@ -259,9 +274,7 @@ class AttributionGraph:
         measures): the nodes' estimates added over positions, except for the components the
         estimator patched for real at every position (``"atp+exact"``, where some node's κ
         exceeds ``exact_above``), whose effect is that pass's."""
-        if estimator not in self.patch_estimates:
-            known = ", ".join(self.patch_estimates) or "none: build the graph with corrupted_inputs"
-            raise ValueError(f"estimator must be one of {known}, got {estimator!r}")
+        self._check_estimator(estimator, "component_estimates")
         d = self.data
         found: dict[str, float] = {}
         for k, value in enumerate(self.patch_estimates[estimator].tolist()):
@@ -394,7 +407,7 @@ class AttributionGraph:
                         :meth:`save`. ``None``: no limit.
         """
         d = self.data
-        shown = self.kept_links(max_links)
+        shown = self.kept_links(_limit(max_links, "max_links"))
         ids = self.ids()
         nodes = []
         for k in self.node_mask.nonzero()[:, 0].tolist():
@@ -410,7 +423,8 @@ class AttributionGraph:
             if self.patch_estimates and d.kinds[k] not in ("token", "bias", "output"):
                 node["patch_estimate"] = float(self.patch_estimates["default"][k])
                 node["patch_estimates"] = {name: float(v[k]) for name, v in self.patch_estimates.items()}
-                node["patch_kappa"] = float(self.patch_kappa[k])
+                if self.patch_kappa is not None:
+                    node["patch_kappa"] = float(self.patch_kappa[k])
             nodes.append(node)
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
                  for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
@@ -430,6 +444,7 @@ class AttributionGraph:
     def kept_links(self, max_links: int | None = None) -> Tensor:
         """``(E,)`` bool: the kept edges between kept nodes; a ``ValueError`` saying what to do
         instead when they are more than ``max_links`` (see :meth:`to_dict`)."""
+        max_links = _limit(max_links, "max_links")
         d = self.data
         shown = self.node_mask[d.sources] & self.node_mask[d.targets] & self.edge_mask
         count = int(shown.sum())
@@ -483,10 +498,7 @@ class AttributionGraph:
         if by == "value":
             scores = d.values.tolist()
         else:
-            if estimator not in self.patch_estimates:
-                known = ", ".join(self.patch_estimates) or \
-                    "none: build the graph with corrupted_inputs= (--corrupted) for patch estimates"
-                raise ValueError(f"estimator must be one of {known}, got {estimator!r}")
+            self._check_estimator(estimator, "ranking by patch")
             scores = self.patch_estimates[estimator].tolist()
         aside = set(self.excluded_positions)
         writers = [k for k, kind in enumerate(d.kinds) if kind not in _ENDS and d.positions[k] not in aside]
@@ -500,8 +512,18 @@ class AttributionGraph:
                 found[name] = found.get(name, 0.0) + scores[k]
             if by == "patch" and not aside:
                 found.update(self.patch_components.get(estimator, {}))
-        ranked = sorted(found.items(), key=lambda kv: -abs(kv[1]))
+        # largest |score| first, ties in the graph's order; a score that is no number (nan) last
+        ranked = sorted(found.items(), key=lambda kv: (math.isnan(kv[1]), -abs(kv[1]) if kv[1] == kv[1] else 0.0))
         return ranked if top is None else ranked[:top]
+
+    def _check_estimator(self, estimator: Any, what: str) -> None:
+        """A one-line ``ValueError`` unless the graph has ``estimator``'s node estimates."""
+        if not self.patch_estimates:
+            raise ValueError(f"{what} needs patch estimates, and this graph has none: build it with "
+                             "corrupted_inputs= (--corrupted on the command line)")
+        if not isinstance(estimator, str) or estimator not in self.patch_estimates:
+            raise ValueError(f"estimator must be one of {', '.join(self.patch_estimates)}, got {estimator!r} "
+                             "(build the graph with estimators=[...] for the others)")
 
     # ------------------------------------------------------------------ TransformerLens
     def hook_name(self, node: str) -> HookSite:
@@ -525,6 +547,11 @@ class AttributionGraph:
             target = self.target
             if target is None:
                 raise ValueError("this graph does not record what it explains (built before 0.4)")
+            if target.kind != "token":
+                read = "a classifier's class (read by its score head)" if target.kind == "class" else \
+                    "a direction read from the hidden states"
+                raise ValueError(f"the output node is {read}, not a logit of the unembedding: no TransformerLens "
+                                 "hook carries it")
             unit = target.units[0] if len(target.units) == 1 else None
             return HookSite("unembed.hook_out", len(self.tokens) - 1 if target.position is None else target.position,
                             unit)
@@ -538,14 +565,13 @@ class AttributionGraph:
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike, compress: bool = True) -> Path:
-        """Write the graph to one file (:mod:`captum_ffb.attr.graph_files`: a ``.npz`` zip of
+        """Write the graph to one ``.npz`` file (:mod:`captum_ffb.attr.graph_files`: a zip of
         arrays and ``metadata.json``; edges are streamed to disk, never held as dicts), with
-        what :meth:`bind` needs to bind it to its model again and the kept edges' patch
-        estimates (computed first where the graph can); returns the path."""
+        what :meth:`bind` needs to bind it to its model again and the edges' patch estimates
+        computed so far (:meth:`edge_patch_estimates` computes them; saving runs no model);
+        returns the path."""
         from captum_ffb.attr.graph_files import save_graph
 
-        if self.edge_patcher is not None:
-            self.edge_patch_estimates()
         return save_graph(self, path, compress=compress)
 
     @classmethod
@@ -573,11 +599,12 @@ class AttributionGraph:
         return self
 
     # ------------------------------------------------------------------ edges' patch estimates
-    def edge_patch_estimates(self, estimator: str | None = None, edges: Tensor | None = None) -> Tensor:
+    def edge_patch_estimates(self, estimator: str | None = None, edges: Any = None) -> Tensor:
         """``(E,)`` each edge's estimated *path-patching* effect (``output(inputs) − output(inputs
         with only the target's computation seeing the source's write from the corrupted run)``,
         what the edge weights are for the frozen model), aligned with ``data.sources`` and
-        ``data.targets``: for the kept edges (or the indices ``edges``), ``nan`` elsewhere and on
+        ``data.targets``: for the kept edges (or ``edges``: indices, or a bool mask of the
+        edges), ``nan`` elsewhere and on
         the bias's edges. ``estimator``: one of
         :data:`~captum_ffb.engine.patching.EDGE_ESTIMATORS` (default
         :data:`~captum_ffb.engine.patching.DEFAULT_EDGE_ESTIMATOR`). Computed on first use (one
@@ -594,7 +621,8 @@ class AttributionGraph:
         d = self.data
         if edges is None:
             edges = (self.edge_mask & self.node_mask[d.sources] & self.node_mask[d.targets]).nonzero()[:, 0]
-        edges = torch.as_tensor(edges, dtype=torch.long).reshape(-1)
+        else:
+            edges = edge_selection(edges, len(d.weights))
         known = self.edge_patches.setdefault(name, torch.full((len(d.weights),), float("nan"), dtype=torch.float64))
         missing = edges[torch.isnan(known[edges]) & ~_bias_edges(d, edges)]
         if len(missing) and self.edge_patcher is not None:
@@ -603,13 +631,16 @@ class AttributionGraph:
         found[edges] = known[edges]
         return found
 
-    def edge_path_patching(self, edges: Tensor, batch_size: int = 16) -> Tensor:
-        """``(len(edges),)`` the real path-patching effect of the edges ``edges`` (indices into
+    def edge_path_patching(self, edges: Any, batch_size: int = 16) -> Tensor:
+        """``(k,)`` the real path-patching effect of the ``k`` edges ``edges`` (indices into
         ``data.sources``), one forward pass each (:func:`~captum_ffb.engine.patching.path_patching`):
-        what :meth:`edge_patch_estimates` estimates."""
+        what :meth:`edge_patch_estimates` estimates. ``edges`` may also be a bool mask of the
+        edges (``graph.edge_mask``)."""
+        chosen = edge_selection(edges, len(self.data.weights))
+        _count(batch_size, "batch_size")
         if self.edge_patcher is None:
             raise ValueError("this graph has no corrupted input: build it with corrupted_inputs")
-        return self.edge_patcher.real(self.data, torch.as_tensor(edges, dtype=torch.long).reshape(-1), batch_size)
+        return self.edge_patcher.real(self.data, chosen, batch_size)
 
 
 def _shown(data: GraphData) -> Tensor:
@@ -642,6 +673,18 @@ def check_positions(positions: Any, n: int, name: str = "exclude_positions") -> 
     return tuple(sorted(found))
 
 
+def _limit(value: Any, name: str) -> int | None:
+    """A limit argument: ``None`` (no limit) or a non-negative integer (a ``TypeError`` or
+    ``ValueError`` naming it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number of links or None (no limit), got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be at least 0 (None: no limit), got {value}")
+    return value
+
+
 def _count(value: Any, name: str) -> int:
     """A count argument: a positive integer (a ``TypeError`` or ``ValueError`` naming it)."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -649,6 +692,31 @@ def _count(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return value
+
+def edge_selection(edges: Any, n_edges: int, name: str = "edges") -> Tensor:
+    """Edges chosen by index (integers in ``0 … n_edges − 1``) or by a bool mask of length
+    ``n_edges``, as a ``(k,)`` long tensor of indices; a one-line ``TypeError`` or
+    ``ValueError`` naming ``name`` for floats, negative or out-of-range indices, a mask of
+    another length."""
+    if isinstance(edges, (bool, float, str, bytes)) or edges is None:
+        raise TypeError(f"{name} must be edge indices or a bool mask of the edges, got {type(edges).__name__}")
+    try:
+        chosen = edges.detach().cpu() if isinstance(edges, Tensor) else torch.as_tensor(edges, device="cpu")
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be edge indices or a bool mask of the edges, got {type(edges).__name__}") from None
+    if chosen.dtype == torch.bool:
+        if chosen.dim() != 1 or len(chosen) != n_edges:
+            raise ValueError(f"{name}: a bool mask must have one entry per edge ({n_edges}), got shape "
+                             f"{tuple(chosen.shape)}")
+        return chosen.nonzero()[:, 0]
+    if chosen.is_floating_point() or chosen.is_complex():
+        raise TypeError(f"{name} must be integer edge indices (or a bool mask), got {str(chosen.dtype)[6:]}")
+    chosen = chosen.long().reshape(-1)
+    if chosen.numel() and (int(chosen.min()) < 0 or int(chosen.max()) >= n_edges):
+        bad = int(chosen.min()) if int(chosen.min()) < 0 else int(chosen.max())
+        raise ValueError(f"{name}: edge {bad} is outside the graph's {n_edges} edges (0 … {n_edges - 1})")
+    return chosen
+
 
 def _bias_edges(d: GraphData, edges: Tensor) -> Tensor:
     return (d.sources[edges] == d.bias) | (d.targets[edges] == d.bias)

@@ -3,35 +3,49 @@ r"""Attribution graphs as files: :meth:`~captum_ffb.attr.AttributionGraph.save` 
 
 **The format.** One ZIP file in NumPy's ``.npz`` layout (``numpy.load`` reads its arrays):
 
-* ``metadata.json``: ``format`` (:data:`FORMAT`) and ``version`` (:data:`VERSION`), the
-  library's version, the granularity, tokens and token ids, what is explained (``target``:
-  its kind, units, coefficients, position, texts), the output's label and probability, the
-  bias and output node indices, the pruning's thresholds and excluded positions, the
-  query–key links, the components patched for real, and ``origin`` (below);
+* ``metadata.json`` (strict JSON: a number that is not one is ``null``): ``format``
+  (:data:`FORMAT`) and ``version`` (:data:`VERSION`), the library's version, the granularity,
+  tokens and token ids, what is explained (``target``: its kind, units, coefficients, position,
+  texts), the output's label and probability, the bias and output node indices, the node and
+  edge counts, the pruning's thresholds and excluded positions, the query–key links, the
+  patching estimators and the components they patched for real, and ``origin`` (below);
 * one ``.npy`` array per field of the graph's numbers: the node table (``kinds`` as indices
   into :data:`~captum_ffb.engine.graph.NODE_KINDS`, ``layers``, ``heads``, ``positions``,
   ``values``), the edges (``sources``, ``targets``: 32-bit where the node count allows,
   ``weights``), the pruning's ``node_mask``, ``edge_mask`` and ``influence``, ``max_nodes``'s
   ``left_out`` and ``computed``, and the patching estimates (``patch_estimates.<estimator>``,
-  ``patch_kappa``).
+  ``patch_kappa``, the edges' ``edge_patches.<estimator>`` computed so far).
 
 Arrays are written to the archive in chunks (an unpruned graph's millions of edges are never
 held as Python objects), compressed by default, and the file replaces an earlier one only
 once it is whole.
 
+**Reading a file from anyone.** A graph file is data: :func:`load_graph` reads only the members
+the format names (others are never decompressed), checks ``metadata.json``'s fields and types
+(:data:`MAX_METADATA_BYTES` at most), each array's header (its dtype, and its shape against
+the metadata's node and edge counts) before its bytes, the bytes all arrays take together
+against what a file of its size can hold (:data:`ARRAY_BYTES_FLOOR` plus
+:data:`ARRAY_BYTES_PER_FILE_BYTE` per byte of the file), every checksum, and the node table's
+kinds, indices and positions. No pickle, no name from the file used as code or path. Every
+failure is one :class:`GraphFileError` (a ``ValueError``) naming the file and the field.
+
 **Binding.** ``origin`` records what the score splits need beyond the numbers: the model's
-family, a fingerprint of its weights (per parameter: name, shape, dtype and three float64
-sums), the rules (their ``repr``), the reference, the input (its tensors as arrays
-``origin.*``) and the resolved head target. :func:`bind_graph` refuses a model whose weights,
-family or rules differ, then records the frozen pass again and checks that it gives the
-graph's value.
+family, its fingerprint (:mod:`~captum_ffb.engine.fingerprint`: per parameter and buffer, its
+name, shape, dtype and SHA-256), the rules (their ``repr``), the reference, the input (its
+tensors as arrays ``origin.*``) and the resolved head target. :func:`bind_graph` refuses a
+model whose weights, buffers, family or rules differ, then records the frozen pass again and
+checks that it gives the graph's value.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import struct
 import zipfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -39,62 +53,47 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-__all__ = ["FORMAT", "VERSION", "bind_graph", "load_graph", "save_graph", "weights_digest"]
+from captum_ffb.engine.fingerprint import fingerprint_difference, weights_fingerprint
+
+__all__ = ["ARRAY_BYTES_FLOOR", "ARRAY_BYTES_PER_FILE_BYTE", "FORMAT", "MAX_MEMBERS", "MAX_METADATA_BYTES", "VERSION",
+           "GraphFileError", "bind_graph", "load_graph", "save_graph"]
 
 #: The ``format`` field of a graph file's ``metadata.json``.
 FORMAT = "captum-ffb-attribution-graph"
-#: The format's version (a file of a later version is refused).
-VERSION = 1
+#: The format's version (a file of a later version is refused). Version 2: the SHA-256
+#: fingerprint of parameters and buffers, strict JSON; version 1 files load (without binding).
+VERSION = 2
 #: The member holding everything but the arrays.
 METADATA = "metadata.json"
-#: Elements written per chunk.
+#: Elements written (and bytes read) per chunk.
 CHUNK = 1 << 22
-#: Elements summed per chunk by :func:`weights_digest` (a multiple of 1021).
-DIGEST_CHUNK = 1021 * 4096
-#: The relative tolerance of the weights' fingerprint sums (float64 sums of the same
-#: weights on two devices differ in their last digits; one weight edited by more than about
-#: this share of the parameter's ``Σ|w|`` is seen).
-DIGEST_TOLERANCE = 1e-12
+#: The most bytes ``metadata.json`` may take.
+MAX_METADATA_BYTES = 64 << 20
+#: The most members a graph file may have (a graph writes about thirty).
+MAX_MEMBERS = 4096
+#: The arrays of a file may take this many bytes in memory, plus
+#: :data:`ARRAY_BYTES_PER_FILE_BYTE` per byte of the file.
+ARRAY_BYTES_FLOOR = 64 << 20
+#: Bytes the arrays may take per byte of the file, beyond :data:`ARRAY_BYTES_FLOOR`: a graph's
+#: arrays take 1–3 times their compressed size (the weights do not compress), a hostile file's
+#: zeros a thousand times.
+ARRAY_BYTES_PER_FILE_BYTE = 16
+#: The granularities a graph is built at.
+GRANULARITIES = ("sublayer", "head", "neuron")
+#: What a graph's output can be.
+TARGET_KINDS = ("token", "class", "direction")
+#: The dtypes a tensor of ``origin`` may name.
+ORIGIN_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+_INTEGER, _FLOAT, _BOOL = "iu", "f", "b"
+#: "read the field from the metadata" (a value given instead is checked as it is)
+_FETCH: Any = object()
 
 
-# --------------------------------------------------------------------------- fingerprint
-def weights_digest(model: nn.Module) -> list[list[Any]]:
-    """A fingerprint of ``model``'s weights that survives a file and another process: per
-    parameter ``[name, shape, dtype, Σ w, Σ |w|, Σ w_i·((i mod 1021) − 510)]`` (float64 sums
-    of float32 terms; the last one sees weights moved within a parameter). About a second per
-    hundred million weights on one CPU thread."""
-    rows = []
-    patterns: dict[tuple[torch.device, torch.dtype], Tensor] = {}
-    for name, parameter in model.named_parameters():
-        flat = parameter.detach().reshape(-1)
-        if flat.dtype not in (torch.float32, torch.float64):
-            flat = flat.float() if flat.is_floating_point() else flat.double()
-        key = (flat.device, flat.dtype)
-        if key not in patterns:  # the same for every chunk: a chunk starts at a multiple of 1021
-            patterns[key] = (torch.arange(DIGEST_CHUNK, device=flat.device) % 1021 - 510).to(flat.dtype)
-        sums = torch.zeros(3, dtype=torch.float64, device=flat.device)
-        for start in range(0, flat.numel(), DIGEST_CHUNK):
-            x = flat[start:start + DIGEST_CHUNK]
-            sums += torch.stack([x.sum(dtype=torch.float64), x.abs().sum(dtype=torch.float64),
-                                 (x * patterns[key][:x.numel()]).sum(dtype=torch.float64)])
-        rows.append([name, list(parameter.shape), str(parameter.dtype).removeprefix("torch."), *sums.tolist()])
-    return rows
-
-
-def _digest_difference(saved: list[list[Any]], found: list[list[Any]]) -> str | None:
-    """Where two fingerprints differ, in words (``None``: the same weights)."""
-    if len(saved) != len(found):
-        return f"{len(found)} parameters, the graph's model had {len(saved)}"
-    for was, now in zip(saved, found):
-        if was[:3] != now[:3]:
-            return f"parameter {now[0]} {now[1]} {now[2]}, the graph's model had {was[0]} {was[1]} {was[2]}"
-        scale = max(abs(was[4]), 1e-30)
-        tolerance = [DIGEST_TOLERANCE * scale, DIGEST_TOLERANCE * scale, 510 * DIGEST_TOLERANCE * scale]
-        if any(abs(a - b) > t for a, b, t in zip(was[3:], now[3:], tolerance)):
-            return f"parameter {now[0]} holds other values"
-    return None
+class GraphFileError(ValueError):
+    """A file that is not a graph file of this library, or a damaged one: one line naming the
+    file and the field."""
 
 
 # --------------------------------------------------------------------------- arrays
@@ -119,11 +118,6 @@ def _write_array(archive: zipfile.ZipFile, name: str, tensor: Tensor, dtype: Any
             handle.write(chunk.numpy().astype(chosen, copy=False).tobytes())
 
 
-def _read_array(archive: zipfile.ZipFile, name: str) -> Tensor:
-    with archive.open(f"{name}.npy") as handle:
-        return torch.from_numpy(np.lib.format.read_array(handle, allow_pickle=False).copy())
-
-
 # --------------------------------------------------------------------------- origin
 def _plain(value: Any, arrays: dict[str, Tensor], key: str) -> Any:
     """``value`` as JSON, its tensors moved to ``arrays`` (``{"array": name}``); a
@@ -139,12 +133,11 @@ def _plain(value: Any, arrays: dict[str, Tensor], key: str) -> Any:
 
 
 def _unplain(value: Any, arrays: Mapping[str, Tensor], device: torch.device | None) -> Any:
+    """A value written by :func:`_plain` (checked on load by :func:`_check_plain`)."""
     if isinstance(value, dict) and "array" in value:
-        tensor = arrays[value["array"]]
-        dtype = getattr(torch, value.get("dtype", ""), None)
-        tensor = tensor.to(dtype) if isinstance(dtype, torch.dtype) else tensor
+        tensor = arrays[value["array"]].to(getattr(torch, value["dtype"]))
         return tensor if device is None else tensor.to(device)
-    if isinstance(value, dict) and "list" in value:
+    if isinstance(value, dict):
         return [_unplain(v, arrays, device) for v in value["list"]]
     return value
 
@@ -159,8 +152,6 @@ def _origin(graph: Any) -> dict[str, Any] | None:
     scorer = graph.scorer
     if scorer is None or not hasattr(scorer, "request"):
         return graph.origin
-    from captum_ffb.engine.passes import weights_fingerprint
-
     request = scorer.request
     arrays: dict[str, Tensor] = {}
     try:
@@ -171,9 +162,10 @@ def _origin(graph: Any) -> dict[str, Any] | None:
         return {"unbindable": f"its input holds what a file cannot ({error})"}
     target = {f.name: _plain(getattr(request.target, f.name), arrays, f"origin.target.{f.name}")
               for f in fields(request.target)}
-    unchanged = weights_fingerprint(scorer.model) == scorer.fingerprint
+    now = weights_fingerprint(scorer.model)
+    unchanged = fingerprint_difference(scorer.fingerprint, now) is None
     return {"model_type": scorer.engine.model_type, "model_class": type(scorer.model).__name__,
-            "fingerprint": weights_digest(scorer.model) if unchanged else None,
+            "fingerprint": [list(row) for row in now] if unchanged else None,
             "rules": _rules_of(scorer.rules), **inputs, "target": target, "arrays": arrays}
 
 
@@ -184,17 +176,23 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
 
     Args:
         graph (AttributionGraph): the graph, pruned or not.
-        path (str or PathLike): the file (``.npz`` by convention); replaced once whole.
+        path (str or PathLike): the file, ending in ``.npz``; replaced once whole (a path that
+                    is a folder, a device or a pipe is refused).
         compress (bool): deflate the arrays (smaller; slower to write and read).
     """
     import captum_ffb
     from captum_ffb.engine.graph import NODE_KINDS
-    from captum_ffb.outputs import atomic_open
+    from captum_ffb.outputs import atomic_open, to_json
 
+    if not isinstance(compress, bool):
+        raise TypeError(f"compress must be True or False, got {compress!r}")
     d = graph.data
     target = Path(path)
     if target.is_dir():
         raise IsADirectoryError(f"{target} is a folder: give a file name (e.g. {target / 'graph.npz'})")
+    if target.suffix.lower() != ".npz":
+        raise ValueError(f"path {str(target)!r}: a graph file is a .npz archive (e.g. graph.npz); for JSON write "
+                         "graph.to_dict(), or save_neuronpedia_graph for Neuronpedia's viewer")
     index_dtype = np.int32 if len(d) < 2 ** 31 else np.int64
     origin = _origin(graph)
     origin_arrays: dict[str, Tensor] = {} if origin is None else origin.get("arrays", {})
@@ -212,6 +210,7 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
         "edge_estimators": list(graph.edge_patches),
         "origin": None if origin is None else {k: v for k, v in origin.items() if k != "arrays"},
     }
+    text = to_json(metadata, ensure_ascii=False)
     mode = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     with atomic_open(target, "wb") as handle, zipfile.ZipFile(handle, "w", compression=mode, allowZip64=True) as archive:
         _write_array(archive, "kinds", torch.tensor([NODE_KINDS.index(k) for k in d.kinds], dtype=torch.uint8, device="cpu"))
@@ -230,7 +229,7 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
         for name, tensor in optional.items():
             if tensor is not None:
                 _write_array(archive, name, tensor)
-        archive.writestr(METADATA, json.dumps(metadata, ensure_ascii=False, allow_nan=True))
+        archive.writestr(METADATA, text)
     return target
 
 
@@ -238,77 +237,488 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
 def load_graph(path: str | os.PathLike, graph_class: Any, target_class: Any) -> Any:
     """The graph written to ``path`` by :func:`save_graph`, as ``graph_class`` (its target as
     ``target_class``; :meth:`~captum_ffb.attr.AttributionGraph.load` passes its own classes);
-    a ``ValueError`` for a file that is not one."""
+    a :class:`GraphFileError` (a ``ValueError``) for a file that is not one, or is damaged."""
+    source = Path(path)
+    if not source.exists():
+        raise FileNotFoundError(f"no graph file at {source}")
+    if not source.is_file():
+        raise GraphFileError(f"{source} is not a regular file (a folder, a device or a pipe): give a graph file")
+    try:
+        return _load(source, graph_class, target_class)
+    except GraphFileError:
+        raise
+    except RecursionError:
+        raise GraphFileError(f"{source}: metadata.json is nested too deeply to be a graph file's") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, struct.error, NotImplementedError, RuntimeError, OSError,
+            ValueError, OverflowError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise GraphFileError(f"{source} is a damaged graph file ({reason})") from None
+
+
+def _load(source: Path, graph_class: Any, target_class: Any) -> Any:
     from captum_ffb.engine.graph import NODE_KINDS, GraphData
 
-    source = Path(path)
+    size = source.stat().st_size
+    with open(source, "rb") as handle:
+        _check_member_count(handle, source)
     try:
         archive = zipfile.ZipFile(source)
-    except zipfile.BadZipFile:
-        raise ValueError(f"{source} is not a graph file (not a zip archive): write one with graph.save(path)") from None
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error) as error:
+        raise GraphFileError(f"{source} is not a graph file (not a zip archive: {error}): write one with "
+                             "graph.save(path)") from None
     with archive:
-        names = set(archive.namelist())
-        if METADATA not in names:
-            raise ValueError(f"{source} is not a graph file of captum_ffb (it has no {METADATA})")
-        meta = json.loads(archive.read(METADATA))
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{source} is not a graph file of captum_ffb (format {meta.get('format')!r})")
-        if not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
-            raise ValueError(f"{source} is a graph file of version {meta.get('version')} (captum_ffb "
-                             f"{meta.get('library')}); this captum_ffb reads versions up to {VERSION}: upgrade it")
-        arrays = {name[:-4]: _read_array(archive, name[:-4]) for name in sorted(names) if name.endswith(".npy")}
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in archive.infolist():
+            if info.filename in members:
+                raise GraphFileError(f"{source} holds two members named {info.filename!r}")
+            members[info.filename] = info
+        if METADATA not in members:
+            raise GraphFileError(f"{source} is not a graph file of captum_ffb (it has no {METADATA})")
+        meta = _metadata(archive, members[METADATA], source)
+        fields_ = _Fields(meta, source)
+        n, e = fields_.counts()
+        wanted = _wanted_arrays(fields_, n, e)
+        reader = _ArrayReader(archive, members, source, ARRAY_BYTES_FLOOR + ARRAY_BYTES_PER_FILE_BYTE * size)
+        arrays = {name: reader.read(name, shape, kinds, required) for name, (shape, kinds, required) in wanted.items()}
+        arrays = {name: value for name, value in arrays.items() if value is not None}
+        origin = fields_.origin(reader)
+    kinds_index = arrays["kinds"].long()
+    bad = kinds_index[(kinds_index < 0) | (kinds_index >= len(NODE_KINDS))]
+    if len(bad):
+        raise GraphFileError(f"{source}: kinds holds {int(bad[0])}, not an index of a node kind "
+                             f"(0 … {len(NODE_KINDS) - 1})")
+    kinds = [NODE_KINDS[k] for k in kinds_index.tolist()]
+    layers, heads, positions = (arrays[name].long().tolist() for name in ("layers", "heads", "positions"))
+    _check_nodes(source, kinds, layers, heads, positions, fields_)
+    sources, targets = arrays["sources"].long(), arrays["targets"].long()
+    if e and (int(sources.min()) < 0 or int(targets.min()) < 0 or int(max(sources.max(), targets.max())) >= n):
+        raise GraphFileError(f"{source}: sources or targets point outside the {n} nodes")
+    data = GraphData(kinds, layers, heads, positions, arrays["values"], sources, targets, arrays["weights"],
+                     fields_.bias, fields_.output, arrays.get("left_out"), arrays.get("computed"))
+    target = None if fields_.target is None else target_class(**fields_.target)
+    return graph_class(
+        data, fields_.tokens, fields_.output_label, fields_.granularity, arrays["node_mask"], arrays["edge_mask"],
+        influence=arrays.get("influence"),
+        patch_estimates={name: arrays[f"patch_estimates.{name}"] for name in fields_.patch_estimators},
+        patch_kappa=arrays.get("patch_kappa"), patch_components=fields_.patch_components,
+        thresholds=fields_.thresholds, qk_links=fields_.qk_links, probability=fields_.probability,
+        token_ids=fields_.token_ids, n_source=fields_.n_source, target=target,
+        excluded_positions=fields_.excluded_positions, origin=origin, patch_seconds=fields_.patch_seconds,
+        patch_passes=fields_.patch_passes,
+        edge_patches={name: arrays[f"edge_patches.{name}"] for name in fields_.edge_estimators})
+
+
+def _check_member_count(handle: Any, source: Path) -> None:
+    """Refuse an archive whose directory lists more than :data:`MAX_MEMBERS` members before
+    :mod:`zipfile` reads them all (its end record, or its ZIP64 end record, says how many)."""
+    handle.seek(0, os.SEEK_END)
+    end = handle.tell()
+    tail_size = min(end, 65536 + 22)
+    handle.seek(end - tail_size)
+    tail = handle.read(tail_size)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        raise GraphFileError(f"{source} is not a graph file (not a zip archive): write one with graph.save(path)")
+    (count,) = struct.unpack("<H", tail[at + 10:at + 12])
+    if count == 0xFFFF and at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
+        (offset,) = struct.unpack("<Q", tail[at - 12:at - 4])
+        if offset + 40 <= end:
+            handle.seek(offset)
+            record = handle.read(40)
+            if record[:4] == b"PK\x06\x06":
+                (count,) = struct.unpack("<Q", record[32:40])
+    if count > MAX_MEMBERS:
+        raise GraphFileError(f"{source} lists {count:,} members; a graph file has at most {MAX_MEMBERS:,}")
+
+
+def _metadata(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: Path) -> dict[str, Any]:
+    if info.file_size > MAX_METADATA_BYTES:
+        raise GraphFileError(f"{source}: metadata.json takes {info.file_size:,} bytes, more than a graph file's "
+                             f"{MAX_METADATA_BYTES:,}")
+    with archive.open(info) as handle:
+        raw = handle.read(MAX_METADATA_BYTES + 1)
+    if len(raw) > MAX_METADATA_BYTES:
+        raise GraphFileError(f"{source}: metadata.json takes more than {MAX_METADATA_BYTES:,} bytes")
     try:
-        kinds = [NODE_KINDS[int(k)] for k in arrays["kinds"]]
-        data = GraphData(kinds, arrays["layers"].tolist(), arrays["heads"].tolist(), arrays["positions"].tolist(),
-                         arrays["values"], arrays["sources"].long(), arrays["targets"].long(), arrays["weights"],
-                         int(meta["bias"]), int(meta["output"]), arrays.get("left_out"), arrays.get("computed"))
-        _check_sizes(data, arrays, meta)
-    except (KeyError, IndexError) as error:
-        raise ValueError(f"{source} is a damaged graph file (missing or bad {error})") from None
-    target = None if meta["target"] is None else target_class(**{
-        k: tuple(v) if isinstance(v, list) else v for k, v in meta["target"].items()})
-    origin = meta.get("origin")
-    if origin is not None:
-        origin = {**origin, "arrays": {k: v for k, v in arrays.items() if k.startswith("origin.")}}
-    graph = graph_class(
-        data, list(meta["tokens"]), meta["output_label"], meta["granularity"], arrays["node_mask"],
-        arrays["edge_mask"], influence=arrays.get("influence"),
-        patch_estimates={name: arrays[f"patch_estimates.{name}"] for name in meta["patch_estimators"]},
-        patch_kappa=arrays.get("patch_kappa"), patch_components=meta["patch_components"],
-        thresholds=dict(meta["thresholds"]), qk_links=list(meta["qk_links"]), probability=meta["probability"],
-        token_ids=meta["token_ids"], n_source=meta["n_source"], target=target,
-        excluded_positions=tuple(meta["excluded_positions"]), origin=origin,
-        patch_seconds=dict(meta.get("patch_seconds", {})), patch_passes=dict(meta.get("patch_passes", {})),
-        edge_patches={name: arrays[f"edge_patches.{name}"] for name in meta.get("edge_estimators", [])})
-    return graph
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise GraphFileError(f"{source}: metadata.json is not UTF-8 (byte 0x{raw[error.start]:02x} at "
+                             f"position {error.start})") from None
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise GraphFileError(f"{source}: metadata.json is not JSON ({error.msg} at line {error.lineno}, "
+                             f"column {error.colno})") from None
+    if not isinstance(meta, dict):
+        raise GraphFileError(f"{source}: metadata.json holds a {_json_type(meta)}, not an object")
+    return meta
 
 
-def _check_sizes(data: Any, arrays: Mapping[str, Tensor], meta: Mapping[str, Any]) -> None:
-    n, e = int(meta["nodes"]), int(meta["edges"])
-    sized = {"kinds": n, "values": n, "node_mask": n, "sources": e, "targets": e, "weights": e, "edge_mask": e}
-    sized.update({name: n for name in arrays if name in ("influence", "left_out", "computed", "patch_kappa")
-                  or name.startswith("patch_estimates.")})
-    sized.update({name: e for name in arrays if name.startswith("edge_patches.")})
-    wrong = [name for name, size in sized.items() if arrays[name].shape != (size,)]
-    if wrong or len(data) != n:
-        raise IndexError(f"array sizes: {', '.join(wrong) or 'nodes'}")
-    if e and (int(data.sources.min()) < 0 or int(max(data.sources.max(), data.targets.max())) >= n
-              or int(data.targets.min()) < 0):
-        raise IndexError("edge ends outside the node table")
-    if not (0 <= data.bias < n and 0 <= data.output < n):
-        raise IndexError("bias or output index")
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+class _ArrayReader:
+    """Reads the arrays the format names from an archive, each header checked before its
+    bytes, all of them within ``budget`` bytes."""
+
+    def __init__(self, archive: zipfile.ZipFile, members: Mapping[str, zipfile.ZipInfo], source: Path,
+                 budget: int) -> None:
+        self.archive, self.members, self.source, self.budget = archive, members, source, budget
+
+    def read(self, name: str, shape: tuple[int, ...] | None, kinds: str, required: bool = True) -> Tensor | None:
+        """The array ``name`` (``None`` where it is not required and absent): its shape must be
+        ``shape`` (any, where ``None``), its dtype of the NumPy kinds ``kinds``."""
+        info = self.members.get(f"{name}.npy")
+        if info is None:
+            if required:
+                raise GraphFileError(f"{self.source}: the array {name} is missing")
+            return None
+        with self.archive.open(info) as handle:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                found, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+            elif version in ((2, 0), (3, 0)):
+                found, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+            else:
+                raise GraphFileError(f"{self.source}: the array {name} has an .npy header of version {version}")
+            if dtype.hasobject or dtype.kind not in kinds or dtype.fields is not None or dtype.subdtype is not None:
+                raise GraphFileError(f"{self.source}: the array {name} holds {dtype}, not {_kinds_text(kinds)}")
+            if shape is not None and tuple(found) != shape:
+                raise GraphFileError(f"{self.source}: the array {name} has shape {tuple(found)}, the metadata "
+                                     f"says {shape}")
+            if fortran and len(found) > 1:
+                raise GraphFileError(f"{self.source}: the array {name} is in Fortran order")
+            count = math.prod(found)
+            nbytes = count * dtype.itemsize
+            if nbytes > self.budget:
+                raise GraphFileError(f"{self.source}: the array {name} would take {nbytes:,} bytes, more than a "
+                                     f"file of its size holds")
+            self.budget -= nbytes
+            values = np.empty(count, dtype=dtype)
+            view = memoryview(values).cast("B")
+            done = 0
+            while done < nbytes:
+                chunk = handle.read(min(CHUNK, nbytes - done))
+                if not chunk:
+                    raise GraphFileError(f"{self.source}: the array {name} is cut short")
+                view[done:done + len(chunk)] = chunk
+                done += len(chunk)
+            if handle.read(1):  # also checks the member's CRC
+                raise GraphFileError(f"{self.source}: the array {name} holds more bytes than its shape")
+        if not dtype.isnative:
+            values = values.astype(dtype.newbyteorder("="))
+        return torch.from_numpy(values.reshape(found))
+
+
+def _kinds_text(kinds: str) -> str:
+    return " or ".join({"i": "integers", "u": "integers", "f": "floats", "b": "booleans"}[k] for k in dict.fromkeys(
+        "i" if k == "u" else k for k in kinds))
+
+
+def _wanted_arrays(f: _Fields, n: int, e: int) -> dict[str, tuple[tuple[int, ...], str, bool]]:
+    """Name → (shape, dtype kinds, required) of every array the metadata names."""
+    wanted: dict[str, tuple[tuple[int, ...], str, bool]] = {
+        "kinds": ((n,), _INTEGER, True), "layers": ((n,), _INTEGER, True), "heads": ((n,), _INTEGER, True),
+        "positions": ((n,), _INTEGER, True), "values": ((n,), _FLOAT, True), "node_mask": ((n,), _BOOL, True),
+        "sources": ((e,), _INTEGER, True), "targets": ((e,), _INTEGER, True), "weights": ((e,), _FLOAT, True),
+        "edge_mask": ((e,), _BOOL, True), "influence": ((n,), _FLOAT, False), "left_out": ((n,), _FLOAT, False),
+        "computed": ((n,), _BOOL, False), "patch_kappa": ((n,), _FLOAT, bool(f.patch_estimators))}
+    wanted.update({f"patch_estimates.{name}": ((n,), _FLOAT, True) for name in f.patch_estimators})
+    wanted.update({f"edge_patches.{name}": ((e,), _FLOAT, True) for name in f.edge_estimators})
+    return wanted
+
+
+def _check_nodes(source: Path, kinds: list[str], layers: list[int], heads: list[int], positions: list[int],
+                 f: _Fields) -> None:
+    """The node table as a graph builds it: one bias and one output node where the metadata
+    says, every token and writer at a position of the input, no node twice."""
+    n_tokens = len(f.tokens)
+    if kinds.count("bias") != 1 or kinds[f.bias] != "bias":
+        raise GraphFileError(f"{source}: bias: node {f.bias} is a {kinds[f.bias]} node, not the graph's one bias node")
+    if kinds.count("output") != 1 or kinds[f.output] != "output":
+        raise GraphFileError(f"{source}: output: node {f.output} is a {kinds[f.output]} node, not the graph's one "
+                             "output node")
+    seen = set()
+    for k, (kind, layer, head, position) in enumerate(zip(kinds, layers, heads, positions)):
+        if kind in ("bias", "output"):
+            ok = layer == -1 and head == -1 and position == -1
+        elif kind == "token":
+            ok = layer == -1 and head == -1 and 0 <= position < n_tokens
+        else:
+            ok = layer >= 0 and head >= -1 and 0 <= position < n_tokens
+        if not ok:
+            raise GraphFileError(f"{source}: node {k} (a {kind} node) has layer {layer}, part {head} and position "
+                                 f"{position}, not those of a {kind} node of a graph of {n_tokens} tokens")
+        key = (kind, layer, head, position)
+        if key in seen:
+            raise GraphFileError(f"{source}: node {k} repeats a {kind} node (layer {layer}, part {head}, position "
+                                 f"{position})")
+        seen.add(key)
+
+
+class _Fields:
+    """``metadata.json``'s fields, each checked for its type and range (a
+    :class:`GraphFileError` naming the field)."""
+
+    def __init__(self, meta: dict[str, Any], source: Path) -> None:
+        self.meta, self.source = meta, source
+        if meta.get("format") != FORMAT:
+            raise GraphFileError(f"{source} is not a graph file of captum_ffb (format {_short(meta.get('format'))})")
+        version = meta.get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise GraphFileError(f"{source}: version must be a positive integer, got {_short(version)}")
+        if version > VERSION:
+            raise GraphFileError(f"{source} is a graph file of version {version} (captum_ffb "
+                                 f"{_short(meta.get('library'))}); this captum_ffb reads versions up to {VERSION}: "
+                                 "upgrade it")
+        self.version = version
+        self.granularity = self._choice("granularity", GRANULARITIES)
+        self.tokens = self._strings("tokens")
+        n_tokens = len(self.tokens)
+        ids = self._get("token_ids", optional=True)
+        self.token_ids = None if ids is None else self._integers("token_ids", ids, low=0)
+        if self.token_ids is not None and len(self.token_ids) != n_tokens:
+            self._fail("token_ids", f"has {len(self.token_ids)} ids for {n_tokens} tokens")
+        self.output_label = self._string("output_label")
+        self.probability = self._number("probability", optional=True, low=0.0, high=1.0)
+        self.n_source = self._integer("n_source", optional=True, low=0, high=n_tokens)
+        self.nodes = self._integer("nodes", low=2)
+        self.edges = self._integer("edges", low=0)
+        self.bias = self._integer("bias", low=0, high=self.nodes - 1)
+        self.output = self._integer("output", low=0, high=self.nodes - 1)
+        self.target = self._target(n_tokens)
+        thresholds = self._mapping("thresholds")
+        self.thresholds = {key: self._number(f"thresholds.{key}", value, optional=True)
+                           for key, value in thresholds.items()}
+        excluded = self._integers("excluded_positions", self._get("excluded_positions"), low=0, high=n_tokens - 1)
+        if sorted(set(excluded)) != excluded:
+            self._fail("excluded_positions", "must be sorted positions without repeats")
+        self.excluded_positions = tuple(excluded)
+        self.qk_links = [self._qk_link(k, link) for k, link in enumerate(self._list("qk_links"))]
+        self.patch_estimators = self._names("patch_estimators")
+        if self.patch_estimators and "default" not in self.patch_estimators:
+            self._fail("patch_estimators", "has no 'default'")
+        components = self._mapping("patch_components")
+        self.patch_components = {name: {key: self._number(f"patch_components.{name}.{key}", value)
+                                        for key, value in self._mapping(f"patch_components.{name}", chosen).items()}
+                                 for name, chosen in components.items()}
+        self.patch_seconds = self._numbers_by_name("patch_seconds")
+        self.patch_passes = self._numbers_by_name("patch_passes")
+        self.edge_estimators = self._names("edge_estimators", optional=True)
+
+    # ------------------------------------------------------------------ the pieces
+    def counts(self) -> tuple[int, int]:
+        return self.nodes, self.edges
+
+    def _fail(self, name: str, problem: str) -> None:
+        raise GraphFileError(f"{self.source}: {name} {problem}")
+
+    def _get(self, name: str, optional: bool = False) -> Any:
+        if name not in self.meta:
+            if optional:
+                return None
+            self._fail(name, "is missing from metadata.json")
+        return self.meta[name]
+
+    def _string(self, name: str, value: Any = _FETCH) -> str:
+        value = self._get(name) if value is _FETCH else value
+        if not isinstance(value, str):
+            self._fail(name, f"must be a string, got a {_json_type(value)}")
+        return value
+
+    def _choice(self, name: str, choices: tuple[str, ...]) -> str:
+        value = self._string(name)
+        if value not in choices:
+            self._fail(name, f"must be one of {', '.join(choices)}, got {_short(value)}")
+        return value
+
+    def _strings(self, name: str) -> list[str]:
+        value = self._list(name)
+        if not all(isinstance(v, str) for v in value):
+            self._fail(name, "must be a list of strings")
+        return list(value)
+
+    def _list(self, name: str, value: Any = _FETCH, optional: bool = False) -> list[Any]:
+        value = self._get(name, optional) if value is _FETCH else value
+        if value is None and optional:
+            return []
+        if not isinstance(value, list):
+            self._fail(name, f"must be a list, got a {_json_type(value)}")
+        return value
+
+    def _mapping(self, name: str, value: Any = _FETCH, optional: bool = False) -> dict[str, Any]:
+        value = self._get(name, optional) if value is _FETCH else value
+        if value is None and optional:
+            return {}
+        if not isinstance(value, dict):
+            self._fail(name, f"must be an object, got a {_json_type(value)}")
+        return value
+
+    def _integer(self, name: str, value: Any = _FETCH, *, optional: bool = False, low: int | None = None,
+                 high: int | None = None) -> Any:
+        value = self._get(name, optional) if value is _FETCH else value
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self._fail(name, f"must be an integer, got {_short(value)}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            self._fail(name, f"is {value}, outside {low if low is not None else '…'} … "
+                             f"{high if high is not None else '…'}")
+        return value
+
+    def _integers(self, name: str, value: Any, low: int | None = None, high: int | None = None) -> list[int]:
+        return [self._integer(f"{name}[{k}]", v, low=low, high=high) for k, v in enumerate(self._list(name, value))]
+
+    def _number(self, name: str, value: Any = _FETCH, *, optional: bool = False, low: float | None = None,
+                high: float | None = None) -> Any:
+        value = self._get(name, optional) if value is _FETCH else value
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self._fail(name, f"must be a number, got {_short(value)}")
+        if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+            self._fail(name, f"is {value}, not a number in {low} … {high}" if low is not None
+                       else f"is {value}, not a finite number")
+        return value
+
+    def _names(self, name: str, optional: bool = False) -> list[str]:
+        names = self._list(name, optional=optional)
+        if not all(isinstance(v, str) and re.fullmatch(r"[a-z*+\-]{1,40}", v) for v in names) \
+                or len(set(names)) != len(names):
+            self._fail(name, "must be a list of distinct estimator names")
+        return list(names)
+
+    def _numbers_by_name(self, name: str) -> dict[str, float]:
+        found = self._mapping(name, optional=True)
+        return {key: self._number(f"{name}.{key}", value, optional=True) for key, value in found.items()}
+
+    def _qk_link(self, k: int, link: Any) -> dict[str, Any]:
+        link = self._mapping(f"qk_links[{k}]", link)
+        if set(link) != {"source", "target", "weight", "kind", "head"}:
+            self._fail(f"qk_links[{k}]", "must have source, target, weight, kind and head")
+        for key in ("source", "target", "kind", "head"):
+            self._string(f"qk_links[{k}].{key}", link[key])
+        self._number(f"qk_links[{k}].weight", link["weight"])
+        return dict(link)
+
+    def _target(self, n_tokens: int) -> dict[str, Any] | None:
+        target = self._get("target", optional=True)
+        if target is None:
+            return None
+        target = self._mapping("target", target)
+        known = {"kind", "units", "coefficients", "position", "texts", "n_units"}
+        if not {"kind", "units", "coefficients"} <= set(target) <= known:
+            self._fail("target", f"must have kind, units and coefficients (and at most {', '.join(sorted(known))})")
+        kind = self._string("target.kind", target["kind"])
+        if kind not in TARGET_KINDS:
+            self._fail("target.kind", f"must be one of {', '.join(TARGET_KINDS)}, got {_short(kind)}")
+        n_units = self._integer("target.n_units", target.get("n_units"), optional=True, low=1)
+        units = self._integers("target.units", target["units"], low=0,
+                               high=None if n_units is None else n_units - 1)
+        coefficients = [self._number(f"target.coefficients[{k}]", v)
+                        for k, v in enumerate(self._list("target.coefficients", target["coefficients"]))]
+        if units and len(coefficients) != len(units):
+            self._fail("target.coefficients", f"has {len(coefficients)} values for {len(units)} units")
+        position = target.get("position")
+        position = None if position is None else self._integer("target.position", position, low=0, high=n_tokens - 1)
+        texts = target.get("texts")
+        if texts is not None:
+            texts = self._list("target.texts", texts)
+            if not all(isinstance(t, str) for t in texts) or len(texts) != len(units):
+                self._fail("target.texts", "must be one string per unit")
+        return {"kind": kind, "units": tuple(units), "coefficients": tuple(float(c) for c in coefficients),
+                "position": position, "texts": None if texts is None else tuple(texts), "n_units": n_units}
+
+    # ------------------------------------------------------------------ origin
+    def origin(self, reader: _ArrayReader) -> dict[str, Any] | None:
+        """``origin`` checked, its arrays read (``None``: the graph was saved without it)."""
+        origin = self._get("origin", optional=True)
+        if origin is None:
+            return None
+        origin = self._mapping("origin", origin)
+        if set(origin) == {"unbindable"}:
+            return {"unbindable": self._string("origin.unbindable", origin["unbindable"])}
+        needed = {"model_type", "model_class", "fingerprint", "rules", "args", "kwargs", "reference", "target"}
+        if set(origin) != needed:
+            self._fail("origin", f"must have {', '.join(sorted(needed))}")
+        for key in ("model_type", "model_class"):
+            self._string(f"origin.{key}", origin[key])
+        rules = self._mapping("origin.rules", origin["rules"])
+        for role, rule in rules.items():
+            self._string(f"origin.rules.{role}", rule)
+        fingerprint = origin["fingerprint"]
+        if fingerprint is not None:
+            fingerprint = self._fingerprint(fingerprint)
+        arrays: dict[str, Tensor] = {}
+        for key in ("args", "reference"):
+            self._check_plain(f"origin.{key}", origin[key], reader, arrays)
+        if not isinstance(origin["args"], dict) or "list" not in origin["args"]:
+            self._fail("origin.args", "must be a list")
+        for key, value in self._mapping("origin.kwargs", origin["kwargs"]).items():
+            self._check_plain(f"origin.kwargs.{key}", value, reader, arrays)
+        head = self._mapping("origin.target", origin["target"])
+        from captum_ffb.engine.head import HeadTarget
+
+        if set(head) != {f.name for f in fields(HeadTarget)}:
+            self._fail("origin.target", f"must have {', '.join(f.name for f in fields(HeadTarget))}")
+        for key, value in head.items():
+            self._check_plain(f"origin.target.{key}", value, reader, arrays)
+        return {**origin, "fingerprint": fingerprint, "arrays": arrays}
+
+    def _fingerprint(self, rows: Any) -> list[list[Any]]:
+        rows = self._list("origin.fingerprint", rows)
+        if self.version < 2:  # sums, not digests: kept for the message binding gives
+            return [["version 1"]]
+        checked = []
+        for k, row in enumerate(rows):
+            if not (isinstance(row, list) and len(row) == 4 and isinstance(row[0], str) and isinstance(row[2], str)
+                    and isinstance(row[1], list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                         for s in row[1])
+                    and isinstance(row[3], str) and re.fullmatch(r"[0-9a-f]{64}|meta", row[3])):
+                self._fail(f"origin.fingerprint[{k}]", "must be [name, shape, dtype, SHA-256]")
+            checked.append(row)
+        return checked
+
+    def _check_plain(self, name: str, value: Any, reader: _ArrayReader, arrays: dict[str, Tensor]) -> None:
+        """A value :func:`_plain` wrote: plain JSON, a list of such, or a tensor (its array read)."""
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return
+        if isinstance(value, dict) and set(value) == {"list"} and isinstance(value["list"], list):
+            for k, item in enumerate(value["list"]):
+                self._check_plain(f"{name}[{k}]", item, reader, arrays)
+            return
+        if isinstance(value, dict) and set(value) == {"array", "dtype"}:
+            member, dtype = value["array"], value["dtype"]
+            if not (isinstance(member, str) and re.fullmatch(r"origin(\.[A-Za-z0-9_]{1,64}){1,8}", member)):
+                self._fail(name, "names no array of origin")
+            if dtype not in ORIGIN_DTYPES:
+                self._fail(f"{name}.dtype", f"must be one of {', '.join(ORIGIN_DTYPES)}, got {_short(dtype)}")
+            if member not in arrays:
+                arrays[member] = reader.read(member, None, _INTEGER + _FLOAT + _BOOL)
+            return
+        self._fail(name, "must be a number, a string, a list or an array")
+
+
+def _short(value: Any) -> str:
+    """A value from a file, quoted and cut short for a message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "…"
 
 
 # --------------------------------------------------------------------------- bind
 def bind_graph(graph: Any, engine: Any, chosen: Mapping[str, Any]) -> None:
     """Give ``graph`` (loaded, or built on another copy of the model) a score splitter bound to
     ``engine`` (a ``NormDecomposition``'s engine): refused (a ``ValueError``) unless
-    its model is of the graph's family with the same weights (:func:`weights_digest`), the
-    rules ``chosen`` (by role, the defaults filled in) are the graph's and the frozen pass
-    gives the graph's value again."""
+    its model is of the graph's family with the same weights and buffers
+    (:mod:`~captum_ffb.engine.fingerprint`), the rules ``chosen`` (by role, the defaults filled
+    in) are the graph's and the frozen pass gives the graph's value again. The recorded input
+    is checked as a call's is (:func:`~captum_ffb.engine.requests.check_call`)."""
     from captum_ffb.engine.graph import graph_pass, players_of
     from captum_ffb.engine.head import HeadTarget
     from captum_ffb.engine.locking import model_lock
+    from captum_ffb.engine.requests import check_call
     from captum_ffb.engine.score_split import ScoreSplitter
 
     origin = _origin(graph)
@@ -323,7 +733,11 @@ def bind_graph(graph: Any, engine: Any, chosen: Mapping[str, Any]) -> None:
     if origin["fingerprint"] is None:
         raise ValueError("this graph's model changed after the graph was built and before it was saved: its "
                          "score splits cannot be bound; build the graph again")
-    difference = _digest_difference(origin["fingerprint"], weights_digest(engine.model))
+    if origin["fingerprint"] == [["version 1"]]:
+        raise ValueError("this graph file is of version 1, whose fingerprint of the weights cannot tell swapped or "
+                         "NaN weights apart: build the graph again to bind it")
+    now = weights_fingerprint(engine.model)
+    difference = fingerprint_difference(origin["fingerprint"], now)
     if difference is not None:
         raise ValueError(f"the weights of this {type(engine.model).__name__} are not those this graph was built on "
                          f"({difference}): its score splits would describe another model; bind the model the "
@@ -336,6 +750,7 @@ def bind_graph(graph: Any, engine: Any, chosen: Mapping[str, Any]) -> None:
     arrays = origin["arrays"]
     args = tuple(_unplain(origin["args"], arrays, device))
     kwargs = {k: _unplain(v, arrays, device) for k, v in origin["kwargs"].items()}
+    check_call(engine.model, args, kwargs)
     reference = _unplain(origin["reference"], arrays, device)
     target = HeadTarget(**{k: _unplain(v, arrays, device) for k, v in origin["target"].items()})
     request = engine.request(args, kwargs)
@@ -347,6 +762,6 @@ def bind_graph(graph: Any, engine: Any, chosen: Mapping[str, Any]) -> None:
     if abs(value - graph.value) > 1e-4 * max(1.0, abs(graph.value)):
         raise ValueError(f"the model gives the explained output {value:.6g}, the graph {graph.value:.6g}: it is "
                          "not the graph's model (or runs in another precision)")
-    graph.scorer = ScoreSplitter(engine, request, chosen, graph.granularity, players)
+    graph.scorer = ScoreSplitter(engine, request, chosen, graph.granularity, players, now)
     if graph.origin is None:
         graph.origin = origin

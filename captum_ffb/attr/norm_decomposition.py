@@ -255,18 +255,18 @@ class NormDecomposition(Door, Attribution):
     @log_usage()
     @serialized
     @keyword_only(2, renamed={"baseline_inputs": "corrupted_inputs"})
-    def attribute_graph(self, inputs: Tensor, target: Any = None, *, granularity: str = "head", prune: bool = True,
+    def attribute_graph(self, inputs: Tensor | str, target: Any = None, *, granularity: str = "head", prune: bool = True,
                         node_threshold: float = NODE_THRESHOLD, edge_threshold: float = EDGE_THRESHOLD,
-                        max_nodes: int | None = None, corrupted_inputs: Tensor | None = None,
+                        max_nodes: int | None = None, corrupted_inputs: Tensor | str | None = None,
                         additional_forward_args: Any = None, forward_kwargs: dict[str, Any] | None = None,
                         reference: str | int | Tensor | None = None, rules: Mapping[str, Callable] | None = None,
                         exact_above: float | None = None, exclude_positions: Sequence[int] = (),
-                        estimators: Sequence[str] | None = None) -> AttributionGraph:
+                        estimators: str | Sequence[str] | None = None) -> AttributionGraph:
         r"""The exact attribution graph of one output of one input: the tokens, the writers of
         the stream at each position, the bias and the output, flow conserved at every node.
 
         Args:
-            inputs (Tensor): ``(1, n)`` token ids.
+            inputs (Tensor or str): ``(1, n)`` token ids, or the text (read by the tokenizer).
             target (int, str, ReadOut, optional): as in :meth:`attribute` (``None``: the
                         prediction).
             granularity (str): ``"sublayer"``, ``"head"`` (default) or ``"neuron"``.
@@ -276,7 +276,7 @@ class NormDecomposition(Door, Attribution):
                         ``|value|``); what the others send is reported as left out (default:
                         :data:`~captum_ffb.attr.graph.DEFAULT_MAX_NODES` when pruning, every
                         node when not).
-            corrupted_inputs (Tensor, optional): a corrupted input of the same length: every
+            corrupted_inputs (Tensor or str, optional): a corrupted input of the same length: every
                         node then carries patching estimates (:mod:`captum_ffb.engine.patching`;
                         ``baseline_inputs``, its name before 0.4, is read with a warning).
             exact_above (float, optional): the κ above which ``"atp+exact"`` patches a node
@@ -287,10 +287,11 @@ class NormDecomposition(Door, Attribution):
                         default): ``max_nodes`` chooses them last, pruning runs without them,
                         :meth:`~captum_ffb.attr.AttributionGraph.ranking` skips them; their
                         values and edges stay in ``graph.data``.
-            estimators (Sequence[str], optional): patching estimators to compute beyond
-                        :data:`~captum_ffb.engine.patching.COMPUTED` and the default (those of
-                        :data:`~captum_ffb.engine.patching.ESTIMATORS`: ``"atp*"`` and
-                        ``"eap-ig"`` cost more passes).
+            estimators (str or Sequence[str], optional): patching estimators to compute beyond
+                        :data:`~captum_ffb.engine.patching.COMPUTED` and the default (a name or
+                        names of :data:`~captum_ffb.engine.patching.ESTIMATORS` or
+                        :data:`~captum_ffb.engine.patching.ALIASES`: ``"atp*"`` and ``"eap-ig"``
+                        cost more passes); like ``exact_above``, only with ``corrupted_inputs``.
             additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
 
         Returns:
@@ -311,6 +312,12 @@ class NormDecomposition(Door, Attribution):
         if not isinstance(prune, bool):
             raise TypeError(f"prune must be True or False, got {prune!r}")
         check_granularity(granularity, "graph")
+        if corrupted_inputs is None:
+            given = [name for name, value in (("estimators", estimators), ("exact_above", exact_above))
+                     if value is not None]
+            if given:
+                raise ValueError(f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} up patching "
+                                 "estimates, which need corrupted_inputs (a corrupted input of the same length)")
         exact_above = EXACT_ABOVE if exact_above is None else exact_above
         if isinstance(exact_above, bool) or not isinstance(exact_above, (int, float)) or not exact_above > 0:
             raise ValueError(f"exact_above must be a positive number (math.inf: never patch for real), got "
@@ -319,6 +326,7 @@ class NormDecomposition(Door, Attribution):
         if getattr(chosen.get("attention"), "credits_scores", False):
             raise ValueError("rules: an attribution graph freezes the attention probabilities (the paper's "
                              "rules); its query–key pairs come from score_split")
+        inputs = self._text_input(inputs)
         request = self.request(inputs, target, additional_forward_args=additional_forward_args,
                                forward_kwargs=forward_kwargs, reference=reference)
         if request.batch_size != 1:
@@ -330,6 +338,7 @@ class NormDecomposition(Door, Attribution):
         corrupted = None
         if corrupted_inputs is not None:
             self.engine.refuse_two_stacks("patching estimates")
+            corrupted_inputs = self._text_input(corrupted_inputs, "corrupted_inputs")
             corrupted = self.request(corrupted_like(corrupted_inputs, request), request.target,
                                      additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
                                      reference=request.reference, name="corrupted_inputs")

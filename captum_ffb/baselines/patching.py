@@ -113,7 +113,7 @@ def activation_patching(model: Any, inputs: Tensor | str, corrupted_inputs: Tens
     from captum_ffb.attr.norm_decomposition import NormDecomposition
     from captum_ffb.engine.locking import model_lock
     from captum_ffb.engine.patching import corrupted_like
-    from captum_ffb.engine.requests import check_count
+    from captum_ffb.engine.requests import check_count, text_input_ids
 
     if baseline_inputs is not None:
         if corrupted_inputs is not None:
@@ -129,7 +129,7 @@ def activation_patching(model: Any, inputs: Tensor | str, corrupted_inputs: Tens
     nd = model if isinstance(model, NormDecomposition) else NormDecomposition(model, tokenizer=tokenizer)
     reader = tokenizer if tokenizer is not None else nd.tokenizer
     nd.engine.refuse_two_stacks("activation patching")
-    inputs, corrupted_inputs = (_token_ids(reader, text, name, nd.model)
+    inputs, corrupted_inputs = (text_input_ids(reader, text, name, nd.model, "activation_patching(..., tokenizer=...)")
                                 for text, name in ((inputs, "inputs"), (corrupted_inputs, "corrupted_inputs")))
     target = with_token_ids(target, lambda text: _one_token(nd, reader, text))
     forward_kwargs = dict(forward_kwargs or {})
@@ -142,18 +142,6 @@ def activation_patching(model: Any, inputs: Tensor | str, corrupted_inputs: Tens
         effects, clean, corrupted_value = nd.engine.activation_patching(request, corrupted, granularity,
                                                                         batch_size, show_progress)
     return PatchingResult(_Effects(effects), clean, corrupted_value)
-
-
-def _token_ids(tokenizer: Any, inputs: Any, name: str, model: Any) -> Any:
-    """Text inputs as ``(1, n)`` token ids on the model's device (others as they are)."""
-    if not isinstance(inputs, str):
-        return inputs
-    from captum_ffb.text import check_text
-
-    check_text(inputs, name=name)
-    if tokenizer is None:
-        raise TypeError(f"{name} is text: give activation_patching(..., tokenizer=...) to read it, or token ids")
-    return tokenizer(inputs, return_tensors="pt").input_ids.to(next(model.parameters()).device)
 
 
 def _one_token(nd: Any, tokenizer: Any, text: str) -> int:

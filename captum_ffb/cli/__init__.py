@@ -91,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"captum-ffb: warning: {message}", file=sys.stderr)
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _one_line_warning
+            flags = getattr(args, "flags", {})
+            warnings.showwarning = lambda message, *rest, **extra: _one_line_warning(  # in the CLI's words
+                as_flags(str(message), flags), *rest, **extra)
             if getattr(args, "quiet", False):
                 warnings.simplefilter("ignore")
             return int(args.run(args) or 0)

@@ -17,12 +17,14 @@ from captum_ffb.cli._options import (
     default_out,
     model_placement,
 )
-from captum_ffb.outputs import check_out_dir, output_set, write_json, write_text
+from captum_ffb.outputs import check_out_dir, check_out_files, output_set, write_json, write_text
 from captum_ffb.vocabulary import FEATURE_GRANULARITIES, component_of
 
 DEFAULT_OUT = default_out("graph")
 #: What ``--format`` chooses from.
 GRAPH_FORMATS = ("json", "html", "neuronpedia", "npz")
+#: The file each format writes.
+FILES = {"json": "graph.json", "html": "graph.html", "neuronpedia": "graph_neuronpedia.json", "npz": "graph.npz"}
 #: How many components and nodes the summary prints per ranking.
 TOP = 5
 GRANULARITIES = FEATURE_GRANULARITIES["graph"]
@@ -137,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-nodes must be at least 1, got {args.max_nodes}")
     placement = model_placement(args)
     out = check_out_dir(args.out)
+    check_out_files(out, ["components.csv", *(FILES[f] for f in formats)])
     from captum_ffb.explain import check_request
     from captum_ffb.models import load_model, model_config
 
@@ -173,20 +176,20 @@ def run(args: argparse.Namespace) -> int:
                              f"or prune (drop --no-prune) for {', '.join(as_dicts)}") from None
     with output_set(out) as files:
         written = [write_text(files.path("components.csv"), components_csv(graph))]
-        if "npz" in formats:
-            written.append(graph.save(files.path("graph.npz")))
         if "json" in formats:
-            written.append(write_json(files.path("graph.json"), graph.to_dict()))
+            written.append(write_json(files.path(FILES["json"]), graph.to_dict()))
         if "html" in formats:
             from captum_ffb.viz.graph import save_graph_html
 
             say("query–key pairs of the largest heads ...")
-            written.append(save_graph_html(graph, files.path("graph.html")))
+            written.append(save_graph_html(graph, files.path(FILES["html"])))
         if "neuronpedia" in formats:
             from captum_ffb.viz.graph import save_neuronpedia_graph
 
-            written.append(save_neuronpedia_graph(graph, files.path("graph_neuronpedia.json"), args.text,
+            written.append(save_neuronpedia_graph(graph, files.path(FILES["neuronpedia"]), args.text,
                                                   scan=f"captum-ffb:{loaded.name}"))
+        if "npz" in formats:  # last: with the edges' estimates the other files computed
+            written.append(graph.save(files.path(FILES["npz"])))
     written = files.final(written)
     if not args.quiet:
         _summary(graph, loaded.name)

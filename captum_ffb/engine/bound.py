@@ -34,6 +34,7 @@ from captum_ffb.engine.model import final_norm_of, find_blocks, model_type_of
 from captum_ffb.engine.passes import ModelPass, first_block_input
 from captum_ffb.engine.players import is_centered, reference_inputs, visible_positions
 from captum_ffb.engine.points import stream_points
+from captum_ffb.engine.requests import text_token_ids
 from captum_ffb.rules import check_rules, whole_model_rules
 
 #: The keyword arguments that carry an encoder–decoder's target.
@@ -178,17 +179,12 @@ class BoundModel:
 
     def token_ids(self, tokenizer: Any, text: str, one: bool = False) -> list[int]:
         """The token ids of a target given as text (an encoder–decoder's target side), without
-        special tokens; with ``one``, a one-line error unless it is one token."""
+        special tokens (:func:`~captum_ffb.engine.requests.text_token_ids`: unknown text
+        refused; with ``one``, a one-line error unless it is one token)."""
         if tokenizer is None:
             raise TypeError(f"target {text!r} is text: give NormDecomposition(model, tokenizer=...) to read "
                             "it, or its token id")
-        ids = list(tokenizer(text_target=text, add_special_tokens=False)["input_ids"]) if self.source is not None \
-            else list(tokenizer.encode(text, add_special_tokens=False))
-        if one and len(ids) != 1:
-            pieces = tokenizer.convert_ids_to_tokens(ids)
-            raise ValueError(f"target {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); give one "
-                             "token (mind the leading space, e.g. ' Paris')")
-        return ids
+        return text_token_ids(tokenizer, text, one=one, decoder=self.source is not None)
 
     def refuse_two_stacks(self, what: str) -> None:
         """A one-line error for what encoder–decoders do not have yet."""

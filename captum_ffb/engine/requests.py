@@ -10,6 +10,7 @@ passes its inputs through these functions first; each raises ``TypeError`` (wron
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -213,3 +214,98 @@ def check_new_tokens(max_new_tokens: Any, prefix: int, config: Any, decoder: boo
         raise ValueError(f"{name} {max_new_tokens} runs past the model's {limit} positions: at most "
                          f"{room} new tokens fit after {prefix} position{'s' if prefix != 1 else ''}")
     return max_new_tokens
+
+
+def text_token_ids(tokenizer: Any, text: str, name: str = "target", one: bool = False,
+                   decoder: bool = False) -> list[int]:
+    r"""The token ids of a target given as text, without special tokens: a one-line error for
+    text the tokenizer reads as its unknown token (``<unk>``: the text is not in its
+    vocabulary), and with ``one``, unless it is one token.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        text (str): the text.
+        name (str): how the text is named in messages.
+        one (bool): it must be one token.
+        decoder (bool): an encoder–decoder's target side (``text_target=``).
+    """
+    ids = list(tokenizer(text_target=text, add_special_tokens=False)["input_ids"]) if decoder \
+        else list(tokenizer.encode(text, add_special_tokens=False))
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if unknown is not None and unknown in ids and text.strip() != getattr(tokenizer, "unk_token", None):
+        raise ValueError(f"{name} {text!r} is not in the tokenizer's vocabulary: it reads as "
+                         f"{tokenizer.unk_token!r}, which would be explained instead")
+    if one and len(ids) != 1:
+        pieces = tokenizer.convert_ids_to_tokens(ids)
+        raise ValueError(f"{name} {text!r} is {len(ids)} tokens for this tokenizer ({pieces}); give one "
+                         "token (mind the leading space, e.g. ' Paris')")
+    return ids
+
+
+def leading_space_hint(tokenizer: Any, text: str, predicted: Any, name: str = "target") -> str | None:
+    """A hint for a target text without its leading space (``"Paris"``) whose spaced form
+    (``" Paris"``) is another single token, the one predicted (``predicted``: the predicted
+    ids); ``None`` otherwise."""
+    if not text or text[:1].isspace():
+        return None
+    own = tokenizer.encode(text, add_special_tokens=False)
+    spaced = tokenizer.encode(" " + text, add_special_tokens=False)
+    if len(own) != 1 or len(spaced) != 1 or own == spaced:
+        return None
+    found = predicted.reshape(-1).tolist() if isinstance(predicted, Tensor) else [int(predicted)]
+    if spaced[0] not in found:
+        return None
+    return (f"{name} {text!r} is the token {tokenizer.convert_ids_to_tokens(own)[0]!r}, not the model's "
+            f"prediction {tokenizer.convert_ids_to_tokens(spaced)[0]!r} (the word with its leading space): give "
+            f"{' ' + text!r} to explain the prediction")
+
+
+def text_input_ids(tokenizer: Any, inputs: Any, name: str, model: Any,
+                   give: str = "NormDecomposition(model, tokenizer=...)") -> Any:
+    """Inputs given as text, as ``(1, n)`` token ids on ``model``'s device (read by
+    ``tokenizer``, special tokens included); other inputs as they are. ``give``: what to
+    write to pass a tokenizer, for the message when there is none."""
+    if not isinstance(inputs, str):
+        return inputs
+    check_text(inputs, name=name)
+    if tokenizer is None:
+        raise TypeError(f"{name} is text: give {give} to read it, or token ids")
+    return tokenizer(inputs, return_tensors="pt").input_ids.to(next(model.parameters()).device)
+
+
+#: Unicode categories that draw nothing: format characters (zero-width space, joiners, the
+#: byte-order mark), controls, separators.
+INVISIBLE = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp"})
+
+
+def check_text(text: str, name: str = "the text") -> str:
+    r"""``text`` if it can be tokenised, else a one-line ValueError: it is empty, or it is not
+    valid UTF-8 (bytes that are not UTF-8 on a command line reach Python as lone surrogates,
+    which tokenizers refuse); ``name`` says which text in the message."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string, got {type(text).__name__}")
+    if not text or not text.strip():
+        raise ValueError(f"{name} is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        first = error.start
+    else:
+        if all(unicodedata.category(c) in INVISIBLE or c.isspace() for c in text):
+            raise ValueError(f"{name} has no visible characters (only spaces, zero-width or control "
+                             "characters)")
+        return text
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the bytes the command line had
+        raw.decode("utf-8")
+    except UnicodeEncodeError:  # a surrogate that stands for no byte
+        pass
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{name} is not valid UTF-8 (byte 0x{raw[error.start]:02x} at position "
+            f"{error.start})"
+        ) from None
+    raise ValueError(
+        f"{name} is not valid UTF-8 (lone surrogate U+{ord(text[first]):04X} at character "
+        f"{first})"
+    )
