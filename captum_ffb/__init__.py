@@ -37,7 +37,7 @@ from captum_ffb.decomposition import (
 from captum_ffb.engine import Chain
 from captum_ffb.engine.locking import model_lock
 
-__version__ = "0.3.0"
+__version__ = "0.4.0.dev0"
 
 __all__ = [
     "ArchitectureSpec",
