@@ -82,6 +82,13 @@ def hidden_gguf_progress_bar() -> Iterator[None]:
         gguf_utils.tqdm = bar
 
 
+# --------------------------------------------------------------------------- torch
+def version_counter(tensor: Any) -> int:
+    """How many times ``tensor`` was changed in place (autograd's version counter)."""
+    # torch 2.6 to 2.15: ``Tensor._version``, bumped by every in-place operation (not through ``.data``).
+    return int(tensor._version)
+
+
 # --------------------------------------------------------------------------- Captum
 def llm_attribution_base() -> type:
     """Captum's base of ``LLMAttribution`` and ``LLMGradientAttribution`` (not exported)."""

@@ -60,5 +60,5 @@ nitpick_ignore_regex = [
     ("py:.*", r"captum_ffb\..*\._\w+"),  # private bases (shown by show-inheritance) are not in the reference
     ("py:.*", r".* .*"),
     ("py:.*", r'".*"'),
-    ("py:class", r"Fingerprint"),  # a type alias (captum_ffb.engine.fingerprint.Fingerprint), documented as data
+    ("py:class", r"Fingerprint|Stamp"),  # type aliases of captum_ffb.engine.fingerprint, documented as data
 ]

@@ -601,7 +601,8 @@ def test_a_graphs_repr_is_one_short_line(api):
 def test_saving_runs_no_model(api, tmp_path, monkeypatch):
     """``save()`` computed every kept edge's estimate first (55 s on SmolLM2): it writes what
     was computed, and what ``edge_patch_estimates`` computed before is in the file."""
-    graph = api["patched"]
+    graph = api["nd"].attribute_graph(IDS[:1], target=3, corrupted_inputs=IDS[1:], max_nodes=6)
+    graph.edge_patch_estimates(edges=[0, 1])
     patcher = graph.edge_patcher
 
     def refuse(*args, **kwargs):

@@ -15,6 +15,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import tracemalloc
 import zipfile
 
@@ -24,7 +25,6 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import AttributionGraph, graph_files
-from captum_ffb.engine.fingerprint import fingerprint_difference, weights_fingerprint
 from captum_ffb.outputs import OutputError, atomic_open, output_set
 from tests.models import tiny_task_model, token_ids
 
@@ -275,8 +275,22 @@ def test_too_many_members_are_refused_before_they_are_listed(built, tmp_path):
 def test_what_is_not_a_regular_file_is_refused(tmp_path):
     fifo = tmp_path / "pipe.npz"
     os.mkfifo(fifo)
-    with pytest.raises(ValueError, match=r"pipe.npz is not a regular file"):  # never blocks on the pipe
-        AttributionGraph.load(fifo)
+    found: list[BaseException] = []
+
+    def load():
+        try:
+            AttributionGraph.load(fifo)
+        except BaseException as error:  # noqa: B036  (handed to the test's thread)
+            found.append(error)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # blocked on opening the pipe (as before): let it go, and fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("loading a pipe blocked")
+    assert len(found) == 1 and isinstance(found[0], ValueError), found
+    assert re.search(r"pipe.npz is not a regular file", str(found[0]))
     with pytest.raises(FileNotFoundError, match=r"no graph file at .*nowhere.npz"):
         AttributionGraph.load(tmp_path / "nowhere.npz")
 
@@ -393,9 +407,8 @@ def test_a_graph_refuses_to_run_a_changed_model(tmp_path):
 
 
 def _swap(weight: torch.Tensor, i: int, j: int) -> None:
-    flat = weight.data.view(-1)
-    a, b = float(flat[i]), float(flat[j])
-    flat[i], flat[j] = b, a
+    flat = weight.view(-1)
+    flat[[i, j]] = flat[[j, i]].clone()
 
 
 BIND_CASES = [
@@ -406,13 +419,15 @@ BIND_CASES = [
      lambda m: m.model.rotary_emb.inv_freq.mul_(1.5),
      r"buffer model.rotary_emb.inv_freq holds other values"),
     ("a NaN weight (NaN sums compared equal before)",
-     lambda m: m.model.layers[1].mlp.down_proj.weight.data.view(-1).__setitem__(7, float("nan")),
+     lambda m: m.model.layers[1].mlp.down_proj.weight.view(-1).__setitem__(7, float("nan")),
      r"parameter model.layers.1.mlp.down_proj.weight holds other values"),
 ]
 
 
 @pytest.mark.parametrize("case, change, message", BIND_CASES, ids=[c for c, *_ in BIND_CASES])
 def test_binding_refuses_weights_and_buffers_that_are_not_the_graphs(built, case, change, message):
+    from captum_ffb.engine.fingerprint import fingerprint_difference, weights_fingerprint
+
     model, _, _, _, _, path = built
     other = tiny_task_model("llama", "causal_lm")
     assert fingerprint_difference(weights_fingerprint(model), weights_fingerprint(other)) is None
@@ -423,3 +438,13 @@ def test_binding_refuses_weights_and_buffers_that_are_not_the_graphs(built, case
         AttributionGraph.load(path, model=other)
     with pytest.raises(ValueError, match=r"weights changed since this graph was built \(" + message):
         graph.score_split(1, 0, 6, 2)  # the graph built on it refuses to split its scores
+
+
+def test_a_change_through_data_is_seen_too():
+    """``.data`` bypasses the version counter; the stamp's sum of bits sees the change."""
+    model = tiny_task_model("llama", "causal_lm")
+    graph = NormDecomposition(model).attribute_graph(token_ids()[:1, :7], 5)
+    model.model.layers[1].mlp.up_proj.weight.data[2, 3] += 0.5
+    with pytest.raises(ValueError, match=r"weights changed since this graph was built \(parameter "
+                                         r"model.layers.1.mlp.up_proj.weight holds other values\)"):
+        graph.score_split(1, 0, 6, 2)

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.engine.fingerprint import fingerprint_difference, weights_fingerprint
+from captum_ffb.engine.fingerprint import fingerprint_difference, weights_fingerprint, weights_stamp
 
 __all__ = ["ARRAY_BYTES_FLOOR", "ARRAY_BYTES_PER_FILE_BYTE", "FORMAT", "MAX_MEMBERS", "MAX_METADATA_BYTES", "VERSION",
            "GraphFileError", "bind_graph", "load_graph", "save_graph"]
@@ -162,10 +162,9 @@ def _origin(graph: Any) -> dict[str, Any] | None:
         return {"unbindable": f"its input holds what a file cannot ({error})"}
     target = {f.name: _plain(getattr(request.target, f.name), arrays, f"origin.target.{f.name}")
               for f in fields(request.target)}
-    now = weights_fingerprint(scorer.model)
-    unchanged = fingerprint_difference(scorer.fingerprint, now) is None
+    unchanged = weights_stamp(scorer.model) == scorer.stamp
     return {"model_type": scorer.engine.model_type, "model_class": type(scorer.model).__name__,
-            "fingerprint": [list(row) for row in now] if unchanged else None,
+            "fingerprint": [list(row) for row in weights_fingerprint(scorer.model)] if unchanged else None,
             "rules": _rules_of(scorer.rules), **inputs, "target": target, "arrays": arrays}
 
 
@@ -736,8 +735,7 @@ def bind_graph(graph: Any, engine: Any, chosen: Mapping[str, Any]) -> None:
     if origin["fingerprint"] == [["version 1"]]:
         raise ValueError("this graph file is of version 1, whose fingerprint of the weights cannot tell swapped or "
                          "NaN weights apart: build the graph again to bind it")
-    now = weights_fingerprint(engine.model)
-    difference = fingerprint_difference(origin["fingerprint"], now)
+    difference = fingerprint_difference(origin["fingerprint"], weights_fingerprint(engine.model))
     if difference is not None:
         raise ValueError(f"the weights of this {type(engine.model).__name__} are not those this graph was built on "
                          f"({difference}): its score splits would describe another model; bind the model the "
@@ -762,6 +760,6 @@ def bind_graph(graph: Any, engine: Any, chosen: Mapping[str, Any]) -> None:
     if abs(value - graph.value) > 1e-4 * max(1.0, abs(graph.value)):
         raise ValueError(f"the model gives the explained output {value:.6g}, the graph {graph.value:.6g}: it is "
                          "not the graph's model (or runs in another precision)")
-    graph.scorer = ScoreSplitter(engine, request, chosen, graph.granularity, players, now)
+    graph.scorer = ScoreSplitter(engine, request, chosen, graph.granularity, players)
     if graph.origin is None:
         graph.origin = origin

@@ -62,7 +62,7 @@ from captum_ffb.engine.estimators import (
     record,
     relp_rules,
 )
-from captum_ffb.engine.fingerprint import Fingerprint, check_unchanged, weights_fingerprint
+from captum_ffb.engine.fingerprint import Stamp, check_unchanged, weights_stamp
 from captum_ffb.engine.graph import (
     Covectors,
     GraphData,
@@ -474,11 +474,11 @@ def check_estimators(names: str | Sequence[str] | None) -> tuple[str, ...]:
 def patch_estimates(engine: BoundModel, request: Request, corrupted: Request, tape: GraphTape, found: Covectors,
                     data: GraphData, granularity: str, exact_above: float = EXACT_ABOVE,
                     estimators: Sequence[str] | None = None, steps: int = EAP_IG_STEPS,
-                    fingerprint: Fingerprint | None = None) -> PatchEstimates:
+                    stamp: Stamp | None = None) -> PatchEstimates:
     """Every node's estimated patching effect under :data:`COMPUTED`, ``estimators`` and the
     default (``"default"``), each node's κ, the components the ``"+exact"`` estimators patched
     for real (and AtP*'s whole components), and each estimator's seconds and passes; the edges'
-    patcher bound to the weights of ``fingerprint`` (the model's now, when not given)."""
+    patcher bound to the weights of ``stamp`` (the model's now, when not given)."""
     wanted = check_estimators(estimators)
     bases = {name.removesuffix("+exact") for name in wanted} - {"atp*"}
     star = "atp*" in wanted
@@ -594,7 +594,7 @@ def patch_estimates(engine: BoundModel, request: Request, corrupted: Request, ta
         whole["default"] = dict(whole[DEFAULT_ESTIMATOR])
     seconds["default"], passes["default"] = seconds[DEFAULT_ESTIMATOR], passes[DEFAULT_ESTIMATOR]
     patcher = None if granularity == "neuron" else \
-        EdgePatcher(engine, request, corrupted, granularity, steps, fingerprint=fingerprint)
+        EdgePatcher(engine, request, corrupted, granularity, steps, stamp=stamp)
     return PatchEstimates({name: value.detach() for name, value in estimates.items()}, kappa, whole, seconds, passes,
                           patcher)
 
@@ -611,17 +611,18 @@ class EdgePatcher:
         engine, request, corrupted: the model and the two inputs.
         granularity (str): the graph's.
         steps (int): EAP-IG's interpolation steps (a positive integer).
-        fingerprint (Fingerprint, optional): the weights the graph was built on (the model's
-                    now when not given).
+        stamp (Stamp, optional): the weights the graph was built on
+                    (:func:`~captum_ffb.engine.fingerprint.weights_stamp`; the model's now when
+                    not given).
     """
 
     def __init__(self, engine: BoundModel, request: Request, corrupted: Request, granularity: str,
-                 steps: int = EAP_IG_STEPS, fingerprint: Fingerprint | None = None) -> None:
+                 steps: int = EAP_IG_STEPS, stamp: Stamp | None = None) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive integer, got {steps!r}")
         self.engine, self.request, self.corrupted = engine, request, corrupted
         self.granularity, self.steps = granularity, steps
-        self.fingerprint = weights_fingerprint(engine.model) if fingerprint is None else fingerprint
+        self.stamp = weights_stamp(engine.model) if stamp is None else stamp
 
     def links(self, data: GraphData, edges: Tensor) -> list[Link]:
         """The links of the graph's edges ``edges`` (indices into ``data.sources``)."""
@@ -632,7 +633,7 @@ class EdgePatcher:
                   ) -> dict[str, Tensor]:
         """Name → ``(k,)`` the estimates of the edges ``edges`` (indices into the graph's edges);
         edges from the bias have none (``nan``)."""
-        check_unchanged(self.engine.model, self.fingerprint, "edge patch estimates")
+        check_unchanged(self.engine.model, self.stamp, "edge patch estimates")
         links, rows = [], []
         for row, link in enumerate(self.links(data, edges)):
             if link.source[0] in ("bias",) or link.target[0] in ("bias", "token", "neuron"):
@@ -653,7 +654,7 @@ class EdgePatcher:
         batches of ``batch_size`` passes."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        check_unchanged(self.engine.model, self.fingerprint, "path patching")
+        check_unchanged(self.engine.model, self.stamp, "path patching")
         links = self.links(data, edges)
         keep = [row for row, link in enumerate(links) if link.source[0] != "bias"]
         found = torch.full((len(links),), float("nan"), dtype=torch.float64)

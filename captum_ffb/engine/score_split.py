@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from captum_ffb.architectures.paths import resolve
 from captum_ffb.engine.bound import BoundModel, Request
-from captum_ffb.engine.fingerprint import Fingerprint, check_unchanged, weights_fingerprint
+from captum_ffb.engine.fingerprint import Stamp, check_unchanged, weights_stamp
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.graph import (
     GraphTape,
@@ -46,7 +46,7 @@ class ScoreSplitter:
     """Splits the scores of one input's heads over pairs of writers: one recorded pass of the
     frozen model (with every head's queries and keys), run at the first call and kept.
 
-    The model is the one the graph was built on: its weights' fingerprint is taken when the
+    The model is the one the graph was built on: its weights' stamp is taken when the
     splitter is made, and the pass is refused (a ``ValueError``) if they changed before it ran.
 
     Args:
@@ -62,11 +62,11 @@ class ScoreSplitter:
     """
 
     def __init__(self, engine: BoundModel, request: Request, rules: Any, granularity: str,
-                 players: list[Players], fingerprint: Fingerprint | None = None) -> None:
+                 players: list[Players], stamp: Stamp | None = None) -> None:
         self.engine, self.request, self.rules = engine, request, rules
         self.granularity, self.players = granularity, players
-        #: the weights the graph was built on (:mod:`~captum_ffb.engine.fingerprint`)
-        self.fingerprint = weights_fingerprint(engine.model) if fingerprint is None else fingerprint
+        #: the weights the graph was built on (:func:`~captum_ffb.engine.fingerprint.weights_stamp`)
+        self.stamp = weights_stamp(engine.model) if stamp is None else stamp
         self._tape: GraphTape | None = None
         #: (writer index, "query" | "key", head, position) → a ``_parts`` result: a head's
         #: query parts serve every key it is asked about, a key's every head sharing it
@@ -85,7 +85,7 @@ class ScoreSplitter:
     @property
     def tape(self) -> GraphTape:
         if self._tape is None:
-            check_unchanged(self.engine.model, self.fingerprint, "query–key splits")
+            check_unchanged(self.engine.model, self.stamp, "query–key splits")
             self._tape = graph_pass(self.engine, self.request, self.request.target, self.rules, self.granularity,
                                     coefficients=FrozenCoefficients(scores=True))
         return self._tape

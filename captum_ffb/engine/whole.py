@@ -53,7 +53,7 @@ from captum_ffb.engine.components import (
     settle_block,
     stacked,
 )
-from captum_ffb.engine.fingerprint import weights_fingerprint
+from captum_ffb.engine.fingerprint import weights_stamp
 from captum_ffb.engine.graph import (
     GraphData,
     build_graph,
@@ -801,8 +801,8 @@ class WholeModel(BoundModel):
         node and edge (:func:`~captum_ffb.engine.graph.build_graph`, the edges of at most
         ``max_nodes`` writer nodes), with a corrupted run the nodes' patching estimates, and
         the splitter of the heads' scores (``exclude_positions``: writers ``max_nodes`` chooses
-        last), both bound to the model's weights as they are now (their fingerprint)."""
-        fingerprint = weights_fingerprint(self.model)
+        last), both bound to the model's weights as they are now (their stamp)."""
+        stamp = weights_stamp(self.model)
         tape = graph_pass(self, request, request.target, rules, granularity)
         self.check_players(request, tape.leaves)
         found = covectors(tape)
@@ -812,9 +812,9 @@ class WholeModel(BoundModel):
         if corrupted is not None:
             self.refuse_two_stacks("patching estimates")
             estimates = patch_estimates(self, request, corrupted, tape, found, data, granularity, exact_above,
-                                        estimators, fingerprint=fingerprint)
+                                        estimators, stamp=stamp)
         n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
-        return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players, fingerprint), estimates,
+        return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players, stamp), estimates,
                           target_probability(tape.output, tape.target), n_source)
 
     def activation_patching(self, request: Request, corrupted: Request, granularity: str, batch_size: int = 16,
