@@ -187,7 +187,7 @@ def check_out_files(folder: str | os.PathLike, names: list[str], option: str = "
         try:
             check_destination(path)
         except OutputError as error:
-            raise OutputError(f"{option} {folder}: {str(error).removeprefix(str(path) + ' ')}") from None
+            raise OutputError(f"{option} {folder}: {name} {str(error).removeprefix(str(path) + ' ')}") from None
 
 
 @contextlib.contextmanager
@@ -277,12 +277,7 @@ def output_set(folder: str | os.PathLike, option: str = "--out") -> Iterator[Out
         except OSError as error:
             raise OutputError(f"{option} {target}: a file could not be written ({_reason(error)})") from None
         written = sorted(staging.iterdir())
-        blocked = [p.name for p in written if (target / p.name).is_dir() and not (target / p.name).is_symlink()]
-        if blocked:
-            raise OutputError(f"{option} {target}: {blocked[0]} is a folder there, in the way of the file of that "
-                              "name; move it or use another --out")
-        for path in written:
-            check_destination(target / path.name)
+        check_out_files(target, [p.name for p in written], option)
         try:
             for path in written:
                 os.replace(path, target / path.name)

@@ -302,26 +302,8 @@ class NormDecomposition(Door, Attribution):
             ``attribute_graph(prune=False).prune()``, which prunes among all of them with the
             same thresholds (docs/graphs.md, "Which graph is the circuit").
         """
-        if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
-            raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
-        for name, share in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
-            if isinstance(share, bool) or not isinstance(share, (int, float)):
-                raise TypeError(f"{name} must be a number between 0 and 1, got {type(share).__name__}")
-            if not 0.0 <= share <= 1.0:
-                raise ValueError(f"{name} must lie between 0 and 1, got {share}")
-        if not isinstance(prune, bool):
-            raise TypeError(f"prune must be True or False, got {prune!r}")
-        check_granularity(granularity, "graph")
-        if corrupted_inputs is None:
-            given = [name for name, value in (("estimators", estimators), ("exact_above", exact_above))
-                     if value is not None]
-            if given:
-                raise ValueError(f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} up patching "
-                                 "estimates, which need corrupted_inputs (a corrupted input of the same length)")
-        exact_above = EXACT_ABOVE if exact_above is None else exact_above
-        if isinstance(exact_above, bool) or not isinstance(exact_above, (int, float)) or not exact_above > 0:
-            raise ValueError(f"exact_above must be a positive number (math.inf: never patch for real), got "
-                             f"{exact_above!r}")
+        exact_above, estimators = _graph_options(granularity, prune, node_threshold, edge_threshold, max_nodes,
+                                                 corrupted_inputs is not None, exact_above, estimators)
         chosen = self._rules(rules)
         if getattr(chosen.get("attention"), "credits_scores", False):
             raise ValueError("rules: an attribution graph freezes the attention probabilities (the paper's "
@@ -343,9 +325,14 @@ class NormDecomposition(Door, Attribution):
                                      additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
                                      reference=request.reference, name="corrupted_inputs")
         limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
-        estimators = check_estimators(estimators)
         built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above, excluded,
                                   estimators)
+        graph = self._graph_of(built, request, granularity, excluded)
+        return graph.prune(node_threshold, edge_threshold) if prune else graph
+
+    def _graph_of(self, built: Any, request: Any, granularity: str, excluded: tuple[int, ...]) -> AttributionGraph:
+        """The unpruned :class:`AttributionGraph` of the engine's ``built`` graph (its labels
+        read by the tokenizer, its patching estimates where there are)."""
         tokens, ids = token_labels(self.tokenizer, request, built.n_source)
         graph = AttributionGraph.of(built.data, tokens, output_label(self.tokenizer, self.task, request.target),
                                     granularity, probability=built.probability, token_ids=ids,
@@ -358,7 +345,7 @@ class NormDecomposition(Door, Attribution):
             graph.patch_components = built.estimates.components
             graph.patch_seconds, graph.patch_passes = built.estimates.seconds, built.estimates.passes
             graph.edge_patcher = built.estimates.edges
-        return graph.prune(node_threshold, edge_threshold) if prune else graph
+        return graph
 
     @log_usage()
     @serialized
@@ -500,3 +487,30 @@ class NormDecomposition(Door, Attribution):
         self.engine.refuse_two_stacks("maps")
         request = self._request(inputs, additional_forward_args, forward_kwargs)
         return self.engine.maps(request, self._rules(rules), return_convergence_delta)
+
+
+def _graph_options(granularity: str, prune: Any, node_threshold: Any, edge_threshold: Any, max_nodes: Any,
+                   corrupted: bool, exact_above: Any, estimators: Any) -> tuple[float, tuple[str, ...]]:
+    """:meth:`NormDecomposition.attribute_graph`'s options checked (one-line errors naming each):
+    returns ``exact_above`` (its default filled in) and the estimators to compute."""
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
+        raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
+    for name, share in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
+        if isinstance(share, bool) or not isinstance(share, (int, float)):
+            raise TypeError(f"{name} must be a number between 0 and 1, got {type(share).__name__}")
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name} must lie between 0 and 1, got {share}")
+    if not isinstance(prune, bool):
+        raise TypeError(f"prune must be True or False, got {prune!r}")
+    check_granularity(granularity, "graph")
+    if not corrupted:
+        given = [name for name, value in (("estimators", estimators), ("exact_above", exact_above))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} up patching "
+                             "estimates, which need corrupted_inputs (a corrupted input of the same length)")
+    exact_above = EXACT_ABOVE if exact_above is None else exact_above
+    if isinstance(exact_above, bool) or not isinstance(exact_above, (int, float)) or not exact_above > 0:
+        raise ValueError(f"exact_above must be a positive number (math.inf: never patch for real), got "
+                         f"{exact_above!r}")
+    return exact_above, check_estimators(estimators)

@@ -139,7 +139,7 @@ def weights_stamp(model: nn.Module) -> Stamp:
         if t.device.type != "meta":
             by_device.setdefault(t.device, []).append(_bit_sum(t))
     sums = tuple(value for found in by_device.values() for value in torch.stack(found).tolist())
-    return tuple((name, t.data_ptr(), version_counter(t)) for name, t in _named_tensors(model)), sums
+    return tuple((name, t.data_ptr(), version_counter(t)) for name, t in named), sums
 
 
 def check_unchanged(model: nn.Module, stamp: Stamp, what: str) -> None:

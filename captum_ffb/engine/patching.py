@@ -77,6 +77,7 @@ from captum_ffb.engine.graph import (
 from captum_ffb.engine.head import HeadTarget, target_value
 from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.points import Writer
+from captum_ffb.engine.requests import check_count
 from captum_ffb.vocabulary import check_granularity, component_of
 
 __all__ = ["ALIASES", "COMPUTED", "DEFAULT_EDGE_ESTIMATOR", "DEFAULT_ESTIMATOR", "EDGE_ESTIMATORS", "ESTIMATORS",
@@ -652,8 +653,7 @@ class EdgePatcher:
     def real(self, data: GraphData, edges: Tensor, batch_size: int = 16) -> Tensor:
         """``(k,)`` each edge's real path-patching effect (``nan`` for the bias's edges), in
         batches of ``batch_size`` passes."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_count(batch_size, "batch_size")
         check_unchanged(self.engine.model, self.stamp, "path patching")
         links = self.links(data, edges)
         keep = [row for row, link in enumerate(links) if link.source[0] != "bias"]

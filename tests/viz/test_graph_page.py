@@ -7,11 +7,9 @@ search, the size toggle, zoom, pan and fit work; the page requests nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import shutil
 import time
 
 import pytest
@@ -20,22 +18,12 @@ from captum_ffb import NormDecomposition
 from captum_ffb.text import display_token
 from captum_ffb.viz.graph import graph_html
 from tests.models import tiny_task_model, token_ids
+from tests.viz.chromium import CHROMEDRIVER, CHROMIUM, missing
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                None)
-CHROMEDRIVER = shutil.which("chromedriver")
 SIZES = [(1600, 1000), (1280, 800)]
 WRITERS = ("head", "attention", "cross_attention", "ff", "neuron")
-
-
-def _missing() -> str | None:
-    if importlib.util.find_spec("selenium") is None:
-        return "driving Chromium needs selenium (it comes with [dev])"
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        return "Chromium and its driver are not installed (apt-get install chromium chromium-driver)"
-    return None
 
 
 def expected_label(node: dict, tokens: list[str]) -> str:
@@ -49,7 +37,7 @@ def expected_label(node: dict, tokens: list[str]) -> str:
 def pages(tmp_path_factory):
     """Two pages of graphs of 20 tokens: heads with patching estimates (``baseline_inputs``),
     and neurons (up to 23 of one block at one position)."""
-    reason = _missing()
+    reason = missing()
     if reason is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI must run the browser test: {reason}")

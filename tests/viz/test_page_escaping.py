@@ -6,9 +6,7 @@ hover card and details panel, the maps view's tooltip and the explanation's tabs
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
-import shutil
 import time
 
 import pytest
@@ -22,6 +20,7 @@ from captum_ffb.pages import page
 from captum_ffb.results import ExplainedOutput
 from captum_ffb.text import TextMaps
 from tests.models import tiny_task_model, token_ids
+from tests.viz.chromium import CHROMEDRIVER, CHROMIUM, missing
 
 #: Markup that runs if a page pastes it as HTML: a custom element and an image whose failed
 #: load renames the tab.
@@ -194,9 +193,6 @@ def test_the_graph_header_escapes_granularity_and_positions(documents):
 
 
 # --------------------------------------------------------------------------- in Chromium
-CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                None)
-CHROMEDRIVER = shutil.which("chromedriver")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--no-first-run", "--window-size=1400,900")
 
@@ -249,17 +245,9 @@ return document.getElementById('tip').textContent;
 """
 
 
-def _missing() -> str | None:
-    if importlib.util.find_spec("selenium") is None:
-        return "driving Chromium needs selenium (it comes with [dev])"
-    if CHROMIUM is None or CHROMEDRIVER is None:
-        return "Chromium and its driver are not installed (apt-get install chromium chromium-driver)"
-    return None
-
-
 @pytest.mark.browser
 def test_no_markup_runs_in_chromium(documents, tmp_path):
-    reason = _missing()
+    reason = missing()
     if reason is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI must run the browser test: {reason}")
