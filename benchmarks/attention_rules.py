@@ -49,7 +49,7 @@ METHODS = {
 
 
 def load_smollm2():
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
 
     return load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False)
 

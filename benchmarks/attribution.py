@@ -56,7 +56,7 @@ def best_time(fn: Callable[[], object], repeat: int = 3, warm: bool = True) -> f
 
 
 def load_smollm2():
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
 
     return load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False)
 
@@ -150,7 +150,7 @@ def attnlrp(sizes: list[int]) -> dict:
         return {"note": "no lxt environment: bash captum_ffb/evaluation/peers/setup_lxt.sh"}
     from transformers import AutoConfig  # noqa: F401  (the vocab size below)
 
-    from captum_ffb.models import smollm2_dir
+    from captum_ffb.explained.models import smollm2_dir
 
     loaded = load_smollm2()
     vocab = loaded.model.config.vocab_size
@@ -200,7 +200,7 @@ def generation(steps: int) -> dict:
 # --------------------------------------------------------------------------- 3. maps
 def whole_model_maps(n: int) -> dict:
     from captum_ffb import LayerNormDecomposition, NormDecomposition
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     loaded = load_model(show_progress=False)
     model = loaded.model

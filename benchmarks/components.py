@@ -142,7 +142,7 @@ def alone(name: str, n: int) -> None:
     import gc
 
     from captum_ffb import NormDecomposition
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
 
     torch.set_num_threads(1)
     model = load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False).model
@@ -215,7 +215,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from captum_ffb import NormDecomposition
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
 
     model = load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False).model
     nd = NormDecomposition(model)

@@ -39,7 +39,7 @@ def _numbers(summary: dict) -> np.ndarray:
 
 def main(argv: list[str] | None = None) -> int:
     from captum_ffb.analysis import AnalysisConfig, analyze_corpus, load_corpus
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sequences", type=int, default=512)

@@ -41,7 +41,7 @@ METHODS = [BASELINE, "attribute (backward route)", "attribute_graph (head, prune
 
 def load():
     from captum_ffb import NormDecomposition
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
 
     loaded = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm")
     return loaded.model, NormDecomposition(loaded.model)

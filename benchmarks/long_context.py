@@ -75,7 +75,7 @@ def child(method: str, n: int, tree: str, repeat: int) -> None:
 
     torch.set_num_threads(2)
     from captum_ffb import NormDecomposition
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
 
     seq2seq = method in SEQ2SEQ
     if seq2seq:

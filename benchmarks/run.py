@@ -215,7 +215,7 @@ def corpus(count: int, length: int = 26) -> list[str]:
 
 def throughput(count: int, batch: int) -> dict:
     from captum_ffb import LayerNormDecomposition
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     loaded = load_model()
     lnd = LayerNormDecomposition(loaded.model, list(loaded.blocks))

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.attribution import random_ids
     from captum_ffb import NormDecomposition
+    from captum_ffb.explained.models import smollm2_dir
     from captum_ffb.jobs import ModelSource, attribute_split
-    from captum_ffb.models import smollm2_dir
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--long", type=int, default=4096)

@@ -3,12 +3,17 @@
 A Captum extension implementing the decomposition of Kobayashi et al. (EMNLP 2020, 2021;
 ICLR 2024): attention, residuals, norms and feed-forward blocks, exactly.
 
-Layout: :mod:`captum_ffb.rules` (what each component does to a decomposition),
-:mod:`captum_ffb.architectures` (where each family keeps its components),
-:mod:`captum_ffb.engine` (capture, blocks, chains), :mod:`captum_ffb.attr` (the Captum
-attributions), then analyses, baselines, views and the CLI.
+Layout, floor by floor: :mod:`captum_ffb.core` (the vocabulary, versions, decompositions),
+:mod:`captum_ffb.architectures` (where each family keeps its components) and
+:mod:`captum_ffb.io` (files and pages out), :mod:`captum_ffb.rules` (what each component
+does to a decomposition), :mod:`captum_ffb.engine` (the machinery: passes, capture,
+linearisation, blocks, chains), :mod:`captum_ffb.explained` (the model, the explained
+scalar, the result), the features (:mod:`captum_ffb.patching`,
+:mod:`captum_ffb.components`, :mod:`captum_ffb.graph`), :mod:`captum_ffb.attr` (the Captum
+attributions, the doors), then texts, jobs, studies, long contexts, views and the CLI.
 """
 
+from captum_ffb._deprecation import install_moved_modules
 from captum_ffb.architectures import (
     ArchitectureSpec,
     MixtureOfExperts,
@@ -27,17 +32,21 @@ from captum_ffb.attr import (
     LLMNormAttribution,
     NormDecomposition,
 )
-from captum_ffb.baselines.patching import activation_patching
-from captum_ffb.context import ContextAttribution, context_attribution
-from captum_ffb.decomposition import (
+from captum_ffb.attr.patching import activation_patching
+from captum_ffb.core.decomposition import (
     Decomposition,
     FactoredDecomposition,
     TokenwiseDecomposition,
 )
+from captum_ffb.core.versions import (
+    __version__ as __version__,  # setup.cfg reads it from core.versions
+)
 from captum_ffb.engine import Chain
 from captum_ffb.engine.locking import model_lock
+from captum_ffb.long_context.attribution import ContextAttribution, context_attribution
 
-__version__ = "0.4.0.dev0"
+install_moved_modules()  # the module paths before 0.4 import for one release
+
 
 __all__ = [
     "ArchitectureSpec",

@@ -1,12 +1,21 @@
 r"""Old calls kept working for one release: positional arguments past the ones a method takes
-by position, and parameters that were renamed, each with a ``DeprecationWarning`` that says
-what to write instead.
+by position, parameters that were renamed, and modules and names that moved, each with a
+``DeprecationWarning`` that says what to write instead.
+
+The moved modules are looked up by name (:data:`MOVED_MODULES`), never imported here: this
+module stays on the lowest floor.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.abc
+import importlib.util
 import inspect
+import os
+import sys
+import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -103,3 +112,111 @@ def renamed_arguments(renamed: Mapping[str, str]) -> Callable[[Method], Method]:
 #: The job runners' keywords renamed in 0.4 (``engine`` named two things: the whole-model
 #: engine and where batches run).
 BACKEND_RENAMES = {"engine": "backend", "engine_options": "backend_options"}
+
+
+# --------------------------------------------------------------------------- moved modules
+#: The modules that moved in 0.4 (the folders became the features and the floors): old path →
+#: the modules that hold its names now, searched in order. The old paths import for one
+#: release, each with one ``DeprecationWarning`` a process.
+MOVED_MODULES: dict[str, tuple[str, ...]] = {
+    "captum_ffb.versions": ("captum_ffb.core.versions",),
+    "captum_ffb.vocabulary": ("captum_ffb.core.vocabulary",),
+    "captum_ffb.decomposition": ("captum_ffb.core.decomposition",),
+    "captum_ffb.outputs": ("captum_ffb.io.files",),
+    "captum_ffb.pages": ("captum_ffb.io.pages",),
+    "captum_ffb.models": ("captum_ffb.explained.models",),
+    "captum_ffb.readouts": ("captum_ffb.explained.readouts",),
+    "captum_ffb.results": ("captum_ffb.explained.results",),
+    "captum_ffb.text": ("captum_ffb.texts.text",),
+    "captum_ffb.corpus": ("captum_ffb.texts.corpus",),
+    "captum_ffb.stats": ("captum_ffb.texts.stats",),
+    "captum_ffb.context": ("captum_ffb.long_context.attribution",),
+    "captum_ffb.attr.graph": ("captum_ffb.graph.record",),
+    "captum_ffb.attr.graph_files": ("captum_ffb.graph.files",),
+    "captum_ffb.attr.components": ("captum_ffb.components.table",),
+    "captum_ffb.baselines.patching": ("captum_ffb.attr.patching",),
+    "captum_ffb.baselines.context": ("captum_ffb.baselines.captured",),
+    "captum_ffb.engine.graph": ("captum_ffb.engine.tape", "captum_ffb.graph.build", "captum_ffb.engine.autograd"),
+    "captum_ffb.engine.score_split": ("captum_ffb.graph.score_split",),
+    "captum_ffb.engine.estimators": ("captum_ffb.patching.estimators",),
+    "captum_ffb.engine.patching": ("captum_ffb.patching.patches",),
+    "captum_ffb.engine.components": ("captum_ffb.components.sums",),
+}
+#: Names that a move also renamed: old module → {old name: (module, new name)}.
+MOVED_NAMES: dict[str, dict[str, tuple[str, str]]] = {
+    "captum_ffb.attr.graph_files": {"weights_digest": ("captum_ffb.engine.fingerprint", "weights_fingerprint")},
+    "captum_ffb.baselines.context": {"LayerContext": ("captum_ffb.baselines.captured", "CapturedLayer")},
+}
+_warned: set[str] = set()
+
+
+def _warn_moved(old: str, new: str) -> None:
+    if old in _warned:
+        return
+    _warned.add(old)
+    message = f"{old} moved to {new} in 0.4; the old path stops working in {REMOVED_IN}"
+    if sys.version_info >= (3, 12):  # the warning points at the importing line, not importlib
+        warnings.warn(message, DeprecationWarning, skip_file_prefixes=(os.path.dirname(importlib.__file__),))
+    else:
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
+
+
+def moved_name(old_module: str, name: str, module: str, new_name: str | None = None) -> Any:
+    """``name`` of ``old_module``, which now lives in ``module`` (as ``new_name``): the object,
+    with one ``DeprecationWarning`` a process for the old path."""
+    _warn_moved(f"{old_module}.{name}", f"{module}.{new_name or name}")
+    return getattr(importlib.import_module(module), new_name or name)
+
+
+def moved_names(old_module: str, names: Mapping[str, str | tuple[str, str]]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for the names that left ``old_module`` (``name`` → the module that
+    holds it now, or ``(module, new name)`` for one renamed too): each still reachable from the
+    old place for one release."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {old_module!r} has no attribute {name!r}")
+        where = names[name]
+        return moved_name(old_module, name, *((where,) if isinstance(where, str) else where))
+
+    return __getattr__
+
+
+class _MovedModule(types.ModuleType):
+    """An old module path: every name looked up in the modules that hold it now."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name != "__all__":
+            raise AttributeError(name)
+        renamed = MOVED_NAMES.get(self.__name__, {})
+        if name in renamed:
+            return moved_name(self.__name__, name, *renamed[name])
+        for module in MOVED_MODULES[self.__name__]:
+            found = importlib.import_module(module)
+            if hasattr(found, name):
+                return getattr(found, name)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}")
+
+    def __dir__(self) -> list[str]:
+        return sorted({n for m in MOVED_MODULES[self.__name__] for n in dir(importlib.import_module(m))})
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the old module paths of :data:`MOVED_MODULES`."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        return _MovedModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        _warn_moved(module.__name__, " and ".join(MOVED_MODULES[module.__name__]))
+
+
+def install_moved_modules() -> None:
+    """Let the old module paths of :data:`MOVED_MODULES` import (once per process)."""
+    if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+        sys.meta_path.append(_MovedModules())

@@ -1,7 +1,7 @@
 """Every use of a private name of transformers or Captum, in one place.
 
 Each access is one small function, with the library version it was checked against
-(transformers 5.0.0 to 5.24.0, captum 0.8.0 to 0.9.0; see :mod:`captum_ffb.versions`). When one of them breaks after an upgrade, this module
+(transformers 5.0.0 to 5.24.0, captum 0.8.0 to 0.9.0; see :mod:`captum_ffb.core.versions`). When one of them breaks after an upgrade, this module
 is the only one to change.
 """
 
@@ -83,6 +83,13 @@ def hidden_gguf_progress_bar() -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- torch
+def add_alpha(node: Any) -> Any:
+    """The ``alpha`` of an autograd node of an addition (``AddBackward0``: ``a + alpha * b``),
+    1 for a node that saves none."""
+    # torch 2.14.1: AddBackward0 keeps its alpha as ``_saved_alpha``.
+    return getattr(node, "_saved_alpha", 1)
+
+
 def version_counter(tensor: Any) -> int:
     """How many times ``tensor`` was changed in place (autograd's version counter)."""
     # torch 2.6 to 2.15: ``Tensor._version``, bumped by every in-place operation (not through ``.data``).

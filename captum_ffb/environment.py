@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
-from captum_ffb.versions import (
+from captum_ffb.core.versions import (
     TESTED,
     in_tested_range,
     installed_version,
     requirement,
     tested_range,
 )
+from captum_ffb.explained.models import SMOLLM2_INSTALL, smollm2_dir
 
 #: The distributions whose versions every report shows.
 CORE = ("torch", "transformers", "captum", "numpy", "tqdm")

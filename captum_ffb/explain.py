@@ -19,7 +19,8 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,14 +28,14 @@ from torch import Tensor
 
 from captum_ffb._deprecation import BACKEND_RENAMES, REMOVED_IN, renamed_arguments
 from captum_ffb.attr import NormDecomposition
-from captum_ffb.attr.components import ComponentAttribution
+from captum_ffb.components.table import ComponentAttribution
+from captum_ffb.core.vocabulary import check_granularity
 from captum_ffb.engine.generation import generate_greedily
 from captum_ffb.engine.requests import check_new_tokens, leading_space_hint, text_token_ids
-from captum_ffb.models import LoadedModel, load_model
-from captum_ffb.readouts import ClassLogit, Contrast, NextToken, ReadOut
-from captum_ffb.results import ExplainedOutput, first_token_share, token_share
-from captum_ffb.text import check_text, check_text_request, display_tokens, encode_text
-from captum_ffb.vocabulary import check_granularity
+from captum_ffb.explained.models import LoadedModel, load_model
+from captum_ffb.explained.readouts import ClassLogit, Contrast, NextToken, ReadOut
+from captum_ffb.explained.results import ExplainedOutput, first_token_share, token_share
+from captum_ffb.texts.text import check_text, check_text_request, display_tokens, encode_text
 
 #: Longest input (tokens) for which the whole-model maps are computed by default.
 MAPS_UP_TO = 256
@@ -66,7 +67,7 @@ class Explanation:
                     own convergence delta (the bias propagated on its own: a real check) and
                     the largest difference between the two routes' contributions.
         labels (list[str]): ``tokens`` as people read them (no ``Ġ``, ``▁`` or ``##``; see
-                    :func:`~captum_ffb.text.display_token`); empty: derived from ``tokens``.
+                    :func:`~captum_ffb.texts.text.display_token`); empty: derived from ``tokens``.
         target_labels (list[str]): ``targets`` likewise, a token's leading space kept.
         components (ComponentAttribution, optional): the first explained output split over
                     tokens × components (direct effects; ``tokens`` are ``labels``), when
@@ -182,7 +183,7 @@ def explain_text(
 
     Args:
         text (str): the input.
-        model (LoadedModel or str, optional): from :func:`captum_ffb.models.load_model`, or
+        model (LoadedModel or str, optional): from :func:`captum_ffb.explained.models.load_model`, or
                     a model folder or name to load (after the request is checked).
         target (str, optional): a causal LM's next token to explain, as text (one token);
                     the predicted one by default.
@@ -194,9 +195,9 @@ def explain_text(
         maps (bool, optional): also compute the whole-model token-to-token maps; by default
                     for base models, and for inputs up to :data:`MAPS_UP_TO` tokens.
         readout (ReadOut, optional): what a base model's output is read as
-                    (:mod:`captum_ffb.readouts`); by default the bundled sentiment head
+                    (:mod:`captum_ffb.explained.readouts`); by default the bundled sentiment head
                     where the model fits it
-                    (:func:`~captum_ffb.readouts.default_readout`), else only the maps are
+                    (:func:`~captum_ffb.explained.readouts.default_readout`), else only the maps are
                     explained.
         components (str, optional): also split the explained output over tokens ×
                     components at this granularity, ``"block"``, ``"sublayer"`` or ``"head"``
@@ -205,26 +206,15 @@ def explain_text(
         show_progress (bool): when ``model`` is loaded here, say so on stderr and show the
                     weights' progress bar; a bar over the component table's passes.
         config (PretrainedConfig, optional): the configuration of the model ``model`` names,
-                    when already read (:func:`~captum_ffb.models.model_config`).
+                    when already read (:func:`~captum_ffb.explained.models.model_config`).
         contrast (tuple[str, str], optional): a causal LM's ``logit(A) − logit(B)`` for two
                     next tokens given as text (one token each), instead of one logit.
 
     Returns:
         Explanation
     """
-    from captum_ffb.architectures.heads import task_of
-    from captum_ffb.models import model_config
-
-    if isinstance(model, LoadedModel):
-        check_request(model.model.config, text, target, class_index, generate, components, readout,
-                      task=task_of(model.model), contrast=contrast)
-        loaded = model
-    else:
-        config = config if config is not None else model_config(model)
-        task = check_request(config, text, target, class_index, generate, components, readout, contrast=contrast)
-        if show_progress:
-            print(f"loading {model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
-        loaded = load_model(model, show_progress=show_progress, config=config, task=task)
+    loaded = _checked_model(model, config, show_progress, text, target, class_index, generate, components,
+                            readout, contrast)
     nd = NormDecomposition(loaded.model)
     ids = encode_text(text, loaded)["input_ids"]
     ids = ids.to(next(loaded.model.parameters()).device)
@@ -243,11 +233,36 @@ def explain_text(
         explanation, first = _explain_base(nd, loaded, ids, readout, route, want_maps, common)
     if components is not None and first is not None:
         nd.show_progress = show_progress  # a bar over the blocks (a long prompt takes a while)
-        table = nd.attribute_components(ids, target=first, granularity=components,
-                                        forward_kwargs={"attention_mask": torch.ones_like(ids)})
-        table.tokens = [explanation.labels[:n_prompt]]
-        explanation.components = table
+        explanation.components = _component_table(nd, ids, first, components, explanation.labels[:n_prompt])
     return explanation
+
+
+def _checked_model(model: LoadedModel | str | None, config: Any, show_progress: bool, text: str,
+                   target: str | None, class_index: int | None, generate: int, components: str | None,
+                   readout: ReadOut | None, contrast: tuple[str, str] | None) -> LoadedModel:
+    """The model, the request checked against it first (a name or folder loads after the check,
+    from its configuration)."""
+    from captum_ffb.architectures.heads import task_of
+    from captum_ffb.explained.models import model_config
+
+    if isinstance(model, LoadedModel):
+        check_request(model.model.config, text, target, class_index, generate, components, readout,
+                      task=task_of(model.model), contrast=contrast)
+        return model
+    config = config if config is not None else model_config(model)
+    task = check_request(config, text, target, class_index, generate, components, readout, contrast=contrast)
+    if show_progress:
+        print(f"loading {model or 'the bundled all-MiniLM-L6-v2'} ...", file=sys.stderr)
+    return load_model(model, show_progress=show_progress, config=config, task=task)
+
+
+def _component_table(nd: NormDecomposition, ids: Tensor, first: Any, granularity: str,
+                     labels: list[str]) -> ComponentAttribution:
+    """The first explained output over tokens × components, its tokens labelled."""
+    table = nd.attribute_components(ids, target=first, granularity=granularity,
+                                    forward_kwargs={"attention_mask": torch.ones_like(ids)})
+    table.tokens = [labels]
+    return table
 
 
 def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_index: int | None = None,
@@ -272,7 +287,7 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
     Returns:
         AttributionGraph: with ``token_ids`` set (the input's ids).
     """
-    from captum_ffb.readouts import default_readout
+    from captum_ffb.explained.readouts import default_readout
 
     if baseline is not None:
         if corrupted is not None:
@@ -307,10 +322,9 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
     graph = nd.attribute_graph(ids, chosen, granularity=granularity, prune=prune, node_threshold=node_threshold,
                                edge_threshold=edge_threshold, max_nodes=max_nodes, corrupted_inputs=corrupted_ids,
                                exclude_positions=exclude_positions)
-    graph.tokens = display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()), loaded.tokenizer)
-    graph.token_ids = ids[0].tolist()
-    graph.output_label = _shown_label(graph.output_label, loaded.tokenizer, nd.task)
-    return graph
+    return replace(graph, tokens=display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()),
+                                                loaded.tokenizer),
+                   token_ids=ids[0].tolist(), output_label=_shown_label(graph.output_label, loaded.tokenizer, nd.task))
 
 
 def _shown_label(label: str, tokenizer: Any, task: str) -> str:
@@ -325,7 +339,7 @@ def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: s
                 **options: Any) -> Any:
     """:func:`graph_text` for an encoder–decoder: ``"SOURCE ||| PREFIX"``, the next target
     token after the decoder's start token and the prefix (which may be empty)."""
-    from captum_ffb.text import PAIR_SEPARATOR, check_one_separator, decoder_ids
+    from captum_ffb.texts.text import PAIR_SEPARATOR, check_one_separator, decoder_ids
 
     if PAIR_SEPARATOR not in text:
         raise ValueError(f"an encoder–decoder's graph explains the next target token: give 'SOURCE {PAIR_SEPARATOR} "
@@ -344,9 +358,8 @@ def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: s
     graph = nd.attribute_graph(encoded["input_ids"], chosen, forward_kwargs={
         "attention_mask": encoded["attention_mask"], "decoder_input_ids": decoded}, **options)
     tokens = loaded.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist() + decoded[0].tolist())
-    graph.tokens = display_tokens(tokens, loaded.tokenizer)
-    graph.output_label = _shown_label(graph.output_label, loaded.tokenizer, nd.task)
-    return graph
+    return replace(graph, tokens=display_tokens(tokens, loaded.tokenizer),
+                   output_label=_shown_label(graph.output_label, loaded.tokenizer, nd.task))
 
 
 def check_request(config: Any, text: str | None = None, target: str | None = None,
@@ -358,14 +371,14 @@ def check_request(config: Any, text: str | None = None, target: str | None = Non
     only turns the ``ValueError`` into its one line).
 
     Args:
-        config: the model's configuration (:func:`~captum_ffb.models.model_config`).
+        config: the model's configuration (:func:`~captum_ffb.explained.models.model_config`).
         text, target, class_index, generate, components, readout: as for :func:`explain_text`.
         task (str, optional): the model's task when it is known (a loaded model's own head);
                     else read from ``config``.
     """
     from captum_ffb.architectures import get_architecture
-    from captum_ffb.models import task_from_config
-    from captum_ffb.readouts import fits_minilm_head
+    from captum_ffb.explained.models import task_from_config
+    from captum_ffb.explained.readouts import fits_minilm_head
 
     if text is not None:
         check_text_request(text, config)
@@ -502,7 +515,7 @@ def _explain_base(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, reado
                   common: dict[str, Any]) -> tuple[Explanation, ReadOut | None]:
     """The whole-model maps, and a read-out of the hidden states when there is one (the
     bundled sentiment head where the model fits it), with that read-out."""
-    from captum_ffb.readouts import default_readout
+    from captum_ffb.explained.readouts import default_readout
 
     tokens = loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist())
     explanation = Explanation(**common, tokens=tokens, labels=display_tokens(tokens, loaded.tokenizer),
@@ -585,7 +598,13 @@ def explain_pair(text: str, loaded: LoadedModel, generate: int = 0, route: str =
         audio (str, optional): a speech model's source, a WAV file; ``text`` is then its
                     forced target (prompt tokens included), or empty to generate.
     """
-    from captum_ffb.text import PAIR_SEPARATOR, encode_audio, encode_pair, encode_source, split_pair
+    from captum_ffb.texts.text import (
+        PAIR_SEPARATOR,
+        encode_audio,
+        encode_pair,
+        encode_source,
+        split_pair,
+    )
 
     if loaded.spec.decoder is None:
         raise ValueError(f"{loaded.model_type} is not an encoder–decoder")
@@ -725,20 +744,13 @@ def explain_corpus(
     Returns:
         Path: the ``explanations.jsonl`` file.
     """
-    from captum_ffb.corpus import skip_reason, write_skipped
+    from captum_ffb.explained.models import load_tokenizer, model_config, task_from_config
+    from captum_ffb.explained.readouts import fits_minilm_head
+    from captum_ffb.io.files import check_out_dir
     from captum_ffb.jobs.job import ModelSource, check_run, run_job
-    from captum_ffb.models import load_tokenizer, max_length_of, model_config, task_from_config
-    from captum_ffb.outputs import atomic_open, check_out_dir, to_json
-    from captum_ffb.readouts import fits_minilm_head
+    from captum_ffb.texts.corpus import write_skipped
 
-    if not texts:
-        raise ValueError("the corpus has no texts")
-    for k, text in enumerate(texts):
-        try:
-            if text.strip():  # blank texts are skipped below
-                check_text(text)
-        except ValueError as error:
-            raise ValueError(f"text {k}: {error}") from None
+    _check_corpus(texts)
     folder = check_out_dir(out)
     config = model_config(model)
     head = task_from_config(config)
@@ -746,15 +758,7 @@ def explain_corpus(
         raise ValueError("a base model has no output to explain: the corpus mode needs a causal LM, "
                          "a sequence classifier or the bundled all-MiniLM-L6-v2")
     tokenizer = load_tokenizer(model)
-    lengths = [len(ids) for ids in tokenizer([t if t.strip() else "." for t in texts])["input_ids"]]
-    kept: list[int] = []
-    skipped = []
-    for k, (text, length) in enumerate(zip(texts, lengths)):
-        reason = skip_reason(k, text, length, max_length_of(config), "the model's maximum")
-        if reason is None:
-            kept.append(k)
-        else:
-            skipped.append(reason)
+    kept, skipped = _kept_texts(texts, tokenizer, config)
     job = ExplainJob(ModelSource(name=model, task=head, device=device), [texts[k] for k in kept],
                      batch_size, route)
     check_run(job, folder / "run", overwrite)  # a refused run writes nothing
@@ -766,7 +770,44 @@ def explain_corpus(
     shards = run_job(job, folder / "run", backend=backend, overwrite=overwrite,
                      show_progress=show_progress, description="explaining",
                      backend_options=backend_options)
-    path = folder / "explanations.jsonl"
+    return _write_explanations(folder / "explanations.jsonl", shards, kept, texts, tokenizer)
+
+
+def _check_corpus(texts: list[str]) -> None:
+    """``ValueError`` for an empty corpus or a text that is not usable (blank ones pass: they are
+    skipped)."""
+    if not texts:
+        raise ValueError("the corpus has no texts")
+    for k, text in enumerate(texts):
+        try:
+            if text.strip():  # blank texts are skipped later
+                check_text(text)
+        except ValueError as error:
+            raise ValueError(f"text {k}: {error}") from None
+
+
+def _kept_texts(texts: list[str], tokenizer: Any, config: Any) -> tuple[list[int], list[Any]]:
+    """The positions of the texts to explain, and the skipped ones (blank, or longer than the
+    model takes) as :class:`~captum_ffb.texts.corpus.SkippedLine`."""
+    from captum_ffb.explained.models import max_length_of
+    from captum_ffb.texts.corpus import skip_reason
+
+    lengths = [len(ids) for ids in tokenizer([t if t.strip() else "." for t in texts])["input_ids"]]
+    kept: list[int] = []
+    skipped = []
+    for k, (text, length) in enumerate(zip(texts, lengths)):
+        reason = skip_reason(k, text, length, max_length_of(config), "the model's maximum")
+        if reason is None:
+            kept.append(k)
+        else:
+            skipped.append(reason)
+    return kept, skipped
+
+
+def _write_explanations(path: Path, shards: Any, kept: list[int], texts: list[str], tokenizer: Any) -> Path:
+    """``explanations.jsonl``: one line per explained text, in order, from the shards."""
+    from captum_ffb.io.files import atomic_open, to_json
+
     with atomic_open(path) as f:
         for shard in shards:
             for row, position in enumerate(shard["index"].tolist()):

@@ -54,10 +54,10 @@ doctest_test_doctest_blocks = ""
 nitpicky = True
 nitpick_ignore_regex = [
     ("py:.*", r"(torch|numpy|np|collections|typing|pathlib|os|pandas|pd|gradio|json|PIL|matplotlib|"
-              r"transformers|captum|ray|ferret|contextlib|nn|abc|threading)(\..*)?"),
+              r"transformers|captum|ray|ferret|contextlib|nn|abc|threading|enum)(\..*)?"),
     ("py:.*", r"(Tensor|Path|PathLike|TextTokenInput|TextTemplateInput|optional|iterables?|Figure|Axes|"
               r"tokenizer|callable|PretrainedConfig|LLMAttributionResult|ExplanationEvaluation)"),
-    ("py:.*", r"captum_ffb\..*\._\w+"),  # private bases (shown by show-inheritance) are not in the reference
+    ("py:.*", r"captum_ffb\..*\._\w+(\.\w+)?"),  # private bases (shown by show-inheritance) are not in the reference
     ("py:.*", r".* .*"),
     ("py:.*", r'".*"'),
     ("py:class", r"Fingerprint|Stamp"),  # type aliases of captum_ffb.engine.fingerprint, documented as data

@@ -7,7 +7,7 @@ of largest influence chosen, its details in the panel).
 
 It prints what it measured at each size: the share of the node elements and of the token
 labels inside the window on load, and whether the details panel is inside it once the output
-is chosen and names the output's largest in-edge. Needs SmolLM2 (``captum_ffb.models``),
+is chosen and names the output's largest in-edge. Needs SmolLM2 (``captum_ffb.explained.models``),
 Chromium, chromedriver and selenium; about a minute on a laptop's CPU.
 """
 
@@ -44,7 +44,7 @@ return found;
 def build_page() -> tuple[str, dict]:
     """The page of SmolLM2's graph and the graph's dict."""
     from captum_ffb import NormDecomposition
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
     from captum_ffb.viz.graph import graph_html
 
     loaded = load_model(smollm2_dir(required=True))

@@ -12,7 +12,7 @@ from captum_ffb.cli import main
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from its GGUF file, loaded once for the session (~30 s)."""
-    from captum_ffb.models import SMOLLM2_INSTALL, load_model, smollm2_dir
+    from captum_ffb.explained.models import SMOLLM2_INSTALL, load_model, smollm2_dir
 
     folder = smollm2_dir()
     if folder is None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from captum_ffb.models import LoadedModel
+from captum_ffb.explained.models import LoadedModel
 
 VOCAB = 60
 
@@ -534,7 +534,7 @@ def save_tiny_classifier(folder: Path, num_labels: int = 3) -> Path:
 
 def load_saved(folder: Path) -> LoadedModel:
     """A saved tiny model loaded as the CLI loads it (its task from its configuration)."""
-    from captum_ffb.models import load_model, model_config, task_from_config
+    from captum_ffb.explained.models import load_model, model_config, task_from_config
 
     config = model_config(str(folder))
     return load_model(str(folder), show_progress=False, config=config, task=task_from_config(config))

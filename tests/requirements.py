@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 
-from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+from captum_ffb.explained.models import SMOLLM2_INSTALL, smollm2_dir
 
 needs_scattertext = pytest.mark.skipif(
     importlib.util.find_spec("scattertext") is None,

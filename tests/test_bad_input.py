@@ -325,7 +325,7 @@ def api():
 
 
 def _edge_patcher(a, steps):
-    from captum_ffb.engine.patching import EdgePatcher
+    from captum_ffb.patching.patches import EdgePatcher
 
     nd = a["nd"]
     return EdgePatcher(nd.engine, nd.request(IDS[:1], 3), nd.request(IDS[1:], 3), "head", steps=steps)
@@ -594,7 +594,7 @@ def test_a_graphs_repr_is_one_short_line(api):
     """The dataclass dump was 38,568 characters for a 7-token graph."""
     text = repr(api["patched"])
     assert "\n" not in text and len(text) < 400, text
-    assert re.fullmatch(r"AttributionGraph\('3', value -?[0-9.e-]+, head granularity, 5 tokens, \d+ of \d+ nodes "
+    assert re.fullmatch(r"BoundGraph\('3', value -?[0-9.e-]+, head granularity, 5 tokens, \d+ of \d+ nodes "
                         r"and \d+ of \d+ edges kept .*; patch estimates: .*; bound to its model\)", text), text
 
 
@@ -649,12 +649,12 @@ def test_a_text_target_without_its_leading_space_gets_a_hint(files, one_line, ca
 def test_a_blocked_graph_out_is_found_before_the_model_loads(files, one_line, monkeypatch):
     """``captum-ffb graph`` into an --out where graph.json is a folder found out only after
     building the graph."""
-    import captum_ffb.models
+    import captum_ffb.explained.models
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", refuse)
     message = one_line(["graph", "the cat sat", "--model", str(files["gpt2"]), "--format", "json", "--out",
                         str(files["root"] / "blocked"), "--quiet"])
     assert re.fullmatch(r"--out .*blocked: graph.json is a folder there, in the way of the file of that name; .*",

@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-import captum_ffb.models
+import captum_ffb.explained.models
 from captum_ffb import Direction, LayerNormDecomposition, NormDecomposition
 from tests.models import TINY_SEQ2SEQ, save_tiny, save_tiny_lm, tiny_lm, tiny_models
 
@@ -41,8 +41,8 @@ def nothing_loads(monkeypatch):
     from captum_ffb.integrations import gradio_app
     from captum_ffb.integrations import lit as ffb_lit
 
-    monkeypatch.setattr(captum_ffb.models, "model_config", refuse)
-    monkeypatch.setattr(captum_ffb.models, "load_model", refuse)
+    monkeypatch.setattr(captum_ffb.explained.models, "model_config", refuse)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", refuse)
     monkeypatch.setattr(gradio_app, "launch", refuse)
     monkeypatch.setattr(ffb_lit, "serve", refuse, raising=False)
 

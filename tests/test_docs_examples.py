@@ -44,8 +44,8 @@ def test_the_docs_python_blocks_run_as_written(page, tmp_path, monkeypatch):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from captum_ffb import models
     from captum_ffb.architectures import registry
+    from captum_ffb.explained import models
 
     code = "\n".join(blocks_of(page))
     if "smollm2_dir" in code and models.smollm2_dir() is None:

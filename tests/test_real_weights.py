@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from captum_ffb import LayerNormDecomposition
-from captum_ffb.models import load_model
+from captum_ffb.explained.models import load_model
 from captum_ffb.rules import IGActivation
 from tests.models import POST_LN_REFS, capture_references
 

@@ -25,7 +25,7 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import AttributionGraph, graph_files
-from captum_ffb.outputs import OutputError, atomic_open, output_set
+from captum_ffb.io.files import OutputError, atomic_open, output_set
 from tests.models import tiny_task_model, token_ids
 
 

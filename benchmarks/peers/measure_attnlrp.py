@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's captum_ffb
 
 from captum_ffb.evaluation.peers import SETUP_COMMAND, attnlrp_available, attnlrp_relevance
-from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+from captum_ffb.explained.models import SMOLLM2_INSTALL, smollm2_dir
 
 SENTENCES = [
     "A gripping, funny film that never drags.",
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"SmolLM2 is not installed: {SMOLLM2_INSTALL}")
     if not attnlrp_available():
         sys.exit(f"the lxt peer environment is missing: {SETUP_COMMAND}")
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

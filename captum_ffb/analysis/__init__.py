@@ -3,7 +3,7 @@ against FF outliers (with the ablation) and PMI, with a resumable corpus runner.
 
 from captum_ffb.analysis.corpus import Corpus, load_corpus, prepare_sequences
 from captum_ffb.analysis.runner import AnalysisConfig, Measure, analyze_corpus, measures_for
-from captum_ffb.stats import (
+from captum_ffb.texts.stats import (
     PairTable,
     contextualization_change,
     correlations,

@@ -1,5 +1,5 @@
 """Corpora for the analyses: where the text comes from and how it becomes model input (the
-sources themselves, the skip reasons and the splits live in :mod:`captum_ffb.corpus`).
+sources themselves, the skip reasons and the splits live in :mod:`captum_ffb.texts.corpus`).
 
 Sources (``--data``):
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from captum_ffb.corpus import (
+from captum_ffb.texts.corpus import (
     DEMO,
     ROTTEN_TOMATOES,
     SkippedLine,

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.analysis.corpus import write_skipped
-from captum_ffb.outputs import atomic_open, save_figure, write_json, write_text
-from captum_ffb.pages import escape, page
+from captum_ffb.io.files import atomic_open, save_figure, write_json, write_text
+from captum_ffb.io.pages import escape, page
 
 __all__ = ["paper_checks", "write_report"]
 
@@ -76,30 +76,39 @@ def paper_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
         "paper"}``.
     """
     layers = summary["layers"]
-    n = len(layers)
-    checks = []
+    checks = [_cancellation_check(layers), _bypass_check(layers), _outlier_check(layers),
+              _ablation_check(layers)]
+    if all("pmi" in layer for layer in layers):
+        checks.append(_pmi_check(layers))
+    return checks
 
-    def add(finding: str, criterion: str, flags: list[bool | None], detail: str, paper: str,
-            holds: bool | None = None) -> None:
-        """``holds``: in most layers, unless the finding is about the layer average."""
-        known = [f for f in flags if f is not None]
-        holding = sum(bool(f) for f in known)
-        checks.append({
-            "finding": finding, "criterion": criterion, "layers_holding": holding,
-            "layers": len(known),
-            "holds": (bool(known) and holding * 2 > len(known)) if holds is None else holds,
-            "detail": detail, "paper": paper,
-        })
 
-    def finite(*values: float) -> bool:
-        return all(isinstance(v, float) and math.isfinite(v) for v in values)
+def _finite(*values: float) -> bool:
+    return all(isinstance(v, float) and math.isfinite(v) for v in values)
 
+
+def _check(finding: str, criterion: str, flags: list[bool | None], detail: str, paper: str,
+           holds: bool | None = None) -> dict[str, Any]:
+    """One finding's entry; ``holds``: in most layers, unless the finding is about the layer
+    average."""
+    known = [f for f in flags if f is not None]
+    holding = sum(bool(f) for f in known)
+    return {
+        "finding": finding, "criterion": criterion, "layers_holding": holding,
+        "layers": len(known),
+        "holds": (bool(known) and holding * 2 > len(known)) if holds is None else holds,
+        "detail": detail, "paper": paper,
+    }
+
+
+def _cancellation_check(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """FF's contextualization cancelled by RES and LN (Fig. 6)."""
     relative = [{c["label"]: c["mean"] for c in _change(layer, "relative")} for layer in layers]
     flags = []
     for r in relative:
         ff, last = r.get("+FF", math.nan), r.get("FF+RES+LN", math.nan)
-        flags.append(last < ff if finite(ff, last) else None)
-    add(
+        flags.append(last < ff if _finite(ff, last) else None)
+    return _check(
         "FF's contextualization is cancelled by RES and LN (Fig. 6)",
         "change relative to before FF: FF+RES+LN < +FF",
         flags,
@@ -110,49 +119,62 @@ def paper_checks(summary: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         "BERT-base and GPT-2: the change rises through FF and falls back after LN",
     )
+
+
+def _bypass_check(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """RES2's bypassed vector against FF's output (Fig. 7)."""
     ratios = [layer["norms"]["bypassed_over_ff"] for layer in layers]
-    add(
+    return _check(
         "RES2 bypasses a vector more than twice as large as FF's output (Fig. 7)",
         "mean ‖bypassed‖ / mean ‖FF(x)‖ > 2",
-        [r > 2 if finite(r) else None for r in ratios],
+        [r > 2 if _finite(r) else None for r in ratios],
         "ratios " + ", ".join(f"{r:.2f}" for r in ratios),
         "BERT-base and GPT-2: more than 2× in most layers",
     )
+
+
+def _outlier_check(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """LN's γ against FF's outlier dimensions (Fig. 8)."""
     pearsons = [
         layer["outliers"].get("gamma_vs_ff_out", {}).get("pearson", math.nan) for layer in layers
     ]
-    add(
+    return _check(
         "LN's γ shrinks FF's outlier dimensions (Fig. 8)",
         "Pearson r(γ, mean |FF output|) < 0",
-        [p < 0 if finite(p) else None for p in pearsons],
-        "Pearson r " + ", ".join("n/a" if not finite(p) else f"{p:.2f}" for p in pearsons),
+        [p < 0 if _finite(p) else None for p in pearsons],
+        "Pearson r " + ", ".join("n/a" if not _finite(p) else f"{p:.2f}" for p in pearsons),
         "high-impact layers: −0.45 to −0.78 (BERTs), −0.22 to −0.59 (GPT-2)",
     )
+
+
+def _ablation_check(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """FF's change without the smallest-γ dimensions against random ones (§6.2)."""
     plain = [_ff_change(layer, "consecutive") for layer in layers]
     ablated = [_ff_change(layer, "ablation") for layer in layers]
     control = [_ff_change(layer, "ablation_random") for layer in layers]
     average_ablated, average_control = _mean(ablated), _mean(control)
-    add(
+    return _check(
         "FF's contextualization lives in the smallest-γ dimensions (§6.2)",
         "layer average of FF's change without the smallest-γ dimensions ≤ 0.8 × without as "
         "many random ones (layers: the same per layer)",
-        [a <= 0.8 * c if finite(a, c) else None for a, c in zip(ablated, control)],
+        [a <= 0.8 * c if _finite(a, c) else None for a, c in zip(ablated, control)],
         f"layer average +FF {_mean(plain):.3f} → {average_ablated:.3f} without the smallest-γ "
         f"dimensions ({average_control:.3f} without random ones)",
         "layer average 0.21 → 0.09 (BERT-base), 0.15 → 0.02 (GPT-2)",
-        holds=finite(average_ablated, average_control) and average_ablated <= 0.8 * average_control,
+        holds=_finite(average_ablated, average_control) and average_ablated <= 0.8 * average_control,
     )
-    if all("pmi" in layer for layer in layers):
-        rho = [layer["pmi"]["spearman"] for layer in layers]
-        add(
-            "FF-amp is not explained by co-occurrence (PMI) (§5.2)",
-            "|Spearman ρ(FF-amp, PMI)| < 0.2",
-            [abs(r) < 0.2 if finite(r) else None for r in rho],
-            "ρ " + ", ".join("n/a" if not finite(r) else f"{r:.2f}" for r in rho),
-            "BERT-base: 0.06 to 0.14 (Wikipedia PMI)",
-        )
-    del n
-    return checks
+
+
+def _pmi_check(layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """FF-amp against co-occurrence (PMI) (§5.2)."""
+    rho = [layer["pmi"]["spearman"] for layer in layers]
+    return _check(
+        "FF-amp is not explained by co-occurrence (PMI) (§5.2)",
+        "|Spearman ρ(FF-amp, PMI)| < 0.2",
+        [abs(r) < 0.2 if _finite(r) else None for r in rho],
+        "ρ " + ", ".join("n/a" if not _finite(r) else f"{r:.2f}" for r in rho),
+        "BERT-base: 0.06 to 0.14 (Wikipedia PMI)",
+    )
 
 
 # --------------------------------------------------------------------------- figures

@@ -30,11 +30,11 @@ from captum_ffb.architectures import get_architecture
 from captum_ffb.attr import LayerNormDecomposition
 from captum_ffb.engine import NEXT_NORM_SCOPE, next_norms, norm_parameters
 from captum_ffb.engine.positions import pad_sequences
+from captum_ffb.explained.models import LoadedModel
+from captum_ffb.io.files import check_out_dir
 from captum_ffb.jobs import ModelSource, run_job
 from captum_ffb.jobs.job import fingerprint_of
-from captum_ffb.models import LoadedModel
-from captum_ffb.outputs import check_out_dir
-from captum_ffb.stats import (
+from captum_ffb.texts.stats import (
     PairTable,
     contextualization_change,
     correlations,
@@ -396,7 +396,7 @@ def model_source(loaded: LoadedModel) -> ModelSource:
     """How another process loads the same model (an error for a model built in memory)."""
     if loaded.source is None:
         raise ValueError(
-            "this model was not loaded with captum_ffb.models.load_model, so other processes "
+            "this model was not loaded with captum_ffb.explained.models.load_model, so other processes "
             "cannot load it: save it to a folder and load it from there"
         )
     path = Path(loaded.source).expanduser()
@@ -423,7 +423,7 @@ def analyze_corpus(
     r"""Run the paper's analyses over a corpus; resumable.
 
     Args:
-        loaded (LoadedModel): from :func:`captum_ffb.models.load_model`.
+        loaded (LoadedModel): from :func:`captum_ffb.explained.models.load_model`.
         lines (list[str]): the corpus, one sequence per entry.
         out_dir (str or PathLike): folder for ``run.json`` and the batch shards (the report
                     writer puts its files there too).

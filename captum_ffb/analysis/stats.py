@@ -1,7 +1,7 @@
-"""The analyses' statistics moved to :mod:`captum_ffb.stats` (one floor down, so that the
+"""The analyses' statistics moved to :mod:`captum_ffb.texts.stats` (one floor down, so that the
 baselines share them); importable from here as before."""
 
-from captum_ffb.stats import (  # noqa: F401
+from captum_ffb.texts.stats import (  # noqa: F401
     PairTable,
     contextualization_change,
     correlations,

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from captum_ffb import versions
 from captum_ffb.architectures.paths import has_path
+from captum_ffb.core import versions
 
 #: A config-dependent value: the value itself, or a function of the model config.
 ConfigValue = Callable[[Any], Any]

@@ -22,7 +22,13 @@ from captum_ffb.engine.requests import (
     vocabulary_size,
 )
 from captum_ffb.engine.whole import HeadTarget, Request
-from captum_ffb.readouts import ClassLogit, NextToken, ReadOut, head_target_of, with_token_ids
+from captum_ffb.explained.readouts import (
+    ClassLogit,
+    NextToken,
+    ReadOut,
+    head_target_of,
+    with_token_ids,
+)
 
 
 class Door:
@@ -96,6 +102,15 @@ class Door:
         hint = leading_space_hint(self.tokenizer, text, predicted)
         if hint is not None:
             warnings.warn(hint, UserWarning, stacklevel=5)
+
+    def _passes(self, target: Any, position: Any, request: Request, captures: bool) -> tuple[HeadTarget, Any]:
+        """Which passes of the model a call runs, decided here for every method: the explained
+        target and the capture the call needs (``captures``; else ``None``). A prediction is read
+        from the capture where the call captures anyway; only a call that captures nothing runs
+        a real pass of its own to predict."""
+        captured = self.engine.capture(request) if captures else None
+        outputs = None if captured is None else captured.output
+        return self._resolved(target, position, request, outputs=outputs), captured
 
     @staticmethod
     def _predicts(target: Any) -> bool:

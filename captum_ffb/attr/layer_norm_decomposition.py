@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from captum_ffb._deprecation import keyword_only
 from captum_ffb.architectures import get_architecture
-from captum_ffb.decomposition import Decomposition, ScratchArena
+from captum_ffb.core.decomposition import Decomposition, ScratchArena
 from captum_ffb.engine import (
     DEFAULT_MEMORY_BUDGET,
     Block,
@@ -82,7 +82,7 @@ class LayerNormDecomposition(LayerAttribution):
     Examples::
 
         >>> from captum_ffb import LayerNormDecomposition
-        >>> from captum_ffb.models import load_model
+        >>> from captum_ffb.explained.models import load_model
         >>> loaded = load_model()                      # all-MiniLM-L6-v2, offline
         >>> enc = loaded.tokenizer(["The cat sat on the mat."], return_tensors="pt")
         >>> lnd = LayerNormDecomposition(loaded.model, loaded.model.encoder.layer[2])
@@ -226,7 +226,7 @@ class LayerNormDecomposition(LayerAttribution):
         r"""The decomposition itself (vectors and bias) at ``scope``; see :meth:`attribute`.
 
         Returns:
-            a dense :class:`~captum_ffb.decomposition.Decomposition` with terms ``(batch, n, n, d)`` (a dict
+            a dense :class:`~captum_ffb.core.decomposition.Decomposition` with terms ``(batch, n, n, d)`` (a dict
             for a list of scopes; a list for a list of layers), with deltas if asked.
         """
         return self._answer(

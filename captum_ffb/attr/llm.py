@@ -24,8 +24,8 @@ from captum_ffb._private import llm_attribution_base, pretty_tokens
 from captum_ffb.attr.norm_decomposition import NormDecomposition
 from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
 from captum_ffb.engine.locking import serialized
-from captum_ffb.readouts import NextToken, output_logits
-from captum_ffb.results import ExplainedOutput
+from captum_ffb.explained.readouts import NextToken, output_logits
+from captum_ffb.explained.results import ExplainedOutput
 
 #: The generation ``attribute`` runs without a target: greedy, :data:`DEFAULT_NEW_TOKENS` new
 #: tokens (every entry point generates the same way); ``gen_args`` entries replace these.
@@ -199,7 +199,7 @@ class LLMNormAttribution(BaseLLMAttribution):
         Returns:
             NormLLMAttributionResult: ``token_attr`` ``(T, n_features)``, ``seq_attr``
             ``(n_features,)``, ``output_probs`` ``(T,)``, the exactness terms, and the
-            :class:`~captum_ffb.results.ExplainedOutput` they come from (``explained``).
+            :class:`~captum_ffb.explained.results.ExplainedOutput` they come from (``explained``).
         """
         if not isinstance(inp, self.SUPPORTED_INPUTS):
             raise TypeError(

@@ -17,43 +17,35 @@ from captum.attr import Attribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
-from captum_ffb._deprecation import keyword_only
-from captum_ffb.attr._door import Door, captum_return, check_reference, one_input, route_of
-from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.attr.graph import (
+from captum_ffb._deprecation import keyword_only, moved_names
+from captum_ffb.attr._door import Door, captum_return, check_reference, route_of
+from captum_ffb.attr._read_outs import ReadOutMethods
+from captum_ffb.components import pipeline as components
+from captum_ffb.components.table import ComponentAttribution
+from captum_ffb.engine import find_model
+from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.model import wrapper_tokenizer
+from captum_ffb.engine.whole import WholeModel
+from captum_ffb.explained.models import LoadedModel
+from captum_ffb.explained.results import ExplainedOutput
+from captum_ffb.graph.pipeline import GraphOptions, build, check_graph_options
+from captum_ffb.graph.record import (
     DEFAULT_MAX_NODES,
     EDGE_THRESHOLD,
     NODE_THRESHOLD,
     AttributionGraph,
+    BoundGraph,
     check_positions,
     graph_target,
     output_label,
     token_labels,
 )
-from captum_ffb.engine import find_model
-from captum_ffb.engine.generation import DEFAULT_NEW_TOKENS, generate_greedily
-from captum_ffb.engine.locking import serialized
-from captum_ffb.engine.model import wrapper_tokenizer
-from captum_ffb.engine.patching import EXACT_ABOVE, check_estimators, corrupted_like
-from captum_ffb.engine.requests import (
-    check_call,
-    check_forward_kwargs,
-    check_index,
-)
-from captum_ffb.engine.whole import HeadTarget, WholeModel
-from captum_ffb.models import LoadedModel
-from captum_ffb.readouts import (
-    NextToken,
-    ReadOut,
-    as_readout,
-)
-from captum_ffb.results import ExplainedOutput
-from captum_ffb.vocabulary import check_granularity
+from captum_ffb.patching.patches import corrupted_like
 
 #: What the players are measured from by default (see ``NormDecomposition.attribute()``):
 #: each token from the mean of the input's tokens, that mean's own output shared back to them.
 DEFAULT_REFERENCE = "centered"
-#: ``ExplainedReadOuts`` is :class:`~captum_ffb.results.ExplainedOutput` (its name before 0.4).
+#: ``ExplainedReadOuts`` is :class:`~captum_ffb.explained.results.ExplainedOutput` (its name before 0.4).
 ExplainedReadOuts = ExplainedOutput
 
 _ENGINE_FACTS = ("task", "model_type", "spec", "chain", "blocks", "head", "config", "memory_budget", "dtype",
@@ -64,7 +56,7 @@ _COMPONENTS = ("inputs", "target", "additional_forward_args", "forward_kwargs", 
                "granularity", "rules", "reference", "route")
 
 
-class NormDecomposition(Door, Attribution):
+class NormDecomposition(Door, ReadOutMethods, Attribution):
     r"""Exact contributions of a model's input tokens to one of its outputs.
 
     A scalar output (a class logit, a token's logit, a contrast of two logits, a direction
@@ -85,7 +77,7 @@ class NormDecomposition(Door, Attribution):
         forward_func (nn.Module): a Hugging Face model of a supported family (a
                     ``*ForCausalLM``, a ``*ForSequenceClassification``, an encoder–decoder
                     with its LM head, or a base model), or what
-                    :func:`~captum_ffb.models.load_model` returns, a TransformerLens
+                    :func:`~captum_ffb.explained.models.load_model` returns, a TransformerLens
                     ``TransformerBridge`` or an nnsight ``LanguageModel`` of one (their
                     tokenizer comes along; :func:`~captum_ffb.engine.find_model`).
         rules (dict, optional): role → rule replacing the default rule of that role
@@ -176,7 +168,7 @@ class NormDecomposition(Door, Attribution):
                         each row's last real position or ``target_position``; one per row as a
                         ``(batch,)`` tensor; a :class:`Contrast` (``logit(a) − logit(b)``); a
                         :class:`Direction` (base models); any read-out of
-                        :mod:`captum_ffb.readouts`; ``None``: the model's prediction (the
+                        :mod:`captum_ffb.explained.readouts`; ``None``: the model's prediction (the
                         predicted next token, or class), as in every method.
             additional_forward_args (Any, optional): further positional arguments.
             forward_kwargs (dict, optional): the forward's keyword arguments (an
@@ -206,10 +198,11 @@ class NormDecomposition(Door, Attribution):
         reference = self._reference_of(reference, baselines)
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         groups, n_groups = self.engine.groups(feature_mask, players, request)
-        head_target = self._resolved(target, target_position, request)
-        (answer,) = self.engine.answers(request, [head_target], self._rules(rules),
-                                        reference, route, groups, n_groups, players,
-                                        with_bias=return_bias or return_convergence_delta)
+        with_bias = return_bias or return_convergence_delta
+        head_target, captured = self._passes(target, target_position, request,
+                                             captures=route == "forward" or (with_bias and self._predicts(target)))
+        (answer,) = self.engine.answers(request, [head_target], self._rules(rules), reference, route, groups,
+                                        n_groups, players, with_bias=with_bias, captured=captured)
         per_group = self.engine.per_group(answer, request, groups, n_groups, route)
         return captum_return(self.engine.per_position(per_group, request, groups), answer.bias if return_bias else None,
                        (per_group.sum(1) + answer.bias - answer.real).abs() if return_convergence_delta else None)
@@ -244,11 +237,9 @@ class NormDecomposition(Door, Attribution):
         chosen = self._rules(rules)
         groups, n_groups = self.engine.groups(feature_mask, None, request)
         # a prediction is read from a capture the table then reuses; a given target needs none
-        captured = self.engine.capture(request) if self._predicts(target) else None
-        head_target = self._resolved(target, target_position, request,
-                                     outputs=None if captured is None else captured.output)
-        table = self.engine.components(request, head_target, chosen, reference, granularity, route, groups,
-                                       n_groups, captured)
+        head_target, captured = self._passes(target, target_position, request, captures=self._predicts(target))
+        table = components.build(self.engine, request, head_target, chosen, reference, granularity, route, groups,
+                                 n_groups, captured)
         return ComponentAttribution(table.contributions, table.bias, table.names, table.real, table.delta,
                                     granularity)
 
@@ -270,27 +261,27 @@ class NormDecomposition(Door, Attribution):
             target (int, str, ReadOut, optional): as in :meth:`attribute` (``None``: the
                         prediction).
             granularity (str): ``"sublayer"``, ``"head"`` (default) or ``"neuron"``.
-            prune (bool): prune as circuit-tracer does (:meth:`~captum_ffb.attr.AttributionGraph.prune`).
+            prune (bool): prune as circuit-tracer does (:meth:`~captum_ffb.graph.record.AttributionGraph.prune`).
             node_threshold, edge_threshold (float): the pruning's shares of influence kept.
             max_nodes (int, optional): compute edges for this many writer nodes only (largest
                         ``|value|``); what the others send is reported as left out (default:
-                        :data:`~captum_ffb.attr.graph.DEFAULT_MAX_NODES` when pruning, every
+                        :data:`~captum_ffb.graph.record.DEFAULT_MAX_NODES` when pruning, every
                         node when not).
             corrupted_inputs (Tensor or str, optional): a corrupted input of the same length: every
-                        node then carries patching estimates (:mod:`captum_ffb.engine.patching`;
+                        node then carries patching estimates (:mod:`captum_ffb.patching.patches`;
                         ``baseline_inputs``, its name before 0.4, is read with a warning).
             exact_above (float, optional): the κ above which ``"atp+exact"`` patches a node
-                        for real (default :data:`~captum_ffb.engine.patching.EXACT_ABOVE`;
+                        for real (default :data:`~captum_ffb.patching.patches.EXACT_ABOVE`;
                         ``math.inf``: never).
             exclude_positions (list[int]): positions whose writer nodes are set aside from
                         pruning and ranking (an attention sink's, e.g. ``[0]``; none by
                         default): ``max_nodes`` chooses them last, pruning runs without them,
-                        :meth:`~captum_ffb.attr.AttributionGraph.ranking` skips them; their
+                        :meth:`~captum_ffb.graph.record.AttributionGraph.ranking` skips them; their
                         values and edges stay in ``graph.data``.
             estimators (str or Sequence[str], optional): patching estimators to compute beyond
-                        :data:`~captum_ffb.engine.patching.COMPUTED` and the default (a name or
-                        names of :data:`~captum_ffb.engine.patching.ESTIMATORS` or
-                        :data:`~captum_ffb.engine.patching.ALIASES`: ``"atp*"`` and ``"eap-ig"``
+                        :data:`~captum_ffb.patching.patches.COMPUTED` and the default (a name or
+                        names of :data:`~captum_ffb.patching.patches.ESTIMATORS` or
+                        :data:`~captum_ffb.patching.patches.ALIASES`: ``"atp*"`` and ``"eap-ig"``
                         cost more passes); like ``exact_above``, only with ``corrupted_inputs``.
             additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
 
@@ -302,7 +293,7 @@ class NormDecomposition(Door, Attribution):
             ``attribute_graph(prune=False).prune()``, which prunes among all of them with the
             same thresholds (docs/graphs.md, "Which graph is the circuit").
         """
-        exact_above, estimators = _graph_options(granularity, prune, node_threshold, edge_threshold, max_nodes,
+        exact_above, estimators = check_graph_options(granularity, prune, node_threshold, edge_threshold, max_nodes,
                                                  corrupted_inputs is not None, exact_above, estimators)
         chosen = self._rules(rules)
         if getattr(chosen.get("attention"), "credits_scores", False):
@@ -325,155 +316,25 @@ class NormDecomposition(Door, Attribution):
                                      additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
                                      reference=request.reference, name="corrupted_inputs")
         limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
-        built = self.engine.graph(request, chosen, granularity, limit, corrupted, exact_above, excluded,
-                                  estimators)
+        built = build(self.engine, request, GraphOptions(chosen, granularity, limit, corrupted, exact_above,
+                                                         excluded, estimators))
         graph = self._graph_of(built, request, granularity, excluded)
         return graph.prune(node_threshold, edge_threshold) if prune else graph
 
-    def _graph_of(self, built: Any, request: Any, granularity: str, excluded: tuple[int, ...]) -> AttributionGraph:
-        """The unpruned :class:`AttributionGraph` of the engine's ``built`` graph (its labels
+    def _graph_of(self, built: Any, request: Any, granularity: str, excluded: tuple[int, ...]) -> BoundGraph:
+        """The unpruned graph of the engine's ``built`` graph, bound to the model (its labels
         read by the tokenizer, its patching estimates where there are)."""
         tokens, ids = token_labels(self.tokenizer, request, built.n_source)
-        graph = AttributionGraph.of(built.data, tokens, output_label(self.tokenizer, self.task, request.target),
-                                    granularity, probability=built.probability, token_ids=ids,
-                                    n_source=built.n_source, scorer=built.splitter,
-                                    target=graph_target(self.tokenizer, self.engine, request.target, built.n_source or 0),
-                                    excluded_positions=excluded)
-        if built.estimates is not None:
-            graph.patch_estimates = built.estimates.estimates
-            graph.patch_kappa = built.estimates.kappa
-            graph.patch_components = built.estimates.components
-            graph.patch_seconds, graph.patch_passes = built.estimates.seconds, built.estimates.passes
-            graph.edge_patcher = built.estimates.edges
-        return graph
-
-    @log_usage()
-    @serialized
-    @keyword_only(2, ("inputs", "target", "forward_kwargs", "route", "maps", "check", "rules", "reference"),
-                  renamed={"input_ids": "inputs", "readouts": "target"})
-    def explain(self, inputs: Tensor, target: Sequence[ReadOut | int | str | Tensor], *,
-                forward_kwargs: dict[str, Any] | None = None, route: str = "backward", maps: bool = False,
-                check: bool = False, rules: Mapping[str, Callable] | None = None,
-                reference: str | int | Tensor | None = None) -> ExplainedOutput:
-        r"""Several read-outs of one batch explained in at most two passes of the model (one
-        recording the forward route: the outputs that resolve a predicted unit, the bias
-        player, the maps and the check; then the backward pass).
-
-        Args:
-            inputs (Tensor): ``(batch, n)`` token ids (an encoder–decoder's source).
-            target (list): read-outs (an index or a text as in :meth:`attribute`);
-                        ``NextToken()`` or ``ClassLogit()`` explain the predicted unit.
-            maps (bool): also the whole-model maps (of every position from zero).
-            check (bool): on the backward route, also the forward route's contributions.
-            forward_kwargs, route, rules, reference: as in :meth:`attribute`.
-
-        Returns:
-            ExplainedOutput: one row per read-out and batch row (read-outs first).
-        """
-        if isinstance(target, (ReadOut, int, str, Tensor)) and not (isinstance(target, Tensor) and target.dim()):
-            target = [target]
-        if not target:
-            raise ValueError("target: give at least one read-out")
-        reference = self.reference if reference is None else reference
-        request = self._request(inputs, None, forward_kwargs, reference)
-        resolved: list[ReadOut] = []
-
-        def targets_of(outputs: Any) -> list[HeadTarget]:  # a predicted unit made concrete
-            resolved.extend(self._text_free(as_readout(self._text_free(r), self.task)).resolve(
-                outputs, request.read_mask.long()) for r in target)
-            return [self._target(r, None, request.read_mask) for r in resolved]
-
-        answers, checked, found, outputs = self.engine.explain(request, targets_of, self._rules(rules), reference,
-                                                               route, maps, check)
-        result = ExplainedOutput.from_answers(answers, request.read_mask)
-        result.readouts, result.outputs, result.maps = resolved, outputs, found
-        if checked is not None:
-            forward = ExplainedOutput.from_answers(checked, request.read_mask)
-            result.forward_contributions, result.forward_delta = forward.contributions, forward.delta
-        return result
-
-    @log_usage()
-    @serialized
-    @keyword_only(2, ("inputs", "decoder_input_ids", "tokens", "forward_kwargs", "route", "rules", "reference"),
-                  renamed={"decoder_input_ids": "forward_kwargs.decoder_input_ids", "tokens": "target"})
-    def explain_target(self, inputs: Tensor, target: str | Sequence[int] | Tensor, *,
-                       forward_kwargs: dict[str, Any] | None = None, route: str = "backward",
-                       rules: Mapping[str, Callable] | None = None,
-                       reference: str | int | Tensor | None = None) -> ExplainedOutput:
-        r"""Every token of a forced target explained from one forward pass: a causal LM's
-        continuation of its prompt, or an encoder–decoder's target for its source (the
-        decoder's input, ``forward_kwargs["decoder_input_ids"]``, made from the target when
-        left out).
-
-        Args:
-            inputs (Tensor): ``(1, n)`` the prompt or the source (or Whisper's features).
-            target (str, list[int] or Tensor): the target's tokens ``(T,)``, or its text.
-            forward_kwargs, route, rules, reference: as in :meth:`attribute`.
-
-        Returns:
-            ExplainedOutput: row ``t`` explains the logit of ``target[t]`` where it is read
-            (``source_share`` for an encoder–decoder).
-        """
-        source = one_input(inputs)
-        tokens = self._target_tokens(target, source.device)
-        ids, kwargs, positions = self.engine.forced(source, tokens, check_forward_kwargs(forward_kwargs))
-        readouts = [NextToken(int(t), p) for t, p in zip(tokens, positions)]
-        result = self.explain(ids, readouts, forward_kwargs=kwargs, route=route, rules=rules, reference=reference)
-        result.tokens = tokens
-        result.target_ids = kwargs.get("decoder_input_ids", ids)[0]
-        if result.n_source:
-            result.source_ids = source[0] if not source.is_floating_point() else torch.empty(0, dtype=torch.long)
-        return result
-
-    @log_usage()
-    @serialized
-    @keyword_only(1, ("inputs", "max_new_tokens", "forward_kwargs", "route", "rules", "reference"))
-    def explain_generation(self, inputs: Tensor, *, max_new_tokens: int = DEFAULT_NEW_TOKENS,
-                           forward_kwargs: dict[str, Any] | None = None, route: str = "backward",
-                           rules: Mapping[str, Callable] | None = None,
-                           reference: str | int | Tensor | None = None) -> ExplainedOutput:
-        r"""Generate greedily from one input (a prompt, a source), at most ``max_new_tokens``
-        within the model's positions, then explain every generated token
-        (:meth:`explain_target`: the generation's logits are the forced decoding's)."""
-        source = one_input(inputs)
-        check_call(self.model, (source,), check_forward_kwargs(forward_kwargs))  # before generating
-        if self.task not in ("causal_lm", "seq2seq_lm"):
-            raise ValueError(f"generating needs a causal LM or an encoder–decoder; {type(self.model).__name__} "
-                             f"is a {self.task} model")
-        tokens = generate_greedily(self.model, source, max_new_tokens, forward_kwargs)
-        if tokens.numel() == 0:
-            raise ValueError("the model generated nothing to explain")
-        return self.explain_target(source, tokens, forward_kwargs=forward_kwargs, route=route, rules=rules,
-                                   reference=reference)
-
-    @log_usage()
-    @serialized
-    @keyword_only(2, ("inputs", "target", "target_position", "forward_kwargs", "return_convergence_delta",
-                      "route", "rules", "return_bias", "reference"),
-                  renamed={"input_ids": "inputs", "targets": "target", "positions": "target_position"})
-    def attribute_steps(self, inputs: Tensor, target: Tensor | Sequence[int], *, target_position: Tensor | Sequence[int],
-                        forward_kwargs: dict[str, Any] | None = None, route: str = "backward",
-                        rules: Mapping[str, Callable] | None = None, reference: str | int | Tensor | None = None,
-                        return_bias: bool = False, return_convergence_delta: bool = False) -> Any:
-        r"""The logit of ``target[t]`` at ``target_position[t]`` of one sequence for every ``t``,
-        from one forward pass (teacher forcing): contributions ``(T, n)``, then the bias and
-        the delta where asked."""
-        ids = torch.as_tensor(inputs)
-        ids = ids[None] if ids.dim() == 1 else ids
-        tokens = check_index(torch.as_tensor(target, device=ids.device), "target").reshape(-1)
-        where = check_index(torch.as_tensor(target_position, device=ids.device), "target_position").reshape(-1)
-        if tokens.numel() != where.numel() or tokens.numel() == 0:
-            raise ValueError("give one target_position per target (and at least one target)")
-        if ids.dim() == 2 and ids.shape[0] != 1:
-            raise ValueError("attribute_steps takes one sequence: inputs of shape (1, n)")
-        reference = self.reference if reference is None else reference
-        request = self._request(ids, None, forward_kwargs, reference)
-        targets = [self._target(NextToken(int(t), int(p)), None, request.read_mask) for t, p in zip(tokens, where)]
-        answers = self.engine.answers(request, targets, self._rules(rules),
-                                      reference, route, with_bias=return_bias or return_convergence_delta)
-        result = ExplainedOutput.from_answers(answers, request.read_mask)
-        return captum_return(result.contributions, result.bias if return_bias else None,
-                       result.delta if return_convergence_delta else None)
+        estimates = built.estimates
+        patching = {} if estimates is None else {
+            "patch_estimates": estimates.estimates, "patch_kappa": estimates.kappa,
+            "patch_components": estimates.components, "patch_seconds": estimates.seconds,
+            "patch_passes": estimates.passes, "edge_patcher": estimates.edges}
+        return BoundGraph.of(built.data, tokens, output_label(self.tokenizer, self.task, request.target), granularity,
+                             probability=built.probability, token_ids=ids, n_source=built.n_source,
+                             scorer=built.splitter, excluded_positions=excluded,
+                             target=graph_target(self.tokenizer, self.engine, request.target, built.n_source or 0),
+                             **patching)
 
     @log_usage()
     @serialized
@@ -489,28 +350,6 @@ class NormDecomposition(Door, Attribution):
         return self.engine.maps(request, self._rules(rules), return_convergence_delta)
 
 
-def _graph_options(granularity: str, prune: Any, node_threshold: Any, edge_threshold: Any, max_nodes: Any,
-                   corrupted: bool, exact_above: Any, estimators: Any) -> tuple[float, tuple[str, ...]]:
-    """:meth:`NormDecomposition.attribute_graph`'s options checked (one-line errors naming each):
-    returns ``exact_above`` (its default filled in) and the estimators to compute."""
-    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
-        raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
-    for name, share in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
-        if isinstance(share, bool) or not isinstance(share, (int, float)):
-            raise TypeError(f"{name} must be a number between 0 and 1, got {type(share).__name__}")
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"{name} must lie between 0 and 1, got {share}")
-    if not isinstance(prune, bool):
-        raise TypeError(f"prune must be True or False, got {prune!r}")
-    check_granularity(granularity, "graph")
-    if not corrupted:
-        given = [name for name, value in (("estimators", estimators), ("exact_above", exact_above))
-                 if value is not None]
-        if given:
-            raise ValueError(f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} up patching "
-                             "estimates, which need corrupted_inputs (a corrupted input of the same length)")
-    exact_above = EXACT_ABOVE if exact_above is None else exact_above
-    if isinstance(exact_above, bool) or not isinstance(exact_above, (int, float)) or not exact_above > 0:
-        raise ValueError(f"exact_above must be a positive number (math.inf: never patch for real), got "
-                         f"{exact_above!r}")
-    return exact_above, check_estimators(estimators)
+#: Names this module handed out before 0.4 (imported here then), still importable for one release.
+__getattr__ = moved_names(__name__, {"DEFAULT_NEW_TOKENS": "captum_ffb.engine.generation",
+                                     "EXACT_ABOVE": "captum_ffb.patching.patches"})

@@ -13,6 +13,8 @@
   (:func:`compare_with_baselines`, :func:`activation_study_by_length`).
 """
 
+from captum_ffb._deprecation import moved_names
+from captum_ffb.attr.patching import PatchingResult, activation_patching, component_id
 from captum_ffb.baselines.activation import (
     ACTIVATION_METHODS,
     ActivationStudy,
@@ -22,8 +24,8 @@ from captum_ffb.baselines.activation import (
     scopes_with_activation,
 )
 from captum_ffb.baselines.attention import attention_norm_maps, attention_weight_maps
+from captum_ffb.baselines.captured import CapturedLayer, LayerFunction, capture_layer
 from captum_ffb.baselines.compare import ComparisonTable, compare, compare_methods, spearman
-from captum_ffb.baselines.context import LayerContext, LayerFunction, capture_layer
 from captum_ffb.baselines.gradients import (
     GRADIENT_METHODS,
     completeness_residual,
@@ -32,7 +34,6 @@ from captum_ffb.baselines.gradients import (
     gradient_vectors,
 )
 from captum_ffb.baselines.maps import ALIASES, BASELINES, baseline_maps, resolve_baselines
-from captum_ffb.baselines.patching import PatchingResult, activation_patching, component_id
 from captum_ffb.baselines.shapley import shapley_maps, shapley_vectors
 from captum_ffb.baselines.study import (
     BaselineComparison,
@@ -52,7 +53,7 @@ __all__ = [
     "ActivationStudy",
     "BaselineComparison",
     "ComparisonTable",
-    "LayerContext",
+    "CapturedLayer",
     "LayerFunction",
     "LengthStudy",
     "PatchingResult",
@@ -81,3 +82,6 @@ __all__ = [
     "spearman",
     "text_lengths",
 ]
+
+#: ``LayerContext`` (0.3) is :class:`CapturedLayer`: "context" names long contexts only.
+__getattr__ = moved_names(__name__, {"LayerContext": ("captum_ffb.baselines.captured", "CapturedLayer")})

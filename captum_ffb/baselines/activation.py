@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb.baselines.captured import CapturedLayer
 from captum_ffb.baselines.compare import ComparisonTable, compare, compare_methods
-from captum_ffb.baselines.context import LayerContext
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.core.decomposition import Decomposition
 from captum_ffb.engine import Outputs, run_block
 from captum_ffb.rules import IGActivation, ShapleyActivation, TimedRule
 
@@ -110,7 +110,7 @@ def _warm_up(methods: Sequence[str]) -> None:
 
 
 def scopes_with_activation(
-    context: LayerContext,
+    context: CapturedLayer,
     method: str = "ig",
     n_samples: int | None = None,
     seed: int | None = 0,
@@ -166,7 +166,7 @@ class ActivationStudy:
 
 
 def activation_study(
-    context: LayerContext,
+    context: CapturedLayer,
     methods: Sequence[str] = ("ig", "shap_exact", "shap_sampling", "shap_kernel"),
     reference: str = "ig",
     n_samples: int | None = None,
@@ -179,7 +179,7 @@ def activation_study(
     r"""Run the block's chain with each activation method; compare maps and time.
 
     Args:
-        context (LayerContext): from :func:`~captum_ffb.baselines.capture_layer`.
+        context (CapturedLayer): from :func:`~captum_ffb.baselines.capture_layer`.
         methods (list[str]): among ``ACTIVATION_METHODS``; ``reference`` is added if
                     missing.
         reference (str): the method the others are compared with (IG by default).

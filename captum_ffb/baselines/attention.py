@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from captum_ffb.baselines.context import LayerContext, mask_maps
-from captum_ffb.decomposition import Decomposition, FactoredDecomposition
+from captum_ffb.baselines.captured import CapturedLayer, mask_maps
+from captum_ffb.core.decomposition import Decomposition, FactoredDecomposition
 from captum_ffb.rules import Attention
 
 REDUCTIONS = ("mean", "sum")
 
 
-def attention_weight_maps(context: LayerContext, reduce: str = "mean") -> Tensor:
+def attention_weight_maps(context: CapturedLayer, reduce: str = "mean") -> Tensor:
     r"""The layer's attention probabilities combined over heads, ``(B, n, n)``.
 
     ``M[b, i, j] = mean_h α^h[b, i, j]`` (``reduce="mean"``) or ``Σ_h α^h[b, i, j]``
@@ -20,7 +20,7 @@ def attention_weight_maps(context: LayerContext, reduce: str = "mean") -> Tensor
     columns are zero.
 
     Args:
-        context (LayerContext): from :func:`~captum_ffb.baselines.capture_layer`.
+        context (CapturedLayer): from :func:`~captum_ffb.baselines.capture_layer`.
         reduce (str): ``"mean"`` or ``"sum"`` over heads.
     """
     if reduce not in REDUCTIONS:
@@ -30,7 +30,7 @@ def attention_weight_maps(context: LayerContext, reduce: str = "mean") -> Tensor
     return mask_maps(maps, context.token_mask)
 
 
-def attention_norm_maps(context: LayerContext, include_value_bias: bool = False) -> Tensor:
+def attention_norm_maps(context: CapturedLayer, include_value_bias: bool = False) -> Tensor:
     r"""Attention norms ``‖Σ_h α^h[i, j] f^h(x_j)‖`` (Kobayashi et al., 2020), ``(B, n, n)``.
 
     ``x_j`` is the real input of the value projection (the block input, or its first norm's
@@ -40,7 +40,7 @@ def attention_norm_maps(context: LayerContext, include_value_bias: bool = False)
     ``include_value_bias=True``, ``f^h(x) = (x W_V^h + b_V^h) W_O^h`` as in the 2020 paper.
 
     Args:
-        context (LayerContext): from :func:`~captum_ffb.baselines.capture_layer`.
+        context (CapturedLayer): from :func:`~captum_ffb.baselines.capture_layer`.
         include_value_bias (bool): count ``b_V`` in each token's transformed vector.
     """
     block = context.block

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb import stats
-from captum_ffb.outputs import write_text
+from captum_ffb.io.files import write_text
+from captum_ffb.texts import stats
 
 
 def _as_batch(maps: Tensor, name: str) -> Tensor:
@@ -66,7 +66,7 @@ def _pearson(a: Tensor, b: Tensor) -> float:
 
 def spearman(a: Tensor, b: Tensor) -> float:
     """Spearman's ρ of two tensors, flattened (NaN when either is constant); see
-    :func:`captum_ffb.stats.spearman`."""
+    :func:`captum_ffb.texts.stats.spearman`."""
     return stats.spearman(a.double().flatten().numpy(), b.double().flatten().numpy())
 
 

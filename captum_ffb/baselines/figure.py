@@ -8,10 +8,11 @@ from pathlib import Path
 
 from torch import Tensor
 
-from captum_ffb.outputs import save_figure
+from captum_ffb.io.files import save_figure
 
 
-def _pyplot():
+def load_pyplot():
+    """``matplotlib.pyplot`` on the Agg backend; ``ValueError`` with the install hint without it."""
     try:
         import matplotlib
     except ImportError as error:  # pragma: no cover - depends on the install
@@ -46,7 +47,7 @@ def side_by_side(
     """
     if not maps:
         raise ValueError("no maps to draw")
-    plt = _pyplot()
+    plt = load_pyplot()
     names = list(maps)
     n = len(tokens)
     cols = max(1, min(columns, len(names)))
@@ -76,7 +77,7 @@ def timing_plot(
     seconds: Mapping[str, Mapping[int, float]], path: str | Path, title: str = "", dpi: int = 120
 ) -> Path:
     """Seconds against sequence length, one line per method (log scale)."""
-    plt = _pyplot()
+    plt = load_pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for method, by_n in seconds.items():
         lengths = sorted(by_n)

@@ -33,7 +33,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-from captum_ffb.baselines.context import LayerContext, mask_maps
+from captum_ffb.baselines.captured import CapturedLayer, mask_maps
 
 LayerFn = Callable[[Tensor], Tensor]
 
@@ -324,7 +324,7 @@ def gradient_map(
 
 
 def gradient_maps(
-    context: LayerContext,
+    context: CapturedLayer,
     method: str = "ig",
     route: str = "forward",
     n_steps: int = 50,
@@ -339,7 +339,7 @@ def gradient_maps(
     are zero. See :func:`gradient_map` for the score.
 
     Args:
-        context (LayerContext): from :func:`~captum_ffb.baselines.capture_layer`.
+        context (CapturedLayer): from :func:`~captum_ffb.baselines.capture_layer`.
         method (str): ``"saliency"``, ``"ixg"`` or ``"ig"``.
         route (str): ``"forward"`` (default) or ``"captum"``.
         n_steps (int): IG integration steps.

@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from captum_ffb.baselines.attention import attention_norm_maps, attention_weight_maps
-from captum_ffb.baselines.context import LayerContext, capture_layer
+from captum_ffb.baselines.captured import CapturedLayer, capture_layer
 from captum_ffb.baselines.gradients import gradient_maps
 from captum_ffb.baselines.shapley import shapley_maps
 
@@ -65,7 +65,7 @@ def resolve_baselines(names: str | Sequence[str], n_tokens: int, exact_up_to: in
     return out
 
 
-def _runner(name: str, options: dict[str, Any]) -> Callable[[LayerContext], Tensor]:
+def _runner(name: str, options: dict[str, Any]) -> Callable[[CapturedLayer], Tensor]:
     if name.startswith("attention_"):
         return lambda ctx: attention_weight_maps(ctx, name.split("_")[1])
     if name in ("norm", "norm_bias"):
@@ -83,7 +83,7 @@ def _runner(name: str, options: dict[str, Any]) -> Callable[[LayerContext], Tens
 
 
 def baseline_maps(
-    model: nn.Module | LayerContext,
+    model: nn.Module | CapturedLayer,
     layer: nn.Module | None = None,
     inputs: Tensor | tuple[Tensor, ...] | None = None,
     methods: str | Sequence[str] = ("attention", "norm", "ig", "shap"),
@@ -101,7 +101,7 @@ def baseline_maps(
     r"""Token-to-token maps ``(B, n, n)`` of one layer from each named baseline.
 
     Args:
-        model (nn.Module or LayerContext): the model, or a context already captured with
+        model (nn.Module or CapturedLayer): the model, or a context already captured with
                     :func:`~captum_ffb.baselines.capture_layer` (then ``layer`` and
                     ``inputs`` are not needed).
         layer (nn.Module, optional): the Transformer block.
@@ -122,11 +122,11 @@ def baseline_maps(
     Returns:
         dict method name → maps, in the order asked (aliases expanded).
     """
-    if isinstance(model, LayerContext):
+    if isinstance(model, CapturedLayer):
         context = model
     else:
         if layer is None or inputs is None:
-            raise ValueError("give the layer and the inputs, or a captured LayerContext")
+            raise ValueError("give the layer and the inputs, or a captured CapturedLayer")
         context = capture_layer(model, layer, inputs, forward_kwargs=forward_kwargs)
     longest = max(len(context.real_tokens(b)) for b in range(context.batch_size))
     names = resolve_baselines(methods, longest, exact_up_to)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from captum_ffb.baselines.context import LayerContext, mask_maps
+from captum_ffb.baselines.captured import CapturedLayer, mask_maps
 from captum_ffb.rules.shapley import MAX_EXACT_PLAYERS, shapley_values
 
 
@@ -89,7 +89,7 @@ def shapley_vectors(
 
 
 def shapley_maps(
-    context: LayerContext,
+    context: CapturedLayer,
     method: str = "exact",
     n_samples: int | None = None,
     seed: int | None = 0,

@@ -16,12 +16,12 @@ from torch import Tensor
 
 from captum_ffb.architectures import get_architecture
 from captum_ffb.baselines.activation import activation_study
+from captum_ffb.baselines.captured import CapturedLayer, capture_layer
 from captum_ffb.baselines.compare import ComparisonTable, compare_methods
-from captum_ffb.baselines.context import LayerContext, capture_layer
 from captum_ffb.baselines.maps import baseline_maps, resolve_baselines
 from captum_ffb.engine import chain_for
-from captum_ffb.models import LoadedModel, load_model
-from captum_ffb.text import encode_text, layer_indices
+from captum_ffb.explained.models import LoadedModel, load_model
+from captum_ffb.texts.text import encode_text, layer_indices
 
 
 @dataclass
@@ -48,7 +48,7 @@ class BaselineComparison:
 
 
 def _contexts(loaded: LoadedModel, indices: Sequence[int], encoded: Any,
-              with_next_norms: bool = False) -> list[LayerContext]:
+              with_next_norms: bool = False) -> list[CapturedLayer]:
     """The contexts of the blocks ``indices`` for the encoded text, from one forward pass."""
     kwargs = {k: v for k, v in encoded.items() if k != "input_ids"}
     blocks = loaded.blocks
@@ -82,7 +82,7 @@ def compare_with_baselines(
 
     Args:
         text (str): the input; not empty, valid UTF-8.
-        model (LoadedModel, optional): from :func:`captum_ffb.models.load_model`; the bundled
+        model (LoadedModel, optional): from :func:`captum_ffb.explained.models.load_model`; the bundled
                     all-MiniLM-L6-v2 by default.
         layers (list[int] or "all"): layer indices (negative counts from the end).
         baselines (str or list[str]): names of :data:`~captum_ffb.baselines.maps.BASELINES` or

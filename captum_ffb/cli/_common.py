@@ -18,7 +18,7 @@ def check_model_options(
     weights load.
 
     Args:
-        config: the model's ``PretrainedConfig`` (:func:`captum_ffb.models.model_config`).
+        config: the model's ``PretrainedConfig`` (:func:`captum_ffb.explained.models.model_config`).
         layers (list[int] or "all", optional): layer indices (negative counts from the end).
         scopes (list[str], optional): scope names of the model's chain.
     """
@@ -44,9 +44,9 @@ def check_model_options(
 
 def resolve_device(name: str) -> Any:
     """``name`` as a torch device that exists here, or a one-line error (before any model
-    loads); the check is :func:`captum_ffb.models.check_device`. The meta device, which
+    loads); the check is :func:`captum_ffb.explained.models.check_device`. The meta device, which
     holds shapes and no weights, is refused too: a model there has nothing to explain."""
-    from captum_ffb.models import check_device
+    from captum_ffb.explained.models import check_device
 
     try:
         place = check_device(name)

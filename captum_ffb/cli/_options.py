@@ -28,7 +28,7 @@ __all__ = [
 
 #: What ``--format`` chooses from (the commands that write pictures and data of one text).
 FORMATS = ("png", "html", "json")
-#: What ``--dtype`` chooses from (:data:`captum_ffb.models.DTYPES`; not imported here, so that
+#: What ``--dtype`` chooses from (:data:`captum_ffb.explained.models.DTYPES`; not imported here, so that
 #: building the parser does not import torch).
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 #: The namespace attribute where deprecated spellings leave their warnings.
@@ -173,9 +173,9 @@ class ModelPlacement:
 
 def model_placement(args: argparse.Namespace) -> ModelPlacement:
     """``--device`` and ``--dtype`` checked (one line each, before any weights load): a
-    device this machine has (see :func:`captum_ffb.models.check_device`) and a dtype of
+    device this machine has (see :func:`captum_ffb.explained.models.check_device`) and a dtype of
     :data:`DTYPES` (float32 where the command has no ``--dtype``)."""
-    from captum_ffb.models import resolve_dtype
+    from captum_ffb.explained.models import resolve_dtype
 
     device = resolve_device(getattr(args, "device", "cpu"))
     try:

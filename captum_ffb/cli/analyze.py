@@ -19,7 +19,7 @@ from captum_ffb.cli._options import (
     default_out,
     model_placement,
 )
-from captum_ffb.outputs import check_out_dir, output_set
+from captum_ffb.io.files import check_out_dir, output_set
 
 DEFAULT_OUT = default_out("analyze")
 
@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from captum_ffb.analysis import AnalysisConfig, analyze_corpus, load_corpus
     from captum_ffb.analysis.report import write_report
-    from captum_ffb.models import load_model, model_config
+    from captum_ffb.explained.models import load_model, model_config
 
     if args.n is not None and args.n < 1:
         raise UsageError(f"--n must be at least 1, got {args.n}")

@@ -53,8 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from captum_ffb.explained.models import load_model, model_config
     from captum_ffb.integrations.gradio_app import import_gradio, launch
-    from captum_ffb.models import load_model, model_config
 
     try:
         import_gradio()

@@ -19,7 +19,7 @@ from captum_ffb.cli._options import (
     parse_layers,
     parse_scopes,
 )
-from captum_ffb.outputs import check_out_dir, output_set, write_text
+from captum_ffb.io.files import check_out_dir, output_set, write_text
 
 DEFAULT_OUT = default_out("compare")
 #: ``--differentiation``'s choices and the ``route`` of ``compare_with_baselines`` each means.
@@ -121,8 +121,8 @@ def _names(value: str | None, option: str) -> list[str] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from captum_ffb.models import load_model, model_config
-    from captum_ffb.text import check_text
+    from captum_ffb.explained.models import load_model, model_config
+    from captum_ffb.texts.text import check_text
 
     check_text(args.text)
     if args.k < 1:
@@ -134,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
     placement = model_placement(args)
     out = check_out_dir(args.out)
     if not args.no_figures:
-        from captum_ffb.baselines.figure import _pyplot
+        from captum_ffb.baselines.figure import load_pyplot
 
-        _pyplot()
+        load_pyplot()
     from captum_ffb.baselines import ACTIVATION_METHODS, resolve_baselines
 
     if args.app_e:

@@ -16,13 +16,15 @@ from captum_ffb.cli._options import (
     model_placement,
     parse_formats,
 )
-from captum_ffb.context import DEFAULT_TEMPLATE, GROUPINGS
+from captum_ffb.core.vocabulary import FEATURE_GRANULARITIES
 from captum_ffb.engine.requests import check_new_tokens
-from captum_ffb.outputs import check_out_dir, output_set, save_figure, write_json, write_text
-from captum_ffb.vocabulary import FEATURE_GRANULARITIES
+from captum_ffb.io.files import check_out_dir, output_set, save_figure, write_json, write_text
+from captum_ffb.long_context.attribution import DEFAULT_TEMPLATE, GROUPINGS
 
 if TYPE_CHECKING:
-    from captum_ffb.attr.components import ComponentAttribution
+    from pathlib import Path
+
+    from captum_ffb.components.table import ComponentAttribution
 
 GRANULARITIES = FEATURE_GRANULARITIES["components"]
 DEFAULT_OUT = default_out("explain")
@@ -153,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
     if args.generate is not None and args.generate < 1:
         raise UsageError(f"--generate must be at least 1, got {args.generate}")
     out = check_out_dir(args.out)
-    from captum_ffb.models import load_model, model_config
-    from captum_ffb.text import check_text_request
+    from captum_ffb.explained.models import load_model, model_config
+    from captum_ffb.texts.text import check_text_request
 
     config = model_config(args.model)  # the request is checked before the weights load
     check_text_request(args.text, config, args.audio, args.model)
@@ -173,6 +175,14 @@ def run(args: argparse.Namespace) -> int:
                                generate=args.generate or 0, route=args.route,
                                maps=False if args.no_maps else None, components=args.components,
                                show_progress=not args.quiet)
+    written = _write_explanation(explanation, formats, out)
+    if not args.quiet:
+        _print_explanation(explanation, written)
+    return 0
+
+
+def _write_explanation(explanation: Any, formats: list[str], out: Path) -> list[Path]:
+    """The explanation's files in ``formats``, written into ``out`` as one output set."""
     with output_set(out) as files:
         written = []
         if "json" in formats:
@@ -192,41 +202,44 @@ def run(args: argparse.Namespace) -> int:
             figure = plot_components(explanation.components,
                                      title=f'"{explanation.target_labels[0]}": {explanation.explained}')
             written.append(save_figure(figure, files.path("components.png"), dpi=150))
-    written = files.final(written)
-    if not args.quiet:
-        print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
-              f"{explanation.explained}")
-        for t, target in enumerate(explanation.target_labels):
-            print(f'  "{target}": value {float(explanation.values[t]):.4f} = Σ tokens '
-                  f"{float(explanation.contributions[t].sum()):.4f} + bias {float(explanation.bias[t]):.4f} "
-                  f"(token share {_percent(float(explanation.token_share()[t]))}), delta "
-                  f"{float(explanation.delta[t]):.1e}, first-token share "
-                  f"{float(explanation.first_token_share()[t]):.0%}")
-        for t in range(min(len(explanation.target_labels), TOP_TARGETS)):
-            _print_top_tokens(explanation, t)
-        if len(explanation.target_labels) > TOP_TARGETS:
-            print(f"  (the top tokens of the other {len(explanation.target_labels) - TOP_TARGETS} outputs: "
-                  "explanation.json)")
-        if explanation.target_labels:
-            print(LEGEND)
-        if explanation.check is not None:
-            print(f"  checked against the forward route: its delta "
-                  f"{explanation.check['forward_route_delta']:.1e}, largest relative difference "
-                  f"{explanation.check['largest_relative_difference_between_routes']:.1e}")
-        if explanation.components is not None:
-            _print_components(explanation.components)
-        for path in written:
-            print(path)
-    return 0
+    return files.final(written)
+
+
+def _print_explanation(explanation: Any, written: list[Path]) -> None:
+    """The explanation's summary on stdout: each output's value, its top tokens, the check
+    against the forward route, the components, and the files written."""
+    print(f"{explanation.model_name}: {len(explanation.tokens)} tokens; explained: "
+          f"{explanation.explained}")
+    for t, target in enumerate(explanation.target_labels):
+        print(f'  "{target}": value {float(explanation.values[t]):.4f} = Σ tokens '
+              f"{float(explanation.contributions[t].sum()):.4f} + bias {float(explanation.bias[t]):.4f} "
+              f"(token share {_percent(float(explanation.token_share()[t]))}), delta "
+              f"{float(explanation.delta[t]):.1e}, first-token share "
+              f"{float(explanation.first_token_share()[t]):.0%}")
+    for t in range(min(len(explanation.target_labels), TOP_TARGETS)):
+        _print_top_tokens(explanation, t)
+    if len(explanation.target_labels) > TOP_TARGETS:
+        print(f"  (the top tokens of the other {len(explanation.target_labels) - TOP_TARGETS} outputs: "
+              "explanation.json)")
+    if explanation.target_labels:
+        print(LEGEND)
+    if explanation.check is not None:
+        print(f"  checked against the forward route: its delta "
+              f"{explanation.check['forward_route_delta']:.1e}, largest relative difference "
+              f"{explanation.check['largest_relative_difference_between_routes']:.1e}")
+    if explanation.components is not None:
+        _print_components(explanation.components)
+    for path in written:
+        print(path)
 
 
 def _run_context(args: argparse.Namespace) -> int:
     """``--context FILE --question TEXT``: the groups of a long context as players."""
-    from captum_ffb.context import context_attribution
-    from captum_ffb.corpus import read_text_file
     from captum_ffb.explain import check_request
-    from captum_ffb.models import load_model, model_config
-    from captum_ffb.text import check_text
+    from captum_ffb.explained.models import load_model, model_config
+    from captum_ffb.long_context.attribution import context_attribution
+    from captum_ffb.texts.corpus import read_text_file
+    from captum_ffb.texts.text import check_text
 
     if args.context is None or args.question is None:
         raise UsageError("context attribution takes both --context FILE and --question TEXT")
@@ -325,8 +338,8 @@ def _print_components(table: ComponentAttribution, count: int = 5) -> None:
 
 
 def _run_corpus(args: argparse.Namespace, backend: str, settings: dict, placement: ModelPlacement) -> int:
-    from captum_ffb.corpus import read_rows
     from captum_ffb.explain import explain_corpus
+    from captum_ffb.texts.corpus import read_rows
 
     for flag, value in (("--target", args.target), ("--class", args.class_index), ("--generate", args.generate),
                         ("--components", args.components)):
@@ -361,8 +374,8 @@ def _run_seq2seq(args: argparse.Namespace, formats: list[str], out, config: Any,
     """An encoder–decoder: every token of the target (``SOURCE ||| TARGET``) or of a greedy
     generation (``--generate N``, 20 by default) over the source and the target prefix."""
     from captum_ffb.explain import explain_pair
-    from captum_ffb.models import load_model
-    from captum_ffb.text import PAIR_SEPARATOR
+    from captum_ffb.explained.models import load_model
+    from captum_ffb.texts.text import PAIR_SEPARATOR
 
     for flag, value in (("--class", args.class_index), ("--components", args.components),
                         ("--target", args.target)):

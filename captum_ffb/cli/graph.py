@@ -17,8 +17,9 @@ from captum_ffb.cli._options import (
     default_out,
     model_placement,
 )
-from captum_ffb.outputs import check_out_dir, check_out_files, output_set, write_json, write_text
-from captum_ffb.vocabulary import FEATURE_GRANULARITIES, component_of
+from captum_ffb.core.keys import is_writer_node
+from captum_ffb.core.vocabulary import FEATURE_GRANULARITIES, component_of
+from captum_ffb.io.files import check_out_dir, check_out_files, output_set, write_json, write_text
 
 DEFAULT_OUT = default_out("graph")
 #: What ``--format`` chooses from.
@@ -125,7 +126,7 @@ def _formats(value: str, neuronpedia: bool) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Build the graph of ``args.text`` and write the chosen files."""
     from captum_ffb.cli import as_flags
-    from captum_ffb.text import check_text
+    from captum_ffb.texts.text import check_text
 
     check_text(args.text)
     if args.corrupted is not None:
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     out = check_out_dir(args.out)
     check_out_files(out, ["components.csv", *(FILES[f] for f in formats)])
     from captum_ffb.explain import check_request
-    from captum_ffb.models import load_model, model_config
+    from captum_ffb.explained.models import load_model, model_config
 
     config = model_config(args.model)
     from captum_ffb.architectures import get_architecture
@@ -167,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(as_flags(str(error), FLAGS)) from None
     as_dicts = [f for f in formats if f != "npz"]
     if as_dicts:
-        from captum_ffb.attr.graph import MAX_DICT_LINKS
+        from captum_ffb.graph.record import MAX_DICT_LINKS
 
         try:
             graph.kept_links(MAX_DICT_LINKS)
@@ -209,7 +210,7 @@ def components_csv(graph: Any) -> str:
                for name in graph.patch_estimates}
     kept: dict[str, int] = {}
     for k in graph.node_mask.nonzero()[:, 0].tolist():
-        if d.kinds[k] not in ("token", "bias", "output") and d.positions[k] not in graph.excluded_positions:
+        if is_writer_node(d.kinds[k]) and d.positions[k] not in graph.excluded_positions:
             name = component_of(d.kinds[k], d.layers[k], d.heads[k])
             kept[name] = kept.get(name, 0) + 1
     buffer = io.StringIO()
@@ -223,7 +224,7 @@ def components_csv(graph: Any) -> str:
 
 def _summary(graph: Any, model_name: str) -> None:
     d = graph.data
-    writers = {k for k, kind in enumerate(d.kinds) if kind not in ("token", "bias", "output")}
+    writers = {k for k, kind in enumerate(d.kinds) if is_writer_node(kind)}
     computed = "every node" if d.computed is None else \
         f"the {int(d.computed.sum())} writer nodes whose edges were computed ({len(writers) - int(d.computed.sum())} " \
         "left out, their flow counted as left out)"

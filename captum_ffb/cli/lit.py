@@ -71,8 +71,8 @@ def _quiet_logs() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from captum_ffb.explained.models import load_model, model_config, task_from_config
     from captum_ffb.integrations import lit as ffb_lit
-    from captum_ffb.models import load_model, model_config, task_from_config
 
     try:
         ffb_lit.require_lit()
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--n must be at least 1, got {args.n}")
     check_port(args.host, args.port)
     if args.data is not None:
-        from captum_ffb.corpus import read_texts
+        from captum_ffb.texts.corpus import read_texts
 
         read_texts(args.data, n=1)  # a missing or empty file fails before the weights load
     placement = model_placement(args)  # a device this machine has, before the weights load
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     config = model_config(args.model)
     task = task_from_config(config)
     if task == "base":
-        from captum_ffb.readouts import fits_minilm_head
+        from captum_ffb.explained.readouts import fits_minilm_head
 
         if not fits_minilm_head(config):
             raise UsageError("a base model has nothing to explain in LIT: give a sequence "

@@ -16,7 +16,7 @@ from captum_ffb.cli._options import (
     parse_layers,
     parse_scopes,
 )
-from captum_ffb.outputs import check_out_dir, output_set, save_figure, write_json
+from captum_ffb.io.files import check_out_dir, output_set, save_figure, write_json
 
 DEFAULT_OUT = default_out("maps")
 #: Resolutions the PNG figures may take.
@@ -81,8 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Compute the maps of ``args.text`` and write the requested files."""
-    from captum_ffb.models import load_model, model_config
-    from captum_ffb.text import check_text, check_text_request, text_maps
+    from captum_ffb.explained.models import load_model, model_config
+    from captum_ffb.texts.text import check_text, check_text_request, text_maps
 
     check_text(args.text)
     formats = parse_formats(args.format)
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_json(maps: Any, path: Path) -> Path:
-    from captum_ffb.viz._common import ff_pair_of
+    from captum_ffb.viz import ff_pair_of
 
     data = maps.to_dict()
     pair = ff_pair_of(maps.scopes, maps.ff_pair)

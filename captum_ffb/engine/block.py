@@ -19,8 +19,8 @@ from captum_ffb._private import model_eager_attention, private_attention_method
 from captum_ffb.architectures.moe import GatedWeights, MoEAdapter
 from captum_ffb.architectures.paths import has_path, is_present, resolve
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
+from captum_ffb.core.versions import UnsupportedVersionError
 from captum_ffb.engine.capture import BlockCapture, BlockWatch
-from captum_ffb.versions import UnsupportedVersionError
 
 #: A real tensor: ``(role, "input" | "output")``. Besides the watched roles: ``"block"`` is
 #: the block itself; ``"ff_input"`` the FF's input (of its first projection, or of the MoE
@@ -35,7 +35,7 @@ _EPS_KEYS = {
 }
 
 
-def _columns(projection: Projection, config: Any, width: int) -> tuple[list[int] | slice, int]:
+def projection_columns(projection: Projection, config: Any, width: int) -> tuple[list[int] | slice, int]:
     """Which output columns of a (possibly fused) projection belong to it."""
     if projection.columns is not None:
         chosen = projection.columns(config)
@@ -68,7 +68,7 @@ def projection_weights(module: nn.Module, projection: Projection, config: Any = 
     else:
         raise TypeError(f"unsupported projection module {type(module).__name__}")
     bias = module.bias
-    columns, _ = _columns(projection, config, weight.shape[1])
+    columns, _ = projection_columns(projection, config, weight.shape[1])
     if columns != slice(None):
         weight = weight[:, columns]
         bias = None if bias is None else bias[columns]
@@ -291,7 +291,7 @@ class Block:
     def projection_output(self, role: str, projection: Projection) -> Tensor:
         """The real output of a projection, its own columns only (for fused projections)."""
         full = self.real(role)
-        columns, _ = _columns(projection, self.config, full.shape[-1])
+        columns, _ = projection_columns(projection, self.config, full.shape[-1])
         return full if columns == slice(None) else full[..., columns]
 
     def projection(self, projection: Projection) -> tuple[Tensor, Tensor | None]:

@@ -3,7 +3,7 @@ request of one call.
 
 :class:`BoundModel` is what every feature of the engine reads of a model — the whole-model
 routes (:class:`~captum_ffb.engine.whole.WholeModel`, which extends it), the graphs
-(:mod:`~captum_ffb.engine.graph`), the score splits and patching — bound once: the family's
+(:mod:`~captum_ffb.engine.tape`), the score splits and patching — bound once: the family's
 spec, the blocks of each stack (an encoder–decoder's encoder, then its decoder), the head,
 the writers and reads of the residual stream (:mod:`~captum_ffb.engine.points`), and what
 every call needs of them (the request, the players' masks and references, the explained

@@ -25,7 +25,11 @@ from torch import Tensor
 
 from captum_ffb.architectures.registry import check_chain_names, register_chain
 from captum_ffb.architectures.spec import ArchitectureSpec
-from captum_ffb.decomposition import Decomposition, FactoredDecomposition, TokenwiseDecomposition
+from captum_ffb.core.decomposition import (
+    Decomposition,
+    FactoredDecomposition,
+    TokenwiseDecomposition,
+)
 from captum_ffb.engine.block import Block, Source
 
 State = dict[str, Any]

@@ -2,7 +2,7 @@ r"""The head: what follows the last block (the final norm, a pooler, the output 
 logit scale or soft-capping), bound to a model, and the explained value it reads.
 
 :func:`resolve_head` binds a model's registered :class:`HeadSpec`; a read-out
-(:mod:`captum_ffb.readouts`) makes it concrete as a :class:`HeadTarget` (output rows,
+(:mod:`captum_ffb.explained.readouts`) makes it concrete as a :class:`HeadTarget` (output rows,
 coefficients, the position read or a pooling). :func:`head_forward` carries the last
 block's decomposition through the head's rules (the forward route); :func:`target_value`
 reads the explained value from the model's own output, and :func:`linearised_target_value`
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from captum_ffb.architectures.activations import ACTIVATIONS
 from captum_ffb.architectures.heads import HeadActivation, HeadNorm, HeadSpec, get_head, task_of
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.core.decomposition import Decomposition
 from captum_ffb.engine.block import (
     config_of,
     has_path,
@@ -189,16 +189,29 @@ def head_forward(
         dtype (torch.dtype): the decomposition's precision.
     """
     n = last.n_out
+    dec = _head_input(last, head, target, rules, real, spec, config, dtype)
+    dec = _head_steps(dec, head, target, rules, real, spec, config, dtype, n)
+    terms, bias = _target_logits(dec, head, target, rules, real, dtype, n)
+    coefficients = target.coefficients.to(dtype)
+    contributions = torch.einsum("bkp,bk->bp", terms, coefficients)
+    return contributions, (bias * coefficients).sum(-1)
 
-    def cast(t: Tensor) -> Tensor:
-        return t.detach().to(dtype)
+
+def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    return t.detach().to(dtype)
+
+
+def _head_input(last: Decomposition, head: ResolvedHead, target: HeadTarget,
+                rules: Mapping[str, Callable], real: Mapping[tuple[str, str], Tensor],
+                spec: ArchitectureSpec, config: Any, dtype: torch.dtype) -> Decomposition:
+    """The last block's decomposition at the read position (or pooled), through the final norm
+    when the head applies it: ``(B, 1, P, d)`` terms."""
 
     def final_norm(dec: Decomposition, real_input: Tensor) -> Decomposition:
-        if head.final_norm is None:
-            return dec
         weight, bias, eps = norm_parameters(head.final_norm, spec, config)
-        return rules["norm"](dec, cast(real_input), None if weight is None else cast(weight),
-                             None if bias is None else cast(bias), eps)
+        return rules["norm"](dec, _cast(real_input, dtype),
+                             None if weight is None else _cast(weight, dtype),
+                             None if bias is None else _cast(bias, dtype), eps)
 
     if target.positions is not None:
         pos = target.positions
@@ -206,47 +219,62 @@ def head_forward(
                             None, last.player_mask)
         if head.final_norm is not None:
             dec = final_norm(dec, _rows_at(real[("final_norm", "input")], pos)[:, None])
-    else:
-        dec = last
-        if head.final_norm is not None:
-            dec = final_norm(dec, real[("final_norm", "input")])
-        weights = target.pooling.to(dtype)
-        dec = Decomposition(torch.einsum("bi,bipd->bpd", weights, dec.terms)[:, None],
-                            torch.einsum("bi,bid->bd", weights, dec.bias)[:, None],
-                            None, last.player_mask)
+        return dec
+    dec = last
+    if head.final_norm is not None:
+        dec = final_norm(dec, real[("final_norm", "input")])
+    weights = target.pooling.to(dtype)
+    return Decomposition(torch.einsum("bi,bipd->bpd", weights, dec.terms)[:, None],
+                         torch.einsum("bi,bid->bd", weights, dec.bias)[:, None],
+                         None, last.player_mask)
+
+
+def _head_steps(dec: Decomposition, head: ResolvedHead, target: HeadTarget,
+                rules: Mapping[str, Callable], real: Mapping[tuple[str, str], Tensor],
+                spec: ArchitectureSpec, config: Any, dtype: torch.dtype, n: int) -> Decomposition:
+    """The decomposition through the head's steps (linear layers, norms, activations), each
+    activation at the real output of the step before it."""
     previous: Tensor | None = None
     for position, (kind, item, projection) in enumerate(head.steps):
         if kind == "linear":
             w, c = projection_weights(item, projection, config)
-            dec = rules["linear"](dec, cast(w), None if c is None else cast(c))
-            previous = _at(cast(real[(f"head:{position}", "output")]), target.positions, n)
+            dec = rules["linear"](dec, _cast(w, dtype), None if c is None else _cast(c, dtype))
+            previous = _at(_cast(real[(f"head:{position}", "output")], dtype), target.positions, n)
         elif kind == "norm":
             weight, bias, eps = norm_parameters(item, spec, config)
-            real_input = _at(cast(real[(f"head:{position}", "input")]), target.positions, n)
-            dec = rules["norm"](dec, real_input[:, None], None if weight is None else cast(weight),
-                                None if bias is None else cast(bias), eps)
-            previous = _at(cast(real[(f"head:{position}", "output")]), target.positions, n)
+            real_input = _at(_cast(real[(f"head:{position}", "input")], dtype), target.positions, n)
+            dec = rules["norm"](dec, real_input[:, None],
+                                None if weight is None else _cast(weight, dtype),
+                                None if bias is None else _cast(bias, dtype), eps)
+            previous = _at(_cast(real[(f"head:{position}", "output")], dtype), target.positions, n)
         else:
             dec = element_wise_rule(rules)(dec, item, previous[:, None])
-    terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], target.weights.to(dtype))
-    bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], target.weights.to(dtype)) + target.biases.to(dtype)
+    return dec
+
+
+def _target_logits(dec: Decomposition, head: ResolvedHead, target: HeadTarget,
+                   rules: Mapping[str, Callable], real: Mapping[tuple[str, str], Tensor],
+                   dtype: torch.dtype, n: int) -> tuple[Tensor, Tensor]:
+    """Terms ``(B, K, P)`` and bias ``(B, K)`` of the target's logits: the output rows, the
+    logit scale, then any soft-capping through the activation rule."""
+    weights = target.weights.to(dtype)
+    terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], weights)
+    bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], weights) + target.biases.to(dtype)
     factor = 1.0 if head.scale is None else head.scale
     terms, bias = terms * factor, bias * factor
-    if head.softcap is not None:
-        cap = float(head.softcap)
-        pre = (terms.sum(-1) + bias).detach()  # the decomposition's own pre-cap logits
-        if target.indices is not None and head.output is not None and ("output", "output") in real:
-            pre = factor * _at(cast(real[("output", "output")]), target.positions, n).gather(1, target.indices)
-        scalar = Decomposition(terms.transpose(1, 2)[:, None], bias[:, None], None)  # (B, 1, P, K)
+    if head.softcap is None:
+        return terms, bias
+    cap = float(head.softcap)
+    pre = (terms.sum(-1) + bias).detach()  # the decomposition's own pre-cap logits
+    if target.indices is not None and head.output is not None and ("output", "output") in real:
+        pre = factor * _at(_cast(real[("output", "output")], dtype), target.positions, n).gather(1, target.indices)
+    scalar = Decomposition(terms.transpose(1, 2)[:, None], bias[:, None], None)  # (B, 1, P, K)
 
-        def softcap(t: Tensor) -> Tensor:
-            return cap * torch.tanh(t / cap)
+    def softcap(t: Tensor) -> Tensor:
+        return cap * torch.tanh(t / cap)
 
-        scalar = element_wise_rule(rules)(scalar, softcap, pre[:, None])
-        terms, bias = scalar.terms[:, 0].transpose(1, 2), scalar.bias[:, 0]
-    coefficients = target.coefficients.to(dtype)
-    contributions = torch.einsum("bkp,bk->bp", terms, coefficients)
-    return contributions, (bias * coefficients).sum(-1)
+    scalar = element_wise_rule(rules)(scalar, softcap, pre[:, None])
+    return scalar.terms[:, 0].transpose(1, 2), scalar.bias[:, 0]
 
 
 # --------------------------------------------------------------------------- the value read

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from captum_ffb.architectures.registry import get_chain
 from captum_ffb.architectures.spec import ArchitectureSpec
-from captum_ffb.decomposition import Decomposition, ScratchArena, stack_rows, using_arena
+from captum_ffb.core.decomposition import Decomposition, ScratchArena, stack_rows, using_arena
 from captum_ffb.engine.block import Block, block_watch, config_of
 from captum_ffb.engine.capture import (
     BlockWatch,

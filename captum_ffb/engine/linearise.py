@@ -2,7 +2,7 @@ r"""The one-backward-pass route: the model run with its coefficients frozen.
 
 With the real attention probabilities, norm scales, activation coefficients and MoE routing
 weights held fixed, a Transformer is an affine map of its first block's input vectors
-(METHOD.md, "Whole model"). This module runs the model's own forward pass with every such
+(docs/concepts.md, "How it works"). This module runs the model's own forward pass with every such
 coefficient detached, so that the gradient of a target with respect to the first block's
 input is the frozen map's; ``⟨∂target/∂x_j, x_j⟩`` is then token ``j``'s contribution.
 
@@ -35,11 +35,11 @@ from captum_ffb.architectures.activations import activation_function
 from captum_ffb.architectures.moe import MoEAdapter
 from captum_ffb.architectures.spec import ArchitectureSpec, Projection
 from captum_ffb.engine.block import (
-    _columns,
     attention_method,
     config_of,
     is_present,
     norm_parameters,
+    projection_columns,
     resolve,
 )
 from captum_ffb.engine.capture import computes_probabilities_inline, inner_norms
@@ -519,7 +519,7 @@ def _experts_hook(moe: MoEAdapter, rule: Any):
 
 def _projection_columns(projection: Projection, module: nn.Module, config: Any) -> Any:
     width = module.weight.shape[0] if isinstance(module, nn.Linear) else module.weight.shape[1]
-    return _columns(projection, config, width)[0]
+    return projection_columns(projection, config, width)[0]
 
 
 @dataclass
@@ -766,38 +766,13 @@ def linearise(
     Yields:
         Linearisation
     """
-    if not run.grad:
-        raise ValueError("a frozen model's pass runs with gradients: ModelPass(model, grad=True)")
-    frozen = FrozenRules.of(rules)
-    if coefficients is not None and (recompute or frozen.attention is not None):
-        raise ValueError("a recorded frozen model keeps frozen probabilities and every block's tensors "
-                         "(no rule that credits the scores, no recomputation)")
-    if separate_blocks and (recompute or source is not None):
-        raise ValueError("separate blocks are for one stack whose blocks keep their tensors")
-    if recompute and source is not None:
-        raise ValueError("an encoder–decoder's frozen pass keeps its blocks' tensors (no recomputation)")
+    frozen = _frozen_rules(run, rules, coefficients, recompute, separate_blocks, source)
     state = Linearisation(run=run)
     hooks = _Hooks(run, spec, config_of(run.model), frozen, state)
-    methods: dict[str, list[nn.Module]] = {}
     token = ACTIVE.set(coefficients)
     scoring = _scoring_rule.set(frozen.attention)
     try:
-        hooks.leaf_input(blocks[0])
-        stacks = [(hooks, blocks, "")]
-        if source is not None:
-            source_spec, source_blocks, source_norm = source
-            source_hooks = replace(hooks, spec=source_spec)
-            source_hooks.leaf_input(source_blocks[0], "source_inputs")
-            source_hooks.norm(source_norm)
-            stacks.append((source_hooks, source_blocks, "source."))
-        for stack_hooks, stack_blocks, prefix in stacks:
-            for index, block in enumerate(stack_blocks):
-                attention = resolve(block, stack_hooks.spec.attention)
-                method = attention_method(attention, stack_hooks.spec)
-                if method is not None:
-                    methods.setdefault(method, []).append(attention)
-                stack_hooks.inline_attention(block, method)
-                stack_hooks.block(block, f"{prefix}{index}")
+        methods = _hook_stacks(hooks, blocks, source)
         hooks.norm(final_norm)
         hooks.head(head_steps)
         hooks.watch(watch or {}, watch_inputs or {})
@@ -811,3 +786,46 @@ def linearise(
     finally:
         _scoring_rule.reset(scoring)
         ACTIVE.reset(token)
+
+
+def _frozen_rules(run: ModelPass, rules: Mapping[str, Callable], coefficients: FrozenCoefficients | None,
+                  recompute: bool, separate_blocks: bool, source: Any) -> FrozenRules:
+    """The frozen maps of ``rules``, once :func:`linearise`'s options are checked together
+    (``ValueError`` for a pass without gradients or options that exclude each other)."""
+    if not run.grad:
+        raise ValueError("a frozen model's pass runs with gradients: ModelPass(model, grad=True)")
+    frozen = FrozenRules.of(rules)
+    if coefficients is not None and (recompute or frozen.attention is not None):
+        raise ValueError("a recorded frozen model keeps frozen probabilities and every block's tensors "
+                         "(no rule that credits the scores, no recomputation)")
+    if separate_blocks and (recompute or source is not None):
+        raise ValueError("separate blocks are for one stack whose blocks keep their tensors")
+    if recompute and source is not None:
+        raise ValueError("an encoder–decoder's frozen pass keeps its blocks' tensors (no recomputation)")
+    return frozen
+
+
+def _hook_stacks(hooks: _Hooks, blocks: Sequence[nn.Module],
+                 source: tuple[ArchitectureSpec, Sequence[nn.Module], nn.Module | None] | None,
+                 ) -> dict[str, list[nn.Module]]:
+    """The leaf inputs and every block's hooks, of the stack and of an encoder–decoder's
+    encoder (``source``, its blocks keyed ``source.<index>``); returns the attention modules
+    by attention method, for :func:`frozen_attention`."""
+    methods: dict[str, list[nn.Module]] = {}
+    hooks.leaf_input(blocks[0])
+    stacks = [(hooks, blocks, "")]
+    if source is not None:
+        source_spec, source_blocks, source_norm = source
+        source_hooks = replace(hooks, spec=source_spec)
+        source_hooks.leaf_input(source_blocks[0], "source_inputs")
+        source_hooks.norm(source_norm)
+        stacks.append((source_hooks, source_blocks, "source."))
+    for stack_hooks, stack_blocks, prefix in stacks:
+        for index, block in enumerate(stack_blocks):
+            attention = resolve(block, stack_hooks.spec.attention)
+            method = attention_method(attention, stack_hooks.spec)
+            if method is not None:
+                methods.setdefault(method, []).append(attention)
+            stack_hooks.inline_attention(block, method)
+            stack_hooks.block(block, f"{prefix}{index}")
+    return methods

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from captum_ffb._deprecation import moved_names
 from captum_ffb._private import (
     get_attention_implementation,
     has_attention_implementation,
@@ -466,3 +467,7 @@ def run_model(model: nn.Module, *args: Any, grad: bool = False, inputs_only: boo
     gradients (``inputs_only=False`` keeps the parameters' too)."""
     with ModelPass(model, grad=grad, inputs_only=inputs_only) as run:
         return run.run(*args, **kwargs)
+
+
+#: Names that moved in 0.4, still importable from here for one release.
+__getattr__ = moved_names(__name__, {"weights_fingerprint": "captum_ffb.engine.fingerprint"})

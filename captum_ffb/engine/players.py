@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition, TokenwiseDecomposition
+from captum_ffb.core.decomposition import Decomposition, TokenwiseDecomposition
 
 
 def player_start(x: Tensor, groups: Tensor, players: Sequence[int], token_mask: Tensor | None,

@@ -3,7 +3,7 @@ named once from the spec, with one id for one writer everywhere.
 
 A **writer** of the residual stream is an attention sublayer, a cross-attention (a decoder
 block of an encoder–decoder) or an FF block; its **parts** are the heads of an attention and
-the neurons (or experts) of an FF; its id (:mod:`captum_ffb.vocabulary`) is the same in the
+the neurons (or experts) of an FF; its id (:mod:`captum_ffb.core.vocabulary`) is the same in the
 component tables, the graphs' nodes, patching and the views. The writers of a block, and
 their order, are its chain's residual stream (``Chain.stream``);
 the modules are the spec's. :func:`stream_points` binds them once per model, and every
@@ -21,9 +21,9 @@ from torch import nn
 
 from captum_ffb.architectures.paths import has_path, resolve
 from captum_ffb.architectures.spec import ArchitectureSpec
+from captum_ffb.core.vocabulary import part_id, writer_id
 from captum_ffb.engine.block import watched_modules
 from captum_ffb.engine.chains import Chain
-from captum_ffb.vocabulary import part_id, writer_id
 
 __all__ = ["Read", "StreamPoints", "Writer", "block_points", "read_modules", "stream_points"]
 
@@ -49,7 +49,7 @@ class Writer:
     """One writer of the residual stream.
 
     Attributes:
-        id (str): its id (:func:`~captum_ffb.vocabulary.writer_id`).
+        id (str): its id (:func:`~captum_ffb.core.vocabulary.writer_id`).
         layer (int): its block (an encoder–decoder's decoder blocks numbered after the
                     encoder's).
         kind (str): ``"attention"``, ``"cross_attention"`` or ``"ff"``.
@@ -105,6 +105,10 @@ class StreamPoints:
     def of_segment(self, segment: int) -> list[Writer]:
         """The writers of one stack (0: the tokens or the encoder; 1: the decoder)."""
         return [writer for writer in self.writers if writer.segment == segment]
+
+    def read_stack(self) -> list[Writer]:
+        """The writers of the stack whose output is read (the decoder's of an encoder–decoder)."""
+        return self.of_segment(len(self.n_blocks) - 1)
 
 
 def read_modules(block: nn.Module, spec: ArchitectureSpec, pre_norm: bool) -> dict[str, nn.Module | None]:

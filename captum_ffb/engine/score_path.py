@@ -27,7 +27,10 @@ from captum_ffb.rules import LayerNorm, RMSNorm
 from captum_ffb.rules.attention_scores import ScorePath, allowed_keys
 
 PROJECTING_IMPLEMENTATION = "captum_ffb_projecting"
-_kept: contextvars.ContextVar[list | None] = contextvars.ContextVar("captum_ffb_projecting", default=None)
+#: Where :func:`install_projecting`'s attention puts the ``(query, key)`` pairs it is given (a list set
+#: by the caller; ``None``: nowhere).
+kept_queries_keys: contextvars.ContextVar[list | None] = contextvars.ContextVar("captum_ffb_projecting",
+                                                                             default=None)
 #: Bytes one replay of the attention module's projections may take.
 _REPLAY_BYTES = 256 * 2**20
 
@@ -41,20 +44,20 @@ def inner_norm_rule(module: nn.Module) -> LayerNorm | RMSNorm:
 
 
 def _keep_queries_keys(module, query, key, value, attention_mask, **kwargs):
-    store = _kept.get()
+    store = kept_queries_keys.get()
     if store is not None:
         store.append((query, key))
     out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])
     return out, None
 
 
-def _projecting(run: ModelPass, module: nn.Module, method: str | None) -> None:
+def install_projecting(run: ModelPass, module: nn.Module, method: str | None) -> None:
     """Install on ``run`` an attention (implementation, or the spec's method) that only keeps
-    the queries and keys it is given (in :data:`_kept`) and computes no attention."""
+    the queries and keys it is given (in :data:`kept_queries_keys`) and computes no attention."""
 
     def keep(owner: nn.Module, original: Any):
         def method(query, key, value, *args, **kwargs):
-            store = _kept.get()
+            store = kept_queries_keys.get()
             if store is not None:
                 store.append((query, key))
             return query.new_zeros(*query.shape[:-1], value.shape[-1]), None
@@ -65,13 +68,13 @@ def _projecting(run: ModelPass, module: nn.Module, method: str | None) -> None:
     run.method([module], method, keep)
 
 
-def _expand(value: Any, batch: int, copies: int) -> Any:
+def expand_batch(value: Any, batch: int, copies: int) -> Any:
     """Repeat each batch row ``copies`` times (tensors of 2 or more dimensions whose first
     dimension is the batch; tuples element-wise); caches and masks become ``None``."""
     if type(value).__name__.endswith("Cache"):
         return None
     if isinstance(value, tuple):
-        return tuple(_expand(v, batch, copies) for v in value)
+        return tuple(expand_batch(v, batch, copies) for v in value)
     if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[0] == batch:
         return value.repeat_interleave(copies, dim=0)
     return value
@@ -105,21 +108,21 @@ def _replay(block: Block, module: nn.Module, call: AttentionCall, hidden: Tensor
     def swap(value: Any) -> Any:
         if value is original:
             return hidden
-        return _expand(value, batch, copies)
+        return expand_batch(value, batch, copies)
 
     args = tuple(swap(a) for a in call.args)
     kwargs = {k: (None if k in ("attention_mask", "mask") else swap(v)) for k, v in call.kwargs.items()}
     store: list = []
-    token = _kept.set(store)
+    token = kept_queries_keys.set(store)
     try:
         with ModelPass(module) as run:
             for name, norm in inner_norms(module).items():
                 if name in call.norm_inputs:
                     run.after(norm, _frozen_norm_hook(norm, call.norm_inputs[name], block, copies))
-            _projecting(run, module, attention_method(module, block.spec))
+            install_projecting(run, module, attention_method(module, block.spec))
             run.call(module, *args, **kwargs)
     finally:
-        _kept.reset(token)
+        kept_queries_keys.reset(token)
     if not store:
         raise RuntimeError("the attention module did not call its attention function on replay")
     return store[0]

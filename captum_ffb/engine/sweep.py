@@ -27,6 +27,8 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
+from captum_ffb.engine.autograd import batched_vjp
+
 
 def swept_gradients(block_outputs: Sequence[Tensor], block_inputs: Sequence[Tensor],
                     values: Sequence[tuple[int, Tensor]], limit: int,
@@ -81,26 +83,8 @@ def _pull_back(output: Tensor, inputs: Tensor, channels: Tensor | None, born: Se
     of its ``m`` new values (batch by batch, ``born``), pulled back to its input."""
     parts = []
     if channels is not None:
-        parts.append(_batched(output, inputs, channels.to(output.dtype).reshape(-1, *output.shape)))
+        parts.append(batched_vjp(output, [inputs], channels.to(output.dtype).reshape(-1, *output.shape))[0])
     for values in born:
         stacked = torch.stack([v.sum() for v in values])
-        parts.append(_batched(stacked, inputs, torch.eye(len(values), dtype=stacked.dtype, device=stacked.device)))
+        parts.append(batched_vjp(stacked, [inputs], torch.eye(len(values), dtype=stacked.dtype, device=stacked.device))[0])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-def _batched(output: Tensor, inputs: Tensor, cotangents: Tensor) -> Tensor:
-    """``(k, *inputs.shape)``: the ``k`` cotangents of ``output`` pulled back to ``inputs``."""
-    if cotangents.shape[0] == 1:
-        return _grad(output, inputs, cotangents[0])[None]
-    try:
-        (grads,) = torch.autograd.grad(output, inputs, cotangents, retain_graph=True, allow_unused=True,
-                                       is_grads_batched=True)
-    except RuntimeError:  # an operation the batched backward cannot run: one cotangent at a time
-        return torch.stack([_grad(output, inputs, c) for c in cotangents])
-    return torch.zeros((cotangents.shape[0], *inputs.shape), dtype=inputs.dtype, device=inputs.device) \
-        if grads is None else grads
-
-
-def _grad(output: Tensor, inputs: Tensor, cotangent: Tensor) -> Tensor:
-    (found,) = torch.autograd.grad(output, inputs, cotangent, retain_graph=True, allow_unused=True)
-    return torch.zeros_like(inputs) if found is None else found

@@ -24,7 +24,6 @@ route too (:meth:`WholeModel.components`).
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,35 +32,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from captum_ffb.architectures.moe import MoEAdapter
-from captum_ffb.decomposition import Decomposition, stack_rows
+from captum_ffb._deprecation import moved_names
+from captum_ffb.core.decomposition import Decomposition, stack_rows
 from captum_ffb.engine.block import Block, block_watch, norm_parameters
 from captum_ffb.engine.bound import TARGET_KEYS, BoundModel, Request, Stack  # noqa: F401  (importable from here, as before)
-from captum_ffb.engine.capture import capture, keep_module, token_mask_of
+from captum_ffb.engine.capture import capture, token_mask_of
 from captum_ffb.engine.chains import Chain
-from captum_ffb.engine.components import (
-    EMBEDDINGS,
-    HEAD,
-    ComponentSums,
-    check_linear_rules,
-    direct_paths,
-    head_direct_path,
-    head_read_outs,
-    iter_groups,
-    plain_direct_paths,
-    propagate_components,
-    settle_block,
-    stacked,
-)
-from captum_ffb.engine.fingerprint import weights_stamp
-from captum_ffb.engine.graph import (
-    GraphData,
-    build_graph,
-    covectors,
-    graph_pass,
-    players_of,
-    target_probability,
-)
 from captum_ffb.engine.head import (  # noqa: F401  (importable from here, as before)
     HeadTarget,
     ResolvedHead,
@@ -83,12 +59,6 @@ from captum_ffb.engine.layers import (
 )
 from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.passes import ModelPass
-from captum_ffb.engine.patching import (
-    EXACT_ABOVE,
-    PatchEstimates,
-    activation_patching,
-    patch_estimates,
-)
 from captum_ffb.engine.players import (  # noqa: F401  (importable from here, as before)
     REFERENCES,
     is_centered,
@@ -99,10 +69,7 @@ from captum_ffb.engine.players import (  # noqa: F401  (importable from here, as
     token_contributions,
     visible_positions,
 )
-from captum_ffb.engine.score_split import ScoreSplitter
-from captum_ffb.engine.sweep import swept_gradients
 from captum_ffb.rules import is_linear_in_players
-from captum_ffb.vocabulary import check_granularity
 
 #: The routes of the whole-model attribution.
 ROUTES = ("backward", "forward")
@@ -113,11 +80,6 @@ SWEEP_LIMIT = 256
 #: (32 MiB), so the sweep's temporaries reuse freed memory instead of faulting new pages in
 #: (SmolLM2, 2 threads: the table 6 % faster at n = 128, 16 % at n = 256).
 CPU_SWEEP_BYTES = 24 * 2**20
-#: A backward pass of one writer through one block costs about this many forward-route
-#: players through one block (SmolLM2, one thread: 1.7 at n = 32, 1.2 at n = 128).
-BACKWARD_PER_FORWARD_PLAYER = 1.4
-
-
 def propagate(
     blocks: Sequence[Block],
     chain: Chain,
@@ -144,39 +106,7 @@ def propagate(
         yield current
 
 
-def component_route(n_players: int, n_blocks: int, granularity: str, n_heads: int, moe: bool) -> str:
-    """The cheaper route for a component table: the forward route carries every player through
-    every block (cost ∝ players × blocks), the backward route one read-out per writer through
-    the blocks below it (cost ∝ Σ writers' depths); a mixture of experts split per expert
-    takes the forward route."""
-    if granularity == "head" and moe:
-        return "forward"
-    per_block = 2 + (n_heads if granularity == "head" else 0)
-    depths = per_block * sum(index + 0.5 for index in range(n_blocks))  # in blocks
-    backward = BACKWARD_PER_FORWARD_PLAYER * depths
-    return "forward" if n_players * n_blocks < backward else "backward"
-
-
 # --------------------------------------------------------------------------- what the engine takes and gives
-@dataclass
-class BuiltGraph:
-    """An attribution graph as the engine computed it.
-
-    Attributes:
-        data (GraphData): every node and edge (on the CPU).
-        splitter (ScoreSplitter): splits the heads' scores (bound to the model and the input).
-        estimates (PatchEstimates, optional): the nodes' patching estimates (with a corrupted run).
-        probability (float, optional): the model's probability of the explained unit.
-        n_source (int, optional): an encoder–decoder's source length.
-    """
-
-    data: GraphData
-    splitter: ScoreSplitter
-    estimates: PatchEstimates | None
-    probability: float | None
-    n_source: int | None
-
-
 @dataclass
 class Answer:
     """One explained output per row.
@@ -213,25 +143,6 @@ class Captured:
     tensors: dict
     output: Any
     light: bool = False
-
-
-@dataclass
-class ComponentTable:
-    """Direct effects of every writer on one read-out per row.
-
-    Attributes:
-        names (list[str]): the components, in stream order.
-        contributions (Tensor): ``(B, P, C)`` over the players, in the layout's order.
-        bias (Tensor): ``(B, C)`` owed to no player.
-        real (Tensor): ``(B,)`` the read-out's value in the model.
-        delta (Tensor): ``(B,)`` ``|Σ contributions + Σ bias − real|``.
-    """
-
-    names: list[str]
-    contributions: Tensor
-    bias: Tensor
-    real: Tensor
-    delta: Tensor
 
 
 # --------------------------------------------------------------------------- the engine
@@ -489,7 +400,7 @@ class WholeModel(BoundModel):
         ``memory_budget``."""
         model, args, kwargs = self.model, request.args, request.kwargs
         if self.source is None:
-            light = self._light(args[0])
+            light = self.is_light(args[0])
             blocks, recorded = capture_layers(
                 model, model, self.stack.blocks, self.stack.spec, args, None, kwargs, dtype=self.dtype,
                 with_next_norms=False, extra=self.head.modules(), keep_output=True, light=light)
@@ -538,7 +449,7 @@ class WholeModel(BoundModel):
         if maps:
             if not (reference is None or (isinstance(reference, str) and reference == "zero")) or players is not None:
                 raise ValueError("the whole-model maps are of every position from zero")
-            size = self._group_size(x, rules)
+            size = self.group_size(x, rules)
             parts = [chosen[first:first + size] for first in range(0, n, size)]
             found = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
         # targets whose centred reference averages the same positions share one propagation
@@ -547,27 +458,27 @@ class WholeModel(BoundModel):
         for k, share in enumerate(shares):
             same = next((g for g in order if share is None or torch.equal(shares[g[0]], share)), None)
             same.append(k) if same is not None else order.append([k])
-        prepare = self._replay if captured.light else None
-        progress = self._progress(len(blocks) * len(parts) * len(order) + (0 if self.source is None else
+        prepare = self.replay if captured.light else None
+        progress = self.progress_bar(len(blocks) * len(parts) * len(order) + (0 if self.source is None else
                                                                               len(captured.source)))
         contributions: list[Tensor | None] = [None] * len(targets)
         biases: list[Tensor | None] = [None] * len(targets)
         try:
             with torch.no_grad():
                 for part in parts:
-                    encoded = self._encode(captured, rules, reference, bool(part), progress)
+                    encoded = self.encode(captured, rules, reference, bool(part), progress)
                     for group in order:
-                        start = self._start(captured, request, groups, part, reference, shares[group[0]], encoded)
+                        start = self.start_of(captured, request, groups, part, reference, shares[group[0]], encoded)
                         for index, last in enumerate(propagate(blocks, self.chain, rules, start, self.memory_budget,
                                                                progress, prepare)):
                             if found is not None:
                                 found[:, index, :, part[0]:part[0] + len(part)] = last.maps()
-                        columns = self._columns(part, n_groups, x.device)
+                        columns = self.columns_of(part, n_groups, x.device)
                         for k in group:
                             share, biases[k] = head_forward(last, self.head, targets[k], rules, captured.tensors,
                                                             self.stack.spec, self.config, self.dtype)
                             if contributions[k] is None:
-                                contributions[k] = share.new_zeros(share.shape[0], self._n_players(captured, n_groups))
+                                contributions[k] = share.new_zeros(share.shape[0], self.n_players(captured, n_groups))
                             contributions[k][:, columns] = share
         finally:
             if progress is not None:
@@ -585,20 +496,20 @@ class WholeModel(BoundModel):
         against the block's real output ``(batch, blocks)``."""
         self.refuse_two_stacks("maps")
         args, kwargs = request.args, request.kwargs
-        light = self._light(args[0])
+        light = self.is_light(args[0])
         blocks, _ = capture_layers(self.model, self.model, self.stack.blocks, self.stack.spec, args, None, kwargs,
                                    dtype=self.dtype, with_next_norms=False, light=light)
-        prepare = self._replay if light else None
+        prepare = self.replay if light else None
         x = blocks[0].inputs
         self.check_players(request, [x])
         batch, n, d = x.shape
         token_mask = blocks[0].token_mask
         positions = torch.arange(n, device=x.device).expand(batch, n)
-        size = self._group_size(x, rules)
+        size = self.group_size(x, rules)
         found = torch.zeros(batch, len(blocks), n, n, dtype=self.dtype, device=x.device)
         totals = [torch.zeros(batch, n, d, dtype=self.dtype, device=x.device) for _ in blocks]
         bias_total: list[Tensor | None] = [None] * len(blocks)
-        progress = self._progress(len(blocks) * ((n + size - 1) // size))
+        progress = self.progress_bar(len(blocks) * ((n + size - 1) // size))
         try:
             for first in range(0, n, size):
                 players = list(range(first, min(n, first + size)))
@@ -620,222 +531,6 @@ class WholeModel(BoundModel):
         ], dim=1)
         return found, delta
 
-    # ------------------------------------------------------------------ component tables
-    def components(self, request: Request, target: HeadTarget, rules: Mapping[str, Callable], reference: Any,
-                   granularity: str, route: str | None, groups: Tensor, n_groups: int,
-                   captured: Captured | None = None) -> ComponentTable:
-        r"""The direct effect of every writer of the residual stream on ``target``, per player:
-        ``target = Σ_j Σ_c C[j, c] + Σ_c b[c]``, by ``route`` (``None``: the cheaper one,
-        :func:`~captum_ffb.engine.whole.component_route`; a mixture of experts split per expert and an encoder–decoder
-        take the forward route)."""
-        check_granularity(granularity, "components")
-        check_linear_rules(rules)
-        if route not in (None, *ROUTES):
-            raise ValueError(f"route must be one of {ROUTES} (or None: the cheaper), got {route!r}")
-        if self.source is not None and route == "backward":
-            raise ValueError("encoder–decoders' component tables take the forward route (route='forward' or None)")
-        if self.source is not None and n_groups != groups.shape[1]:
-            raise ValueError("feature_mask is not available for encoder–decoder models yet")
-        moe = [MoEAdapter.of(block, self.stack.spec) is not None for block in self.stack.blocks]
-        if route is None:
-            route = "forward" if self.source is not None else component_route(
-                n_groups, len(moe), granularity, int(self.config.num_attention_heads), any(moe))
-        backward = route == "backward" and not (granularity == "head" and any(moe))
-        paths, real = None, None
-        if not (backward and captured is None and self._reads_alone(granularity)):  # else one pass of its own
-            captured = captured if captured is not None else self.capture(request)
-            blocks = captured.blocks
-            prepare = self._replay if captured.light else None
-            like = blocks[0].inputs.to(self.dtype)
-            with torch.no_grad():
-                covector, constant = head_direct_path(self.head, target, rules, captured.tensors,
-                                                      self.stack.spec, self.config, like)
-                paths = direct_paths(blocks, self.chain, rules, covector, constant, prepare)
-            real = target_value(self.head, captured.output, target, self.dtype)
-        mask = self._players_mask(request, captured)
-        if backward:
-            names, table, bias, own = self._components_backward(request, captured, paths, target, rules, reference,
-                                                                granularity, groups.shape[1], moe)
-            real = own if real is None else real
-            table = table * mask[..., None].to(table.dtype)
-            players = table.new_zeros(table.shape[0], n_groups, table.shape[-1])
-            players.scatter_add_(1, groups[..., None].expand_as(table), table)  # the groups are the players
-        else:
-            names, players, bias = self._components_forward(request, captured, paths, target, rules, reference,
-                                                            granularity, groups, n_groups, prepare)
-        delta = (players.sum((1, 2)) + bias.sum(-1) - real).abs()
-        if self.source is None:  # every position gets its group's share
-            players = players.gather(1, groups[..., None].expand(-1, -1, players.shape[-1]))
-            players = players * mask[..., None].to(players.dtype)
-        return ComponentTable(names, players, bias, real, delta)
-
-    def _components_forward(self, request, captured, paths, target, rules, reference, granularity, groups,
-                            n_groups, prepare):
-        """The forward route of :meth:`components`: every player's share carried through every
-        block, each writer read through its direct path as it passes."""
-        blocks = captured.blocks
-        x = blocks[0].inputs
-        like = x.to(self.dtype)
-        size = n_groups if self.source is not None else self._group_size(x, rules)
-        parts = list(iter_groups(range(n_groups), size))
-        progress = self._progress(len(blocks) * (len(parts) + 1))
-        table, bias, names = None, None, None
-        share = self.shared_positions(reference, request.read_mask, target)
-        try:
-            with torch.no_grad():
-                if progress is not None:
-                    progress.update(len(blocks))
-                for part in parts:
-                    encoded = self._encode(captured, rules, reference, True, None)
-                    start = self._start(captured, request, groups, part, reference, share, encoded)
-                    sums, _ = propagate_components(blocks, self.chain, rules, start, paths, granularity,
-                                                   self.memory_budget, progress, prepare)
-                    names, found, found_bias = stacked(sums, start.n_in, like)
-                    if table is None:
-                        table = found.new_zeros(found.shape[0], self._n_players(captured, n_groups), found.shape[-1])
-                        bias = found_bias  # every part carries the whole bias player
-                    table[:, self._columns(part, n_groups, x.device)] = found
-        finally:
-            if progress is not None:
-                progress.close()
-        return names, table, bias
-
-    def _reads_alone(self, granularity: str) -> bool:
-        """Whether the backward route's own pass gives the direct paths (no capture first): one
-        stack whose stream passes no norm between a writer and the head, a head of a final norm
-        and an output layer alone (no soft-capping), writers not split into heads."""
-        head = self.head
-        return (self.source is None and granularity != "head" and head.softcap is None and not head.steps
-                and not any(step.kind == "norm" for step in self.chain.stream))
-
-    def _components_backward(self, request, captured, paths, target, rules, reference, granularity, n, moe):
-        """The backward route of :meth:`components`: one forward pass of the frozen model and,
-        per writer, the gradient of its direct read-out ``⟨g_c, w_c⟩`` with respect to the
-        players; the writer's bias is what its read-out keeps beyond the tokens'
-        (``⟨g_c, w_c⟩ − Σ_j C[j, c]``). Returns ``(names, table, bias, value)``.
-
-        Without ``captured`` (where :meth:`_reads_alone`) the pass itself records the final
-        norm's input, from which the head's covector and the direct paths are computed, and
-        ``value`` is the model's value from the pass's own output (``None`` with ``captured``)."""
-        n_blocks = len(moe)
-        points = {(writer.layer, writer.kind): writer for writer in self.points.writers}
-        writers = {(index, kind): points[(index, kind)].module
-                   for index in range(n_blocks) for kind in ("attention", "ff")}
-        seen = self.shared_positions(reference, request.read_mask, target)
-        parts = {f"{index}.parts": points[(index, "attention")].parts for index in range(n_blocks)} \
-            if granularity == "head" else {}
-        if captured is None:  # the target's logits are the value
-            kwargs, (kept,) = self.keep_needed_logits(dict(request.kwargs), [target])
-        else:
-            kwargs, kept = dict(request.kwargs), None
-            if self.task == "causal_lm" and "logits_to_keep" in inspect.signature(self.model.forward).parameters:
-                kwargs.setdefault("logits_to_keep", 1)  # the head is read through its direct path
-        head_tensors: dict = {}
-        sums = ComponentSums()
-        progress = None
-        try:
-            watch = {f"{index}.{name}": module for (index, name), module in writers.items()}
-            with ModelPass(self.model, grad=True) as run, \
-                    linearise(run, self.stack.spec, self.stack.blocks, rules, self.head.final_norm, (), watch,
-                              watch_inputs=parts, separate_blocks=True,
-                              eager_attention=not self._light(request.read_mask)) as frozen:
-                if captured is None and self.head.final_norm is not None:
-                    keep_module(run, self.head.final_norm, head_tensors, "final_norm")
-                output = run.run(*request.args, **kwargs)
-                inputs = frozen.inputs
-                self.check_players(request, [inputs])
-                players = inputs.detach().to(self.dtype)
-                like = players
-                real = None
-                if captured is None:
-                    with torch.no_grad():
-                        covector, constant = head_direct_path(self.head, target, rules, head_tensors,
-                                                              self.stack.spec, self.config, like)
-                        paths = plain_direct_paths(n_blocks, self.chain, self.stack.spec.residual_scale,
-                                                   self.config, covector, constant)
-                    real = target_value(self.head, output, kept, self.dtype).detach()
-                r = None if seen is not None else self.reference_of(reference, like, request.read_mask,
-                                                                  request.args, request.kwargs)
-
-                def split(value: Tensor, grads: Tensor) -> tuple[Tensor, Tensor]:
-                    """A read-out's tokens (from its gradient) and its bias."""
-                    c = token_contributions(grads.to(self.dtype), players, r, seen)
-                    return c, value.detach().to(self.dtype) - c.sum(1)
-
-                gradient = paths.embeddings.to(inputs.dtype)
-                sums.add(EMBEDDINGS, *split((gradient * inputs.detach()).sum((1, 2)), gradient))
-                read_outs: list[tuple[int, str, Tensor]] = []  # in stream order, a block's heads after it
-                for index in range(n_blocks):
-                    for name in ("attention", "ff"):
-                        g = paths.writers[(index, name)]
-                        w = _sequence(frozen.outputs[f"{index}.{name}"], g.shape[0])
-                        read_outs.append((index, name, (w * g.to(w.dtype)).sum((1, 2))))
-                    if granularity == "head":
-                        values = head_read_outs(captured.blocks[index], frozen.outputs[f"{index}.parts"],
-                                                paths.writers[(index, "attention")],
-                                                rules, self.stack.spec, int(self.config.num_attention_heads))
-                        read_outs += [(index, f"attention.head.{h}", v) for h, v in enumerate(values)]
-                found = [ComponentSums() for _ in range(n_blocks)]
-                progress = self._progress(len(read_outs))
-                grads = swept_gradients(frozen.block_outputs, frozen.block_inputs,
-                                        [(index, value) for index, _, value in read_outs], self._sweep_limit(inputs),
-                                        None if progress is None else progress.update,
-                                        groups=[name.split(".")[0] for _, name, _ in read_outs])  # a writer's own
-                for (index, name, value), grad in zip(read_outs, grads):
-                    found[index].add(name, *split(value, grad))
-                for index in range(n_blocks):
-                    settle_block(sums, found[index], index, self.chain, paths, granularity, moe[index])
-                sums.add(HEAD, None, paths.constants[HEAD])
-        finally:
-            if progress is not None:
-                progress.close()
-        return (*stacked(sums, n, like), real)
-
-    # ------------------------------------------------------------------ graphs and patching
-    def graph(self, request: Request, rules: Mapping[str, Callable], granularity: str, max_nodes: int | None,
-              corrupted: Request | None = None, exact_above: float = EXACT_ABOVE,
-              exclude_positions: Sequence[int] = (), estimators: Sequence[str] | None = None
-              ) -> BuiltGraph:
-        """The exact attribution graph of ``request.target`` (batch of one): one frozen pass
-        with every writer reading the stream through a leaf of its own, its covectors, every
-        node and edge (:func:`~captum_ffb.engine.graph.build_graph`, the edges of at most
-        ``max_nodes`` writer nodes), with a corrupted run the nodes' patching estimates, and
-        the splitter of the heads' scores (``exclude_positions``: writers ``max_nodes`` chooses
-        last), both bound to the model's weights as they are now (their stamp)."""
-        stamp = weights_stamp(self.model)
-        tape = graph_pass(self, request, request.target, rules, granularity)
-        self.check_players(request, tape.leaves)
-        found = covectors(tape)
-        players = players_of(self, request, tape)
-        data = build_graph(tape, found, players, max_nodes=max_nodes, exclude_positions=exclude_positions)
-        estimates = None
-        if corrupted is not None:
-            self.refuse_two_stacks("patching estimates")
-            estimates = patch_estimates(self, request, corrupted, tape, found, data, granularity, exact_above,
-                                        estimators, stamp=stamp)
-        n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
-        return BuiltGraph(data, ScoreSplitter(self, request, rules, granularity, players, stamp), estimates,
-                          target_probability(tape.output, tape.target), n_source)
-
-    def activation_patching(self, request: Request, corrupted: Request, granularity: str, batch_size: int = 16,
-                            progress: bool = False) -> tuple[dict[str, float], float, float]:
-        """Real activation patching of every component of the read stack (one patched pass
-        each): ``({component id: effect}, clean value, corrupted value)``."""
-        self.refuse_two_stacks("activation patching")
-        bar = None
-        if progress:
-            from tqdm.auto import tqdm
-
-            writers = self.points.of_segment(len(self.points.n_blocks) - 1)
-            total = sum(w.n_heads if w.kind == "attention" and granularity == "head" else 1 for w in writers
-                        if w.kind in ("attention", "ff"))
-            bar = tqdm(total=total, desc="patching", unit="pass")
-        try:
-            return activation_patching(self, request, corrupted, granularity, batch_size, bar)
-        finally:
-            if bar is not None:
-                bar.close()
-
     # ------------------------------------------------------------------ players and starts
     def check_players(self, request: Request, inputs: Sequence[Tensor]) -> None:
         """A one-line ValueError when the first block's input of a stack (``inputs``: one per
@@ -851,7 +546,7 @@ class WholeModel(BoundModel):
             what = "the input embeddings" if self.source is None else f"the {segment}'s input embeddings"
             check_finite_inputs(x, given, embedding, what)
 
-    def _players_mask(self, request: Request, captured: Captured | None) -> Tensor:
+    def players_mask(self, request: Request, captured: Captured | None) -> Tensor:
         """The real positions of every player ``(B, P)``, in the layout's order (``captured``:
         an encoder–decoder's, for its source's length)."""
         if self.source is None:
@@ -859,17 +554,17 @@ class WholeModel(BoundModel):
         return torch.cat(self.masks(request, [captured.source[0].inputs.shape[:2],
                                                captured.blocks[0].inputs.shape[:2]]), dim=1)
 
-    def _n_players(self, captured: Captured, n_groups: int) -> int:
+    def n_players(self, captured: Captured, n_groups: int) -> int:
         return n_groups if self.source is None else captured.source[0].inputs.shape[1] + n_groups
 
-    def _columns(self, part: Sequence[int], n_groups: int, device: torch.device) -> Tensor | slice:
+    def columns_of(self, part: Sequence[int], n_groups: int, device: torch.device) -> Tensor | slice:
         """Where a part's players go in the answer: its columns (one stack), or every column of
         the layout ``[source | target]`` (two stacks: a part is all players or none)."""
         if self.source is not None and part:
             return slice(None)
         return torch.as_tensor(list(part), dtype=torch.long, device=device)
 
-    def _encode(self, captured: Captured, rules: Mapping[str, Callable], reference: Any, players: bool,
+    def encode(self, captured: Captured, rules: Mapping[str, Callable], reference: Any, players: bool,
                 progress: Any) -> Decomposition | None:
         """An encoder–decoder's encoder output over the source players (``players=False``: over
         none, the bias player alone), after its final norm; ``None`` for one stack."""
@@ -893,7 +588,7 @@ class WholeModel(BoundModel):
             encoded = rules["norm"](encoded, real_input, weight, bias, eps)
         return encoded
 
-    def _start(self, captured: Captured, request: Request, groups: Tensor, part: Sequence[int], reference: Any,
+    def start_of(self, captured: Captured, request: Request, groups: Tensor, part: Sequence[int], reference: Any,
                shared: Tensor | None, encoded: Decomposition | None) -> Decomposition:
         """The read stack's first-block input over the players: the chosen part of the players
         (one stack), or the layout ``[source | target]`` with every decoder block's ``source``
@@ -911,7 +606,7 @@ class WholeModel(BoundModel):
         return joint(own, encoded.n_in, 0, encoded.player_mask, None)
 
     # ------------------------------------------------------------------ budgets
-    def _light(self, ids: Tensor) -> bool:
+    def is_light(self, ids: Tensor) -> bool:
         """Whether the forward route should record one block at a time (replaying each from
         its recorded input) rather than every block's attention probabilities at once: when
         those would not fit ``memory_budget``."""
@@ -919,7 +614,7 @@ class WholeModel(BoundModel):
         n = ids.shape[-1]
         return ids.shape[0] * heads * n * n * 4 * len(self.stack.blocks) > self.memory_budget
 
-    def _replay(self, block: Block) -> Block:
+    def replay(self, block: Block) -> Block:
         return replay_block(block, self.model)
 
     @property
@@ -942,7 +637,7 @@ class WholeModel(BoundModel):
         budget = self.memory_budget if self._budget_given else available_bytes(request.read_mask.device) // 2
         return self.source is None and per_block * len(self.stack.blocks) > budget
 
-    def _group_size(self, x: Tensor, rules: Mapping[str, Callable]) -> int:
+    def group_size(self, x: Tensor, rules: Mapping[str, Callable]) -> int:
         """How many players the forward route propagates at once (all of them when they fit
         ``memory_budget``)."""
         batch, n, d = x.shape
@@ -958,11 +653,11 @@ class WholeModel(BoundModel):
         width = getattr(self.config, "hidden_size", 0) or getattr(self.config, "d_model", 0) or 0
         return width, getattr(self.config, "intermediate_size", 0) or 4 * width
 
-    def _sweep_limit(self, inputs: Tensor) -> int:
+    def sweep_limit(self, inputs: Tensor) -> int:
         """How many read-outs one backward sweep carries: as many as keep their cotangents (and
         one block's batched activations, about 12 of a cotangent's size) within
-        ``memory_budget``, at most :data:`SWEEP_LIMIT`; on a CPU also within
-        :data:`CPU_SWEEP_BYTES` per batched FF activation."""
+        ``memory_budget``, at most ``SWEEP_LIMIT``; on a CPU also within
+        ``CPU_SWEEP_BYTES`` per batched FF activation."""
         per_read_out = inputs.numel() * inputs.element_size() * 13
         limit = min(SWEEP_LIMIT, int(self.memory_budget // max(per_read_out, 1)))
         if inputs.device.type == "cpu":
@@ -970,7 +665,7 @@ class WholeModel(BoundModel):
             limit = min(limit, CPU_SWEEP_BYTES // max(activation, 1))
         return max(1, limit)
 
-    def _progress(self, total: int) -> Any:
+    def progress_bar(self, total: int) -> Any:
         if not self.show_progress:
             return None
         from tqdm.auto import tqdm
@@ -996,6 +691,12 @@ class WholeModel(BoundModel):
 
 
 # --------------------------------------------------------------------------- helpers of the routes
-def _sequence(tensor: Tensor, batch: int) -> Tensor:
-    """``(B·n, d)`` outputs (some families flatten before the FF) back to ``(B, n, d)``."""
-    return tensor.reshape(batch, -1, tensor.shape[-1]) if tensor.dim() == 2 else tensor
+
+
+#: Names that left with the features in 0.4, still importable from here for one release.
+__getattr__ = moved_names(__name__, {
+    "BACKWARD_PER_FORWARD_PLAYER": "captum_ffb.components.pipeline", "ComponentTable": "captum_ffb.components.pipeline",
+    "component_route": "captum_ffb.components.pipeline", "EMBEDDINGS": "captum_ffb.components.sums",
+    "HEAD": "captum_ffb.components.sums", "BuiltGraph": "captum_ffb.graph.pipeline",
+    "EXACT_ABOVE": "captum_ffb.patching.patches",
+})

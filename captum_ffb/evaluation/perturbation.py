@@ -73,7 +73,8 @@ class PerturbedBatch:
     zeroed: Tensor | None = None
 
 
-def _check_batch(input_ids: Tensor, attention_mask: Tensor) -> None:
+def check_batch(input_ids: Tensor, attention_mask: Tensor) -> None:
+    """Raise ``ValueError`` unless the ids are ``(B, n)`` and the mask has their shape."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, n), got shape {tuple(input_ids.shape)}")
     if attention_mask.shape != input_ids.shape:
@@ -106,7 +107,7 @@ def protected_mask(input_ids: Tensor, attention_mask: Tensor,
     Returns:
         Tensor: ``(B, n)`` bool, True where a position is protected.
     """
-    _check_batch(input_ids, attention_mask)
+    check_batch(input_ids, attention_mask)
     protected = attention_mask == 0
     ids = sorted({int(i) for i in special_ids})
     if ids:
@@ -114,7 +115,8 @@ def protected_mask(input_ids: Tensor, attention_mask: Tensor,
     return protected
 
 
-def _protected(attention_mask: Tensor, protected: Tensor | None) -> Tensor:
+def protected_or_padding(attention_mask: Tensor, protected: Tensor | None) -> Tensor:
+    """``(B, n)`` bool: ``protected`` (checked against the mask's shape) or padding."""
     padding = attention_mask == 0
     if protected is None:
         return padding
@@ -251,7 +253,8 @@ def random_attribution(like: Tensor, *, generator: torch.Generator | None = None
     return torch.rand(tuple(like.shape), generator=generator)
 
 
-def _padding_side(attention_mask: Tensor, padding_side: str | None) -> str:
+def resolve_padding_side(attention_mask: Tensor, padding_side: str | None) -> str:
+    """``padding_side`` checked, or the batch's side read from its mask (``"right"`` if none)."""
     if padding_side is not None:
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
@@ -284,9 +287,9 @@ def remove_tokens(input_ids: Tensor, attention_mask: Tensor, where: Tensor, *,
     Returns:
         PerturbedBatch: the shrunk ids and mask, ``zeroed=None``.
     """
-    _check_batch(input_ids, attention_mask)
+    check_batch(input_ids, attention_mask)
     where = _check_where(where, attention_mask)
-    side = _padding_side(attention_mask, padding_side)
+    side = resolve_padding_side(attention_mask, padding_side)
     keep = (attention_mask != 0) & ~where
     lengths = keep.sum(dim=1)
     batch = input_ids.shape[0]
@@ -315,7 +318,7 @@ def replace_tokens(input_ids: Tensor, attention_mask: Tensor, where: Tensor,
     Returns:
         PerturbedBatch: the new ids, the same mask, ``zeroed=None``.
     """
-    _check_batch(input_ids, attention_mask)
+    check_batch(input_ids, attention_mask)
     where = _check_where(where, attention_mask)
     if token_id is None:
         raise ValueError("replace needs a token_id")
@@ -333,7 +336,7 @@ def zero_embeddings(input_ids: Tensor, attention_mask: Tensor, where: Tensor) ->
     Returns:
         PerturbedBatch: the same ids and mask, ``zeroed=where``.
     """
-    _check_batch(input_ids, attention_mask)
+    check_batch(input_ids, attention_mask)
     where = _check_where(where, attention_mask)
     return PerturbedBatch(input_ids, attention_mask, where.clone())
 
@@ -416,7 +419,7 @@ def embedding_scorer(model: nn.Module, target_fn: Callable[..., Tensor], *,
         raise ValueError(f"{type(model).__name__}.forward takes no position_ids")
 
     def score_fn(input_ids: Tensor, attention_mask: Tensor, zeroed: Tensor | None = None) -> Tensor:
-        _check_batch(input_ids, attention_mask)
+        check_batch(input_ids, attention_mask)
         with torch.no_grad():
             embeds = embed(input_ids)
             if zeroed is not None:

@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from captum_ffb.outputs import atomic_open, save_figure, write_json, write_text
-from captum_ffb.pages import escape, page
+from captum_ffb.io.files import atomic_open, save_figure, write_json, write_text
+from captum_ffb.io.pages import escape, page
 
 #: The table columns: (key, heading, "higher" or "lower" is better, or None).
 COLUMNS = (

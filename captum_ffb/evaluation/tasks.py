@@ -16,9 +16,9 @@ class the model predicts on the unperturbed input; the protocols follow that cla
   width) or with a read-out given: the head's logit ``z`` on the mean-pooled last hidden
   state; class logits ``(−z, z)``, probabilities ``(1 − σ(z), σ(z))``.
 
-Each is a read-out (:mod:`captum_ffb.readouts`: :class:`~captum_ffb.readouts.NextToken`,
-:class:`~captum_ffb.readouts.PromptContrast`, :class:`~captum_ffb.readouts.ClassLogit`,
-:class:`~captum_ffb.readouts.BinaryDirection`) that computes the class logits and names the
+Each is a read-out (:mod:`captum_ffb.explained.readouts`: :class:`~captum_ffb.explained.readouts.NextToken`,
+:class:`~captum_ffb.explained.readouts.PromptContrast`, :class:`~captum_ffb.explained.readouts.ClassLogit`,
+:class:`~captum_ffb.explained.readouts.BinaryDirection`) that computes the class logits and names the
 decomposition's target.
 
 Special tokens ([CLS], [SEP], BOS) and padding are never players. Causal LMs are left-padded
@@ -35,8 +35,8 @@ from torch import Tensor
 
 from captum_ffb.engine.passes import run_model
 from captum_ffb.engine.positions import pad_sequences, position_ids
-from captum_ffb.models import LoadedModel
-from captum_ffb.readouts import ClassLogit, NextToken, PromptContrast, ReadOut
+from captum_ffb.explained.models import LoadedModel
+from captum_ffb.explained.readouts import ClassLogit, NextToken, PromptContrast, ReadOut
 
 #: The evaluation tasks :class:`EvaluationTask` knows.
 EVALUATION_TASKS = ("next-token", "sentiment")
@@ -69,7 +69,7 @@ class Batch:
 
 
 class EvaluationTask:
-    r"""A model, what of it is explained (a read-out, :mod:`captum_ffb.readouts`), and how
+    r"""A model, what of it is explained (a read-out, :mod:`captum_ffb.explained.readouts`), and how
     texts become examples.
 
     Args:
@@ -79,7 +79,7 @@ class EvaluationTask:
         template (str, optional): a causal LM's sentiment prompt with ``{text}``.
         labels (tuple[str, str], optional): its ``(positive, negative)`` label tokens.
         readout (ReadOut, optional): a base model's read-out with classes (e.g. a
-                    :class:`~captum_ffb.readouts.BinaryDirection`); by default the bundled
+                    :class:`~captum_ffb.explained.readouts.BinaryDirection`); by default the bundled
                     sentiment head where the model fits it.
         keep_first (bool): the first position of every example is never a player (a
                     control for the attention sink of causal LMs).
@@ -93,7 +93,7 @@ class EvaluationTask:
                  keep_first: bool = False) -> None:
         from captum_ffb.attr import NormDecomposition
         from captum_ffb.evaluation.data import SENTIMENT_LABELS, SENTIMENT_TEMPLATE, label_token_ids
-        from captum_ffb.readouts import default_readout
+        from captum_ffb.explained.readouts import default_readout
 
         if kind not in self.kinds:
             raise ValueError(f"unknown task {kind!r}; choose from {', '.join(self.kinds)}")

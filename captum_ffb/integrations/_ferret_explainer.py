@@ -12,7 +12,7 @@ from ferret.explainers.explanation import Explanation
 from ferret.explainers.utils import parse_explainer_args
 
 from captum_ffb.attr.norm_decomposition import NormDecomposition
-from captum_ffb.readouts import ReadOut
+from captum_ffb.explained.readouts import ReadOut
 
 
 class NormDecompositionExplainer(BaseExplainer):
@@ -23,7 +23,7 @@ class NormDecompositionExplainer(BaseExplainer):
     ``target`` is what ferret passes: a class index. On a Hugging Face sequence classifier it
     is that class's logit; on a :class:`~captum_ffb.integrations.ferret.ReadOutClassifier` the
     read-out's logit of that class (the contributions to ``z`` with the sign of class 1, to
-    ``−z`` for class 0). Any read-out of :mod:`captum_ffb.readouts` is taken too (ferret's
+    ``−z`` for class 0). Any read-out of :mod:`captum_ffb.explained.readouts` is taken too (ferret's
     metrics then need a class index of their own). ``call_args`` (ferret's convention for
     options) go to :meth:`~captum_ffb.attr.NormDecomposition.attribute`, e.g.
     ``explainer(text, 1, call_args={"reference": "mean"})``.

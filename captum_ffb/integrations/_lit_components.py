@@ -25,10 +25,10 @@ from lit_nlp.examples.prompt_debugging.constants import INPUT_SPEC as PROMPT_SPE
 from captum_ffb.attr import NormDecomposition
 from captum_ffb.engine.passes import ModelPass, run_model
 from captum_ffb.explain import explain_text
+from captum_ffb.explained.models import LoadedModel
+from captum_ffb.explained.readouts import NextToken, default_readout
 from captum_ffb.integrations._lit_offline import OfflineFonts
-from captum_ffb.models import LoadedModel
-from captum_ffb.readouts import NextToken, default_readout
-from captum_ffb.text import display_tokens, text_maps
+from captum_ffb.texts.text import display_tokens, text_maps
 
 JsonDict = dict[str, Any]
 Method = TypeVar("Method", bound=Callable[..., Any])

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from captum_ffb.readouts import BinaryDirection
+from captum_ffb.explained.readouts import BinaryDirection
 
 
 class ReadOutClassifier(nn.Module):
@@ -33,7 +33,7 @@ class ReadOutClassifier(nn.Module):
     def __init__(self, model: nn.Module, readout: BinaryDirection | None = None,
                  labels: tuple[str, str] = ("negative", "positive")) -> None:
         from captum_ffb.architectures.heads import task_of
-        from captum_ffb.readouts import default_readout
+        from captum_ffb.explained.readouts import default_readout
 
         super().__init__()
         if task_of(model) != "base":
@@ -80,14 +80,14 @@ class ReadOutClassifier(nn.Module):
 
 def minilm_sentiment_classifier(loaded: Any = None) -> tuple[ReadOutClassifier, Any]:
     r"""The bundled all-MiniLM-L6-v2 with its bundled sentiment head
-    (:func:`~captum_ffb.readouts.minilm_sentiment_readout`) as a two-class
+    (:func:`~captum_ffb.explained.readouts.minilm_sentiment_readout`) as a two-class
     classifier (class 1 = positive), and its tokenizer.
 
     Args:
         loaded (LoadedModel, optional): the model already loaded by
-                    :func:`~captum_ffb.models.load_model`; loaded here otherwise.
+                    :func:`~captum_ffb.explained.models.load_model`; loaded here otherwise.
     """
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     loaded = loaded if loaded is not None else load_model(show_progress=False)
     return ReadOutClassifier(loaded.model).eval(), loaded.tokenizer

@@ -7,7 +7,7 @@ explains and scores many texts.
   explainers=[NormDecompositionExplainer(model, tokenizer), ...])``; ``explain``,
   ``evaluate_explanation(s)`` and ``evaluate_samples`` work as with ferret's own explainers.
 * :class:`ReadOutClassifier`: a base model and a two-class read-out
-  (:class:`~captum_ffb.readouts.BinaryDirection`, e.g. the bundled MiniLM sentiment head) as
+  (:class:`~captum_ffb.explained.readouts.BinaryDirection`, e.g. the bundled MiniLM sentiment head) as
   the Hugging Face-style classifier ferret calls (``.logits``, ``inputs_embeds``,
   ``get_input_embeddings``, ``config.id2label``); :func:`minilm_sentiment_classifier` builds
   it for the bundled all-MiniLM-L6-v2.
@@ -160,7 +160,7 @@ class BenchmarkRun:
         """One row per explainer: each metric's mean and standard error over the texts where
         it is finite (Kendall's τ is undefined on a constant explanation), how many those
         are, and the mean seconds per text."""
-        from captum_ffb.evaluation.evaluate import _mean_sem
+        from captum_ffb.texts.stats import mean_sem
 
         rows = []
         for name in self.explainers:
@@ -168,7 +168,7 @@ class BenchmarkRun:
                                    "seconds_per_example": sum(self.seconds[name]) / len(self.seconds[name])}
             for metric, values in self.scores[name].items():
                 scores = np.asarray(values, dtype=np.float64)
-                row[metric], row[f"{metric}_sem"] = _mean_sem(scores)
+                row[metric], row[f"{metric}_sem"] = mean_sem(scores, finite_only=True)
                 finite = int(np.isfinite(scores).sum())
                 if finite < len(values):
                     row[f"{metric}_n"] = finite

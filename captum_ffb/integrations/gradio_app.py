@@ -8,7 +8,7 @@
   every token's contribution to every explained output (one column per generated token for
   a causal LM asked to generate) and the interactive page of
   :func:`~captum_ffb.viz.explanation_html` (first-token toggle, whole-model maps).
-- *Layer maps*: the ``‖F_i(x_j)‖`` maps of :func:`~captum_ffb.text.text_maps`: a layer,
+- *Layer maps*: the ``‖F_i(x_j)‖`` maps of :func:`~captum_ffb.texts.text.text_maps`: a layer,
   the scopes and the FF-amp panel chosen in the app (:func:`~captum_ffb.viz.plot_maps`),
   and the interactive :func:`~captum_ffb.viz.html_view` (scope picker, FF-amp overlay, hover).
 - *Components*: the first output split over tokens × components
@@ -17,7 +17,7 @@
   what ``captum-ffb graph`` writes), pruned, on :func:`~captum_ffb.viz.graph_html`'s
   page (click a node for its edges and a head's query–key pairs).
 - *Context* (causal LMs): a long context's paragraphs, sentences or lines as players
-  (:func:`~captum_ffb.context.context_attribution`, what ``captum-ffb explain --context``
+  (:func:`~captum_ffb.long_context.attribution.context_attribution`, what ``captum-ffb explain --context``
   computes), :func:`~captum_ffb.viz.plot_context`'s figure and a table.
 
 The server listens on 127.0.0.1 unless told otherwise, sends no telemetry (Gradio's
@@ -33,12 +33,12 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from captum_ffb.vocabulary import FEATURE_GRANULARITIES
+from captum_ffb.core.vocabulary import FEATURE_GRANULARITIES
 
 if TYPE_CHECKING:
     from captum_ffb.explain import Explanation
-    from captum_ffb.models import LoadedModel
-    from captum_ffb.text import TextMaps
+    from captum_ffb.explained.models import LoadedModel
+    from captum_ffb.texts.text import TextMaps
 
 #: How to install what the app needs.
 INSTALL = "pip install 'captum_ffb[app]'"
@@ -150,7 +150,7 @@ class AppEvents:
 
     def __init__(self, loaded: LoadedModel):
         from captum_ffb.architectures.heads import task_of
-        from captum_ffb.readouts import default_readout
+        from captum_ffb.explained.readouts import default_readout
 
         self.loaded = loaded
         self.task = task_of(loaded.model)
@@ -177,7 +177,7 @@ class AppEvents:
                 layer: int, scopes: list[str], ff_amp: bool, normalize: str) -> tuple:
         """The Contributions and Layer maps tabs for ``text``."""
         from captum_ffb.explain import explain_text
-        from captum_ffb.text import text_maps
+        from captum_ffb.texts.text import text_maps
         from captum_ffb.viz.explanation import explanation_html, plot_contributions
         from captum_ffb.viz.html import framed_page, html_view
 
@@ -230,8 +230,8 @@ class AppEvents:
         """The Context tab (causal LMs): the groups of a long context as players, a figure
         of the largest and a table of all."""
         from captum_ffb.attr.norm_decomposition import NormDecomposition
-        from captum_ffb.context import context_attribution
-        from captum_ffb.text import check_text
+        from captum_ffb.long_context.attribution import context_attribution
+        from captum_ffb.texts.text import check_text
         from captum_ffb.viz.context import plot_context
 
         gr = import_gradio()
@@ -290,7 +290,7 @@ class PairEvents:
                 normalize: str) -> tuple:
         """Every target token over the source and the prefix; the decoder's layer maps."""
         from captum_ffb.explain import explain_pair
-        from captum_ffb.text import PAIR_SEPARATOR, text_maps
+        from captum_ffb.texts.text import PAIR_SEPARATOR, text_maps
         from captum_ffb.viz.html import framed_page, html_view
         from captum_ffb.viz.seq2seq import plot_seq2seq
 
@@ -389,7 +389,7 @@ def build_app(loaded: LoadedModel) -> Any:
     r"""The app for one loaded model, as :class:`gradio.Blocks` (not launched).
 
     Args:
-        loaded (LoadedModel): from :func:`captum_ffb.models.load_model`.
+        loaded (LoadedModel): from :func:`captum_ffb.explained.models.load_model`.
 
     Returns:
         gradio.Blocks
@@ -405,80 +405,13 @@ def build_app(loaded: LoadedModel) -> Any:
         gr.Markdown(f"## Which tokens drove this output\n`{loaded.name}` ({loaded.model_type}, "
                     f"{events.task.replace('_', ' ')}): exact token contributions (NormDecomposition) "
                     "and token-to-token maps for every layer, computed on this machine.")
-        with gr.Row():
-            text = gr.Textbox(label="Text", value=EXAMPLES[events.task], lines=2, scale=4,
-                              elem_id="ffb-text")
-            with gr.Column(scale=1, min_width=220):
-                causal = events.task == "causal_lm"
-                target = gr.Textbox(label="Next token to explain (one token; the predicted one "
-                                    "if empty)", visible=causal, elem_id="ffb-target")
-                generate = gr.Slider(0, MAX_GENERATE, value=0, step=1, visible=causal,
-                                     label="Generate and explain N tokens", elem_id="ffb-generate")
-                class_index = gr.Dropdown(events.class_choices, value=-1, label="Class",
-                                          visible=events.task == "sequence_classification",
-                                          elem_id="ffb-class")
-                explain = gr.Button("Explain", variant="primary", elem_id="ffb-explain")
+        text, target, generate, class_index, explain = _input_row(gr, events)
         with gr.Tabs():
-            with gr.Tab("Contributions", id="contributions"):
-                summary = gr.Markdown(elem_id="ffb-summary")
-                figure = gr.Image(label="Contributions", format="png", interactive=False,
-                                  buttons=IMAGE_BUTTONS, visible=events.has_output,
-                                  elem_id="ffb-figure")
-                table = gr.Dataframe(label="Contribution of each token to each explained output",
-                                     interactive=False, elem_id="ffb-table", max_height=420)
-                with gr.Accordion("Interactive page: first-token toggle, whole-model maps", open=False):
-                    page = gr.HTML(elem_id="ffb-page")
-            with gr.Tab("Layer maps", id="maps"):
-                maps_state = gr.State(None)
-                with gr.Row():
-                    layer = gr.Dropdown(list(range(n_layers)), value=n_layers - 1, label="Layer",
-                                        elem_id="ffb-layer")
-                    scope_picker = gr.CheckboxGroup(scopes, value=scopes, label="Scopes",
-                                                    elem_id="ffb-scopes")
-                    ff_amp = gr.Checkbox(value=True, label="FF-amp panel (after FF − before FF)",
-                                         elem_id="ffb-ffamp")
-                    normalize = gr.Radio(list(NORMALIZATIONS), value="raw norms", label="Colour scale")
-                maps_figure = gr.Image(label="Maps", format="png", interactive=False,
-                                       buttons=IMAGE_BUTTONS, elem_id="ffb-maps")
-                with gr.Accordion("Interactive view: scope picker, FF-amp overlay, hover", open=True):
-                    maps_view = gr.HTML(elem_id="ffb-maps-view")
-            with gr.Tab("Components", id="components", visible=events.has_output):
-                gr.Markdown("The first explained output split over input tokens × components: the "
-                            "direct effect of the embeddings and of each attention, FF or head.")
-                with gr.Row():
-                    granularity = gr.Radio(list(GRANULARITIES), value="sublayer", label="Components")
-                    split = gr.Button("Split over components", elem_id="ffb-split")
-                components_figure = gr.Image(label="Tokens × components", format="png",
-                                             interactive=False, buttons=IMAGE_BUTTONS,
-                                             elem_id="ffb-components")
-                components_frame = gr.Dataframe(interactive=False, elem_id="ffb-components-table",
-                                                max_height=420)
-            with gr.Tab("Graph", id="graph", visible=events.has_output):
-                gr.Markdown("The output's exact attribution graph: tokens, every head (or sublayer) and FF "
-                            "block at every position, the bias and the output; every edge exact, pruned "
-                            "as circuit-tracer prunes. Click a node on the page for its edges.")
-                with gr.Row():
-                    graph_granularity = gr.Radio(list(FEATURE_GRANULARITIES["graph"][:2]), value="head", label="Writer nodes")
-                    node_threshold = gr.Slider(0.1, 1.0, value=0.8, step=0.05, label="Node threshold")
-                    corrupted = gr.Textbox(label="Corrupted text of the same length (patching estimates; "
-                                           "optional)", elem_id="ffb-corrupted")
-                    build = gr.Button("Build graph", elem_id="ffb-graph-build")
-                graph_summary_ = gr.Markdown(elem_id="ffb-graph-summary")
-                graph_view = gr.HTML(elem_id="ffb-graph-view")
-            with gr.Tab("Context", id="context", visible=events.task == "causal_lm"):
-                gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
-                            "history) and a question; every paragraph, sentence or line gets its exact "
-                            "contribution to the answer's next token, in one backward pass.")
-                with gr.Row():
-                    context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
-                    with gr.Column():
-                        question = gr.Textbox(label="Question", elem_id="ffb-question")
-                        group_by = gr.Radio(["paragraph", "sentence", "line"], value="paragraph", label="Groups")
-                        attribute_context = gr.Button("Attribute", elem_id="ffb-context-run")
-                context_figure = gr.Image(label="Groups by contribution", format="png", interactive=False,
-                                          buttons=IMAGE_BUTTONS, elem_id="ffb-context-figure")
-                context_frame = gr.Dataframe(interactive=False, elem_id="ffb-context-table", max_height=420)
-        controls = [layer, scope_picker, ff_amp, normalize]
+            summary, figure, table, page = _contributions_tab(gr, events)
+            maps_state, controls, maps_figure, maps_view = _maps_tab(gr, n_layers, scopes)
+            granularity, split, components_outputs = _components_tab(gr, events)
+            graph_inputs, build, graph_outputs = _graph_tab(gr, events)
+            context_inputs, attribute_context, context_outputs = _context_tab(gr, events)
         request = dict(fn=events.explain, inputs=[text, target, class_index, generate, *controls],
                        outputs=[summary, figure, table, page, maps_state, maps_figure, maps_view], **queue)
         explain.click(**request)
@@ -490,14 +423,117 @@ def build_app(loaded: LoadedModel) -> Any:
             return events.components(text, target, class_index, granularity, show_progress=True)
 
         split.click(split_with_progress, inputs=[text, target, class_index, granularity],
-                    outputs=[components_figure, components_frame], **queue)
-        build.click(events.graph, inputs=[text, target, class_index, corrupted, graph_granularity, node_threshold],
-                    outputs=[graph_summary_, graph_view], **queue)
-        attribute_context.click(events.context, inputs=[context_text, question, group_by, target],
-                                outputs=[context_figure, context_frame], **queue)
+                    outputs=components_outputs, **queue)
+        build.click(events.graph, inputs=[text, target, class_index, *graph_inputs],
+                    outputs=graph_outputs, **queue)
+        attribute_context.click(events.context, inputs=[*context_inputs, target],
+                                outputs=context_outputs, **queue)
         for control in controls:
             control.change(events.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
     return app
+
+
+def _input_row(gr: Any, events: AppEvents) -> tuple[Any, Any, Any, Any, Any]:
+    """The text and what to explain of it (a next token, generated tokens or a class), and the
+    Explain button: ``(text, target, generate, class_index, explain)``."""
+    with gr.Row():
+        text = gr.Textbox(label="Text", value=EXAMPLES[events.task], lines=2, scale=4,
+                          elem_id="ffb-text")
+        with gr.Column(scale=1, min_width=220):
+            causal = events.task == "causal_lm"
+            target = gr.Textbox(label="Next token to explain (one token; the predicted one "
+                                "if empty)", visible=causal, elem_id="ffb-target")
+            generate = gr.Slider(0, MAX_GENERATE, value=0, step=1, visible=causal,
+                                 label="Generate and explain N tokens", elem_id="ffb-generate")
+            class_index = gr.Dropdown(events.class_choices, value=-1, label="Class",
+                                      visible=events.task == "sequence_classification",
+                                      elem_id="ffb-class")
+            explain = gr.Button("Explain", variant="primary", elem_id="ffb-explain")
+    return text, target, generate, class_index, explain
+
+
+def _contributions_tab(gr: Any, events: AppEvents) -> tuple[Any, Any, Any, Any]:
+    """The Contributions tab: ``(summary, figure, table, page)``."""
+    with gr.Tab("Contributions", id="contributions"):
+        summary = gr.Markdown(elem_id="ffb-summary")
+        figure = gr.Image(label="Contributions", format="png", interactive=False,
+                          buttons=IMAGE_BUTTONS, visible=events.has_output,
+                          elem_id="ffb-figure")
+        table = gr.Dataframe(label="Contribution of each token to each explained output",
+                             interactive=False, elem_id="ffb-table", max_height=420)
+        with gr.Accordion("Interactive page: first-token toggle, whole-model maps", open=False):
+            page = gr.HTML(elem_id="ffb-page")
+    return summary, figure, table, page
+
+
+def _maps_tab(gr: Any, n_layers: int, scopes: list[str]) -> tuple[Any, list[Any], Any, Any]:
+    """The Layer maps tab: ``(maps_state, [layer, scopes, ff_amp, normalize], figure, view)``."""
+    with gr.Tab("Layer maps", id="maps"):
+        maps_state = gr.State(None)
+        with gr.Row():
+            layer = gr.Dropdown(list(range(n_layers)), value=n_layers - 1, label="Layer",
+                                elem_id="ffb-layer")
+            scope_picker = gr.CheckboxGroup(scopes, value=scopes, label="Scopes",
+                                            elem_id="ffb-scopes")
+            ff_amp = gr.Checkbox(value=True, label="FF-amp panel (after FF − before FF)",
+                                 elem_id="ffb-ffamp")
+            normalize = gr.Radio(list(NORMALIZATIONS), value="raw norms", label="Colour scale")
+        maps_figure = gr.Image(label="Maps", format="png", interactive=False,
+                               buttons=IMAGE_BUTTONS, elem_id="ffb-maps")
+        with gr.Accordion("Interactive view: scope picker, FF-amp overlay, hover", open=True):
+            maps_view = gr.HTML(elem_id="ffb-maps-view")
+    return maps_state, [layer, scope_picker, ff_amp, normalize], maps_figure, maps_view
+
+
+def _components_tab(gr: Any, events: AppEvents) -> tuple[Any, Any, list[Any]]:
+    """The Components tab: ``(granularity, split button, [figure, table])``."""
+    with gr.Tab("Components", id="components", visible=events.has_output):
+        gr.Markdown("The first explained output split over input tokens × components: the "
+                    "direct effect of the embeddings and of each attention, FF or head.")
+        with gr.Row():
+            granularity = gr.Radio(list(GRANULARITIES), value="sublayer", label="Components")
+            split = gr.Button("Split over components", elem_id="ffb-split")
+        components_figure = gr.Image(label="Tokens × components", format="png",
+                                     interactive=False, buttons=IMAGE_BUTTONS,
+                                     elem_id="ffb-components")
+        components_frame = gr.Dataframe(interactive=False, elem_id="ffb-components-table",
+                                        max_height=420)
+    return granularity, split, [components_figure, components_frame]
+
+
+def _graph_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
+    """The Graph tab: ``([corrupted, granularity, node threshold], build button, [summary, view])``."""
+    with gr.Tab("Graph", id="graph", visible=events.has_output):
+        gr.Markdown("The output's exact attribution graph: tokens, every head (or sublayer) and FF "
+                    "block at every position, the bias and the output; every edge exact, pruned "
+                    "as circuit-tracer prunes. Click a node on the page for its edges.")
+        with gr.Row():
+            graph_granularity = gr.Radio(list(FEATURE_GRANULARITIES["graph"][:2]), value="head", label="Writer nodes")
+            node_threshold = gr.Slider(0.1, 1.0, value=0.8, step=0.05, label="Node threshold")
+            corrupted = gr.Textbox(label="Corrupted text of the same length (patching estimates; "
+                                   "optional)", elem_id="ffb-corrupted")
+            build = gr.Button("Build graph", elem_id="ffb-graph-build")
+        graph_summary_ = gr.Markdown(elem_id="ffb-graph-summary")
+        graph_view = gr.HTML(elem_id="ffb-graph-view")
+    return [corrupted, graph_granularity, node_threshold], build, [graph_summary_, graph_view]
+
+
+def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
+    """The Context tab: ``([context, question, group_by], attribute button, [figure, table])``."""
+    with gr.Tab("Context", id="context", visible=events.task == "causal_lm"):
+        gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
+                    "history) and a question; every paragraph, sentence or line gets its exact "
+                    "contribution to the answer's next token, in one backward pass.")
+        with gr.Row():
+            context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
+            with gr.Column():
+                question = gr.Textbox(label="Question", elem_id="ffb-question")
+                group_by = gr.Radio(["paragraph", "sentence", "line"], value="paragraph", label="Groups")
+                attribute_context = gr.Button("Attribute", elem_id="ffb-context-run")
+        context_figure = gr.Image(label="Groups by contribution", format="png", interactive=False,
+                                  buttons=IMAGE_BUTTONS, elem_id="ffb-context-figure")
+        context_frame = gr.Dataframe(interactive=False, elem_id="ffb-context-table", max_height=420)
+    return [context_text, question, group_by], attribute_context, [context_figure, context_frame]
 
 
 #: The names a page served on this machine only is reached by (the DNS-rebinding guard).
@@ -527,7 +563,7 @@ def launch(
 
     Args:
         model (LoadedModel or str, optional): a loaded model, or a folder or name for
-                    :func:`~captum_ffb.models.load_model`; the bundled all-MiniLM-L6-v2 by default.
+                    :func:`~captum_ffb.explained.models.load_model`; the bundled all-MiniLM-L6-v2 by default.
         host (str): the address to listen on; this machine only by default.
         port (int, optional): the port; Gradio's first free one from 7860 by default.
         block (bool): serve until interrupted; ``False`` returns at once (tests, notebooks:
@@ -537,7 +573,7 @@ def launch(
     Returns:
         gradio.Blocks: the running app (its ``local_url`` is the page's address).
     """
-    from captum_ffb.models import LoadedModel, load_model
+    from captum_ffb.explained.models import LoadedModel, load_model
 
     import_gradio()
     if not isinstance(model, LoadedModel):

@@ -35,7 +35,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from captum_ffb.models import LoadedModel
+    from captum_ffb.explained.models import LoadedModel
 
 #: How to install what the integration needs.
 INSTALL = "pip install 'captum_ffb[lit]' && pip install --no-deps lit-nlp==1.3.1"
@@ -85,7 +85,7 @@ def lit_models(loaded: LoadedModel, name: str | None = None) -> dict[str, Any]:
     reads.
 
     Args:
-        loaded (LoadedModel): from :func:`captum_ffb.models.load_model` (``task="auto"``).
+        loaded (LoadedModel): from :func:`captum_ffb.explained.models.load_model` (``task="auto"``).
         name (str, optional): the name LIT shows; the model's folder name by default.
     """
     require_lit()
@@ -107,12 +107,12 @@ def lit_dataset(loaded: LoadedModel, data: str | os.PathLike | None = None,
         loaded (LoadedModel): the model the dataset is for (its labels, or prompts).
         data (str or PathLike, optional): ``"rotten_tomatoes"`` (the held-out snippets, with
                     their labels), or a ``.txt``, ``.jsonl``, ``.csv`` or ``.tsv`` file (see
-                    ``captum_ffb.text.read_texts()``); :data:`DEFAULT_TEXTS` by default.
+                    ``captum_ffb.texts.text.read_texts()``); :data:`DEFAULT_TEXTS` by default.
         limit (int, optional): keep the first ``limit`` texts.
     """
     require_lit()
-    from captum_ffb.corpus import read_texts
     from captum_ffb.integrations import _lit_components as components
+    from captum_ffb.texts.corpus import read_texts
 
     if data is None:
         texts: list[str] = list(DEFAULT_TEXTS)
@@ -128,7 +128,7 @@ def build_app(loaded: LoadedModel, data: str | os.PathLike | None = None,
     interpreters and LIT's default ones, and a layout that opens on the salience views.
 
     Args:
-        loaded (LoadedModel): from :func:`captum_ffb.models.load_model` (``task="auto"``).
+        loaded (LoadedModel): from :func:`captum_ffb.explained.models.load_model` (``task="auto"``).
         data, limit: as for :func:`lit_dataset`.
         name (str, optional): the model's name in LIT.
     """

@@ -22,13 +22,13 @@ ENGINES = BACKENDS
 
 @dataclass(frozen=True)
 class ModelSource:
-    """How a worker loads the model: what :func:`captum_ffb.models.load_model` takes.
+    """How a worker loads the model: what :func:`captum_ffb.explained.models.load_model` takes.
 
     Attributes:
         name (str, optional): a model name or folder (``None``: the bundled default).
         causal_lm (bool): load with a language-model head.
         device (str): where the model runs in the worker.
-        task (str, optional): the head to load (see :func:`captum_ffb.models.load_model`).
+        task (str, optional): the head to load (see :func:`captum_ffb.explained.models.load_model`).
     """
 
     name: str | None = None
@@ -37,7 +37,7 @@ class ModelSource:
     task: str | None = None
 
     def load(self) -> Any:
-        from captum_ffb.models import load_model
+        from captum_ffb.explained.models import load_model
 
         loaded = load_model(self.name, causal_lm=self.causal_lm, show_progress=False,
                             task=self.task)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,18 +122,7 @@ def run_ray(
     ray = _import_ray()
     started = start(ray, address, workers)
     try:
-        resources = ray.cluster_resources()
-        gpus = float(resources.get("GPU", 0))
-        if workers is None:
-            by_cpu = int(resources.get("CPU", 1))
-            workers = int(gpus // gpus_per_worker) if gpus_per_worker else by_cpu
-        workers = max(1, min(workers, len(todo)))
-        if gpus_per_worker and gpus_per_worker * workers > gpus + 1e-6:
-            # actors that cannot be placed would wait for GPUs forever
-            many = "workers need" if workers > 1 else "worker needs"
-            raise ValueError(f"the Ray cluster has {gpus:g} GPUs, and {workers} {many} "
-                             f"{gpus_per_worker * workers:g} with --gpus-per-worker "
-                             f"{gpus_per_worker:g}; lower --workers or --gpus-per-worker (0: CPU)")
+        workers = _pool_size(ray.cluster_resources(), workers, len(todo), gpus_per_worker)
         remote = ray.remote(num_cpus=1, num_gpus=gpus_per_worker or 0)(_Worker)
         shared = ray.put(job)
         threads = threads_per_worker or 1
@@ -141,36 +130,61 @@ def run_ray(
         def new_worker() -> Any:
             return remote.remote(shared, threads)
 
-        pool = [new_worker() for _ in range(workers)]
-        queue = list(todo)
-        losses = dict.fromkeys(todo, 0)
-        running: dict[Any, tuple[Any, int]] = {}
-
-        def assign(actor: Any) -> None:
-            if queue:
-                index = queue.pop(0)
-                running[actor.run.remote(index, batches[index])] = (actor, index)
-
-        for actor in pool:
-            assign(actor)
-        while running:
-            (ready,), _ = ray.wait(list(running), num_returns=1)
-            actor, index = running.pop(ready)
-            try:
-                shard = ray.get(ready)
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                losses[index] += 1
-                if losses[index] > MAX_RETRIES:
-                    raise RuntimeError(f"batch {index} lost its worker {losses[index]} times") from None
-                queue.insert(0, index)  # the batch goes to a new worker
-                actor = new_worker()
-            except ray.exceptions.RayTaskError as error:
-                raise RuntimeError(f"batch {index} failed in a worker: {error.cause!r}") from error
-            else:
-                store.save(index, shard)
-                if progress is not None:
-                    progress.update(len(batches[index]))
-            assign(actor)
+        _drain(ray, new_worker, workers, batches, todo, store, progress)
     finally:
         if started:
             ray.shutdown()
+
+
+def _pool_size(resources: dict[str, Any], workers: int | None, batches: int,
+               gpus_per_worker: float) -> int:
+    """How many actors to start: ``workers``, or what the cluster offers, at most one per batch;
+    ``ValueError`` when the cluster lacks the GPUs they reserve."""
+    gpus = float(resources.get("GPU", 0))
+    if workers is None:
+        by_cpu = int(resources.get("CPU", 1))
+        workers = int(gpus // gpus_per_worker) if gpus_per_worker else by_cpu
+    workers = max(1, min(workers, batches))
+    if gpus_per_worker and gpus_per_worker * workers > gpus + 1e-6:
+        # actors that cannot be placed would wait for GPUs forever
+        many = "workers need" if workers > 1 else "worker needs"
+        raise ValueError(f"the Ray cluster has {gpus:g} GPUs, and {workers} {many} "
+                         f"{gpus_per_worker * workers:g} with --gpus-per-worker "
+                         f"{gpus_per_worker:g}; lower --workers or --gpus-per-worker (0: CPU)")
+    return workers
+
+
+def _drain(ray: Any, new_worker: Callable[[], Any], workers: int, batches: list[list[int]], todo: list[int],
+           store: ShardStore, progress: Any) -> None:
+    """Stream the batches ``todo`` through ``workers`` actors, saving each shard as it comes;
+    a batch whose actor dies goes to a new one (at most :data:`MAX_RETRIES` times)."""
+    pool = [new_worker() for _ in range(workers)]
+    queue = list(todo)
+    losses = dict.fromkeys(todo, 0)
+    running: dict[Any, tuple[Any, int]] = {}
+
+    def assign(actor: Any) -> None:
+        if queue:
+            index = queue.pop(0)
+            running[actor.run.remote(index, batches[index])] = (actor, index)
+
+    for actor in pool:
+        assign(actor)
+    while running:
+        (ready,), _ = ray.wait(list(running), num_returns=1)
+        actor, index = running.pop(ready)
+        try:
+            shard = ray.get(ready)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            losses[index] += 1
+            if losses[index] > MAX_RETRIES:
+                raise RuntimeError(f"batch {index} lost its worker {losses[index]} times") from None
+            queue.insert(0, index)  # the batch goes to a new worker
+            actor = new_worker()
+        except ray.exceptions.RayTaskError as error:
+            raise RuntimeError(f"batch {index} failed in a worker: {error.cause!r}") from error
+        else:
+            store.save(index, shard)
+            if progress is not None:
+                progress.update(len(batches[index]))
+        assign(actor)

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from captum_ffb.outputs import atomic_open, check_out_dir, to_json
+from captum_ffb.io.files import atomic_open, check_out_dir, to_json
 
 
 def atomic_write(path: Path, write: Callable[[Any], None], binary: bool = True) -> None:
     """Write ``path`` through a temporary file that is flushed to disk and renamed once
-    complete (:func:`captum_ffb.outputs.atomic_open`)."""
+    complete (:func:`captum_ffb.io.files.atomic_open`)."""
     with atomic_open(path, "wb" if binary else "w", fsync=True) as handle:
         write(handle)
 

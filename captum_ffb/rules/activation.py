@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import (
+from captum_ffb.core.decomposition import (
     Decomposition,
     FactoredDecomposition,
     TokenwiseDecomposition,

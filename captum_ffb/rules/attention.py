@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import (
+from captum_ffb.core.decomposition import (
     Decomposition,
     FactoredDecomposition,
     TokenwiseDecomposition,
@@ -13,7 +13,7 @@ from captum_ffb.decomposition import (
 from captum_ffb.rules.base import Rule
 
 
-def _head_projections(
+def head_projections(
     value_weight: Tensor, output_weight: Tensor, n_heads: int
 ) -> tuple[Tensor, Tensor, int]:
     """Split ``W_V`` and ``W_O`` by head; returns ``(W_V per head, W_O per head, group)``.
@@ -85,17 +85,17 @@ class Attention(Rule):
                 f"attention has {n_keys} key positions, the value input has {value_input.n_out} rows"
             )
         probs = probs.to(value_input.bias.dtype)
-        w_v, w_o, group = _head_projections(value_weight, output_weight, n_heads)
+        w_v, w_o, group = head_projections(value_weight, output_weight, n_heads)
 
         # The bias: value-input bias and b_V through each head, mixed by α, then b_O.
-        bias = _mix_heads(probs, _head_values(value_input.bias, w_v, group, value_bias), w_o)
+        bias = _mix_heads(probs, head_values(value_input.bias, w_v, group, value_bias), w_o)
         if output_bias is not None:
             bias = bias + output_bias
 
         mask = value_input.token_mask
         if isinstance(value_input, TokenwiseDecomposition):
             # Low rank: keep each head's d_head-wide values and W_O^h apart.
-            values = _head_values(value_input.vectors, w_v, group)  # (B, H, n, e)
+            values = head_values(value_input.vectors, w_v, group)  # (B, H, n, e)
             return FactoredDecomposition(probs, values, bias, mask, proj=w_o,
                                          player_mask=value_input.player_mask)
         if isinstance(value_input, FactoredDecomposition):
@@ -119,7 +119,7 @@ class Attention(Rule):
         return Decomposition(out, bias, mask, player_mask=value_input.player_mask)
 
 
-def _head_values(vectors: Tensor, w_v: Tensor, group: int, value_bias: Tensor | None = None) -> Tensor:
+def head_values(vectors: Tensor, w_v: Tensor, group: int, value_bias: Tensor | None = None) -> Tensor:
     """``(B, n, d_in)`` vectors → per-head values ``(B, H, n, d_head)`` (+ ``b_V``)."""
     values = torch.einsum("bnd,dke->bkne", vectors, w_v)
     if value_bias is not None:

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition
-from captum_ffb.rules.attention import Attention, _head_projections, _head_values
+from captum_ffb.core.decomposition import Decomposition
+from captum_ffb.rules.attention import Attention, head_projections, head_values
 from captum_ffb.rules.base import Rule
 
 #: Bytes the forward route's per-row-chunk score tensors may take.
@@ -129,7 +129,7 @@ class _MaskedSoftmax:
         return out if self.valid is None else out.mul_(self.valid)
 
 
-def _capped(scores: Tensor, softcap: float | None) -> tuple[Tensor, Tensor | None]:
+def soft_capped(scores: Tensor, softcap: float | None) -> tuple[Tensor, Tensor | None]:
     """``t(s)`` and ``t'(s)``: the identity (slope ``None``), or ``c·tanh(s / c)``."""
     if softcap is None:
         return scores, None
@@ -263,7 +263,7 @@ class ScoreCreditingAttention(Rule):
                       ) -> tuple[Tensor, SoftmaxLinearisation]:
         """For a chunk of query rows on the backward route: the values' coefficients (with
         the remainder folded in where the rule hands it to the players) and ``L``."""
-        probs = masked_softmax(_capped(scores, softcap)[0], allowed)
+        probs = masked_softmax(soft_capped(scores, softcap)[0], allowed)
         linear, rest = self.softmax_map(scores, allowed, probs, softcap, remainder=self.needs_remainder)
         coefficients, _ = self._with_remainder(self.value_coefficients(probs, allowed), rest)
         return coefficients, linear
@@ -312,9 +312,9 @@ class ScoreCreditingAttention(Rule):
 
         dense = value_input.dense()
         terms, bias = dense.terms, dense.bias  # (B, n, P, d), (B, n, d)
-        w_v, w_o, _ = _head_projections(value_weight, output_weight, probs.shape[1])
+        w_v, w_o, _ = head_projections(value_weight, output_weight, probs.shape[1])
         real_input = dense.total() if scores.inputs is None else scores.inputs.to(dtype)
-        values = _head_values(real_input, w_v, groups, value_bias)  # real values (B, H, n, e)
+        values = head_values(real_input, w_v, groups, value_bias)  # real values (B, H, n, e)
         q_parts, k_parts = (t.to(dtype) for t in scores.project(terms, False))
         q_bias, k_bias = (t.to(dtype) for t in scores.project(bias[:, :, None], True))
         k_parts, k_bias = _repeat(k_parts, groups), _repeat(k_bias, groups)
@@ -430,14 +430,14 @@ class IGAttention(ScoreCreditingAttention):
                 steps.append(softmax.scaled(scores, t))
                 slopes.append(None)
                 continue
-            capped, slope = _capped(t * scores, softcap)
+            capped, slope = soft_capped(t * scores, softcap)
             steps.append(softmax(capped))
             slopes.append(slope)
         linear = SoftmaxLinearisation(weights, steps, slopes)
         if not (self.exact and remainder):
             return linear, None
         if probs is None:
-            probs = softmax(_capped(scores, softcap)[0])
+            probs = softmax(soft_capped(scores, softcap)[0])
         return linear, probs * allowed - uniform_attention(allowed, scores.dtype) - linear.apply(scores)
 
 
@@ -461,9 +461,9 @@ class AttnLRPAttention(ScoreCreditingAttention):
         return 0.5 * probs
 
     def softmax_map(self, scores, allowed, probs, softcap, remainder: bool = True):
-        _, slope = _capped(scores, softcap)
+        _, slope = soft_capped(scores, softcap)
         if probs is None:
-            probs = masked_softmax(_capped(scores, softcap)[0], allowed)
+            probs = masked_softmax(soft_capped(scores, softcap)[0], allowed)
         probs = probs * allowed
         linear = SoftmaxLinearisation([1.0], [probs], [slope])
         return linear, (probs - linear.apply(scores) if remainder else None)

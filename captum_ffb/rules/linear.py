@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.core.decomposition import Decomposition
 from captum_ffb.rules.base import Rule
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.core.decomposition import Decomposition
 from captum_ffb.rules.base import Rule
 from captum_ffb.rules.fused import fused
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.core.decomposition import Decomposition
 from captum_ffb.rules.base import Rule
 
 

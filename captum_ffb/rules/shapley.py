@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.core.decomposition import Decomposition
 from captum_ffb.rules.base import Rule
 
 ValueFn = Callable[[Tensor], Tensor]

@@ -13,9 +13,10 @@
   :func:`save_neuronpedia_graph`: an attribution graph as an offline page and as
   circuit-tracer's (Neuronpedia's) graph JSON.
 - :func:`plot_context`, :func:`context_html`, :func:`save_context_html`: a long context's
-  groups by contribution (:func:`~captum_ffb.context.context_attribution`).
+  groups by contribution (:func:`~captum_ffb.long_context.attribution.context_attribution`).
 """
 
+from captum_ffb.viz._common import ff_pair_of  # noqa: F401 (for the CLI; not in __all__)
 from captum_ffb.viz.components import components_html, plot_components
 from captum_ffb.viz.context import context_html, plot_context, save_context_html
 from captum_ffb.viz.explanation import explanation_html, plot_contributions, save_explanation_html

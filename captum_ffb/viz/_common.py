@@ -1,5 +1,5 @@
 """Helpers shared by the figures, the HTML views and the exports; the page skeleton and the
-colour scale of :mod:`captum_ffb.pages` (a floor down, since the evaluation and analysis
+colour scale of :mod:`captum_ffb.io.pages` (a floor down, since the evaluation and analysis
 reports use them too), re-exported for the views."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
-from captum_ffb.pages import (  # noqa: F401 (re-exported: the views import them from here)
+from captum_ffb.io.pages import (  # noqa: F401 (re-exported: the views import them from here)
     COLOUR_JS,
     DIVERGING,
     SEQUENTIAL,
@@ -25,7 +25,7 @@ from captum_ffb.pages import (  # noqa: F401 (re-exported: the views import them
     page,
     sequential,
 )
-from captum_ffb.text import (
+from captum_ffb.texts.text import (
     TextMaps,
     display_token,  # noqa: F401 (re-exported: the views import it from here)
     display_tokens,  # noqa: F401
@@ -64,10 +64,10 @@ KNOWN_FF_PAIRS: tuple[tuple[str, str], ...] = (("Atb", "AtbFf"), ("AtbLn", "AtbL
 
 
 def check_text_maps(maps: object) -> TextMaps:
-    """``maps`` if it is a :class:`~captum_ffb.text.TextMaps`, else a one-line TypeError."""
+    """``maps`` if it is a :class:`~captum_ffb.texts.text.TextMaps`, else a one-line TypeError."""
     if not isinstance(maps, TextMaps):
         raise TypeError(
-            f"expected TextMaps from captum_ffb.text.text_maps, got {type(maps).__name__}"
+            f"expected TextMaps from captum_ffb.texts.text.text_maps, got {type(maps).__name__}"
         )
     return maps
 

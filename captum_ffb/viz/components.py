@@ -1,4 +1,4 @@
-"""Views of a :class:`~captum_ffb.attr.components.ComponentAttribution`: a tokens × components
+"""Views of a :class:`~captum_ffb.components.table.ComponentAttribution`: a tokens × components
 heat map (matplotlib) and an offline HTML fragment of the same table.
 
 Both colour a cell by its signed direct effect on a diverging scale centred on zero and
@@ -14,9 +14,9 @@ import re
 import textwrap
 from typing import Any
 
-from captum_ffb.attr.components import ComponentAttribution
+from captum_ffb.components.table import ComponentAttribution
 from captum_ffb.viz._common import COLOUR_JS, DIVERGING, cpu_view, escape, gradient, json_block
-from captum_ffb.viz.figures import _figure_class, _require_matplotlib
+from captum_ffb.viz.figures import figure_class, require_matplotlib
 
 #: Up to this many columns every component is named; beyond, only block boundaries are.
 NAMED_COLUMNS_UP_TO = 80
@@ -105,7 +105,7 @@ def plot_components(
     Returns:
         matplotlib Figure (one heat map and its colour bar).
     """
-    _require_matplotlib()
+    require_matplotlib()
     from matplotlib.colors import Normalize
 
     result = _check(result)
@@ -119,7 +119,7 @@ def plot_components(
         per_column = 0.16 if named else 0.04
         figsize = (min(24.0, max(6.0, 2.5 + per_column * width)),
                    min(30.0, max(3.0, 2.2 + 0.2 * min(n, NAMED_ROWS_UP_TO) + (1.2 if named else 0.4))))
-    figure = _figure_class()(figsize=figsize, layout="constrained")
+    figure = figure_class()(figsize=figsize, layout="constrained")
     ax = figure.subplots()
     scale = float(values.abs().max()) or 1.0
     image = ax.imshow(values.numpy(), cmap=cmap, norm=Normalize(-scale, scale), aspect="auto",

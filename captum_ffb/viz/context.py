@@ -1,4 +1,4 @@
-r"""Views of a :class:`~captum_ffb.context.ContextAttribution`: a bar figure of the groups by
+r"""Views of a :class:`~captum_ffb.long_context.attribution.ContextAttribution`: a bar figure of the groups by
 contribution and an offline page with the groups ranked, then the context with every group
 numbered and shaded by its contribution (its text in black or white, whichever reads)."""
 
@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from captum_ffb.context import ContextAttribution
-from captum_ffb.outputs import write_text
-from captum_ffb.pages import css, diverging, escape, page
+from captum_ffb.io.files import write_text
+from captum_ffb.io.pages import css, diverging, escape, page
+from captum_ffb.long_context.attribution import ContextAttribution
 from captum_ffb.viz._common import cpu_view
-from captum_ffb.viz.figures import _figure_class, _require_matplotlib
+from captum_ffb.viz.figures import figure_class, require_matplotlib
 
 __all__ = ["context_html", "plot_context", "save_context_html"]
 
@@ -39,13 +39,13 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
         matplotlib.figure.Figure
     """
     found = _check(found)
-    _require_matplotlib()
+    require_matplotlib()
     from matplotlib import colormaps
 
     chosen = found.top(top)
     rows = [(f"#{g} {_label(text, 48)}", value) for g, text, value in chosen]
     rows += [("question", found.question), ("rest of the prompt", found.rest), ("bias", found.bias)]
-    figure = _figure_class()(figsize=(9, 0.32 * len(rows) + 1.4))
+    figure = figure_class()(figsize=(9, 0.32 * len(rows) + 1.4))
     ax = figure.add_subplot()
     scale = max((abs(v) for _, v in rows), default=1.0) or 1.0
     colours = colormaps[cmap]

@@ -12,7 +12,7 @@ with a colour legend under each output) and *Whole model* (the ``‖F_i(x_j)‖`
 every block, chosen with a slider, with token labels, a colour scale and a hover readout);
 a third, *Components*, when the explanation carries a tokens × components table
 (:func:`~captum_ffb.viz.components.components_html`).
-Tokens are shown as people read them (:func:`~captum_ffb.text.display_token`).
+Tokens are shown as people read them (:func:`~captum_ffb.texts.text.display_token`).
 Everything, data and script, is inside the file: it opens offline.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from captum_ffb.explain import Explanation
-from captum_ffb.outputs import write_text
+from captum_ffb.io.files import write_text
 from captum_ffb.viz._common import COLOUR_JS, cpu_view, page
 from captum_ffb.viz.components import components_html
-from captum_ffb.viz.figures import _figure_class, _require_matplotlib
+from captum_ffb.viz.figures import figure_class, require_matplotlib
 
 
 def _check(explanation: Any) -> Explanation:
@@ -60,7 +60,7 @@ def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
     Returns:
         matplotlib Figure (two panels; heat maps when several outputs are explained).
     """
-    _require_matplotlib()
+    require_matplotlib()
     from matplotlib.colors import TwoSlopeNorm
 
     explanation = _check(explanation)
@@ -69,9 +69,9 @@ def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
     values = explanation.contributions.detach().float().cpu()
     labels = explanation.labels
     n = values.shape[1]
-    figure_class = _figure_class()
+    Figure = figure_class()
     if explanation.steps == 1:
-        figure = figure_class(figsize=(max(8.0, 0.7 * n), 3.8), layout="constrained")
+        figure = Figure(figsize=(max(8.0, 0.7 * n), 3.8), layout="constrained")
         axes = figure.subplots(2, 1)
         for ax, skip_first in zip(axes, (False, True)):
             row = values[0]
@@ -91,8 +91,8 @@ def plot_contributions(explanation: Explanation, cmap: str = "RdBu_r") -> Any:
             figure.colorbar(image, ax=ax, fraction=0.02)
         figure.suptitle(_title(explanation), fontsize=9)
         return figure
-    figure = figure_class(figsize=(max(7.0, 0.45 * n), 1.0 + 0.35 * explanation.steps * 2),
-                          layout="constrained")
+    figure = Figure(figsize=(max(7.0, 0.45 * n), 1.0 + 0.35 * explanation.steps * 2),
+                    layout="constrained")
     axes = figure.subplots(1, 2)
     for ax, skip_first in zip(axes, (False, True)):
         scale = float(values[:, 1:].abs().max() if skip_first and n > 1 else values.abs().max()) or 1.0

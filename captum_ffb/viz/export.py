@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from captum_ffb.text import TextMaps
+from captum_ffb.texts.text import TextMaps
 from captum_ffb.viz._common import (
     check_text_maps,
     cpu_view,
@@ -37,7 +37,7 @@ def to_bertviz(
     ``bertviz.model_view`` (or use :func:`bertviz_view`).
 
     Args:
-        maps (TextMaps): from :func:`captum_ffb.text.text_maps`.
+        maps (TextMaps): from :func:`captum_ffb.texts.text.text_maps`.
         layers (int or list[int], optional): computed layers to export; all by default.
         scopes (str or list[str], optional): scopes to export, in head order; all by default.
 
@@ -63,7 +63,7 @@ def bertviz_view(
     r"""Open the maps in bertviz's ``head_view`` or ``model_view`` (scopes stand in for heads).
 
     Args:
-        maps (TextMaps): from :func:`captum_ffb.text.text_maps`.
+        maps (TextMaps): from :func:`captum_ffb.texts.text.text_maps`.
         view (str): ``"head"`` or ``"model"``.
         layers (int or list[int], optional): computed layers; all by default. bertviz numbers
                     them 0, 1, … in this order.
@@ -101,7 +101,7 @@ def to_inseq(
     ``.show()`` renders one heatmap per scope; ``info["scopes"]`` gives their order.
 
     Args:
-        maps (TextMaps): from :func:`captum_ffb.text.text_maps`.
+        maps (TextMaps): from :func:`captum_ffb.texts.text.text_maps`.
         layer (int): a computed layer.
         scopes (str or list[str], optional): scopes to export; all by default.
 
@@ -153,7 +153,7 @@ def to_captum(maps: TextMaps, layer: int, scope: str | None = None) -> Any:
     ``result.plot_seq_attr()`` draw them.
 
     Args:
-        maps (TextMaps): from :func:`captum_ffb.text.text_maps`.
+        maps (TextMaps): from :func:`captum_ffb.texts.text.text_maps`.
         layer (int): a computed layer.
         scope (str, optional): the scope; the last one (the whole layer) by default.
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from captum_ffb.text import TextMaps
+from captum_ffb.texts.text import TextMaps
 from captum_ffb.viz._common import (
     cpu_view,
     display_tokens,
@@ -28,7 +28,8 @@ NORMALIZATIONS = ("none", "row", "column", "exclude-special")
 
 
 @functools.lru_cache(maxsize=1)
-def _figure_class() -> type:
+def figure_class() -> type:
+    """The matplotlib ``Figure`` subclass of the views: it shows as a PNG in notebooks."""
     from matplotlib.figure import Figure
 
     class MapsFigure(Figure):
@@ -44,7 +45,8 @@ def _figure_class() -> type:
     return MapsFigure
 
 
-def _require_matplotlib() -> None:
+def require_matplotlib() -> None:
+    """Raise ``ImportError`` with the install hint when matplotlib is missing."""
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:  # pragma: no cover - depends on the environment
@@ -84,7 +86,7 @@ def plot_maps(
     diverging colormap centred on zero, as in Figs. 4, 9 and 10 of Kobayashi et al. (2024).
 
     Args:
-        maps (TextMaps or dict): from :func:`captum_ffb.text.text_maps`, or a single layer's
+        maps (TextMaps or dict): from :func:`captum_ffb.texts.text.text_maps`, or a single layer's
                     ``scope → (n, n)`` maps (then ``tokens`` is required).
         layer (int or list[int], optional): computed layer(s) to draw; all by default.
         scopes (str or list[str], optional): scopes to draw; all by default.
@@ -109,8 +111,8 @@ def plot_maps(
     Returns:
         matplotlib.figure.Figure
     """
-    _require_matplotlib()
-    Figure = _figure_class()
+    require_matplotlib()
+    Figure = figure_class()
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     rows, labels, default_title, scope_names, pair = _rows(maps, layer, scopes, tokens, ff_pair)
@@ -132,6 +134,16 @@ def plot_maps(
     font = max(3.0, min(9.0, 26.0 * size / max(n, 1)))
     # an encoder–decoder's decoder layers: only the target's rows (the last ones) hold values
     shown = maps.rows if isinstance(maps, TextMaps) else slice(None)
+    _draw_panels(fig, axes, panels, rows, labels, shown, font, normalize, cmap, amp_cmap, pair)
+    _label_axes(axes, len(panels), ncols)
+    fig.suptitle(_heading(title, default_title, normalize), fontsize=11)
+    return fig
+
+
+def _draw_panels(fig: Figure, axes: Sequence[Axes], panels: list[tuple[int, str]],
+                 rows: list[tuple[str, Mapping[str, Tensor]]], labels: list[str], shown: Any,
+                 font: float, normalize: str, cmap: str, amp_cmap: str, pair: tuple | None) -> None:
+    """One heatmap per panel: a scope's (normalised) map, or the FF-amp map (scope ``""``)."""
     for ax, (index, scope) in zip(axes, panels):
         row_label, scope_maps = rows[index]
         if scope:
@@ -145,21 +157,28 @@ def plot_maps(
             _heatmap(fig, ax, amp[shown], labels, font, amp_cmap, vmin=-bound, vmax=bound,
                      row_labels=labels[shown])
             ax.set_title(f"{row_label}FF-amp ({pair[1]} − {pair[0]})", fontsize=10)
+
+
+def _label_axes(axes: Sequence[Axes], panels: int, ncols: int) -> None:
+    """Axis labels on the first column and the bottom row; the unused axes hidden."""
     for k, ax in enumerate(axes):
-        if k >= len(panels):
+        if k >= panels:
             ax.set_visible(False)
             continue
         if k % ncols == 0:
             ax.set_ylabel("output token i")
-        if k + ncols >= len(panels):
+        if k + ncols >= panels:
             ax.set_xlabel("input token j")
+
+
+def _heading(title: str | None, default_title: str, normalize: str) -> str:
+    """The figure's title: ``title``, or the default one with a line on what the colours are."""
     heading = title if title is not None else default_title
     if normalize == "exclude-special" and title is None:
         heading += "\ncolours: ‖F_i(x_j)‖ on a scale set without the first and special tokens (they go past it)"
     elif normalize in ("row", "column") and title is None:
         heading += f"\ncolours: each {normalize} sums to 1"
-    fig.suptitle(heading, fontsize=11)
-    return fig
+    return heading
 
 
 def special_positions(labels: Sequence[str]) -> list[int]:

@@ -1,4 +1,4 @@
-r"""Views of an :class:`~captum_ffb.attr.AttributionGraph`: an offline HTML page and the
+r"""Views of an :class:`~captum_ffb.graph.record.AttributionGraph`: an offline HTML page and the
 JSON that circuit-tracer's frontend and Neuronpedia's graph viewer read.
 
 The page (:func:`graph_html`) draws the kept graph as SVG, fitted to the window beside a fixed
@@ -11,7 +11,7 @@ the bias at the left. A node's area grows with ``|value|`` (or ``|patch estimate
 toggle); nodes and edges are red where positive and blue where negative (the package's one
 colour scale), edges thicker where larger. Hovering shows a node's card, clicking lists its
 in- and out-edges and, for a head, the writer pairs that made its score at the positions it
-attends most (:meth:`~captum_ffb.attr.AttributionGraph.query_key_pairs`); shift-click pins,
+attends most (:meth:`~captum_ffb.graph.record.AttributionGraph.query_key_pairs`); shift-click pins,
 and the pinned nodes can be shown alone or grouped into a named supernode whose edges are
 its members' summed. Sliders re-prune the nodes (by influence) and edges (by ``|weight|``) in
 the page; a search box finds nodes by id or token; wheel, drag and buttons zoom, pan and fit.
@@ -36,8 +36,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from captum_ffb.attr.graph import MAX_DICT_LINKS
-from captum_ffb.outputs import write_json, write_text
+from captum_ffb.graph.record import MAX_DICT_LINKS
+from captum_ffb.io.files import write_json, write_text
 from captum_ffb.viz._common import COLOUR_JS, cpu_view, display_token, display_tokens, escape, page
 from captum_ffb.viz._graph_page import BODY, SCRIPT, STYLE
 
@@ -59,7 +59,7 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
         graph (AttributionGraph): the graph (pruned or not).
         title (str, optional): the page's title (default: what is explained).
         query_key (dict, optional): head node id → its query–key pairs
-                    (:meth:`~captum_ffb.attr.AttributionGraph.query_key_pairs`; computed
+                    (:meth:`~captum_ffb.graph.record.AttributionGraph.query_key_pairs`; computed
                     here for the largest heads when ``None`` and the graph can split scores).
 
     Returns:
@@ -87,7 +87,7 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
 
 
 def _query_key(graph: Any) -> dict[str, Any]:
-    if graph.scorer is None or graph.granularity != "head":
+    if getattr(graph, "scorer", None) is None or graph.granularity != "head":
         return {}
     try:
         return graph.query_key_pairs()
@@ -125,7 +125,7 @@ def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", s
         token_ids (list[int], optional): the input's token ids (in the tokens' node ids;
                     the graph's own by default).
         max_links (int, optional): refuse more kept links than this, as
-                    :meth:`~captum_ffb.attr.AttributionGraph.to_dict` does.
+                    :meth:`~captum_ffb.graph.record.AttributionGraph.to_dict` does.
 
     Returns:
         dict: ``{"metadata", "qParams", "nodes", "links"}``.

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from captum_ffb.outputs import write_text
-from captum_ffb.text import TextMaps
+from captum_ffb.io.files import write_text
+from captum_ffb.texts.text import TextMaps
 from captum_ffb.viz._assets import CSS, JS
 from captum_ffb.viz._common import (
     COLOUR_JS,
@@ -100,7 +100,7 @@ def html_view(
     state is kept in the URL fragment, e.g. ``view.html#layer=3&scope=AtbFf&overlay=1``.
 
     Args:
-        maps (TextMaps): from :func:`captum_ffb.text.text_maps`.
+        maps (TextMaps): from :func:`captum_ffb.texts.text.text_maps`.
         title (str, optional): the page title; the model name by default.
         layer (int, optional): the layer shown first; the first computed layer by default.
         scope (str, optional): the scope shown first (or ``"FF-amp"``); the last one (the
@@ -150,7 +150,7 @@ def save_html(maps: TextMaps, path: str | os.PathLike, **kwargs: Any) -> Path:
     r"""Write :func:`html_view` to ``path`` (folders are created) and return the path.
 
     Args:
-        maps (TextMaps): from :func:`captum_ffb.text.text_maps`.
+        maps (TextMaps): from :func:`captum_ffb.texts.text.text_maps`.
         path (str or PathLike): the file to write.
         **kwargs: passed to :func:`html_view` (``title``, ``layer``, ``scope``).
     """
@@ -163,7 +163,7 @@ def show_html(maps: TextMaps, height: int = 760, **kwargs: Any) -> Any:
     r"""Show :func:`html_view` inside a notebook (in an isolated ``<iframe>``).
 
     Args:
-        maps (TextMaps): from :func:`captum_ffb.text.text_maps`.
+        maps (TextMaps): from :func:`captum_ffb.texts.text.text_maps`.
         height (int): the frame height in pixels.
         **kwargs: passed to :func:`html_view`.
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from captum_ffb.results import ExplainedOutput as Seq2SeqExplanation
+from captum_ffb.explained.results import ExplainedOutput as Seq2SeqExplanation
 from captum_ffb.viz._common import cpu_view, css, diverging, escape, ink, page
-from captum_ffb.viz.figures import _figure_class, _require_matplotlib
+from captum_ffb.viz.figures import figure_class, require_matplotlib
 
 
 @cpu_view
@@ -28,7 +28,7 @@ def plot_seq2seq(explanation: Seq2SeqExplanation, source_tokens: Sequence[str],
     """
     import torch
 
-    _require_matplotlib()
+    require_matplotlib()
     if not isinstance(explanation, Seq2SeqExplanation):
         raise TypeError(f"expected a Seq2SeqExplanation, got {type(explanation).__name__}")
     steps, n_source = explanation.source.shape
@@ -39,7 +39,7 @@ def plot_seq2seq(explanation: Seq2SeqExplanation, source_tokens: Sequence[str],
     bound = float(matrix.nan_to_num(0).abs().max()) or 1.0
     labels = list(source_tokens) + [""] + list(prefix_tokens)
     width = max(4.0, 0.32 * len(labels) + 2.5)
-    figure = _figure_class()(figsize=(width, max(2.2, 0.32 * steps + 1.6)))
+    figure = figure_class()(figsize=(width, max(2.2, 0.32 * steps + 1.6)))
     ax = figure.add_subplot(1, 1, 1)
     image = ax.imshow(matrix.numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound, aspect="auto",
                       interpolation="nearest")

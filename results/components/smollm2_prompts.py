@@ -25,8 +25,8 @@ PROMPTS = [
 
 def main() -> None:
     from captum_ffb import NormDecomposition
-    from captum_ffb.models import load_model, smollm2_dir
-    from captum_ffb.text import display_tokens
+    from captum_ffb.explained.models import load_model, smollm2_dir
+    from captum_ffb.texts.text import display_tokens
 
     loaded = load_model(smollm2_dir(required=True), causal_lm=True, show_progress=False)
     model, tokenizer = loaded.model, loaded.tokenizer

@@ -20,8 +20,8 @@ from captum_ffb.attr import NormDecomposition
 from captum_ffb.evaluation.copy_task import copy_task
 from captum_ffb.evaluation.perturbation import rank_positions
 from captum_ffb.explain import first_token_share
-from captum_ffb.models import load_model, smollm2_dir
-from captum_ffb.outputs import write_json, write_text
+from captum_ffb.explained.models import load_model, smollm2_dir
+from captum_ffb.io.files import write_json, write_text
 from captum_ffb.rules import Attention, AttnLRPAttention, IGAttention, attnlrp_rules
 
 HERE = Path(__file__).resolve().parent

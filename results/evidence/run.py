@@ -18,7 +18,7 @@ import torch
 
 from captum_ffb.evaluation.evidence import evaluate_evidence
 from captum_ffb.evaluation.peers import attnlrp_available
-from captum_ffb.models import smollm2_dir
+from captum_ffb.explained.models import smollm2_dir
 
 HERE = Path(__file__).resolve().parent
 #: every rule × reference the default was chosen among, the peers and the controls

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from captum_ffb import NormDecomposition
-from captum_ffb.corpus import read_texts
-from captum_ffb.models import load_model, smollm2_dir
+from captum_ffb.explained.models import load_model, smollm2_dir
 from captum_ffb.rules import Attention, AttnLRPAttention, CompleteAttnLRPAttention, IGAttention
+from captum_ffb.texts.corpus import read_texts
 
 HERE = Path(__file__).resolve().parent
 RULES = {

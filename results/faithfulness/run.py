@@ -16,7 +16,7 @@ from pathlib import Path
 
 from captum_ffb.evaluation.evaluate import evaluate
 from captum_ffb.evaluation.methods import option_items
-from captum_ffb.models import smollm2_dir
+from captum_ffb.explained.models import smollm2_dir
 
 HERE = Path(__file__).resolve().parent
 N = 300

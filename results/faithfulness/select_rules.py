@@ -16,8 +16,8 @@ from pathlib import Path
 
 from captum_ffb.evaluation.data import rotten_tomatoes_split
 from captum_ffb.evaluation.evaluate import evaluate
-from captum_ffb.models import smollm2_dir
-from captum_ffb.outputs import write_text
+from captum_ffb.explained.models import smollm2_dir
+from captum_ffb.io.files import write_text
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "selection"

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from captum_ffb.evaluation.report import markdown_table, scheme_text
-from captum_ffb.outputs import write_text
+from captum_ffb.io.files import write_text
 
 HERE = Path(__file__).resolve().parent
 TASKS = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment", "smollm2-next-token-0.3",

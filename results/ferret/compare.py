@@ -189,13 +189,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from captum_ffb.evaluation.data import evaluation_examples
     from captum_ffb.evaluation.evaluate import evaluate
+    from captum_ffb.explained.models import load_model
     from captum_ffb.integrations.ferret import (
         BenchmarkRun,
         NormDecompositionExplainer,
         benchmark_texts,
         minilm_sentiment_classifier,
     )
-    from captum_ffb.models import load_model
 
     # 1. ours
     ours = evaluate(None, "sentiment", "rotten_tomatoes", methods=list(PAIRS), protocols="all",

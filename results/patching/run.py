@@ -203,7 +203,7 @@ def task_prompts(nd, tokenizer, task: str, count: int) -> list[dict]:
 # --------------------------------------------------------------------------- one prompt
 def component_sums(graph, values: torch.Tensor, kinds=("head", "attention", "ff")) -> dict[str, float]:
     """Per-node values summed over positions, by component id."""
-    from captum_ffb.vocabulary import component_of
+    from captum_ffb.core.vocabulary import component_of
 
     d = graph.data
     sums: dict[str, float] = {}
@@ -215,7 +215,7 @@ def component_sums(graph, values: torch.Tensor, kinds=("head", "attention", "ff"
 
 
 def component_max(graph, values: torch.Tensor) -> dict[str, float]:
-    from captum_ffb.vocabulary import component_of
+    from captum_ffb.core.vocabulary import component_of
 
     d = graph.data
     found: dict[str, float] = {}
@@ -247,7 +247,7 @@ def graph_estimates(graph) -> tuple[dict[str, dict[str, float]], dict[str, int]]
 
 def _patch_sizes(nd, request, corrupted, graph) -> torch.Tensor:
     """Each node's ‖write − write_corrupted‖ (a head's slice before W_O)."""
-    from captum_ffb.engine.patching import real_writers
+    from captum_ffb.patching.patches import real_writers
 
     engine, target = nd.engine, request.target
     granularity = graph.granularity
@@ -266,7 +266,7 @@ def _patch_sizes(nd, request, corrupted, graph) -> torch.Tensor:
 
 def one_prompt(nd, prompt: dict) -> dict:
     from captum_ffb import Contrast, activation_patching
-    from captum_ffb.engine.patching import ESTIMATORS
+    from captum_ffb.patching.patches import ESTIMATORS
 
     ids, corrupted = torch.tensor([prompt["ids"]]), torch.tensor([prompt["corrupted_ids"]])
     target = Contrast(prompt["good"], prompt["bad"])
@@ -304,7 +304,7 @@ def one_prompt(nd, prompt: dict) -> dict:
 
 def edge_check(nd, prompt: dict, count: int, seed: int) -> dict:
     from captum_ffb import Contrast
-    from captum_ffb.engine.patching import EDGE_ESTIMATORS
+    from captum_ffb.patching.patches import EDGE_ESTIMATORS
 
     ids, corrupted = torch.tensor([prompt["ids"]]), torch.tensor([prompt["corrupted_ids"]])
     start = time.perf_counter()
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = float(saved.get("seconds", 0.0))
     if not args.report_only:
         from captum_ffb import NormDecomposition
-        from captum_ffb.models import load_model, smollm2_dir
+        from captum_ffb.explained.models import load_model, smollm2_dir
 
         loaded = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm")
         nd = NormDecomposition(loaded.model)
@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(saved: dict, tasks: list[str], args) -> None:
-    from captum_ffb.engine.patching import (
+    from captum_ffb.patching.patches import (
         DEFAULT_EDGE_ESTIMATOR,
         DEFAULT_ESTIMATOR,
         EDGE_ESTIMATORS,
@@ -664,7 +664,7 @@ def goal_lines(heldout: dict[str, list[dict]], everyone_held: list[dict], tasks:
 
 def summary_lines(selection, heldout, everyone_held, tasks, chosen, costs, edge_held, edge_choice, goal, bests
                   ) -> list[str]:
-    from captum_ffb.engine.patching import EDGE_ESTIMATORS
+    from captum_ffb.patching.patches import EDGE_ESTIMATORS
 
     names = ["frozen", "atp", "relp", "eap-ig", "atp*", chosen, *bests]
     names = list(dict.fromkeys(names))

@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{name}: {len(part)} snippets, {part.positive_rate:.1%} positive")
     if args.prompts <= 0:
         return 0
-    from captum_ffb.models import load_model, smollm2_dir
+    from captum_ffb.explained.models import load_model, smollm2_dir
 
     loaded = load_model(smollm2_dir(required=True), causal_lm=True)
     n = args.prompts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from captum_ffb.models import LoadedModel
+from captum_ffb.explained.models import LoadedModel
 from tests.models import corpus_tokenizer, tiny_loaded
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from captum_ffb.analysis import AnalysisConfig, analyze_corpus, load_corpus
-from captum_ffb.models import load_model
+from captum_ffb.explained.models import load_model
 
 
 @pytest.mark.real_weights

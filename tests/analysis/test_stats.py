@@ -145,7 +145,7 @@ def test_pair_pmi_by_hand():
 
 
 def test_mean_sem_by_hand_and_with_non_finite_values():
-    from captum_ffb.stats import mean_sem
+    from captum_ffb.texts.stats import mean_sem
 
     mean, sem = mean_sem([1.0, 2.0, 3.0, 6.0])  # s² = (4 + 1 + 0 + 9) / 3
     assert mean == 3.0 and sem == pytest.approx(math.sqrt(14 / 3) / 2)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from captum_ffb import NormDecomposition, versions
+from captum_ffb import NormDecomposition
 from captum_ffb.architectures import get_architecture
+from captum_ffb.core import versions
+from captum_ffb.core.versions import UnsupportedVersionError
 from captum_ffb.engine.model import find_blocks
-from captum_ffb.versions import UnsupportedVersionError
 from tests.models import TINY_MODELS, tiny_task_model, token_ids
 
 

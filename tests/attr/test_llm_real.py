@@ -9,7 +9,7 @@ from captum.attr import TextTemplateInput, TextTokenInput
 
 from captum_ffb import NormDecomposition
 from captum_ffb.attr import LLMNormAttribution
-from captum_ffb.models import SMOLLM2_INSTALL, load_model, smollm2_dir
+from captum_ffb.explained.models import SMOLLM2_INSTALL, load_model, smollm2_dir
 
 pytestmark = pytest.mark.real_weights
 

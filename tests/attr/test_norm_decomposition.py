@@ -8,7 +8,7 @@ import torch
 from captum.attr import Attribution
 
 from captum_ffb import Contrast, Direction, LayerNormDecomposition, NormDecomposition
-from captum_ffb.readouts import ClassLogit, NextToken
+from captum_ffb.explained.readouts import ClassLogit, NextToken
 from captum_ffb.rules import Attention, NoTokenActivation, NoTokenGatedActivation, ShapleyActivation
 from tests.models import TINY_MODELS, padded_pair, tiny_task_model, token_ids
 
@@ -278,7 +278,7 @@ def test_one_block_at_a_time_and_player_parts_add_up(name):
     ids = token_ids()
     whole, bias = NormDecomposition(model).attribute(ids, target=1, route="forward", return_bias=True)
     light = NormDecomposition(model, memory_budget=4_000)
-    assert light.engine._light(ids)
+    assert light.engine.is_light(ids)
     streamed, streamed_bias = light.attribute(ids, target=1, route="forward", return_bias=True)
     torch.testing.assert_close(streamed, whole, atol=1e-6, rtol=1e-5)
     first, first_bias = light.attribute(ids, target=1, route="forward", players=[0, 2, 4, 6, 8],

@@ -7,7 +7,7 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.evaluation.minilm_head import load_minilm_sentiment_head, minilm_sentiment_logit
-from captum_ffb.models import load_model
+from captum_ffb.explained.models import load_model
 
 pytestmark = pytest.mark.real_weights
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import captum_ffb.models
+import captum_ffb.explained.models
 
 
 def _refuse(*args, **kwargs):
@@ -15,11 +15,11 @@ def _refuse(*args, **kwargs):
 def no_weights(monkeypatch):
     """Loading weights becomes an error that is no user error (it would end in a traceback),
     so a test shows that a check comes before the weights load."""
-    monkeypatch.setattr(captum_ffb.models, "load_model", _refuse)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", _refuse)
 
 
 @pytest.fixture()
 def no_model(monkeypatch):
     """As :func:`no_weights`, and reading the model's configuration is refused too."""
-    monkeypatch.setattr(captum_ffb.models, "model_config", _refuse)
-    monkeypatch.setattr(captum_ffb.models, "load_model", _refuse)
+    monkeypatch.setattr(captum_ffb.explained.models, "model_config", _refuse)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", _refuse)

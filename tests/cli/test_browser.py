@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from captum_ffb.cli import main
-from captum_ffb.text import ff_amplification
+from captum_ffb.texts.text import ff_amplification
 from tests.models import save_tiny
 
 pytestmark = pytest.mark.browser

@@ -12,7 +12,7 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.cli import main
-from captum_ffb.models import load_model
+from captum_ffb.explained.models import load_model
 from tests.models import load_saved, save_tiny_lm
 
 TEXT = "the cat sat on the mat because"
@@ -294,7 +294,7 @@ def test_corpus_mode_errors(lm_dir, base_dir, tmp_path, capsys):
 
 
 def test_the_device_is_checked_before_the_model_loads(lm_dir, tmp_path, capsys, monkeypatch):
-    import captum_ffb.models
+    import captum_ffb.explained.models
 
     def never(*args, **kwargs):
         raise AssertionError("the model loaded before the device was checked")
@@ -303,7 +303,7 @@ def test_the_device_is_checked_before_the_model_loads(lm_dir, tmp_path, capsys, 
     corpus.write_text("the cat\na dog\n")
     argv = ["--data", str(corpus), "--model", str(lm_dir), "--out", str(tmp_path / "o"), "--quiet"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", never)
     assert _error(capsys, [*argv, "--device", "cuda"]) == (
         "captum-ffb: error: cannot use device 'cuda': no cuda device is available")
     assert _error(capsys, [TEXT, "--model", str(lm_dir), "--device", "cuda:0"]) == (

@@ -10,7 +10,7 @@ import torch
 
 from captum_ffb.cli import main
 from captum_ffb.explain import explain_text
-from captum_ffb.readouts import BinaryDirection
+from captum_ffb.explained.readouts import BinaryDirection
 from tests.models import load_saved
 
 TEXT = "the cat sat on the mat because"
@@ -114,6 +114,6 @@ def test_command_line_refusals_come_before_the_weights(lm_dir, base_dir, tmp_pat
 
 def test_granularities_match_the_engine():
     from captum_ffb.cli.explain import GRANULARITIES
-    from captum_ffb.vocabulary import FEATURE_GRANULARITIES
+    from captum_ffb.core.vocabulary import FEATURE_GRANULARITIES
 
     assert GRANULARITIES == FEATURE_GRANULARITIES["components"]

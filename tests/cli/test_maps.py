@@ -6,8 +6,8 @@ import torch
 from captum_ffb import supported_architectures
 from captum_ffb.cli import main
 from captum_ffb.cli._options import parse_formats, parse_layers, parse_scopes
-from captum_ffb.models import load_model
-from captum_ffb.text import text_maps
+from captum_ffb.explained.models import load_model
+from captum_ffb.texts.text import text_maps
 from tests.models import WORDS, save_tiny
 
 TEXT = "she loves math rather than engaging in"

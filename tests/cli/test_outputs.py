@@ -11,10 +11,10 @@ import stat
 
 import pytest
 
-import captum_ffb.models
-import captum_ffb.outputs
+import captum_ffb.explained.models
+import captum_ffb.io.files
 from captum_ffb.cli import main
-from captum_ffb.outputs import atomic_open, check_out_dir, to_json, write_json
+from captum_ffb.io.files import atomic_open, check_out_dir, to_json, write_json
 from tests.models import save_tiny, save_tiny_seq2seq, tiny_task_model, wordpiece_tokenizer
 
 TEXT = "the cat sat on the mat ."
@@ -96,7 +96,7 @@ def test_out_that_cannot_be_written(command, models, tmp_path, one_line, no_mode
     def denied(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
 
-    monkeypatch.setattr(captum_ffb.outputs, "_try_writing", denied)
+    monkeypatch.setattr(captum_ffb.io.files, "_try_writing", denied)
     out = tmp_path / "out"
     out.mkdir()
     assert one_line(_argv(command, models, out)) == (
@@ -206,7 +206,7 @@ def test_atomic_writes(tmp_path):
 
 # --------------------------------------------------------------------------- output sets (issue 45)
 def test_an_output_set_moves_in_whole_or_not_at_all(tmp_path):
-    from captum_ffb.outputs import OutputError, output_set, write_text
+    from captum_ffb.io.files import OutputError, output_set, write_text
 
     out = tmp_path / "out"
     with output_set(out) as files:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import captum_ffb.models
+import captum_ffb.explained.models
 from captum_ffb.cli import build_parser, main
 from captum_ffb.cli._options import SHARED, deprecation_warnings, parse_scopes
 from tests.models import CORPUS_LINES, corpus_tokenizer, save_tiny, save_tiny_lm
@@ -76,13 +76,13 @@ def corpus(tmp_path):
 def loads(monkeypatch):
     """The models the command lines load (``load_model`` spied on)."""
     loaded = []
-    original = captum_ffb.models.load_model
+    original = captum_ffb.explained.models.load_model
 
     def spy(*args, **kwargs):
         loaded.append(original(*args, **kwargs))
         return loaded[-1]
 
-    monkeypatch.setattr(captum_ffb.models, "load_model", spy)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", spy)
     return loaded
 
 
@@ -118,7 +118,7 @@ def test_help_lists_the_shared_options_with_one_text(command, capsys):
 
 
 def test_dtype_choices_are_the_loaders():
-    assert SHARED["dtype"][1]["choices"] == captum_ffb.models.DTYPES
+    assert SHARED["dtype"][1]["choices"] == captum_ffb.explained.models.DTYPES
 
 
 def test_every_default_output_folder_is_named_after_its_command_and_ignored_by_git():

@@ -152,19 +152,19 @@ def test_compare_options_fail_before_the_weights_load(bert_dir, tmp_path, one_li
 
 
 def test_internal_errors_keep_their_traceback(bert_dir, tmp_path, one_line, monkeypatch):
-    import captum_ffb.text
+    import captum_ffb.texts.text
 
     def broken(*args, **kwargs):
         raise TypeError("an internal bug")
 
-    monkeypatch.setattr(captum_ffb.text, "text_maps", broken)
+    monkeypatch.setattr(captum_ffb.texts.text, "text_maps", broken)
     with pytest.raises(TypeError, match="an internal bug"):
         main(["maps", TEXT, "--model", str(bert_dir), "--out", str(tmp_path / "o"), "--quiet"])
 
     def mistake(*args, **kwargs):
         raise UsageError("a user mistake")
 
-    monkeypatch.setattr(captum_ffb.text, "text_maps", mistake)
+    monkeypatch.setattr(captum_ffb.texts.text, "text_maps", mistake)
     argv = ["maps", TEXT, "--model", str(bert_dir), "--out", str(tmp_path / "o"), "--quiet"]
     assert one_line(argv) == "a user mistake"
     assert issubclass(UsageError, ValueError)

@@ -9,7 +9,7 @@ import torch
 
 from captum_ffb import LayerNormDecomposition, NormDecomposition
 from captum_ffb.cli import main
-from captum_ffb.text import text_maps
+from captum_ffb.texts.text import text_maps
 from tests.models import load_saved, save_tiny_seq2seq
 
 SOURCE = "the cat sat on the mat"

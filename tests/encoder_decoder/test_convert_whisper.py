@@ -78,7 +78,7 @@ def ct2_variables(model) -> dict[str, np.ndarray]:
 def test_a_wav_file_is_read_as_mono_16_khz(tmp_path):
     import wave
 
-    from captum_ffb.corpus import read_wav
+    from captum_ffb.texts.corpus import read_wav
 
     t = np.arange(8000) / 8000  # one second at 8 kHz, stereo: a 440 Hz tone and silence
     left = (0.5 * np.sin(2 * np.pi * 440 * t) * 32767).astype(np.int16)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from captum_ffb import LayerNormDecomposition, NormDecomposition, activation_patching
-from captum_ffb.context import context_attribution
+from captum_ffb.long_context.attribution import context_attribution
 from tests.models import TINY_SEQ2SEQ, seq2seq_inputs, split_source, tiny_task_model, token_ids
 
 
@@ -126,7 +126,7 @@ def test_an_encoder_decoder(name):
 def test_every_subcommand_keeps_its_tensors_on_the_models_device(command, tmp_path, monkeypatch):
     """The command line's subcommands with the default device ``meta`` once the model is loaded
     (on the cpu): what ``--device cuda`` needs."""
-    import captum_ffb.models as models
+    import captum_ffb.explained.models as models
     from captum_ffb.cli import main
     from tests.models import save_tiny_lm
 

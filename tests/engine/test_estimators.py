@@ -1,4 +1,4 @@
-"""The patching estimators (``engine/estimators.py``, ``engine/patching.py``), each checked where
+"""The patching estimators (``patching/estimators/``, ``patching/patches.py``), each checked where
 it is exact, on tiny random models in double precision:
 
 * attribution patching (``atp``) and AtP's QK fix (``atp+qk``) become the real patch effect as
@@ -11,7 +11,7 @@ it is exact, on tiny random models in double precision:
 * EAP-IG with one step is attribution patching, and with many steps its input-embedding
   gradients integrate to the whole change of the output (completeness);
 * RelP's attention derivative is the attention's own, and with the AH-rule on an element-wise
-  activation it is the frozen estimator (exact for the frozen model: ``tests/attr/test_graph.py``);
+  activation it is the frozen estimator (exact for the frozen model: ``tests/graph/test_graph.py``);
 * path patching does what it says (by hand), and the frozen edge estimates are the graph's edge
   weights when the patch is the write itself.
 """
@@ -25,9 +25,13 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
-from captum_ffb.engine import estimators as E
+from captum_ffb.engine.autograd import sequence_shaped, swap_first
 from captum_ffb.engine.passes import ModelPass
-from captum_ffb.engine.patching import (
+from captum_ffb.engine.tape import covectors
+from captum_ffb.patching import estimators as E
+from captum_ffb.patching.estimators import atpstar
+from captum_ffb.patching.estimators import recorded as recorded_passes
+from captum_ffb.patching.patches import (
     COMPUTED,
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
@@ -66,18 +70,18 @@ def _scaled(diff: E.Differences, eps: float) -> E.Differences:
 
 def _partial_patches(nd, clean: E.Recorded, diff: E.Differences, eps: float) -> tuple[list[str], list[Patch]]:
     """Every head and FF block patched by the share ``eps`` of its difference, at every position."""
-    writers = {w.id: w for w in E._read_writers(nd.engine)}
+    writers = {w.id: w for w in nd.engine.points.read_stack()}
     names, patches = [], []
     for recorded in clean.tape.writers:
-        writer = writers[recorded.key]
+        writer = writers[recorded.id]
         if recorded.parts is None:
-            value = E._seq(recorded.output.detach(), recorded.n) - eps * diff.outputs[recorded.key][None]
-            names.append(recorded.key)
+            value = sequence_shaped(recorded.output.detach(), recorded.n) - eps * diff.outputs[recorded.id][None]
+            names.append(recorded.id)
             patches.append(Patch(writer.module, value))
         else:
-            parts = recorded.parts.detach() - eps * diff.parts[recorded.key][None]
+            parts = recorded.parts.detach() - eps * diff.parts[recorded.id][None]
             for h in range(parts.shape[2]):
-                names.append(f"{recorded.key}.head.{h}")
+                names.append(f"{recorded.id}.head.{h}")
                 patches.append(Patch(writer.parts, parts[:, :, h], h, parts.shape[2]))
     return names, patches
 
@@ -127,19 +131,19 @@ def test_the_qk_fix_recomputes_the_attention_the_model_computes():
     n, d = probe.stream.shape[1:]
     delta = torch.randn(2, n, d, dtype=torch.float64) * 0.5
     g = torch.randn(2, *probe.weights.shape[1:], dtype=torch.float64)
-    fix_all, fix_each = E._qk_fix(probe, delta, g, chunk=1)
-    writers = [w for w in E._read_writers(engine) if w.layer == probe.layer]
+    fix_all, fix_each = atpstar._qk_fix(probe, delta, g, chunk=1)
+    writers = [w for w in engine.points.read_stack() if w.layer == probe.layer]
 
     def probabilities(add: torch.Tensor) -> torch.Tensor:
         store: dict = {}
         with ModelPass(engine.model) as run:
             run.before(probe.read, lambda module, args: (args[0] + add,))
-            E._install_probes(run, engine, writers, store)
-            token = E._probed.set(store)
+            recorded_passes._install_probes(run, engine, writers, store)
+            token = recorded_passes._probed.set(store)
             try:
                 run.run(*request.args, **request.kwargs)
             finally:
-                E._probed.reset(token)
+                recorded_passes._probed.reset(token)
         return store[id(probe.module)]["weights"][0].double()
 
     alpha, eps = probabilities(torch.zeros(1, n, d, dtype=torch.float64)), 1e-3
@@ -169,10 +173,10 @@ def test_graddrop_gradients_are_those_with_a_blocks_writes_detached_and_atp_star
         def start(module, args, kwargs):
             x = (args[0] if args else kwargs["hidden_states"]).detach().requires_grad_(True)
             leaf["x"] = x
-            return E._swap_first(args, kwargs, x)
+            return swap_first(args, kwargs, x)
 
         run.before(engine.blocks[0], start, with_kwargs=True)
-        for writer in E._read_writers(engine):
+        for writer in engine.points.read_stack():
             def keep(module, args, output, writer=writer):
                 out = output[0] if isinstance(output, tuple) else output
                 kept[writer.id] = out
@@ -186,7 +190,7 @@ def test_graddrop_gradients_are_those_with_a_blocks_writes_detached_and_atp_star
         grads = torch.autograd.grad(value.sum(), list(kept.values()), allow_unused=True)
     for (key, out), g in zip(kept.items(), grads):
         expected = torch.zeros_like(out) if g is None else g
-        assert dropped[key] == pytest.approx(E._seq(expected, out.shape[-2])[0].detach(), rel=1e-6, abs=1e-9), key
+        assert dropped[key] == pytest.approx(sequence_shaped(expected, out.shape[-2])[0].detach(), rel=1e-6, abs=1e-9), key
     # two blocks: GradDrop averages over L − 1 = 1 block; block 1's components keep the fixed AtP, block 0's the
     # estimate with block 1 dropped (whose probabilities then get no gradient: no QK fix)
     star = E.atp_star(engine, clean, diff)
@@ -268,8 +272,8 @@ def test_path_patching_by_hand(llama):
     found = path_patching(engine, request, other, links, "head", batch_size=3)
     value = float(clean.value.detach()[0])
     block1 = engine.blocks[1]
-    parts = {w.key: w.parts.detach() for w in clean.tape.writers if w.parts is not None}
-    ff_out = {w.key: w.output.detach() for w in clean.tape.writers}
+    parts = {w.id: w.parts.detach() for w in clean.tape.writers if w.parts is not None}
+    ff_out = {w.id: w.output.detach() for w in clean.tape.writers}
     from captum_ffb.engine.head import target_value
 
     def run(hooks):
@@ -348,14 +352,14 @@ def test_frozen_edge_estimates_are_the_graphs_edge_weights_for_the_write_itself(
     nd, ids, _, request, other = llama
     graph = nd.attribute_graph(ids, 5, granularity="head", prune=False)
     clean, _, diff = _runs(nd, request, other)
-    writes = {w.key: E._seq(w.output.detach(), w.n)[0] for w in clean.tape.writers}
-    heads = {w.key: clean.tape.part_outputs(k) for k, w in enumerate(clean.tape.writers) if w.parts is not None}
+    writes = {w.id: sequence_shaped(w.output.detach(), w.n)[0] for w in clean.tape.writers}
+    heads = {w.id: clean.tape.part_outputs(k) for k, w in enumerate(clean.tape.writers) if w.parts is not None}
     itself = replace(diff, outputs=writes, writes=heads)
     d = graph.data
     chosen = [e for e in range(len(d.weights)) if d.kinds[int(d.sources[e])] in ("head", "ff")]
     links = [E.link_of(d.kinds, d.layers, d.heads, d.positions, int(d.sources[e]), int(d.targets[e])) for e in chosen]
     tape = E.record(nd.engine, request, "head", rules=nd.engine.rules(), reads=True).tape
-    values = E._edge_values(tape, E.covectors(tape), itself, links)
+    values = E.link_values(tape, covectors(tape), itself, links)
     assert values == pytest.approx(d.weights[chosen].double(), rel=1e-6, abs=1e-9)
 
 

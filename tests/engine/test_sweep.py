@@ -67,8 +67,8 @@ def test_component_tables_are_the_same_whatever_the_sweeps_carry(name, granulari
     wide = NormDecomposition(model).attribute_components(ids, target=target, granularity=granularity,
                                                          route="backward")
     narrow_engine = NormDecomposition(model, memory_budget=1)
-    assert narrow_engine.engine._sweep_limit(torch.zeros(1, 8, 32)) == 1
-    assert narrow_engine.engine._light(ids) and not NormDecomposition(model).engine._light(ids)
+    assert narrow_engine.engine.sweep_limit(torch.zeros(1, 8, 32)) == 1
+    assert narrow_engine.engine.is_light(ids) and not NormDecomposition(model).engine.is_light(ids)
     narrow = narrow_engine.attribute_components(ids, target=target, granularity=granularity, route="backward")
     forward = NormDecomposition(model).attribute_components(ids, target=target, granularity=granularity,
                                                             route="forward")
@@ -111,7 +111,7 @@ def test_a_sweep_on_the_cpu_keeps_its_ff_activations_under_the_cap():
     ff = int(model.config.intermediate_size)
     for n in (8, 4096, 10**5):
         inputs = torch.zeros(1, n, int(model.config.hidden_size))
-        limit = engine._sweep_limit(inputs)
+        limit = engine.sweep_limit(inputs)
         assert limit >= 1
         assert limit == 1 or limit * n * ff * 4 <= CPU_SWEEP_BYTES
-    assert engine._sweep_limit(torch.zeros(1, 8, int(model.config.hidden_size))) > 1
+    assert engine.sweep_limit(torch.zeros(1, 8, int(model.config.hidden_size))) > 1

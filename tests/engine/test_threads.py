@@ -18,8 +18,8 @@ from captum_ffb import (
     NormDecomposition,
     activation_patching,
 )
-from captum_ffb.context import context_attribution
-from captum_ffb.readouts import NextToken
+from captum_ffb.explained.readouts import NextToken
+from captum_ffb.long_context.attribution import context_attribution
 from tests.models import load_saved, save_tiny_lm
 
 

@@ -15,7 +15,7 @@ from captum_ffb.cli import main
 from captum_ffb.evaluation.evaluate import PROTOCOLS, evaluate, read_texts, resolve_protocols
 from captum_ffb.evaluation.methods import METHODS, resolve_methods
 from captum_ffb.evaluation.tasks import EvaluationTask
-from captum_ffb.models import load_model
+from captum_ffb.explained.models import load_model
 from tests.models import tiny_task_model, wordpiece_tokenizer
 from tests.requirements import needs_scattertext
 
@@ -164,13 +164,13 @@ def test_one_line_errors(classifier_dir, data, tmp_path, capsys):
 
 
 def test_device_is_checked_before_the_model_loads(classifier_dir, data, tmp_path, capsys, monkeypatch):
-    import captum_ffb.models
+    import captum_ffb.explained.models
 
     def never(*args, **kwargs):
         raise AssertionError("the model loaded before the device was checked")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", never)
     argv = ["evaluate", "--model", str(classifier_dir), "--data", str(data), "--task", "sentiment",
             "--out", str(tmp_path / "e"), "--quiet"]
     assert main([*argv, "--device", "cuda"]) == 2

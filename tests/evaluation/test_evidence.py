@@ -17,8 +17,9 @@ from captum_ffb.evaluation.evidence import (
     read_evidence,
     reciprocal_ranks,
 )
+from captum_ffb.evaluation.evidence.task import as_example
 from captum_ffb.evaluation.methods import METHODS
-from captum_ffb.models import LoadedModel
+from captum_ffb.explained.models import LoadedModel
 from tests.models import causal_tokenizer, induction_gpt2
 
 
@@ -131,7 +132,7 @@ COMPLETE = ("decomposition", "decomposition_frozen", "decomposition_complete_lrp
 @pytest.mark.parametrize("method", [*COMPLETE, "recency", "previous_token", "random"])
 def test_complete_methods_rank_the_planted_evidence_first_and_position_does_not(planted, method):
     task, examples = planted
-    batch = task.batch([ev._as_example(e, k) for k, e in enumerate(examples)])
+    batch = task.batch([as_example(e, k) for k, e in enumerate(examples)])
     assert bool((task.values(batch) > 0).all())  # the model copies
     options = {**METHODS[method].options, "seed": 0}
     if method == "decomposition_ig_attention":
@@ -150,7 +151,7 @@ def test_the_default_gives_the_tokens_the_whole_contrast(planted):
     """On a model whose norms and projections have no bias, with the zero reference the
     tokens own the whole explained value."""
     task, examples = planted
-    batch = task.batch([ev._as_example(e, k) for k, e in enumerate(examples)])
+    batch = task.batch([as_example(e, k) for k, e in enumerate(examples)])
     target, _ = task.decomposition_target(task.targets(batch.index))
     for reference in ("zero", None):  # the paper's, and the default (centred)
         contributions, bias = task.nd.attribute(batch.input_ids, target=target, reference=reference,
@@ -164,7 +165,7 @@ def test_the_task_is_evidence_from_the_start_and_its_target_the_contrast(planted
     token ids, not the example's index."""
     task, examples = planted
     assert task.kind == "evidence" and task.kinds == ("evidence",)
-    batch = task.batch([ev._as_example(e, k) for k, e in enumerate(examples)][::-1][:3])
+    batch = task.batch([as_example(e, k) for k, e in enumerate(examples)][::-1][:3])
     target = task.targets(batch.index)
     assert target.tolist() == [[e.good, e.bad] for e in examples[::-1][:3]]
     readout, sign = task.decomposition_target(target)

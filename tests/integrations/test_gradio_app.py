@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from captum_ffb.explain import explain_text
-from captum_ffb.models import LoadedModel
+from captum_ffb.explained.models import LoadedModel
 from tests.models import (
     causal_tokenizer,
     tiny_lm,
@@ -121,7 +121,7 @@ def test_the_graph_tab_is_graph_texts(lm):
 
 def test_the_context_tab_is_context_attribution(lm, classifier):
     from captum_ffb import NormDecomposition
-    from captum_ffb.context import context_attribution
+    from captum_ffb.long_context.attribution import context_attribution
 
     context = "the cat sat on the mat .\n\nthe dog ran fast .\n\nshe loves math ."
     session = gradio_app.AppEvents(lm)

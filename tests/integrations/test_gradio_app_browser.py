@@ -51,8 +51,8 @@ def server(tmp_path_factory):
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI must run the browser test: {reason}")
         pytest.skip(reason)
+    from captum_ffb.explained.models import load_model
     from captum_ffb.integrations.gradio_app import launch
-    from captum_ffb.models import load_model
 
     folder = save_tiny_lm(tmp_path_factory.mktemp("app") / "model")
     app = launch(load_model(folder, show_progress=False, task="auto"), port=_free_port(), block=False,
@@ -173,7 +173,7 @@ def test_the_layer_maps_redraw_and_the_interactive_view_runs(server, page):
     page.switch_to.frame(page.find_element("css selector", "#ffb-maps-view iframe"))
     try:
         from captum_ffb.integrations.gradio_app import scopes_of
-        from captum_ffb.text import text_maps
+        from captum_ffb.texts.text import text_maps
 
         buttons = _wait(page, lambda d: [b.get_attribute("data-scope")
                                          for b in d.find_elements("css selector", "#ffb-scopes button")])

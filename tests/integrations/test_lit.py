@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from captum_ffb import LayerNormDecomposition, NormDecomposition
-from captum_ffb.models import load_model
-from captum_ffb.text import display_tokens
+from captum_ffb.explained.models import load_model
+from captum_ffb.texts.text import display_tokens
 from tests.models import save_tiny_lm, tiny_task_model, wordpiece_tokenizer
 
 TEXT = "the cat sat on the mat because it was tired ."

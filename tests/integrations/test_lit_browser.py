@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from captum_ffb import LayerNormDecomposition, NormDecomposition
-from captum_ffb.models import load_model
-from captum_ffb.text import display_tokens
+from captum_ffb.explained.models import load_model
+from captum_ffb.texts.text import display_tokens
 from tests.integrations import lit_page
 
 pytestmark = pytest.mark.browser

@@ -145,7 +145,7 @@ def test_gpus_per_worker_without_a_gpu_fails_before_ray_or_the_model_starts(
     """An embedded Ray without GPUs would wait forever for ``--gpus-per-worker 1``."""
     import torch
 
-    import captum_ffb.models
+    import captum_ffb.explained.models
     from captum_ffb.cli import main
 
     def never(*args, **kwargs):
@@ -153,7 +153,7 @@ def test_gpus_per_worker_without_a_gpu_fails_before_ray_or_the_model_starts(
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(ray, "init", never)
-    monkeypatch.setattr(captum_ffb.models, "load_model", never)
+    monkeypatch.setattr(captum_ffb.explained.models, "load_model", never)
     monkeypatch.chdir(tmp_path)
     assert main([*command, str(tmp_path / "out"), "--backend", "ray", "--gpus-per-worker", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from captum.attr import IntegratedGradients
 
-from captum_ffb.decomposition import Decomposition
+from captum_ffb.core.decomposition import Decomposition
 from captum_ffb.rules import AttnLRPAttention, IGAttention, ScorePath
 from captum_ffb.rules.attention_scores import gauss_legendre
 

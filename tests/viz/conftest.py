@@ -1,6 +1,6 @@
 import pytest
 
-from captum_ffb.text import TextMaps, text_maps
+from captum_ffb.texts.text import TextMaps, text_maps
 from tests.models import tiny_loaded
 
 

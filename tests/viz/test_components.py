@@ -9,8 +9,8 @@ import torch
 from matplotlib.figure import Figure
 
 from captum_ffb import NormDecomposition
-from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.readouts import NextToken
+from captum_ffb.components.table import ComponentAttribution
+from captum_ffb.explained.readouts import NextToken
 from captum_ffb.viz import components_html, plot_components
 from captum_ffb.viz.components import NAMED_COLUMNS_UP_TO, column_groups
 from tests.models import tiny_task_model, token_ids

@@ -5,7 +5,7 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from captum_ffb.text import ff_amplification
+from captum_ffb.texts.text import ff_amplification
 from captum_ffb.viz import plot_maps
 from captum_ffb.viz._common import display_token
 

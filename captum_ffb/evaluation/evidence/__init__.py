@@ -54,7 +54,7 @@ from captum_ffb.evaluation.evidence.report import (
     evidence_table,
     write_evidence_report,
 )
-from captum_ffb.evaluation.evidence.task import EvidenceTask, _as_example  # noqa: F401 (the tests use it)
+from captum_ffb.evaluation.evidence.task import EvidenceTask
 
 __all__ = [
     "COLUMNS",

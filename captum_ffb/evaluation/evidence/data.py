@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from captum_ffb.corpus import read_csv_records
+from captum_ffb.texts.corpus import read_csv_records
 
 #: The bundled data (see its README for sources and license).
 EVIDENCE_DIR = Path(__file__).resolve().parents[1] / "data" / "evidence"

@@ -18,17 +18,18 @@ from captum_ffb._deprecation import BACKEND_RENAMES, renamed_arguments
 from captum_ffb.evaluation.evaluate import check_methods, check_peer
 from captum_ffb.evaluation.evidence.data import (
     EvidenceExample,
+    EvidenceRow,
     copy_examples,
     read_evidence,
     select_evidence,
 )
 from captum_ffb.evaluation.evidence.metrics import reciprocal_ranks, summarise_evidence
 from captum_ffb.evaluation.evidence.report import write_evidence_report
-from captum_ffb.evaluation.evidence.task import EvidenceTask, _as_example
+from captum_ffb.evaluation.evidence.task import EvidenceTask, as_example
 from captum_ffb.evaluation.methods import METHODS
+from captum_ffb.explained.models import LoadedModel
+from captum_ffb.io.files import atomic_open, check_out_dir, output_set
 from captum_ffb.jobs.job import ModelSource, check_run, fingerprint_of, run_job
-from captum_ffb.models import LoadedModel
-from captum_ffb.outputs import atomic_open, check_out_dir, output_set
 
 #: The default methods of an evidence run.
 DEFAULT_METHODS = ("decomposition,decomposition_frozen,decomposition_lrp_attention,"
@@ -77,7 +78,7 @@ class EvidenceJob:
     def run_batch(self, state: Any, index: int, batch: Sequence[int]) -> dict[str, np.ndarray]:
         task, pre = state
         chosen = [self.examples[k] for k in batch]
-        b = task.batch([_as_example(e, k) for e, k in zip(chosen, batch)])
+        b = task.batch([as_example(e, k) for e, k in zip(chosen, batch)])
         evidence = torch.zeros(b.input_ids.shape, dtype=torch.bool)
         width = b.input_ids.shape[1]
         for row, e in enumerate(chosen):  # left padding: positions shift by the padding
@@ -106,7 +107,7 @@ def _correct(task: EvidenceTask, examples: list[EvidenceExample], batch_size: in
     kept = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        b = task.batch([_as_example(e, start + k) for k, e in enumerate(chunk)])
+        b = task.batch([as_example(e, start + k) for k, e in enumerate(chunk)])
         kept += (task.values(b) > 0).tolist()
     return kept
 
@@ -134,7 +135,7 @@ def evaluate_evidence(
 
     Args:
         model (str or LoadedModel): a causal LM folder (a ``.gguf`` folder works), or one
-                    loaded by :func:`~captum_ffb.models.load_model` (its ``source`` is what
+                    loaded by :func:`~captum_ffb.explained.models.load_model` (its ``source`` is what
                     Ray workers load).
         data: see :func:`read_evidence` (``None``: every bundled subset).
         methods: names of :data:`~captum_ffb.evaluation.methods.METHODS` (comma list).
@@ -154,35 +155,11 @@ def evaluate_evidence(
         >>> summary = evaluate_evidence("./SmolLM2", methods="decomposition,recency,random", n=50)
         >>> summary["methods"]["decomposition"]["all"]["mrr"]
     """
-    from captum_ffb.models import model_config, task_from_config
-
     chosen = check_methods(methods, batch_size, options)
     folder = check_out_dir(out)
     rows = read_evidence(data, split, n)  # a missing file or column fails before the model loads
-    given = model if isinstance(model, LoadedModel) else None
-    if given is not None:
-        model = given.source
-        if model is None and backend != "local":
-            raise ValueError("a model built in memory runs on the local backend only: give its folder")
-    config = given.model.config if given is not None else model_config(model)
-    if task_from_config(config) != "causal_lm":
-        raise ValueError("the evidence task explains next tokens: it needs a causal LM")
-    check_peer(chosen, config)
-    source = ModelSource(name=model, task="causal_lm", device=device)
-    loaded = given if given is not None else source.load()
-    examples, skipped = select_evidence(loaded.tokenizer, rows, loaded.max_length)
-    if copy:
-        examples += copy_examples(loaded.tokenizer, copy, seed=seed)
-    if not examples:
-        raise ValueError("no usable evidence pairs" + (f" ({skipped})" if skipped else ""))
-    task = EvidenceTask(loaded, examples)
-    correct = _correct(task, examples, batch_size)
-    wrong = sum(not c for c in correct)
-    examples = [e for e, c in zip(examples, correct) if c]
-    if wrong:
-        skipped["the model prefers the bad word"] = wrong
-    if not examples:
-        raise ValueError("the model gets no pair right")
+    model, source, loaded = _causal_model(model, backend, device, chosen)
+    examples, skipped = _right_pairs(loaded, rows, copy, seed, batch_size)
     precomputed = str(folder / "attnlrp.npz") if "attnlrp" in chosen else None
     job = EvidenceJob(source, examples, chosen, batch_size, options or {}, precomputed, seed,
                       loaded if backend == "local" else None)
@@ -199,6 +176,46 @@ def evaluate_evidence(
     with output_set(folder, "the output folder") as files:  # the report as one set (the shards stay)
         write_evidence_report(summary, shards, examples, files.staging)
     return summary
+
+
+def _causal_model(model: str | LoadedModel | None, backend: str, device: str,
+                  chosen: Sequence[str]) -> tuple[str | None, ModelSource, LoadedModel]:
+    """The model's name (a loaded model's ``source``), its source and the loaded model, checked:
+    a causal LM, the peer's environment ready, an in-memory model on the local backend only."""
+    from captum_ffb.explained.models import model_config, task_from_config
+
+    given = model if isinstance(model, LoadedModel) else None
+    if given is not None:
+        model = given.source
+        if model is None and backend != "local":
+            raise ValueError("a model built in memory runs on the local backend only: give its folder")
+    config = given.model.config if given is not None else model_config(model)
+    if task_from_config(config) != "causal_lm":
+        raise ValueError("the evidence task explains next tokens: it needs a causal LM")
+    check_peer(chosen, config)
+    source = ModelSource(name=model, task="causal_lm", device=device)
+    loaded = given if given is not None else source.load()
+    return model, source, loaded
+
+
+def _right_pairs(loaded: LoadedModel, rows: Sequence[EvidenceRow], copy: int, seed: int,
+                 batch_size: int) -> tuple[list[EvidenceExample], dict[str, int]]:
+    """The usable pairs (and copy-task sequences) the model gets right, and the counts of
+    those left out by reason."""
+    examples, skipped = select_evidence(loaded.tokenizer, rows, loaded.max_length)
+    if copy:
+        examples += copy_examples(loaded.tokenizer, copy, seed=seed)
+    if not examples:
+        raise ValueError("no usable evidence pairs" + (f" ({skipped})" if skipped else ""))
+    task = EvidenceTask(loaded, examples)
+    correct = _correct(task, examples, batch_size)
+    wrong = sum(not c for c in correct)
+    examples = [e for e, c in zip(examples, correct) if c]
+    if wrong:
+        skipped["the model prefers the bad word"] = wrong
+    if not examples:
+        raise ValueError("the model gets no pair right")
+    return examples, skipped
 
 
 def _attnlrp_contrasts(examples: list[EvidenceExample], path: Path, model_dir: str, batch_size: int) -> None:

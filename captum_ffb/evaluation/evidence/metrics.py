@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.evaluation.evidence.data import EvidenceExample
-from captum_ffb.stats import mean_sem
+from captum_ffb.texts.stats import mean_sem
 
 #: Distance buckets of the tables (tokens between the evidence and the prediction).
 DISTANCE_BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, None))

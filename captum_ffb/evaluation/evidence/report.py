@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from captum_ffb.evaluation.evidence.data import EvidenceExample
-from captum_ffb.outputs import write_text
+from captum_ffb.io.files import write_text
 
 
 def _completes(method: str) -> bool:

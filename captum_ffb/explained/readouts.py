@@ -1,0 +1,577 @@
+r"""Read-outs: the scalar of a model's output that is explained.
+
+A read-out knows two things: how to compute its value from the model's outputs
+(:meth:`ReadOut.value`, ``(batch,)``; and, where it has classes, the logit of every class,
+:meth:`ReadOut.class_logits`), and what the head part of the decomposition chain reads
+(:meth:`ReadOut.head_target`: which rows of the output layer, with which coefficients, at
+which position or pooling). :class:`~captum_ffb.attr.NormDecomposition` takes any read-out
+as its ``target``; the evaluation tasks and ``explain`` are written in terms of them.
+
+* :class:`NextToken`: a causal LM's logit of a token at a position (each row's last real
+  position by default); the classes are the vocabulary.
+* :class:`ClassLogit`: a sequence classifier's logit of a class.
+* :class:`Contrast`: ``logit(positive) − logit(negative)``.
+* :class:`Direction`: ``⟨vector, pool(h)⟩ + bias`` on a base model's last hidden state.
+* :class:`PromptContrast`: ``d = logit(positive) − logit(negative)`` at a prompt's last
+  position, read as two classes ``(−d, d)`` (class 1 = positive).
+* :class:`BinaryDirection`: a :class:`Direction` read as two classes ``(−z, z)``, e.g. the
+  bundled MiniLM sentiment head (:func:`minilm_sentiment_readout`).
+
+:func:`default_readout` says which read-out a model gets when nobody says; the bundled head's
+run-time part (:class:`MiniLMSentimentHead`, :func:`load_minilm_sentiment_head`) lives here
+too, its training in ``captum_ffb.evaluation.minilm_head``.
+
+``NextToken(None)`` and ``ClassLogit(None)`` stand for the predicted token or class:
+:meth:`ReadOut.resolve` turns them into the one the outputs predict.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional
+
+from captum_ffb.architectures.heads import task_of
+from captum_ffb.engine.head import (  # the values read, importable from here as before
+    HeadTarget,
+    ResolvedHead,
+    output_hidden_states,
+    output_logits,
+)
+from captum_ffb.engine.passes import run_model
+from captum_ffb.engine.positions import real_positions
+from captum_ffb.engine.requests import check_index
+
+#: The poolings a :class:`Direction` takes by name (or a position).
+POOLINGS = ("mean", "cls", "first", "last")
+
+
+def mean_pool(hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
+    r"""Mean of ``hidden_states`` over the positions where ``attention_mask`` is 1.
+
+    Args:
+        hidden_states (Tensor): ``(batch, n, d)``.
+        attention_mask (Tensor): ``(batch, n)``, 1 on real tokens and 0 on padding.
+
+    Returns:
+        Tensor of shape ``(batch, d)``.
+    """
+    if hidden_states.shape[:2] != attention_mask.shape:
+        raise ValueError(
+            f"hidden states {tuple(hidden_states.shape)} do not match the attention mask "
+            f"{tuple(attention_mask.shape)}"
+        )
+    mask = attention_mask.to(hidden_states.dtype).unsqueeze(-1)
+    return (hidden_states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+
+
+def per_row(value: int | Tensor, batch: int, device: torch.device, what: str) -> Tensor:
+    """``value`` as one integer per row ``(batch,)`` (a single one is repeated)."""
+    tensor = torch.as_tensor(value, device=device)
+    if tensor.is_floating_point():
+        raise TypeError(f"{what} must be an integer index (or one per row), got floats")
+    if tensor.dim() == 0:
+        return tensor.expand(batch).long()
+    tensor = tensor.reshape(-1)
+    if tensor.numel() != batch:
+        raise ValueError(f"{what} has {tensor.numel()} entries for a batch of {batch}")
+    return tensor.long()
+
+
+def checked_positions(position: int | Tensor, token_mask: Tensor) -> Tensor:
+    """``position`` as one real position per row ``(batch,)``; negative counts from the end."""
+    batch, n = token_mask.shape
+    positions = per_row(position, batch, token_mask.device, "target_position")
+    positions = torch.where(positions < 0, positions + n, positions)
+    if int(positions.min()) < 0 or int(positions.max()) >= n:
+        raise ValueError(f"target_position is outside the {n} positions")
+    if not bool(token_mask.gather(1, positions[:, None]).all()):
+        raise ValueError("target_position points at a padded position")
+    return positions
+
+
+def _rows(values: Tensor, positions: Tensor) -> Tensor:
+    """``values[b, positions[b]]`` of a ``(B, n, …)`` tensor."""
+    return values[torch.arange(values.shape[0], device=values.device), positions.to(values.device)]
+
+
+def _logits_at(outputs: Any, attention_mask: Tensor, position: int | Tensor | None) -> Tensor:
+    """``(B, units)`` logits at the read position: a classifier's own logits, or a causal LM's
+    at ``position`` (each row's last real position by default; the last one kept when the
+    model was asked for the last position only)."""
+    logits = output_logits(outputs)
+    if logits.dim() == 2:
+        return logits
+    mask = attention_mask.to(logits.device) != 0
+    if position is not None:
+        return _rows(logits, checked_positions(position, mask))
+    if logits.shape[1] != mask.shape[1]:  # logits_to_keep=1 on a left-padded batch
+        return logits[:, -1]
+    return _rows(logits, real_positions(mask, "last"))
+
+
+def _unit_target(head: ResolvedHead, indices: Tensor, coefficients: Tensor, token_mask: Tensor,
+                 dtype: torch.dtype, position: int | Tensor | None) -> HeadTarget:
+    """The head target ``Σ_k coefficients_k · logit(indices_k)`` of a model with a head."""
+    if head.task == "base":
+        raise ValueError("a base model has no logits: give a Direction target")
+    units = head.output.weight.shape[0]
+    if int(indices.min()) < 0 or int(indices.max()) >= units:
+        bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
+        raise ValueError(f"target {bad} is out of range (0 … {units - 1})")
+    weight = head.output.weight.detach().to(dtype)[indices]  # (B, K, w)
+    bias = head.output.bias
+    biases = bias.detach().to(dtype)[indices] if bias is not None else torch.zeros_like(coefficients).to(dtype)
+    if head.logits_bias is not None:  # added to every row of logits after the output layer
+        biases = biases + head.logits_bias.detach().to(dtype).reshape(-1)[indices]
+    if position is not None and head.task not in ("causal_lm", "seq2seq_lm"):
+        raise ValueError("target_position is for language models; a classifier reads its own position")
+    if position is not None:
+        positions = checked_positions(position, token_mask)
+    else:
+        positions = real_positions(token_mask, head.spec.position)
+    return HeadTarget(weight, biases.to(dtype), coefficients.to(dtype), indices, positions)
+
+
+class ReadOut:
+    """What is explained: one scalar per row of the model's outputs."""
+
+    #: the query row the attention baselines read: ``"last"``, ``"first"`` or ``"mean"``
+    query_row: str = "last"
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        """The read-out's value ``(B,)`` in the model's ``outputs``."""
+        raise NotImplementedError
+
+    def head_target(self, head: ResolvedHead, token_mask: Tensor, dtype: torch.dtype,
+                    position: int | Tensor | None = None) -> HeadTarget:
+        """What the head's rules read: output rows, coefficients, position or pooling."""
+        raise NotImplementedError
+
+    def resolve(self, outputs: Any, attention_mask: Tensor) -> ReadOut:
+        """This read-out with a predicted unit made concrete (itself when it names one)."""
+        return self
+
+    def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        """``(B, C)`` the logit of every class."""
+        raise TypeError(f"{type(self).__name__} has no classes")
+
+    def class_probabilities(self, logits: Tensor) -> Tensor:
+        """``(B, C)`` from :meth:`class_logits`: a softmax."""
+        return logits.softmax(-1)
+
+    def for_class(self, classes: Tensor) -> tuple[ReadOut, Tensor]:
+        """The read-out of each row's class logit ``classes`` ``(B,)``, and a ``(B,)`` sign
+        to multiply its contributions by."""
+        raise TypeError(f"{type(self).__name__} has no classes")
+
+
+@dataclass(frozen=True)
+class NextToken(ReadOut):
+    r"""A causal LM's logit of ``token`` at ``position``.
+
+    Args:
+        token (int or Tensor, optional): a token id, or one per row ``(batch,)``; ``None``:
+                    the predicted one (see :meth:`resolve`).
+        position (int or Tensor, optional): the position read; each row's last real
+                    position by default (negative counts from the end).
+    """
+
+    token: int | Tensor | None = None
+    position: int | Tensor | None = None
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        logits = self.class_logits(outputs, attention_mask)
+        return logits.gather(1, per_row(self.token, logits.shape[0], logits.device, "token")[:, None])[:, 0]
+
+    def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        return _logits_at(outputs, attention_mask, self.position)
+
+    def resolve(self, outputs: Any, attention_mask: Tensor) -> NextToken:
+        if self.token is not None:
+            return self
+        return NextToken(self.class_logits(outputs, attention_mask).argmax(-1), self.position)
+
+    def head_target(self, head, token_mask, dtype, position=None):
+        if head.task == "sequence_classification":
+            raise ValueError("NextToken reads a causal LM; give a ClassLogit for a classifier")
+        if self.position is not None and position is not None:
+            raise ValueError("give the position once: in NextToken or as target_position")
+        batch = token_mask.shape[0]
+        indices = per_row(self.token, batch, token_mask.device, "target")[:, None]
+        ones = torch.ones(batch, 1, device=token_mask.device)
+        return _unit_target(head, indices, ones, token_mask, dtype,
+                            self.position if position is None else position)
+
+    def for_class(self, classes: Tensor) -> tuple[ReadOut, Tensor]:
+        return NextToken(classes, self.position), torch.ones(classes.shape[0], device=classes.device)
+
+
+@dataclass(frozen=True)
+class ClassLogit(ReadOut):
+    r"""A sequence classifier's logit of class ``index`` (or a causal LM's of a token, at
+    each row's last real position).
+
+    Args:
+        index (int or Tensor, optional): a class, or one per row ``(batch,)``; ``None``:
+                    the predicted one (see :meth:`resolve`).
+    """
+
+    index: int | Tensor | None = None
+    query_row = "first"
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        logits = self.class_logits(outputs, attention_mask)
+        return logits.gather(1, per_row(self.index, logits.shape[0], logits.device, "class")[:, None])[:, 0]
+
+    def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        return _logits_at(outputs, attention_mask, None)
+
+    def resolve(self, outputs: Any, attention_mask: Tensor) -> ClassLogit:
+        if self.index is not None:
+            return self
+        return ClassLogit(self.class_logits(outputs, attention_mask).argmax(-1))
+
+    def head_target(self, head, token_mask, dtype, position=None):
+        batch = token_mask.shape[0]
+        indices = per_row(self.index, batch, token_mask.device, "target")[:, None]
+        ones = torch.ones(batch, 1, device=token_mask.device)
+        return _unit_target(head, indices, ones, token_mask, dtype, position)
+
+    def for_class(self, classes: Tensor) -> tuple[ReadOut, Tensor]:
+        return ClassLogit(classes), torch.ones(classes.shape[0], device=classes.device)
+
+
+@dataclass(frozen=True)
+class Contrast(ReadOut):
+    r"""A contrastive target ``logit(positive) − logit(negative)`` (a token or a class each).
+
+    Args:
+        positive (int or Tensor): the unit whose logit counts positively (one per row as a
+                    ``(batch,)`` tensor, or one for all rows).
+        negative (int or Tensor): the unit whose logit is subtracted.
+
+    Examples::
+
+        >>> pos, neg = tok.convert_tokens_to_ids(["Ġpositive", "Ġnegative"])
+        >>> attributions = NormDecomposition(model).attribute(ids, target=Contrast(pos, neg))
+    """
+
+    positive: int | Tensor
+    negative: int | Tensor
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        logits = _logits_at(outputs, attention_mask, None)
+        batch, device = logits.shape[0], logits.device
+        positive = per_row(self.positive, batch, device, "the positive target")
+        negative = per_row(self.negative, batch, device, "the negative target")
+        return logits.gather(1, positive[:, None])[:, 0] - logits.gather(1, negative[:, None])[:, 0]
+
+    def head_target(self, head, token_mask, dtype, position=None):
+        batch, device = token_mask.shape[0], token_mask.device
+        indices = torch.stack([per_row(self.positive, batch, device, "the positive target"),
+                               per_row(self.negative, batch, device, "the negative target")], 1)
+        same = (indices[:, 0] == indices[:, 1]).nonzero()
+        if len(same):
+            raise ValueError(f"Contrast: the positive and the negative target are the same unit "
+                             f"({int(indices[int(same[0]), 0])}): logit(a) − logit(a) is 0 for every input")
+        coefficients = torch.tensor([1.0, -1.0], device=device).expand(batch, 2)
+        return _unit_target(head, indices, coefficients, token_mask, dtype, position)
+
+
+@dataclass(frozen=True)
+class Direction(ReadOut):
+    r"""A linear read-out of a base model: ``⟨vector, pool(h)⟩ + bias`` (a probe, a sentiment
+    head on sentence embeddings).
+
+    Args:
+        vector (Tensor): ``(d,)``, or ``(batch, d)`` for one per row.
+        pooling (str or int): ``"mean"`` over real tokens, ``"cls"``/``"first"`` (the first
+                    real token), ``"last"`` (the last real token), or a position.
+        bias (float or Tensor): added to the read-out (the bias player gets it).
+
+    Examples::
+
+        >>> probe = Direction(weight, pooling="mean", bias=0.1)     # e.g. a sentiment head
+        >>> NormDecomposition(base_model).attribute(ids, target=probe,
+        ...                                         forward_kwargs={"attention_mask": mask})
+    """
+
+    vector: Tensor
+    pooling: str | int = "mean"
+    bias: float | Tensor = 0.0
+
+    @property
+    def query_row(self) -> str:  # type: ignore[override]
+        return {"mean": "mean", "cls": "first", "first": "first"}.get(self.pooling, "last")
+
+    def pooled(self, hidden: Tensor, attention_mask: Tensor) -> Tensor:
+        """The pooled hidden state ``(B, d)``."""
+        mask = attention_mask.to(hidden.device) != 0
+        if self.pooling == "mean":
+            return mean_pool(hidden, attention_mask.to(hidden.device))
+        if self.pooling in ("cls", "first", "last"):
+            return _rows(hidden, real_positions(mask, "last" if self.pooling == "last" else "first"))
+        if isinstance(self.pooling, int):
+            return _rows(hidden, checked_positions(self.pooling, mask))
+        raise ValueError(f"pooling must be one of {POOLINGS} or a position, got {self.pooling!r}")
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        hidden = output_hidden_states(outputs)
+        vector = torch.as_tensor(self.vector, device=hidden.device)
+        pooled = self.pooled(hidden, attention_mask).to(vector.dtype)
+        bias = torch.as_tensor(self.bias, device=hidden.device, dtype=vector.dtype)
+        if vector.dim() == 1:  # as nn.Linear computes it
+            return functional.linear(pooled, vector[None], bias.reshape(1)).squeeze(-1)
+        return (pooled * vector).sum(-1) + bias
+
+    def head_target(self, head, token_mask, dtype, position=None):
+        if head.task != "base":
+            raise ValueError("a Direction reads a base model's hidden states; this model has a "
+                             "head: give a class, a token id or a Contrast")
+        batch, device = token_mask.shape[0], token_mask.device
+        vector = torch.as_tensor(self.vector, device=device).to(dtype)
+        vector = vector.expand(batch, -1) if vector.dim() == 1 else vector
+        bias = torch.as_tensor(self.bias, device=device, dtype=dtype).expand(batch)
+        ones = torch.ones(batch, 1, device=device)
+        pooling, positions = None, None
+        if self.pooling == "mean":
+            weights = token_mask.to(dtype)
+            pooling = weights / weights.sum(dim=1, keepdim=True)
+        elif self.pooling in ("cls", "first"):
+            positions = real_positions(token_mask, "first")
+        elif self.pooling == "last":
+            positions = real_positions(token_mask, "last")
+        elif isinstance(self.pooling, int):
+            positions = checked_positions(self.pooling, token_mask)
+        else:
+            raise ValueError(f"pooling must be one of {POOLINGS} or a position, got {self.pooling!r}")
+        return HeadTarget(vector[:, None], bias[:, None], ones, None, positions, pooling)
+
+
+class _TwoClasses:
+    """A score ``d`` read as two classes: logits ``(−d, d)`` (class 1 = positive) and
+    probabilities ``(1 − σ(d), σ(d))``."""
+
+    def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        d = self.value(outputs, attention_mask)
+        return torch.stack([-d, d], dim=-1)
+
+    def class_probabilities(self, logits: Tensor) -> Tensor:
+        p = torch.sigmoid(logits[:, 1])
+        return torch.stack([1 - p, p], dim=-1)
+
+
+@dataclass(frozen=True)
+class PromptContrast(_TwoClasses, Contrast):
+    r"""A causal LM's verdict on a prompt: ``d = logit(positive) − logit(negative)`` at the
+    prompt's last position, as two classes ``(−d, d)`` (class 1 = positive).
+
+    Args:
+        positive (int): the positive label's token id.
+        negative (int): the negative label's token id.
+    """
+
+    def for_class(self, classes: Tensor) -> tuple[ReadOut, Tensor]:
+        positive = torch.where(classes == 1, self.positive, self.negative)
+        negative = torch.where(classes == 1, self.negative, self.positive)
+        return Contrast(positive, negative), torch.ones(classes.shape[0], device=classes.device)
+
+
+@dataclass(frozen=True)
+class BinaryDirection(_TwoClasses, Direction):
+    r"""A :class:`Direction` whose value ``z`` is the positive class's logit of a binary
+    classifier on a base model: two classes ``(−z, z)`` (e.g. a logistic-regression head)."""
+
+    def for_class(self, classes: Tensor) -> tuple[ReadOut, Tensor]:
+        return self, torch.where(classes == 1, 1.0, -1.0)
+
+
+def with_token_ids(target: Any, token_id: Any) -> Any:
+    """``target`` with every text in it (the target itself, a :class:`Contrast`'s or a
+    :class:`NextToken`'s token) replaced by ``token_id(text)``."""
+    if isinstance(target, str):
+        return token_id(target)
+    if isinstance(target, Contrast) and (isinstance(target.positive, str) or isinstance(target.negative, str)):
+        return replace(target, positive=with_token_ids(target.positive, token_id),
+                       negative=with_token_ids(target.negative, token_id))
+    if isinstance(target, NextToken) and isinstance(target.token, str):
+        return replace(target, token=token_id(target.token))
+    return target
+
+
+def head_target_of(target: Any, head: ResolvedHead, token_mask: Tensor, dtype: torch.dtype,
+                   position: int | Tensor | None = None, name: str = "the model") -> HeadTarget:
+    """What the head reads for ``target`` (an index, one per row, or a read-out) of a model with
+    ``head``: one-line errors for a read-out the model cannot give."""
+    task = head.task
+    check_index(target, "target")
+    if isinstance(target, Direction) and task != "base":
+        raise ValueError(f"a Direction reads a base model's hidden states; {name} has a head: "
+                         "give a class, a token id or a Contrast")
+    if task == "base" and not isinstance(target, Direction):
+        raise ValueError(f"{name} is a base model: give a Direction target")
+    return as_readout(target, task).head_target(head, token_mask, dtype, position)
+
+
+def as_readout(target: int | Tensor | ReadOut, task: str) -> ReadOut:
+    """A plain target as a read-out: an index (one, or one per row) is a class logit of a
+    classifier and a token's logit of a causal LM."""
+    if isinstance(target, ReadOut):
+        return target
+    if task == "base":
+        raise ValueError("a base model has no logits: give a Direction target")
+    return NextToken(target) if task in ("causal_lm", "seq2seq_lm") else ClassLogit(target)
+
+
+# ---------------------------------------------------------------------------------------
+# the bundled head, and the read-out a model gets by default
+
+#: The bundled sentiment head of all-MiniLM-L6-v2 (trained by
+#: ``captum_ffb.evaluation.minilm_head.train_head()``).
+ARTEFACT = Path(__file__).resolve().parents[1] / "data" / "minilm_rt_sentiment.json"
+
+POOLING = (
+    "mean of the last hidden state over positions with attention_mask == 1 "
+    "([CLS] and [SEP] included), no normalisation; logit = weight . pooled + bias"
+)
+
+
+class MiniLMSentimentHead(nn.Module):
+    r"""Logistic-regression head on mean-pooled hidden states: ``forward`` gives the logit of
+    the positive class.
+
+    Args:
+        weight (Tensor): ``(d,)``.
+        bias (float): the intercept.
+        info (dict, optional): how the head was made (the artefact's other fields).
+    """
+
+    def __init__(self, weight: Tensor, bias: float, info: dict[str, Any] | None = None):
+        super().__init__()
+        if weight.dim() != 1:
+            raise ValueError(f"weight must be a vector; got shape {tuple(weight.shape)}")
+        self.linear = nn.Linear(weight.shape[0], 1, dtype=weight.dtype)
+        with torch.no_grad():
+            self.linear.weight.copy_(weight.unsqueeze(0))
+            self.linear.bias.fill_(float(bias))
+        self.info = dict(info or {})
+
+    def direction(self) -> BinaryDirection:
+        """The head as a read-out: a :class:`~captum_ffb.explained.readouts.Direction` with mean pooling and its
+        bias, whose value is the positive class's logit (two classes ``(−z, z)``)."""
+        return BinaryDirection(self.linear.weight[0].detach(), pooling="mean",
+                               bias=float(self.linear.bias.detach()))
+
+    def forward(self, hidden_states: Tensor, attention_mask: Tensor) -> Tensor:
+        """The logit ``(batch,)`` from the last hidden state ``(batch, n, d)`` and the mask."""
+        pooled = mean_pool(hidden_states, attention_mask).to(self.linear.weight.dtype)
+        return self.linear(pooled).squeeze(-1)
+
+
+def load_minilm_sentiment_head(
+    path: str | Path | None = None, dtype: torch.dtype = torch.float32
+) -> MiniLMSentimentHead:
+    r"""The sentiment head saved by ``train_head()`` (the bundled one by default), in eval
+    mode with frozen parameters.
+
+    Args:
+        path (str or Path, optional): a JSON artefact; :data:`ARTEFACT` by default.
+        dtype (torch.dtype): the parameters' dtype.
+    """
+    source = Path(path) if path is not None else ARTEFACT
+    data = json.loads(source.read_text(encoding="utf-8"))
+    missing = {"weight", "bias"} - set(data)
+    if missing:
+        raise ValueError(f"{source} is not a head artefact: no {', '.join(sorted(missing))}")
+    weight = torch.tensor(data["weight"], dtype=torch.float64).to(dtype)
+    info = {k: v for k, v in data.items() if k not in ("weight", "bias")}
+    head = MiniLMSentimentHead(weight, float(data["bias"]), info).eval()
+    head.requires_grad_(False)
+    return head
+
+
+@lru_cache(maxsize=1)
+def _bundled_head() -> MiniLMSentimentHead:
+    return load_minilm_sentiment_head()
+
+
+def minilm_sentiment_readout() -> BinaryDirection:
+    """The bundled sentiment head as a read-out (see :meth:`MiniLMSentimentHead.direction`)."""
+    return _bundled_head().direction()
+
+
+#: The configuration of all-MiniLM-L6-v2, the encoder the bundled head was trained on.
+MINILM_CONFIG = {"model_type": "bert", "hidden_size": 384, "num_hidden_layers": 6,
+                 "num_attention_heads": 12, "intermediate_size": 1536, "vocab_size": 30522}
+
+
+def fits_minilm_head(config: Any) -> bool:
+    """Whether a base model with this configuration is one the bundled head reads: a BERT
+    shaped as all-MiniLM-L6-v2 (:data:`MINILM_CONFIG`), the encoder it was trained on."""
+    return all(getattr(config, key, None) == value for key, value in MINILM_CONFIG.items())
+
+
+def sentiment_readout_for(model: nn.Module) -> BinaryDirection | None:
+    """The bundled sentiment head's read-out when ``model`` is a base model it fits, else
+    ``None``."""
+    if task_of(model) != "base" or not fits_minilm_head(getattr(model, "config", None)):
+        return None
+    return minilm_sentiment_readout()
+
+
+def minilm_sentiment_logit(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    head: MiniLMSentimentHead | None = None,
+) -> Tensor:
+    r"""The head's positive-class logit for a batch: MiniLM's last hidden state, mean-pooled
+    over the real tokens, through the head.
+
+    Args:
+        model (nn.Module): all-MiniLM-L6-v2 (``AutoModel``, no task head).
+        input_ids (Tensor): ``(batch, n)``.
+        attention_mask (Tensor): ``(batch, n)``, 1 on real tokens.
+        head (MiniLMSentimentHead, optional): the bundled head by default.
+
+    Returns:
+        Tensor of shape ``(batch,)``.
+    """
+    head = head if head is not None else _bundled_head()
+    hidden = run_model(model, grad=torch.is_grad_enabled(), inputs_only=False, input_ids=input_ids,
+                       attention_mask=attention_mask).last_hidden_state
+    if hidden.shape[-1] != head.linear.in_features:
+        raise ValueError(
+            f"the model's hidden size {hidden.shape[-1]} is not the head's "
+            f"{head.linear.in_features}"
+        )
+    pooled = mean_pool(hidden, attention_mask)
+    return head.linear(pooled.to(head.linear.weight.dtype)).squeeze(-1).to(hidden.dtype)
+
+
+
+
+def default_readout(model: nn.Module) -> ReadOut | None:
+    r"""What a model's output is read as when no target is given: the predicted next token of
+    a causal LM, the predicted class of a sequence classifier, the bundled sentiment head of
+    a base model it fits (all-MiniLM-L6-v2, :func:`fits_minilm_head`), else ``None`` (a base
+    model explains only its maps). Every caller asks here.
+
+    Examples::
+
+        >>> default_readout(gpt2_lm)            # NextToken(token=None, position=None)
+        >>> default_readout(minilm).bias        # the bundled head's read-out
+    """
+    task = task_of(model)
+    if task in ("causal_lm", "seq2seq_lm"):
+        return NextToken()
+    if task == "sequence_classification":
+        return ClassLogit()
+    return sentiment_readout_for(model)

@@ -1,0 +1,243 @@
+r"""Context attribution: which parts of a long context (documents, paragraphs, sentences,
+lines, chat turns) drove a model's answer to a question.
+
+The players are groups of tokens. The frozen model is linear in its input embeddings, so a
+group's contribution is exactly the sum of its tokens' (``c_G = Σ_{j ∈ G} c_j``, what Captum's
+``feature_mask`` would give a linear model) and the groups, the question, the remaining
+tokens of the prompt and the bias player add up to the explained logit. One backward pass,
+whatever the number of groups.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from captum_ffb.attr.norm_decomposition import NormDecomposition
+from captum_ffb.texts.text import check_text
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+__all__ = ["DEFAULT_TEMPLATE", "GROUPINGS", "ContextAttribution", "context_attribution", "split_context"]
+
+#: How a context is cut into groups.
+GROUPINGS = ("paragraph", "sentence", "line")
+#: How the prompt is made of the context and the question.
+DEFAULT_TEMPLATE = "{context}\n\n{question}"
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
+
+
+def split_context(context: str, group_by: str = "paragraph") -> list[tuple[int, int]]:
+    """Character spans ``(start, end)`` of the groups of ``context``: paragraphs (separated by
+    blank lines), sentences (ended by ``.``, ``!`` or ``?`` and white space, or a paragraph's
+    end) or lines; spans of white space only are dropped."""
+    if not isinstance(group_by, str) or group_by not in GROUPINGS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUPINGS)}, got {group_by!r}")
+    # Windows' and old Macs' line ends read as one: offsets stay those of ``context``
+    lines = context.replace("\r\n", " \n").replace("\r", "\n")
+    if group_by == "line":
+        cuts = [m.end() for m in re.finditer(r"\n", lines)]
+    elif group_by == "paragraph":
+        cuts = [m.end() for m in re.finditer(r"\n[ \t]*\n\s*", lines)]
+    else:
+        cuts = sorted({m.end() for m in re.finditer(r"\n[ \t]*\n\s*", lines)}
+                      | {m.end() for m in _SENTENCE_END.finditer(lines)})
+    spans = []
+    for start, end in zip([0, *cuts], [*cuts, len(context)]):
+        text = context[start:end]
+        if text.strip():
+            left = start + len(text) - len(text.lstrip())
+            spans.append((left, start + len(text.rstrip())))
+    return spans
+
+
+@dataclass
+class ContextAttribution:
+    """A long prompt's answer split over the groups of its context.
+
+    Attributes:
+        groups (list[str]): the groups' texts, in order.
+        contributions (Tensor): ``(G,)`` each group's contribution (its tokens' sum).
+        question (float): the question's tokens' contribution.
+        rest (float): the prompt's other tokens' (a start token, the template's words).
+        bias (float): the bias player (the model's own bias terms).
+        value (float): the explained logit (or contrast).
+        delta (float): the completeness residual ``|Σ groups + question + rest + bias − value|``.
+        target (str): what was explained, in words.
+        token_groups (list[int]): each token's group (``-1``: the question, ``-2``: the rest).
+        tokens (list[str]): the prompt's tokens.
+        token_contributions (Tensor): ``(n,)`` every token's contribution.
+        context (str): the context; ``spans`` each group's ``(start, end)`` in it.
+    """
+
+    groups: list[str]
+    contributions: Tensor
+    question: float
+    rest: float
+    bias: float
+    value: float
+    delta: float
+    target: str
+    token_groups: list[int] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    token_contributions: Tensor | None = None
+    context: str = ""
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def top(self, k: int = 5) -> list[tuple[int, str, float]]:
+        """The ``k`` groups of largest ``|contribution|``: ``(index, text, contribution)``."""
+        order = self.contributions.abs().argsort(descending=True)[:k].tolist()
+        return [(g, self.groups[g], float(self.contributions[g])) for g in order]
+
+    def shares(self) -> Tensor:
+        """``(G,)`` each group's contribution over the explained value."""
+        import torch
+
+        return self.contributions / self.value if self.value else torch.full_like(self.contributions, float("nan"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python: the groups (text, tokens, contribution, share), the question, the rest,
+        the bias, the value, the delta and the target."""
+        counts = [self.token_groups.count(g) for g in range(len(self.groups))]
+        return {"target": self.target, "value": self.value, "bias": self.bias, "question": self.question,
+                "rest": self.rest, "delta": self.delta,
+                "groups": [{"index": g, "text": text, "tokens": counts[g], "contribution": float(c),
+                            "share": float(s)}
+                           for g, (text, c, s) in enumerate(zip(self.groups, self.contributions, self.shares()))]}
+
+
+def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: str, question: str,
+                        group_by: str = "paragraph",
+                        target: Any = None, template: str = DEFAULT_TEMPLATE,
+                        max_tokens: int | None = None) -> ContextAttribution:
+    r"""Explain a causal LM's next token after ``template`` filled with ``context`` and
+    ``question``, the context's tokens grouped.
+
+    Args:
+        nd (NormDecomposition): the bound causal LM (a model, or a loaded one, is bound here).
+        tokenizer: its tokenizer (a fast one: the groups are found by character offsets).
+        context (str): the long input (a document, passages, a chat history).
+        question (str): what is asked of it.
+        group_by (str): ``"paragraph"`` (blank lines), ``"sentence"`` or ``"line"``.
+        target (int, str, ReadOut, optional): as in ``attribute`` (``None``: the predicted token).
+        template (str): the prompt, with ``{context}`` and ``{question}`` once each.
+        max_tokens (int, optional): refuse prompts longer than this.
+
+    Returns:
+        ContextAttribution: the groups' contributions, adding up with the question, the rest
+        and the bias to the explained value.
+
+    Examples::
+
+        >>> found = context_attribution(nd, tokenizer, open("report.txt").read(),
+        ...                             "Who signed the report?", group_by="paragraph")
+        >>> found.top(3)
+    """
+    import torch
+
+    if not isinstance(nd, NormDecomposition):
+        nd = NormDecomposition(nd, tokenizer=tokenizer)
+    _check_inputs(tokenizer, context, question, template, max_tokens)
+    spans = split_context(context, group_by)
+    prompt, q_span, offset = _fill_template(template, context, question)
+    if max_tokens is not None:  # refused before tokenising a context far too long (a token spans few characters)
+        fewest = -(-len(prompt) // _longest_token(tokenizer))
+        if fewest > max_tokens:
+            raise ValueError(f"the prompt has {len(prompt):,} characters, at least {fewest:,} tokens: more than "
+                             f"{max_tokens}")
+    encoded = tokenizer(prompt, return_offsets_mapping=True, return_tensors="pt")
+    ids = encoded.input_ids.to(next(nd.model.parameters()).device)  # on the model's device
+    if max_tokens is not None and ids.shape[1] > max_tokens:
+        raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
+    token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
+    if target is None:  # the prediction, named once: its label is the predicted token
+        target = int(nd.request(ids).target.indices[0, 0])
+    elif isinstance(target, str):  # read by this tokenizer (the attribution may have none)
+        target = int(nd.engine.token_ids(tokenizer, target, one=True)[0])
+    contributions, bias, delta = nd.attribute(ids, target=target, return_bias=True, return_convergence_delta=True)
+    per_token = contributions[0].detach().to(torch.float64).cpu()  # the result's numbers, on the cpu
+    index = torch.tensor(token_groups, device="cpu")
+    groups = torch.zeros(len(spans), dtype=torch.float64, device="cpu")
+    inside = index >= 0
+    groups.index_add_(0, index[inside], per_token[inside])
+    bias_value = float(bias[0])
+    value = float(per_token.sum()) + bias_value
+    label = _label(tokenizer, target)
+    return ContextAttribution(
+        groups=[context[s:e] for s, e in spans], contributions=groups,
+        question=float(per_token[index == -1].sum()), rest=float(per_token[index == -2].sum()), bias=bias_value,
+        value=value, delta=float(delta[0]), target=label, token_groups=token_groups,
+        tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()), token_contributions=per_token, context=context, spans=spans)
+
+
+def _check_inputs(tokenizer: Any, context: str, question: str, template: str,
+                  max_tokens: int | None) -> None:
+    """``TypeError`` or ``ValueError`` for a context, question or template that is not usable
+    text, a ``max_tokens`` that is not a positive integer, or a slow tokenizer."""
+    for name, value in (("context", context), ("question", question), ("template", template)):
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    check_text(context, name="context")
+    check_text(question, name="question")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
+        raise TypeError(f"max_tokens must be a positive integer, got {type(max_tokens).__name__}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    if template.count("{context}") != 1 or template.count("{question}") != 1:
+        raise ValueError("template must hold {context} and {question} once each, e.g. "
+                         f"{DEFAULT_TEMPLATE!r}")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("context attribution needs a fast tokenizer (it maps groups to tokens by "
+                         "character offsets)")
+
+
+def _fill_template(template: str, context: str, question: str) -> tuple[str, tuple[int, int], int]:
+    """The prompt, the question's character span in it and the context's offset in it."""
+    head, _, tail = template.partition("{context}")
+    if "{question}" in head:
+        before, _, after = head.partition("{question}")
+        q_start, offset = len(before), len(before) + len(question) + len(after)
+        prompt = before + question + after + context + tail
+    else:
+        before, _, after = tail.partition("{question}")
+        q_start, offset = len(head) + len(context) + len(before), len(head)
+        prompt = head + context + before + question + after
+    return prompt, (q_start, q_start + len(question)), offset
+
+
+def _token_groups(offsets: list[list[int]], spans: list[tuple[int, int]], q_span: tuple[int, int],
+                  offset: int) -> list[int]:
+    """Each token's group, by its middle character: a context group's index, ``-1`` for the
+    question, ``-2`` for the rest of the prompt (and tokens without characters)."""
+    token_groups = []
+    for start, end in offsets:
+        found = -2
+        if end > start:
+            middle_char = (start + end - 1) // 2
+            if q_span[0] <= middle_char < q_span[1]:
+                found = -1
+            else:
+                for g, (s, e) in enumerate(spans):
+                    if s + offset <= middle_char < e + offset:
+                        found = g
+                        break
+        token_groups.append(found)
+    return token_groups
+
+
+def _longest_token(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` covers (its longest vocabulary entry)."""
+    try:
+        return max(1, max(len(token) for token in tokenizer.get_vocab()))
+    except (AttributeError, TypeError, ValueError):
+        return 64
+
+
+def _label(tokenizer: Any, target: Any) -> str:
+    if isinstance(target, str):
+        return repr(target)
+    if isinstance(target, int) and not isinstance(target, bool):
+        return repr(tokenizer.decode([target]))
+    return str(target)
