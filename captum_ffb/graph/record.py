@@ -35,7 +35,7 @@ from captum_ffb.graph.bound import bound_engine, bound_scorer, origin_of
 from captum_ffb.graph.build import GraphData, prune_masks
 from captum_ffb.graph.files import read_graph, save_graph
 from captum_ffb.graph.target import GraphTarget, HookSite
-from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR, EDGE_ESTIMATORS
+from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR, DEFAULT_ESTIMATOR, EDGE_ESTIMATORS
 
 #: circuit-tracer's defaults: keep the nodes that hold this share of the influence on the
 #: output, then the edges that hold this share.
@@ -384,7 +384,13 @@ class AttributionGraph:
                 if value == value:  # not nan (the bias's edges have none)
                     link["patch_estimate"] = value
         share, absolute = self.kept_share, self.kept_abs_share
+        named = {}  # the estimators behind the patch estimates the view carries
+        if self.patch_estimates:
+            named["nodes"] = DEFAULT_ESTIMATOR
+        if self.has_edge_estimates:
+            named["edges"] = DEFAULT_EDGE_ESTIMATOR
         return {"granularity": self.granularity, "value": self.value, "output": self.output_label,
+                **({"patch_estimators": named} if named else {}),
                 "tokens": list(self.tokens), "n_source": self.n_source,
                 "kept_share": share if math.isfinite(share) else None,
                 "kept_abs_share": absolute if math.isfinite(absolute) else None, "thresholds": dict(self.thresholds),

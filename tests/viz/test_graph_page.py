@@ -370,9 +370,15 @@ def test_the_size_toggle_sizes_edges_by_their_patch_estimate(pages, browser):
     have none, keep their weight)."""
     from selenium.webdriver.support.select import Select
 
+    from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR, DEFAULT_ESTIMATOR
+
     path, saved = pages["heads"]
     driver = _open(browser, path)
     assert any("patch_estimate" in link for link in saved["links"])
+    # the page names the estimators behind the estimates
+    assert saved["patch_estimators"] == {"nodes": DEFAULT_ESTIMATOR, "edges": DEFAULT_EDGE_ESTIMATOR}
+    option = driver.find_element("css selector", "#ffb-size option[value=patch]").get_attribute("textContent")
+    assert option == f"|patch estimate| (nodes: {DEFAULT_ESTIMATOR}, edges: {DEFAULT_EDGE_ESTIMATOR})"
 
     def widths():
         return {(s, t): w for s, t, w in driver.execute_script(

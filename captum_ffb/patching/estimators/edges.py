@@ -24,10 +24,12 @@ from captum_ffb.engine.tape import (
 from captum_ffb.patching.estimators.base import EAP_IG_STEPS, Shared, estimator_names, get_estimator
 from captum_ffb.patching.estimators.recorded import Differences, Recorded, differences, record
 
-__all__ = ["Link", "NodeKey", "edge_estimator_names", "edge_estimates", "link_of", "link_values", "writer_key"]
+__all__ = ["ALL", "Link", "NodeKey", "edge_estimator_names", "edge_estimates", "link_of", "link_values", "writer_key"]
 
 #: Node keys: ``(kind, layer, part, position)`` as in a graph's node table.
 NodeKey = tuple[str, int, int, int]
+#: The position of a node that stands for its component at every position.
+ALL = -1
 
 
 @dataclass(frozen=True)
@@ -84,45 +86,71 @@ def edge_estimates(engine: BoundModel, request: Request, corrupted: Request, gra
 
 def link_values(tape: GraphTape, cov: Covectors, diff: Differences, links: Sequence[Link]) -> Tensor:
     """``⟨J_Bᵀ G_B[q], δ_A[p]⟩`` for each link, from one recorded pass with separate reads
-    (``record(..., reads=True)``) and its covectors ``cov``."""
+    (``record(..., reads=True)``) and its covectors ``cov``; a position :data:`ALL` sums over
+    the positions (a source's write at every position, a target's output at every one: the
+    position-agnostic edges of a component graph). The targets of one writer are pulled back
+    together (one batched vector–Jacobian product)."""
     index = {w.id: k for k, w in enumerate(tape.writers)}
     values = torch.zeros(len(links), dtype=torch.float64)
     by_target: dict[NodeKey, list[int]] = {}
     for k, link in enumerate(links):
         by_target.setdefault(link.target, []).append(k)
-    for target, rows in by_target.items():
-        kind, layer, part, q = target
-        if kind == "output":
-            pulled = {w.id: sequence_shaped(cov.direct[w.id].detach(), w.n)[0] for w in tape.writers}
-            pulled["inputs"] = cov.direct["inputs"].detach()[0]
-        else:
-            i = index[writer_key(kind, layer)]
-            writer = tape.writers[i]
-            total = cov.total[writer.id]
-            if kind == "head":
-                gz = part_covectors(tape, i, total)  # (1, n, p, w)
-                cot = torch.zeros_like(gz)
-                cot[0, q, part] = gz[0, q, part]
-                _, back = part_pulled_back(tape, i, cot[None])
-            else:
-                seq = sequence_shaped(total, writer.n)
-                cot = torch.zeros_like(seq)
-                cot[0, q] = seq[0, q]
-                _, back = pulled_back(tape, i, cot.reshape(total.shape)[None])
-            pulled = {w.id: sequence_shaped(c[0], w.n)[0] for w, c in zip(tape.writers[:i], back[:i])}
-            pulled["inputs"] = back[i][0, 0]
-        for k in rows:
-            s_kind, s_layer, s_part, p = links[k].source
-            if s_kind == "token":
-                covector, delta = pulled["inputs"][p], diff.inputs[p]
-            else:
-                key = writer_key(s_kind, s_layer)
-                if key not in pulled:
-                    continue  # a source after its target: no edge
-                covector = pulled[key][p]
-                delta = diff.writes[key][p, s_part] if s_kind == "head" else diff.outputs[key][p]
-            values[k] = float((covector.double() * delta.double()).sum())
+    by_writer: dict[str, list[NodeKey]] = {}
+    for target in by_target:
+        by_writer.setdefault("output" if target[0] == "output" else writer_key(target[0], target[1]), []).append(target)
+    for key, targets in by_writer.items():
+        for target, pulled in zip(targets, _pulled(tape, cov, index, key, targets)):
+            for k in by_target[target]:
+                values[k] = _link_value(pulled, diff, links[k].source)
     return values
+
+
+def _pulled(tape: GraphTape, cov: Covectors, index: dict[str, int], key: str, targets: list[NodeKey]
+            ) -> list[dict[str, Tensor]]:
+    """For each target node of one writer (or of the output): the covectors its cotangent
+    pulls back to every earlier writer's output and to the first block's input (``(n, d)``)."""
+    if key == "output":
+        pulled = {w.id: sequence_shaped(cov.direct[w.id].detach(), w.n)[0] for w in tape.writers}
+        pulled["inputs"] = cov.direct["inputs"].detach()[0]
+        return [pulled] * len(targets)
+    i = index[key]
+    writer = tape.writers[i]
+    total = cov.total[writer.id]
+    if targets[0][0] == "head":
+        gz = part_covectors(tape, i, total)  # (1, n, p, w)
+        cot = torch.zeros((len(targets), *gz.shape), dtype=gz.dtype, device=gz.device)
+        for row, (_, _, part, q) in enumerate(targets):
+            where = slice(None) if q == ALL else q
+            cot[row, 0, where, part] = gz[0, where, part]
+        _, back = part_pulled_back(tape, i, cot)
+    else:
+        seq = sequence_shaped(total, writer.n)
+        cot = torch.zeros((len(targets), *seq.shape), dtype=seq.dtype, device=seq.device)
+        for row, (_, _, _, q) in enumerate(targets):
+            where = slice(None) if q == ALL else q
+            cot[row, 0, where] = seq[0, where]
+        _, back = pulled_back(tape, i, cot.reshape(len(targets), *total.shape))
+    found = []
+    for row in range(len(targets)):
+        pulled = {w.id: sequence_shaped(c[row], w.n)[0] for w, c in zip(tape.writers[:i], back[:i])}
+        pulled["inputs"] = back[i][row, 0]
+        found.append(pulled)
+    return found
+
+
+def _link_value(pulled: dict[str, Tensor], diff: Differences, source: NodeKey) -> float:
+    """``⟨covector, δ⟩`` at a source node (its position, or all of them)."""
+    s_kind, s_layer, s_part, p = source
+    where = slice(None) if p == ALL else p
+    if s_kind == "token":
+        covector, delta = pulled["inputs"][where], diff.inputs[where]
+    else:
+        key = writer_key(s_kind, s_layer)
+        if key not in pulled:
+            return 0.0  # a source after its target: no edge
+        covector = pulled[key][where]
+        delta = diff.writes[key][where, s_part] if s_kind == "head" else diff.outputs[key][where]
+    return float((covector.double() * delta.double()).sum())
 
 
 def link_of(kinds: Sequence[str], layers: Sequence[int], heads: Sequence[int], positions: Sequence[int],

@@ -704,6 +704,14 @@
   $("ffb-node-share").addEventListener("input", function () { threshold(+this.value, null); });
   $("ffb-edge-share").addEventListener("input", function () { threshold(null, +this.value); });
   if (!hasPatch) $("ffb-size-wrap").style.display = "none";
+  if (G.patch_estimators) {  // name the estimators behind the patch estimates (text, not markup)
+    var named = [];
+    if (G.patch_estimators.nodes) named.push("nodes: " + G.patch_estimators.nodes);
+    if (G.patch_estimators.edges) named.push("edges: " + G.patch_estimators.edges);
+    var option = $("ffb-size").querySelector("option[value=patch]");
+    option.textContent = "|patch estimate| (" + named.join(", ") + ")";
+    $("ffb-size-wrap").title = "patch estimates by " + named.join(", ");
+  }
   $("ffb-size").addEventListener("change", function () { size(this.value); });
   $("ffb-pinned-view").addEventListener("click", function () { showPinned(); });
   $("ffb-group").addEventListener("click", function () {
