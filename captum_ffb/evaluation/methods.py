@@ -20,6 +20,12 @@ value, most relevant = largest); attention-style methods are non-negative.
   baseline; its steps batched so that one pass fits ``memory_budget``, the decomposition's
   default of 1 GiB, or holds ``internal_batch_size`` rows), ``feature_ablation``, ``shapley_value_sampling``, ``kernel_shap``, ``lime`` (a
   token removed = its embedding set to zero).
+* ``gim``: GIM (Edin et al. 2025, arXiv:2505.17630): the gradient with its three backward
+  changes (norms' statistics detached, the softmax's backward at ``temperature`` 2, queries',
+  keys' and values' gradients scaled by ¼, ¼ and ½; :mod:`captum_ffb.patching.estimators.gim`'s
+  rules, one backward pass) times the first block's input less that of the baseline token
+  (a space, else padding, else unknown, as its package chooses) at each position, summed over
+  the hidden dimension.
 * ``attnlrp``: the real ``lxt`` package in its own environment (Llama family), precomputed by
   the caller and passed in through ``precomputed``.
 * ``random``: uniform noise seeded by the example's index.
@@ -277,6 +283,42 @@ def _integrated_gradients(task: EvaluationTask, forward: Callable[..., Tensor], 
     return torch.cat(parts)
 
 
+def baseline_token_id(tokenizer: Any) -> int:
+    """GIM's default baseline token (its package's choice): the first id of a space
+    (``tokenizer.encode(" ", add_special_tokens=False)``), else the padding id, else the
+    unknown token's; a one-line error where the tokenizer has none of them."""
+    encode = getattr(tokenizer, "encode", None)
+    if encode is not None:
+        try:
+            ids = encode(" ", add_special_tokens=False)
+        except (TypeError, ValueError):
+            ids = []
+        if len(ids):
+            return int(ids[0])
+    for name in ("pad_token_id", "unk_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    raise ValueError("gim needs a baseline token: the tokenizer encodes no space and has no padding "
+                     "or unknown token")
+
+
+def _gim(task: EvaluationTask, batch: Batch, target: Tensor, options: dict[str, Any]) -> Tensor:
+    """GIM (Edin et al. 2025, arXiv:2505.17630): the gradient of the explained value with GIM's
+    backward changes (:func:`~captum_ffb.patching.estimators.gim.gim_rules`), one backward pass
+    of the batch, times each position's first-block input less that of the baseline token
+    (:func:`baseline_token_id`) there, summed over the hidden dimension."""
+    from captum_ffb.patching.estimators.gim import gim_rules
+
+    nd_target, sign = task.decomposition_target(target)
+    rules = gim_rules(task.nd.engine, float(options.get("temperature", 2.0)))
+    with torch.enable_grad():
+        c = task.nd.attribute(batch.input_ids, target=nd_target,
+                              forward_kwargs={"attention_mask": batch.attention_mask},
+                              rules=rules, reference=baseline_token_id(task.tokenizer))
+    return c.detach() * sign.to(c.device).unsqueeze(1)
+
+
 def _perturbation_method(name: str) -> MethodFn:
     def run(task, batch, target, options):
         import captum.attr as ca
@@ -414,6 +456,9 @@ METHODS: dict[str, MethodInfo] = {
                                        {"n_steps": 50, "internal_batch_size": None,
                                         "memory_budget": DEFAULT_MEMORY_BUDGET},
                                        description="Captum IntegratedGradients, zero baseline"),
+    "gim": MethodInfo(_gim, {"temperature": 2.0},
+                      description="GIM's gradient × (input − space token's), its backward changes "
+                      "as rules"),
     "feature_ablation": MethodInfo(_perturbation_method("feature_ablation"), {"per_eval": 32},
                                    description="Captum FeatureAblation (one token at a time)"),
     "shapley_value_sampling": MethodInfo(_perturbation_method("shapley_value_sampling"),

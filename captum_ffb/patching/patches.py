@@ -19,6 +19,9 @@ are ``⟨G_A, o_A − o_A^c⟩`` with a covector ``G_A`` of the explained value:
   al. 2023, arXiv:2310.10348);
 * ``"relp"``: relevance patching's (Rezaei Jafari et al. 2025, arXiv:2508.21258), the
   gradient of a pass with the LRP rules of its authors;
+* ``"gim"``: the gradient with GIM's backward changes (Edin et al. 2025, arXiv:2505.17630):
+  norms' statistics detached, the softmax's backward at temperature 2, the queries', keys' and
+  values' gradients scaled by ¼, ¼ and ½;
 * ``"eap-ig"``: the real gradient averaged over the straight path of input embeddings from
   the corrupted input to the clean one (Hanna et al. 2024, arXiv:2403.17806);
 

@@ -27,7 +27,7 @@ METHODS = ("decomposition,decomposition_frozen,decomposition_frozen_mean,"
            "decomposition_complete_lrp_attention,decomposition_complete_lrp_attention_mean,"
            "decomposition_complete_lrp_attention_centered,decomposition_ig_attention,"
            "decomposition_ig_attention_centered,decomposition_attnlrp_rules,attnlrp,integrated_gradients,"
-           "input_x_gradient,attention_last,rollout,recency,previous_token,first_token,random")
+           "input_x_gradient,gim,attention_last,rollout,recency,previous_token,first_token,random")
 SPLITS = {"selection": dict(n=100, copy=10), "heldout": dict(n=200, copy=20)}
 OPTIONS = {"decomposition_ig_attention": {"n_steps": 4, "exact": True},
            "integrated_gradients": {"n_steps": 32}}

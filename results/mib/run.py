@@ -194,6 +194,19 @@ def mib_formats_accuracy(nd, tokenizer, count: int = 40) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- scoring and curves
+def members(name: str) -> tuple[str, ...]:
+    """The estimators a candidate averages (``"atp&relp"``: the mean of the two's scores)."""
+    return tuple(name.split("&"))
+
+
+def combined(name: str, scored: list[dict]) -> tuple[np.ndarray, float]:
+    """A candidate's scores summed over the prompts, and its mean seconds per prompt."""
+    parts = members(name)
+    scores = np.sum([np.mean([s[m] for m in parts], axis=0) for s in scored], axis=0)
+    seconds = float(np.mean([sum(float(s[f"{m} seconds"]) for m in parts) for s in scored]))
+    return scores, seconds
+
+
 def _cached_scores(nd, graph, prompt: dict) -> dict:
     """Each estimator's edge scores of one prompt (cached under ``cache/``), with seconds."""
     from captum_ffb import Contrast
@@ -203,7 +216,7 @@ def _cached_scores(nd, graph, prompt: dict) -> dict:
     found = dict(np.load(path)) if path.exists() else {}
     request = nd.request(torch.tensor([prompt["ids"]]), Contrast(prompt["good"], prompt["bad"]))
     other = nd.request(torch.tensor([prompt["corrupted_ids"]]), request.target)
-    for name in ESTIMATORS:
+    for name in {m for n in ESTIMATORS for m in members(n)}:
         if name in found:
             continue
         tic = time.perf_counter()
@@ -214,7 +227,8 @@ def _cached_scores(nd, graph, prompt: dict) -> dict:
     return found
 
 
-def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...] = ESTIMATORS) -> dict:
+def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...] = ESTIMATORS,
+             splits: tuple[str, ...] = ("selection", "heldout")) -> dict:
     """One task: its prompts, every estimator's curve on the selection and held-out prompts."""
     global ESTIMATORS
     ESTIMATORS = estimators
@@ -230,6 +244,8 @@ def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...
     prompts, accuracy = task_prompts(nd, loaded.tokenizer, task, selection + heldout)
     out = dict(task=task, accuracy=accuracy, edges=graph.n_edges, splits={})
     for split, chosen in (("selection", prompts[:selection]), ("heldout", prompts[selection:])):
+        if split not in splits:
+            continue
         scored = [_cached_scores(nd, graph, p) for p in chosen]
         pairs = []
         for p in chosen:
@@ -241,12 +257,13 @@ def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...
             if path.exists() and json.loads(path.read_text())["prompts"] == [p["id"] for p in chosen]:
                 results[name] = json.loads(path.read_text())["result"]
                 continue
-            scores = torch.tensor(np.sum([s[name] for s in scored], axis=0))
+            summed, seconds = combined(name, scored)
+            scores = torch.tensor(summed)
             tic = time.perf_counter()
             curve = circuits.faithfulness_curve(nd.engine, pairs, graph, scores)
             results[name] = dict(cpr=curve.cpr, cmd=curve.cmd, f=list(curve.faithfulness), kept=list(curve.edges),
                                  clean=curve.clean, counterfactual=curve.counterfactual,
-                                 seconds=float(np.mean([float(s[f"{name} seconds"]) for s in scored])),
+                                 seconds=seconds,
                                  curve_seconds=time.perf_counter() - tic)
             path.write_text(json.dumps(dict(prompts=[p["id"] for p in chosen], result=results[name])))
             print(f"{task} {split} {name}: CPR {curve.cpr:.3f} CMD {curve.cmd:.3f}", flush=True)
@@ -258,7 +275,8 @@ def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...
 def passes(name: str) -> float:
     from captum_ffb.patching.estimators import EAP_IG_STEPS
 
-    return {"eap-ig": 1 + 2 * EAP_IG_STEPS}.get(name, 3)
+    own = {"eap-ig": 1 + 2 * EAP_IG_STEPS}
+    return 1 + sum(own.get(m, 3) - 1 for m in members(name))  # the counterfactual's forward pass shared
 
 
 def choose(saved: dict) -> tuple[str, dict[str, tuple[float, float]]]:
@@ -276,10 +294,14 @@ def choose(saved: dict) -> tuple[str, dict[str, tuple[float, float]]]:
     return best, worst
 
 
+def describe(name: str) -> str:
+    return " and ".join(PEER_NAMES[m] for m in members(name)) + (", averaged" if "&" in name else "")
+
+
 def compared(saved: dict) -> list[str]:
-    """The estimators every task and split was run with, in :data:`ESTIMATORS`' order."""
+    """The estimators every task and split was run with."""
     runs = [d["splits"][s]["results"] for d in saved["tasks"].values() for s in d["splits"]]
-    return [n for n in ESTIMATORS if all(n in r for r in runs)]
+    return [n for n in runs[0] if all(n in r for r in runs)]
 
 
 def _table(saved: dict, split: str, key: str, best_is_max: bool) -> list[str]:
@@ -295,7 +317,7 @@ def _table(saved: dict, split: str, key: str, best_is_max: bool) -> list[str]:
             top = max(values) if best_is_max else min(values)
             cells.append(f"**{value:.3f}**" if value == top else f"{value:.3f}")
         seconds = np.mean([saved["tasks"][t]["splits"][split]["results"][name]["seconds"] for t in tasks])
-        lines.append(f"| `{name}` ({PEER_NAMES[name]}) | {' | '.join(cells)} | {passes(name):g} | {seconds:.1f} |")
+        lines.append(f"| `{name}` ({describe(name)}) | {' | '.join(cells)} | {passes(name):g} | {seconds:.1f} |")
     return lines
 
 
@@ -315,6 +337,8 @@ def report(saved: dict) -> str:
         a = data["accuracy"]
         lines.append(f"| {task} | {a['right'] / max(a['tried'], 1):.2f} ({a['right']} of {a['tried']} tried) | yes |")
     for split, title in (("heldout", "Held-out prompts"), ("selection", "Selection prompts (the choice)")):
+        if any(split not in d["splits"] for d in tasks.values()):
+            continue
         counts = ", ".join(f"{t} {len(d['splits'][split]['prompts'])}" for t, d in tasks.items())
         lines += ["", f"### {title}", "", f"Prompts: {counts}.", "", "**CPR** (higher is better)", ""]
         lines += _table(saved, split, "cpr", True)
@@ -366,12 +390,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heldout", type=int, default=4, help="held-out prompts per task")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--jobs", type=int, default=1, help="tasks run at once (one process each)")
-    parser.add_argument("--estimators", default=",".join(ESTIMATORS), help="the edge estimators compared")
+    parser.add_argument("--estimators", default=",".join(ESTIMATORS),
+                        help="the edge estimators compared (a&b: the mean of a's and b's scores)")
+    parser.add_argument("--splits", default="selection,heldout", help="the splits run")
+    parser.add_argument("--name", default="results.json", help="the results file written here")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--export", type=Path, help="write MIB's submission files for the default here")
     args = parser.parse_args(argv)
     estimators = tuple(n for n in args.estimators.split(",") if n)
-    path = HERE / "results.json"
+    path = HERE / args.name
     if args.export is not None:
         for written in export(json.loads(path.read_text()), args.export):
             print(written)
@@ -381,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             done = list(pool.map(run_task, tasks, [args.selection] * len(tasks), [args.heldout] * len(tasks),
-                                 [estimators] * len(tasks)))
+                                 [estimators] * len(tasks), [tuple(args.splits.split(","))] * len(tasks)))
         from captum_ffb import NormDecomposition
         from captum_ffb.explained.models import load_model, smollm2_dir
 
@@ -390,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(dict(run=datetime.datetime.now().isoformat(timespec="minutes"),
                                         torch=torch.__version__, seconds=time.perf_counter() - started,
                                         mib_formats=formats, tasks={d["task"]: d for d in done}), indent=1))
-    (HERE / "SUMMARY.md").write_text(report(json.loads(path.read_text())))
+    summary = "SUMMARY.md" if args.name == "results.json" else Path(args.name).stem + ".md"
+    (HERE / summary).write_text(report(json.loads(path.read_text())))
     return 0
 
 
