@@ -44,7 +44,7 @@ from captum_ffb.patching.estimators.edges import ALL, Link, edge_estimates
 from captum_ffb.patching.real import repeat_rows, repeat_target
 
 __all__ = ["MIB_EDGE_SHARES", "ComponentGraph", "FaithfulnessCurve", "check_ends", "circuit_masks", "circuit_values",
-           "edge_scores", "faithfulness_curve", "mib_graph", "mib_summaries"]
+           "edge_scores", "faithfulness_curve", "mib_graph", "mib_summaries", "task_scores"]
 
 #: MIB's shares of the edges (its ``percentages``).
 MIB_EDGE_SHARES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -151,6 +151,22 @@ def edge_scores(engine: BoundModel, request: Request, corrupted: Request, graph:
     effect ``m(clean) − m(clean with the reader seeing the source's counterfactual write)``,
     summed over the source's and the reader's positions."""
     return edge_estimates(engine, request, corrupted, graph.granularity, graph.links(), estimators, steps=steps)
+
+
+def task_scores(engine: BoundModel, pairs: Sequence[tuple[Request, Request]], graph: ComponentGraph,
+                estimator: str | None = None, steps: int = EAP_IG_STEPS) -> Tensor:
+    """``(E,)`` a task's edge scores: one estimator's (``None``: the library's default edge
+    estimator) summed over the task's prompts ``pairs`` (each a request and its
+    counterfactual), what MIB cuts a task's circuits from and what its submission holds."""
+    from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR
+
+    name = DEFAULT_EDGE_ESTIMATOR if estimator is None else estimator
+    if not pairs:
+        raise ValueError("a task's scores need at least one prompt")
+    total = torch.zeros(graph.n_edges, dtype=torch.float64)
+    for request, corrupted in pairs:
+        total += edge_scores(engine, request, corrupted, graph, (name,), steps)[name]
+    return total
 
 
 def circuit_masks(graph: ComponentGraph, scores: Tensor, shares: Sequence[float] = MIB_EDGE_SHARES,

@@ -283,7 +283,7 @@ def choose(saved: dict) -> tuple[str, dict[str, tuple[float, float]]]:
     """The default: the smallest largest CPR shortfall over the tasks on the selection prompts
     among the estimators of at most EAP-IG's passes (ties: CMD excess, then passes)."""
     tasks = [saved["tasks"][t]["splits"]["selection"]["results"] for t in saved["tasks"]]
-    names = compared(saved)
+    names = compared(saved, "selection")
     allowed = [n for n in names if passes(n) <= passes("eap-ig")]
     worst = {}
     for name in allowed:
@@ -298,15 +298,15 @@ def describe(name: str) -> str:
     return " and ".join(PEER_NAMES[m] for m in members(name)) + (", averaged" if "&" in name else "")
 
 
-def compared(saved: dict) -> list[str]:
-    """The estimators every task and split was run with."""
-    runs = [d["splits"][s]["results"] for d in saved["tasks"].values() for s in d["splits"]]
+def compared(saved: dict, split: str | None = None) -> list[str]:
+    """The estimators every task (and split, or ``split``) was run with."""
+    runs = [d["splits"][s]["results"] for d in saved["tasks"].values() for s in d["splits"] if split in (None, s)]
     return [n for n in runs[0] if all(n in r for r in runs)]
 
 
 def _table(saved: dict, split: str, key: str, best_is_max: bool) -> list[str]:
     tasks = list(saved["tasks"])
-    names = compared(saved)
+    names = compared(saved, split)
     lines = [f"| estimator | {' | '.join(tasks)} | passes | seconds / prompt |", "|---|" + "---:|" * (len(tasks) + 2)]
     for name in names:
         cells = []
@@ -321,9 +321,22 @@ def _table(saved: dict, split: str, key: str, best_is_max: bool) -> list[str]:
     return lines
 
 
-def report(saved: dict) -> str:
-    best, worst = choose(saved)
+def with_candidates(saved: dict, candidates: dict | None) -> dict:
+    """``saved`` with the averaged candidates' selection curves (``candidates.json``) beside
+    the estimators' (they are run on the selection prompts only)."""
+    if candidates is None:
+        return saved
+    merged = json.loads(json.dumps(saved))
+    for task, data in merged["tasks"].items():
+        extra = candidates["tasks"].get(task, {}).get("splits", {}).get("selection")
+        if extra is not None and extra["prompts"] == data["splits"]["selection"]["prompts"]:
+            data["splits"]["selection"]["results"].update(extra["results"])
+    return merged
+
+
+def report(saved: dict, candidates: dict | None = None) -> str:
     tasks = saved["tasks"]
+    best, worst = choose(with_candidates(saved, candidates))
     lines = ["## Edge circuits by MIB's protocol (SmolLM2-135M-Instruct)", "",
              f"Written by `results/mib/run.py` ({saved['run']}, torch {saved['torch']}); the protocol is "
              "`captum_ffb.patching.circuits` (docs/circuits.md). Edges: "
@@ -344,6 +357,14 @@ def report(saved: dict) -> str:
         lines += _table(saved, split, "cpr", True)
         lines += ["", "**CMD** (lower is better)", ""]
         lines += _table(saved, split, "cmd", False)
+    if candidates is not None:
+        merged = with_candidates(saved, candidates)
+        lines += ["", "### Averaged candidates (selection prompts)", "",
+                  "`a&b`: the mean of the two estimators' scores (their passes shared where they can be).", "",
+                  "**CPR**", ""]
+        lines += _table(merged, "selection", "cpr", True)
+        lines += ["", "**CMD**", ""]
+        lines += _table(merged, "selection", "cmd", False)
     lines += ["", "### The default", "",
               f"`DEFAULT_EDGE_ESTIMATOR` by the selection prompts: **`{best}`** (largest CPR shortfall from the best "
               "over the tasks, largest CMD excess):", ""]
@@ -366,7 +387,8 @@ def export(saved: dict, directory: Path) -> list[Path]:
     from captum_ffb.explained.models import load_model, smollm2_dir
     from captum_ffb.patching import circuits
 
-    best, _ = choose(saved)
+    candidates = HERE / "candidates.json"
+    best, _ = choose(with_candidates(saved, json.loads(candidates.read_text()) if candidates.exists() else None))
     loaded = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm")
     graph = circuits.ComponentGraph.of(NormDecomposition(loaded.model).engine, "head")
     config = loaded.model.config
@@ -376,7 +398,7 @@ def export(saved: dict, directory: Path) -> list[Path]:
     for task, data in saved["tasks"].items():
         ids = data["splits"]["heldout"]["prompts"] + data["splits"]["selection"]["prompts"]
         files = [CACHE / f"{task}-{re.sub(r'[^a-z0-9]+', '_', i)}.npz" for i in ids]
-        scores = torch.tensor(np.sum([np.load(f)[best] for f in files if f.exists()], axis=0))
+        scores = torch.tensor(combined(best, [dict(np.load(f)) for f in files if f.exists()])[0])
         path = directory / f"{task}_SmolLM2-135M" / "importances.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(circuits.mib_graph(graph, scores, cfg)))
@@ -418,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
                                         torch=torch.__version__, seconds=time.perf_counter() - started,
                                         mib_formats=formats, tasks={d["task"]: d for d in done}), indent=1))
     summary = "SUMMARY.md" if args.name == "results.json" else Path(args.name).stem + ".md"
-    (HERE / summary).write_text(report(json.loads(path.read_text())))
+    candidates = HERE / "candidates.json"
+    extra = json.loads(candidates.read_text()) if summary == "SUMMARY.md" and candidates.exists() else None
+    (HERE / summary).write_text(report(json.loads(path.read_text()), extra))
     return 0
 
 

@@ -72,8 +72,11 @@ EVIDENCE = ROOT / "captum_ffb" / "evaluation" / "data" / "evidence"
 THRESHOLDS = (0.5, 1.0, 2.0)
 TASKS = ("ioi", "induction", "recall", "agreement")
 KINDS = ("head", "attention", "ff")
-CHEAP = ("frozen", "atp", "relp")  # at most three passes (plus real patched passes with "+exact")
-LINEAR = ("frozen", "atp", "relp", "eap-ig")
+CHEAP = ("frozen", "atp", "relp", "gim")  # at most three passes (plus real patched passes with "+exact")
+LINEAR = ("frozen", "atp", "relp", "gim", "eap-ig")
+#: estimators added after the first run (``--add``): computed for the saved prompts without
+#: patching them for real again
+ADDED = ("gim",)
 CAPITALS = ("France/Paris Germany/Berlin Italy/Rome Spain/Madrid Japan/Tokyo China/Beijing Russia/Moscow "
             "Egypt/Cairo Greece/Athens England/London Austria/Vienna Poland/Warsaw Ireland/Dublin "
             "Portugal/Lisbon Canada/Ottawa Kenya/Nairobi Norway/Oslo Sweden/Stockholm Finland/Helsinki "
@@ -334,6 +337,53 @@ def edge_check(nd, prompt: dict, count: int, seed: int) -> dict:
                 real=real.tolist(), estimates=estimates, seconds=seconds)
 
 
+def add_estimates(nd, result: dict, prompt: dict, names: tuple[str, ...] = ADDED) -> dict:
+    """A saved prompt's results with the estimators ``names`` (and their ``"+exact"`` variants
+    at each threshold, from the same real patches as the others') added, with their costs."""
+    from captum_ffb import Contrast
+
+    ids, corrupted = torch.tensor([prompt["ids"]]), torch.tensor([prompt["corrupted_ids"]])
+    target = Contrast(prompt["good"], prompt["bad"])
+    estimates = {}
+    for granularity in ("head", "sublayer"):
+        graph = nd.attribute_graph(ids, target, granularity=granularity, max_nodes=1, corrupted_inputs=corrupted,
+                                   exact_above=min(THRESHOLDS), estimators=(*names, "atp+exact"))
+        kappa, exact_nodes = graph.patch_kappa, graph.patch_estimates["atp+exact"]
+        largest = component_max(graph, kappa)
+        whole = graph.patch_components["atp+exact"]
+        for name in names:
+            estimates.setdefault(name, {}).update(graph.component_estimates(name))
+            for tau in THRESHOLDS:
+                above = kappa > tau
+                sums = component_sums(graph, torch.where(above, exact_nodes, graph.patch_estimates[name]))
+                sums.update({c: whole[c] for c, k in largest.items() if k > tau})
+                estimates.setdefault(f"{name}+exact (κ > {tau:g})", {}).update(sums)
+        if granularity == "head":
+            for name in names:
+                result["costs"]["seconds"][name] = graph.patch_seconds[name]
+                result["costs"]["passes"][name] = graph.patch_passes[name]
+    for name, values in estimates.items():
+        result["estimates"][name] = [values[c] for c in result["components"]]
+    return result
+
+
+def add_edge_estimates(nd, check: dict, prompt: dict, names: tuple[str, ...] = ADDED) -> dict:
+    """A saved edge check with the edge estimators ``names`` added (the same edges, by id)."""
+    from captum_ffb import Contrast
+
+    graph = nd.attribute_graph(torch.tensor([prompt["ids"]]), Contrast(prompt["good"], prompt["bad"]),
+                               granularity="head", corrupted_inputs=torch.tensor([prompt["corrupted_ids"]]))
+    index = {node: k for k, node in enumerate(graph.ids())}
+    d = graph.data
+    where = {(int(s), int(t)): e for e, (s, t) in enumerate(zip(d.sources.tolist(), d.targets.tolist()))}
+    edges = torch.tensor([where[(index[s], index[t])] for s, t in check["edges"]])
+    for name in names:
+        tic = time.perf_counter()
+        check["estimates"][name] = graph.edge_patch_estimates(name, edges)[edges].tolist()
+        check["seconds"][name] = time.perf_counter() - tic
+    return check
+
+
 # --------------------------------------------------------------------------- scores
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(a, b)[0, 1]) if a.std() > 0 and b.std() > 0 else float("nan")
@@ -425,7 +475,7 @@ def estimator_costs(results: list[dict]) -> dict[str, tuple[float, float]]:
     at their threshold)."""
     costs = {}
     base = {}
-    for name in ("frozen", "atp", "relp", "eap-ig", "atp*", "atp+qk"):
+    for name in ("frozen", "atp", "relp", "gim", "eap-ig", "atp*", "atp+qk"):
         base[name] = (float(np.mean([r["costs"]["passes"][name] for r in results])),
                       float(np.mean([r["costs"]["seconds"][name] for r in results])))
         costs[name] = base[name]
@@ -465,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--report-only", action="store_true", help="rebuild the reports from results.json")
     parser.add_argument("--fresh", action="store_true", help="ignore the prompts already in results.json")
+    parser.add_argument("--add", action="store_true",
+                        help=f"add the estimators {', '.join(ADDED)} to the saved prompts (no real patching again)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     tasks = [t for t in args.tasks.split(",") if t]
@@ -501,13 +553,16 @@ def main(argv: list[str] | None = None) -> int:
                 jobs.append(("edges", prompts[selected + k], 4000 + selected + k))
         for number, (job, prompt, k) in enumerate(jobs):
             key = (prompt["task"], prompt["id"])
-            if (job == "prompt" and key in done) or (job == "edges" and key in done_edges):
+            saved_one = done.get(key) if job == "prompt" else done_edges.get(key)
+            missing = saved_one is not None and any(n not in saved_one["estimates"] for n in ADDED)
+            if saved_one is not None and not (args.add and missing):
                 continue
             tic = time.perf_counter()
             if job == "prompt":
-                done[key] = one_prompt(nd, prompt)
+                done[key] = add_estimates(nd, saved_one, prompt) if saved_one else one_prompt(nd, prompt)
             else:
-                done_edges[key] = edge_check(nd, prompt, args.edges, k)
+                done_edges[key] = add_edge_estimates(nd, saved_one, prompt) if saved_one else \
+                    edge_check(nd, prompt, args.edges, k)
             print(f"{number + 1}/{len(jobs)} {job} {prompt['task']} {prompt['id']} (n={len(prompt['ids'])}): "
                   f"{time.perf_counter() - tic:.1f} s", flush=True)
             path.write_text(json.dumps(dict(version=2, plan=plan, seconds=elapsed + time.perf_counter() - started,

@@ -16,6 +16,7 @@ from captum_ffb import NormDecomposition
 from captum_ffb.attr import AttributionGraph, graph_files
 from captum_ffb.explained.readouts import Contrast
 from captum_ffb.graph.build import prune_masks
+from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR
 from tests.models import tiny_task_model, token_ids
 
 WRITERS = ("head", "attention", "ff", "neuron")
@@ -61,7 +62,7 @@ def test_a_saved_graph_loads_equal_and_prunes_ranks_and_splits_as_before(built, 
     path = graph.save(tmp_path / "graph.npz")
     loaded = AttributionGraph.load(path)
     _same(graph, loaded)
-    assert graph.edge_patches and not torch.isnan(graph.edge_patches["atp"]).all()
+    assert graph.edge_patches and not torch.isnan(graph.edge_patches[DEFAULT_EDGE_ESTIMATOR]).all()
     assert loaded.to_dict() == graph.to_dict()
     assert loaded.flow_residual() == graph.flow_residual()
     for options in ({}, {"node_threshold": 0.9, "edge_threshold": 0.99}, {"exclude_positions": ()}):
