@@ -1,7 +1,8 @@
 """Write the tables of ``results/evidence/README.md`` from the runs' ``results.json``.
 
 ``python results/evidence/tables.py`` replaces each ``<!-- table:NAME -->`` … ``<!-- /table -->``
-block of the README with the table of that run (``selection`` or ``heldout``), and the
+block of the README with the table of that run (``selection`` or ``heldout``, and GIM's runs
+beside the default, ``gim-selection`` and ``gim-heldout`` from ``gim/<split>/``), and the
 ``distance`` block with the held-out MRR by distance.
 """
 
@@ -19,8 +20,8 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     readme = HERE / "README.md"
     text = readme.read_text(encoding="utf-8")
-    for name in ("selection", "heldout"):
-        path = HERE / name / "results.json"
+    for name in ("selection", "heldout", "gim-selection", "gim-heldout"):
+        path = HERE / Path(*name.split("-")) / "results.json"
         if not path.is_file():
             continue
         summary = json.loads(path.read_text())
