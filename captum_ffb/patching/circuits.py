@@ -43,11 +43,16 @@ from captum_ffb.patching.estimators.base import EAP_IG_STEPS
 from captum_ffb.patching.estimators.edges import ALL, Link, edge_estimates
 from captum_ffb.patching.real import repeat_rows, repeat_target
 
-__all__ = ["MIB_EDGE_SHARES", "ComponentGraph", "FaithfulnessCurve", "check_ends", "circuit_masks", "circuit_values",
+__all__ = ["DEFAULT_CIRCUIT_ESTIMATOR", "MIB_EDGE_SHARES", "ComponentGraph", "FaithfulnessCurve", "check_ends", "circuit_masks", "circuit_values",
            "edge_scores", "faithfulness_curve", "mib_graph", "mib_summaries", "task_scores"]
 
 #: MIB's shares of the edges (its ``percentages``).
 MIB_EDGE_SHARES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+#: The edge estimator whose scores cut circuits by default: GIM's gradient, chosen by MIB's CPR
+#: and CMD on the selection prompts of six tasks (results/mib). A graph's per-edge path-patching
+#: estimates keep :data:`~captum_ffb.patching.patches.DEFAULT_EDGE_ESTIMATOR`: against single
+#: edges patched for real, GIM's estimates fail on agreement (results/patching).
+DEFAULT_CIRCUIT_ESTIMATOR = "gim"
 
 
 # --------------------------------------------------------------------------- the graph
@@ -155,12 +160,10 @@ def edge_scores(engine: BoundModel, request: Request, corrupted: Request, graph:
 
 def task_scores(engine: BoundModel, pairs: Sequence[tuple[Request, Request]], graph: ComponentGraph,
                 estimator: str | None = None, steps: int = EAP_IG_STEPS) -> Tensor:
-    """``(E,)`` a task's edge scores: one estimator's (``None``: the library's default edge
-    estimator) summed over the task's prompts ``pairs`` (each a request and its
-    counterfactual), what MIB cuts a task's circuits from and what its submission holds."""
-    from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR
-
-    name = DEFAULT_EDGE_ESTIMATOR if estimator is None else estimator
+    """``(E,)`` a task's edge scores: one estimator's (``None``:
+    :data:`DEFAULT_CIRCUIT_ESTIMATOR`) summed over the task's prompts ``pairs`` (each a request
+    and its counterfactual), what MIB cuts a task's circuits from and what its submission holds."""
+    name = DEFAULT_CIRCUIT_ESTIMATOR if estimator is None else estimator
     if not pairs:
         raise ValueError("a task's scores need at least one prompt")
     total = torch.zeros(graph.n_edges, dtype=torch.float64)

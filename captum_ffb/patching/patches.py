@@ -34,8 +34,9 @@ after A writes‖ > exact_above`` (:data:`EXACT_ABOVE`), patched for real
 
 :data:`DEFAULT_ESTIMATOR` names the default, chosen against real activation patching on the
 selection prompts of four tasks and reported on held-out ones (``results/patching``;
-docs/graphs.md); :data:`DEFAULT_EDGE_ESTIMATOR` the edges' default, chosen by the circuits its
-scores cut, by MIB's protocol (``results/mib``; docs/circuits.md). The real passes are :func:`real_writers` and :func:`patched_values`.
+docs/graphs.md); :data:`DEFAULT_EDGE_ESTIMATOR` the edges' default, chosen against real path
+patching of single edges (circuits cut from edge scores have their own default, chosen by MIB's
+protocol: :mod:`captum_ffb.patching.circuits`). The real passes are :func:`real_writers` and :func:`patched_values`.
 """
 
 from __future__ import annotations
@@ -105,9 +106,10 @@ DEFAULT_ESTIMATOR = "atp+exact"
 EXACT_ABOVE = 0.5
 #: The edge estimators (the registered ones with ``edges``).
 EDGE_ESTIMATORS = edge_estimator_names()
-#: The edges' default estimator: GIM's gradient, chosen by the faithfulness of the circuits its
-#: edge scores cut (MIB's CPR and CMD) on the selection prompts of six tasks (results/mib).
-DEFAULT_EDGE_ESTIMATOR = "gim"
+#: The edges' default estimator of a graph's path-patching estimates (chosen against real path
+#: patching of single edges: results/patching). Circuits have their own,
+#: :data:`captum_ffb.patching.circuits.DEFAULT_CIRCUIT_ESTIMATOR`.
+DEFAULT_EDGE_ESTIMATOR = "atp"
 #: Names ``estimators=`` also takes: the default, and AtP*'s query–key fix alone (computed with AtP*).
 ALIASES = {"default": DEFAULT_ESTIMATOR, **estimator_aliases()}
 

@@ -366,8 +366,8 @@ def report(saved: dict, candidates: dict | None = None) -> str:
         lines += ["", "**CMD**", ""]
         lines += _table(merged, "selection", "cmd", False)
     lines += ["", "### The default", "",
-              f"`DEFAULT_EDGE_ESTIMATOR` by the selection prompts: **`{best}`** (largest CPR shortfall from the best "
-              "over the tasks, largest CMD excess):", ""]
+              f"`DEFAULT_CIRCUIT_ESTIMATOR` by the selection prompts: **`{best}`** (largest CPR shortfall from the "
+              "best over the tasks, largest CMD excess; candidates of at most EAP-IG's passes):", ""]
     lines += [f"- `{name}`: {cpr:.3f}, {cmd:.3f}" for name, (cpr, cmd) in worst.items()]
     lines += ["", "### Protocol checks", "",
               "- `tests/patching/test_circuits.py`: on a tiny Llama, the circuit with every edge gives the clean "

@@ -666,7 +666,8 @@ def report(saved: dict, tasks: list[str], args) -> None:
                   "that head's slice) sees the source's corrupted write. The edges' default is chosen on "
                   f"the first selection prompts' ({_counts(args.edge_selection, None, tasks)}; the largest smallest r over tasks): "
                   f"**{edge_choice}** (the library's: `{DEFAULT_EDGE_ESTIMATOR}`, "
-                  f"{'they agree' if edge_choice == DEFAULT_EDGE_ESTIMATOR else 'THEY DISAGREE'}).", "",
+                  f"{'they agree' if edge_choice == DEFAULT_EDGE_ESTIMATOR else 'THEY DISAGREE'}). Circuits cut from "
+                  "edge scores have their own default, chosen by MIB's protocol (`results/mib`).", "",
                   "| task | edges | " + " | ".join(f"{n} r / ρ" for n in EDGE_ESTIMATORS) + " | frozen r (kept) | "
                   "frozen r (others) |", "|---|---:|" + "---:|" * (len(EDGE_ESTIMATORS) + 2)]
         for task in [*tasks, "pooled"]:
@@ -719,9 +720,9 @@ def goal_lines(heldout: dict[str, list[dict]], everyone_held: list[dict], tasks:
 
 def summary_lines(selection, heldout, everyone_held, tasks, chosen, costs, edge_held, edge_choice, goal, bests
                   ) -> list[str]:
-    from captum_ffb.patching.patches import EDGE_ESTIMATORS
+    from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR, EDGE_ESTIMATORS
 
-    names = ["frozen", "atp", "relp", "eap-ig", "atp*", chosen, *bests]
+    names = ["frozen", "atp", "relp", "gim", "eap-ig", "atp*", chosen, *bests]
     names = list(dict.fromkeys(names))
     lines = ["### How the default was chosen", "",
              "On SmolLM2-135M-Instruct (`results/patching`: IOI, induction on repeated random tokens, capital-city "
@@ -751,7 +752,10 @@ def summary_lines(selection, heldout, everyone_held, tasks, chosen, costs, edge_
         for name in EDGE_ESTIMATORS:
             lines.append(f"| `{name}` | " + " | ".join(_fmt(edge_scores(edge_held[t], name)['pearson']) for t in tasks)
                          + " |")
-        lines += ["", f"The edges' default (`DEFAULT_EDGE_ESTIMATOR`) is `{edge_choice}`.", ""]
+        lines += ["", f"The edges' default (`DEFAULT_EDGE_ESTIMATOR`, `{DEFAULT_EDGE_ESTIMATOR}`) is the choice of "
+                  f"this per-edge criterion (the largest smallest r over the tasks' selection edges): `{edge_choice}`. "
+                  "Circuits cut from edge scores have their own default (`DEFAULT_CIRCUIT_ESTIMATOR`), chosen by MIB's "
+                  "protocol on six tasks (`results/mib`, docs/circuits.md).", ""]
     return lines
 
 

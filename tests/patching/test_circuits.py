@@ -196,11 +196,10 @@ def test_the_curve_of_scores_and_its_ends(llama):
 
 
 def test_a_tasks_scores_are_the_default_estimators_summed_over_its_prompts(llama):
-    from captum_ffb.patching.patches import DEFAULT_EDGE_ESTIMATOR
-
     nd, request, corrupted = llama
     graph = C.ComponentGraph.of(nd.engine, "sublayer")
-    one = C.edge_scores(nd.engine, request, corrupted, graph, (DEFAULT_EDGE_ESTIMATOR,))[DEFAULT_EDGE_ESTIMATOR]
+    name = C.DEFAULT_CIRCUIT_ESTIMATOR
+    one = C.edge_scores(nd.engine, request, corrupted, graph, (name,))[name]
     assert torch.allclose(C.task_scores(nd.engine, [(request, corrupted)] * 2, graph), 2 * one)
     with pytest.raises(ValueError, match="at least one prompt"):
         C.task_scores(nd.engine, [], graph)
