@@ -2,7 +2,8 @@
 
 TASK is ``minilm-sentiment``, ``smollm2-next-token``, ``smollm2-sentiment`` (the 0.2 runs:
 ``decomposition`` there is ``AttnLRPAttention`` from zero), ``smollm2-next-token-0.3`` (the 0.3
-default and the position controls on the same snippets) or ``smollm2-next-token-schemes``
+default and the position controls on the same snippets), ``smollm2-next-token-gim`` (GIM beside
+the default, input × gradient and recency on the same snippets) or ``smollm2-next-token-schemes``
 (ERASER under each removal scheme, the methods' Kendall τ between schemes; 100 snippets)
 (default: all, in that order). Each run resumes from its shards in ``<task>/run/``. Every setting is
 here; the same runs through the command line are printed by ``--print-commands``.
@@ -53,6 +54,11 @@ RUNS = {
     "smollm2-next-token-0.3": dict(
         model="smollm2", task="next-token", max_tokens=MAX_TOKENS,
         methods="decomposition,decomposition_complete_lrp_attention_centered,recency,previous_token,first_token",
+        options={},
+    ),
+    "smollm2-next-token-gim": dict(
+        model="smollm2", task="next-token", max_tokens=MAX_TOKENS,
+        methods="decomposition,gim,input_x_gradient,recency",
         options={},
     ),
     "smollm2-next-token-schemes": dict(

@@ -279,11 +279,12 @@ def passes(name: str) -> float:
     return 1 + sum(own.get(m, 3) - 1 for m in members(name))  # the counterfactual's forward pass shared
 
 
-def choose(saved: dict) -> tuple[str, dict[str, tuple[float, float]]]:
+def choose(saved: dict, split: str = "selection") -> tuple[str, dict[str, tuple[float, float]]]:
     """The default: the smallest largest CPR shortfall over the tasks on the selection prompts
-    among the estimators of at most EAP-IG's passes (ties: CMD excess, then passes)."""
-    tasks = [saved["tasks"][t]["splits"]["selection"]["results"] for t in saved["tasks"]]
-    names = compared(saved, "selection")
+    among the estimators of at most EAP-IG's passes (ties: CMD excess, then passes); with each
+    estimator's largest CPR shortfall and CMD excess on ``split``."""
+    tasks = [saved["tasks"][t]["splits"][split]["results"] for t in saved["tasks"]]
+    names = compared(saved, split)
     allowed = [n for n in names if passes(n) <= passes("eap-ig")]
     worst = {}
     for name in allowed:
@@ -369,6 +370,14 @@ def report(saved: dict, candidates: dict | None = None) -> str:
               f"`DEFAULT_CIRCUIT_ESTIMATOR` by the selection prompts: **`{best}`** (largest CPR shortfall from the "
               "best over the tasks, largest CMD excess; candidates of at most EAP-IG's passes):", ""]
     lines += [f"- `{name}`: {cpr:.3f}, {cmd:.3f}" for name, (cpr, cmd) in worst.items()]
+    if all("heldout" in d["splits"] for d in tasks.values()):
+        _, held = choose(saved, "heldout")
+        wins = {name: sum(max(d["splits"]["heldout"]["results"].values(), key=lambda r: r["cpr"]) is
+                          d["splits"]["heldout"]["results"][name] for d in tasks.values()) for name in held}
+        lines += ["", "On the held-out prompts (largest CPR shortfall from the best, largest CMD excess; tasks where "
+                  "it has the best CPR):", ""]
+        lines += [f"- `{name}`: {cpr:.3f}, {cmd:.3f}; best on {wins[name]} of {len(tasks)}"
+                  for name, (cpr, cmd) in held.items()]
     lines += ["", "### Protocol checks", "",
               "- `tests/patching/test_circuits.py`: on a tiny Llama, the circuit with every edge gives the clean "
               "value and the empty circuit the counterfactual one (1e-12); cutting every edge into one head (or "
