@@ -23,7 +23,7 @@ from captum_ffb.io.files import write_text
 
 HERE = Path(__file__).resolve().parent
 TASKS = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment", "smollm2-next-token-0.3",
-         "smollm2-next-token-schemes")
+         "smollm2-next-token-gim", "smollm2-next-token-schemes")
 #: runs made when the default was ``AttnLRPAttention`` from zero
 RUNS_0_2 = ("minilm-sentiment", "smollm2-next-token", "smollm2-sentiment")
 EARLIER = "earlier-2026-11-22.csv"

@@ -86,7 +86,7 @@ def edge_estimates(engine: BoundModel, request: Request, corrupted: Request, gra
 
 def link_values(tape: GraphTape, cov: Covectors, diff: Differences, links: Sequence[Link]) -> Tensor:
     """``⟨J_Bᵀ G_B[q], δ_A[p]⟩`` for each link, from one recorded pass with separate reads
-    (``record(..., reads=True)``) and its covectors ``cov``; a position :data:`ALL` sums over
+    (``record(..., reads=True)``) and its covectors ``cov``; a position ``ALL`` (``-1``) sums over
     the positions (a source's write at every position, a target's output at every one: the
     position-agnostic edges of a component graph). The targets of one writer are pulled back
     together (one batched vector–Jacobian product)."""
