@@ -19,16 +19,14 @@ real patched pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from torch import Tensor
 
 from captum_ffb.engine.bound import BoundModel
-from captum_ffb.engine.tape import covectors
-from captum_ffb.patching.estimators.base import Estimate, Estimator, Shared, register_estimator
-from captum_ffb.patching.estimators.edges import Link, link_values
+from captum_ffb.patching.estimators.base import register_estimator
 from captum_ffb.patching.estimators.exact import exact_variant
-from captum_ffb.patching.estimators.recorded import gradients, linear_estimates, record
+from captum_ffb.patching.estimators.relp import RelP
 from captum_ffb.rules import LinearisedActivation, LinearisedGatedActivation
 from captum_ffb.rules.attention_scores import (
     ScoreCreditingAttention,
@@ -100,28 +98,16 @@ def gim_rules(engine: BoundModel, temperature: float = 2.0) -> dict[str, Callabl
 
 
 @register_estimator
-class GIM(Estimator):
-    """The gradient of a pass with GIM's backward changes (:func:`gim_rules`)."""
+class GIM(RelP):
+    """The gradient of a pass with GIM's backward changes (:func:`gim_rules`): RelP's passes
+    with other rules."""
 
     name = "gim"
     citation = ("Edin, Csordás, Ruotsalo, Wu, Maistro, Huang and Maaløe 2025, 'GIM: Improved "
                 "Interpretability for Large Language Models', arXiv:2505.17630")
-    cost = "3 (the clean and corrupted forward passes; a pass with its rules, forward and backward)"
-    linear = True
-    edges = True
 
-    def passes(self, shared: Shared) -> float:
-        return 3
-
-    def estimate(self, shared: Shared) -> Estimate:
-        gim = record(shared.engine, shared.request, shared.granularity, rules=gim_rules(shared.engine))
-        (grads,) = gradients(gim)
-        return Estimate(linear_estimates(grads, shared.diff, gim.tape))
-
-    def estimate_edges(self, shared: Shared, links: Sequence[Link]) -> Tensor:
-        rules = gim_rules(shared.engine)
-        tape = record(shared.engine, shared.request, shared.granularity, rules=rules, reads=True).tape
-        return link_values(tape, covectors(tape), shared.diff, links)
+    def rules(self, engine: BoundModel) -> dict[str, Callable]:
+        return gim_rules(engine)
 
 
 register_estimator(exact_variant(GIM))

@@ -82,13 +82,18 @@ class RelP(Estimator):
     def passes(self, shared: Shared) -> float:
         return 3
 
+    def rules(self, engine: BoundModel) -> dict[str, Callable]:
+        """The rules of the pass whose gradient it reads (an estimator of another rule set
+        subclasses it and changes only this)."""
+        return relp_rules(engine)
+
     def estimate(self, shared: Shared) -> Estimate:
-        relp = record(shared.engine, shared.request, shared.granularity, rules=relp_rules(shared.engine))
-        (grads,) = gradients(relp)
-        return Estimate(linear_estimates(grads, shared.diff, relp.tape))
+        found = record(shared.engine, shared.request, shared.granularity, rules=self.rules(shared.engine))
+        (grads,) = gradients(found)
+        return Estimate(linear_estimates(grads, shared.diff, found.tape))
 
     def estimate_edges(self, shared: Shared, links: Sequence[Link]) -> Tensor:
-        rules = relp_rules(shared.engine)
+        rules = self.rules(shared.engine)
         tape = record(shared.engine, shared.request, shared.granularity, rules=rules, reads=True).tape
         return link_values(tape, covectors(tape), shared.diff, links)
 
