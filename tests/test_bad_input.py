@@ -331,6 +331,21 @@ def _edge_patcher(a, steps):
     return EdgePatcher(nd.engine, nd.request(IDS[:1], 3), nd.request(IDS[1:], 3), "head", steps=steps)
 
 
+def _circuits():
+    from captum_ffb.patching import circuits
+
+    return circuits
+
+
+def _graph(a):
+    return _circuits().ComponentGraph.of(a["nd"].engine, "head")
+
+
+def _pair(a):
+    return a["nd"].request(IDS[:1], 3), a["nd"].request(IDS[1:], 3)
+
+
+MIB_CONFIG = {"n_layers": 2, "n_heads": 4, "d_model": 32, "parallel_attn_mlp": False}
 IDS = torch.tensor([[5, 6, 7, 8, 9], [9, 8, 7, 6, 5]])
 PADDED_ROW = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
 SOURCE = torch.tensor([[5, 6, 7, 8]])
@@ -534,6 +549,44 @@ API_CASES = [
      TypeError, r"inputs is text: give NormDecomposition\(model, tokenizer=...\) to read it, or token ids"),
     ("a graph saved as .json (a zip named .json before)", lambda a: a["graph"].save("/tmp/graph.json"),
      ValueError, r"path '/tmp/graph.json': a graph file is a .npz archive"),
+    # issue 56: MIB's circuits (captum_ffb.patching.circuits)
+    ("a component graph of neurons", lambda a: _circuits().ComponentGraph.of(a["nd"].engine, "neuron"),
+     ValueError, r"granularity is 'head' or 'sublayer', got 'neuron'"),
+    ("a component graph of a Post-LN model", lambda a: _circuits().ComponentGraph.of(a["nd_base"].engine, "sublayer"),
+     ValueError, r"circuits need the model's final norm"),
+    ("circuit scores one short", lambda a: _circuits().circuit_masks(_graph(a), torch.zeros(_graph(a).n_edges - 1)),
+     ValueError, r"scores must have one value per edge \(\d+\), got \d+"),
+    ("circuit scores with a NaN", lambda a: _circuits().circuit_masks(_graph(a), torch.full((_graph(a).n_edges,), 0.0)
+                                                                      .index_fill(0, torch.tensor([2]), float("nan"))),
+     ValueError, r"scores must be finite"),
+    ("an edge share above 1", lambda a: _circuits().circuit_masks(_graph(a), torch.ones(_graph(a).n_edges), [0.5, 2]),
+     ValueError, r"shares must lie in \[0, 1\], got 2"),
+    ("an edge share True", lambda a: _circuits().circuit_masks(_graph(a), torch.ones(_graph(a).n_edges), [True]),
+     ValueError, r"shares must lie in \[0, 1\], got True"),
+    ("a task with no prompts", lambda a: _circuits().task_scores(a["nd"].engine, [], _graph(a)),
+     ValueError, r"pairs must hold at least one \(request, counterfactual\) pair"),
+    ("a faithfulness curve with no prompts",
+     lambda a: _circuits().faithfulness_curve(a["nd"].engine, [], _graph(a), torch.ones(_graph(a).n_edges)),
+     ValueError, r"pairs must hold at least one \(request, counterfactual\) pair"),
+    ("circuit masks of one dimension",
+     lambda a: _circuits().circuit_values(a["nd"].engine, *_pair(a), _graph(a), torch.ones(_graph(a).n_edges)),
+     ValueError, r"masks must be \(circuits, \d+\), got \(\d+,\)"),
+    ("a counterfactual of another length",
+     lambda a: _circuits().circuit_values(a["nd"].engine, _pair(a)[0], a["nd"].request(IDS[1:, :4], 3), _graph(a),
+                                          torch.ones(1, _graph(a).n_edges)),
+     ValueError, r"corrupted must have the input's shape \(1, 5\), got \(1, 4\)"),
+    ("a circuit batch of none",
+     lambda a: _circuits().circuit_values(a["nd"].engine, *_pair(a), _graph(a), torch.ones(1, _graph(a).n_edges),
+                                          batch_size=0),
+     ValueError, r"batch_size must be a whole number of circuits, at least 1, got 0"),
+    ("an MIB export without the model's config",
+     lambda a: _circuits().mib_graph(_graph(a), torch.ones(_graph(a).n_edges), {"n_layers": 2}),
+     ValueError, r"config must name n_heads, d_model, parallel_attn_mlp"),
+    ("an MIB export whose in_graph is not a mask of the edges",
+     lambda a: _circuits().mib_graph(_graph(a), torch.ones(_graph(a).n_edges), MIB_CONFIG, torch.ones(3)),
+     ValueError, r"in_graph must be a bool mask of the \d+ edges, got torch.float32 of shape \(3,\)"),
+    ("MIB's summaries of curves of other lengths", lambda a: _circuits().mib_summaries((0.1, 0.2), (1.0,)),
+     ValueError, r"shares and faithfulness need the same length"),
 ]
 
 

@@ -165,7 +165,7 @@ def task_scores(engine: BoundModel, pairs: Sequence[tuple[Request, Request]], gr
     and its counterfactual), what MIB cuts a task's circuits from and what its submission holds."""
     name = DEFAULT_CIRCUIT_ESTIMATOR if estimator is None else estimator
     if not pairs:
-        raise ValueError("a task's scores need at least one prompt")
+        raise ValueError("pairs must hold at least one (request, counterfactual) pair: a task's scores sum over its prompts")
     total = torch.zeros(graph.n_edges, dtype=torch.float64)
     for request, corrupted in pairs:
         total += edge_scores(engine, request, corrupted, graph, (name,), steps)[name]
@@ -182,7 +182,7 @@ def circuit_masks(graph: ComponentGraph, scores: Tensor, shares: Sequence[float]
         raise ValueError(f"scores must have one value per edge ({graph.n_edges}), got {scores.shape[0]}")
     if not torch.isfinite(scores).all():
         raise ValueError("scores must be finite")
-    bad = [s for s in shares if not (isinstance(s, (int, float)) and 0 <= s <= 1)]
+    bad = [s for s in shares if isinstance(s, bool) or not (isinstance(s, (int, float)) and 0 <= s <= 1)]
     if bad:
         raise ValueError(f"shares must lie in [0, 1], got {bad[0]!r}")
     order = torch.argsort(scores.abs() if absolute else scores, descending=True, stable=True)
@@ -349,7 +349,10 @@ def circuit_values(engine: BoundModel, request: Request, corrupted: Request, gra
     if masks.dim() != 2 or masks.shape[1] != graph.n_edges:
         raise ValueError(f"masks must be (circuits, {graph.n_edges}), got {tuple(masks.shape)}")
     if corrupted.args[0].shape != request.args[0].shape:
-        raise ValueError("the counterfactual input must have the input's shape")
+        raise ValueError(f"corrupted must have the input's shape {tuple(request.args[0].shape)}, got "
+                         f"{tuple(corrupted.args[0].shape)}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number of circuits, at least 1, got {batch_size!r}")
     recording = _CircuitPass(engine, graph, None)
     _run(engine, corrupted, recording)
     heads = max((w.n_heads for w in circuit_writers(engine) if w.kind == "attention"), default=1)
@@ -401,7 +404,7 @@ def faithfulness_curve(engine: BoundModel, pairs: Sequence[tuple[Request, Reques
     prompts ``pairs`` (each a request and its counterfactual): ``f = (m̄(C) − m̄(∅)) /
     (m̄(N) − m̄(∅))`` with ``m̄`` the mean over the prompts, and its CPR and CMD."""
     if not pairs:
-        raise ValueError("faithfulness needs at least one prompt")
+        raise ValueError("pairs must hold at least one (request, counterfactual) pair: faithfulness is a mean over prompts")
     masks = circuit_masks(graph, scores, shares)
     ends = torch.stack([torch.ones(graph.n_edges, dtype=torch.bool), torch.zeros(graph.n_edges, dtype=torch.bool)])
     found = []
@@ -427,7 +430,13 @@ def mib_graph(graph: ComponentGraph, scores: Tensor, config: dict[str, Any], in_
     scores = torch.as_tensor(scores, dtype=torch.float64).flatten()
     if scores.shape[0] != graph.n_edges:
         raise ValueError(f"scores must have one value per edge ({graph.n_edges}), got {scores.shape[0]}")
-    kept = torch.ones(graph.n_edges, dtype=torch.bool) if in_graph is None else in_graph
+    missing = [key for key in ("n_layers", "n_heads", "d_model", "parallel_attn_mlp") if key not in config]
+    if missing:
+        raise ValueError(f"config must name {', '.join(missing)} (MIB's loader reads them)")
+    kept = torch.ones(graph.n_edges, dtype=torch.bool) if in_graph is None else torch.as_tensor(in_graph)
+    if kept.dtype != torch.bool or tuple(kept.shape) != (graph.n_edges,):
+        raise ValueError(f"in_graph must be a bool mask of the {graph.n_edges} edges, got {kept.dtype} of shape "
+                         f"{tuple(kept.shape)}")
     edges: dict[str, dict[str, Any]] = {}
     used: set[str] = {"logits"}
     for (s, r), score, on in zip(graph.edges.tolist(), scores.tolist(), kept.tolist()):

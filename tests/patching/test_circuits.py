@@ -201,7 +201,7 @@ def test_a_tasks_scores_are_the_default_estimators_summed_over_its_prompts(llama
     name = C.DEFAULT_CIRCUIT_ESTIMATOR
     one = C.edge_scores(nd.engine, request, corrupted, graph, (name,))[name]
     assert torch.allclose(C.task_scores(nd.engine, [(request, corrupted)] * 2, graph), 2 * one)
-    with pytest.raises(ValueError, match="at least one prompt"):
+    with pytest.raises(ValueError, match=r"pairs must hold at least one \(request, counterfactual\) pair"):
         C.task_scores(nd.engine, [], graph)
 
 
