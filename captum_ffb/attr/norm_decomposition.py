@@ -10,6 +10,7 @@ engine's business.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -23,9 +24,10 @@ from captum_ffb.attr._read_outs import ReadOutMethods
 from captum_ffb.components import pipeline as components
 from captum_ffb.components.table import ComponentAttribution
 from captum_ffb.engine import find_model
+from captum_ffb.engine.bound import Request
 from captum_ffb.engine.locking import serialized
 from captum_ffb.engine.model import wrapper_tokenizer
-from captum_ffb.engine.whole import WholeModel
+from captum_ffb.engine.whole import Answer, WholeModel
 from captum_ffb.explained.models import LoadedModel
 from captum_ffb.explained.results import ExplainedOutput
 from captum_ffb.graph.pipeline import GraphOptions, build, check_graph_options
@@ -199,13 +201,36 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         groups, n_groups = self.engine.groups(feature_mask, players, request)
         with_bias = return_bias or return_convergence_delta
-        head_target, captured = self._passes(target, target_position, request,
-                                             captures=route == "forward" or (with_bias and self._predicts(target)))
-        (answer,) = self.engine.answers(request, [head_target], self._rules(rules), reference, route, groups,
-                                        n_groups, players, with_bias=with_bias, captured=captured)
+        chosen = self._rules(rules)
+        answer = self._answer(request, target, target_position, chosen, reference, route, groups, n_groups, players,
+                              with_bias)
         per_group = self.engine.per_group(answer, request, groups, n_groups, route)
         return captum_return(self.engine.per_position(per_group, request, groups), answer.bias if return_bias else None,
                        (per_group.sum(1) + answer.bias - answer.real).abs() if return_convergence_delta else None)
+
+    def _answer(self, request: Request, target: Any, target_position: Any, rules: dict[str, Callable],
+                reference: Any, route: str, groups: Tensor | None = None, n_groups: int | None = None,
+                players: Sequence[int] | None = None, with_bias: bool = False) -> Answer:
+        """``attribute``'s passes: a causal LM's prediction on the backward route is read from
+        the frozen pass itself (no pass of its own) where nothing else needs a capture; else
+        the capture or prediction pass :meth:`_passes` decides. The answer's ``units`` name
+        the predicted unit where ``target`` asked for the prediction."""
+        needs_bias_pass = with_bias and not self.engine.holds_no_bias(rules, reference)
+        if target is None and route == "backward" and self.engine.task == "causal_lm" and players is None \
+                and not needs_bias_pass:
+            stand_in = self._target(0, target_position, request.read_mask)  # the positions read
+            (answer,) = self.engine.answers(request, [stand_in], rules, reference, route, groups, n_groups,
+                                            with_bias=with_bias,
+                                            predict=lambda units: self._target(units, target_position,
+                                                                               request.read_mask))
+            return answer
+        head_target, captured = self._passes(target, target_position, request,
+                                             captures=route == "forward" or (needs_bias_pass and self._predicts(target)))
+        (answer,) = self.engine.answers(request, [head_target], rules, reference, route, groups, n_groups, players,
+                                        with_bias=with_bias, captured=captured)
+        if self._predicts(target) and head_target.indices is not None:
+            answer = replace(answer, units=head_target.indices[:, 0])
+        return answer
 
     @log_usage()
     @serialized

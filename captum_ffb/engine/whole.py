@@ -116,12 +116,15 @@ class Answer:
         bias (Tensor, optional): ``(B,)`` the bias player's (``None`` when not computed).
         value (Tensor): ``(B,)`` the value as the route computed it.
         real (Tensor): ``(B,)`` the value the model computed.
+        units (Tensor, optional): ``(B,)`` the predicted units, where the pass itself read
+                    the prediction (``predict``).
     """
 
     contributions: Tensor
     bias: Tensor | None
     value: Tensor
     real: Tensor
+    units: Tensor | None = None
 
 
 @dataclass
@@ -315,12 +318,18 @@ class WholeModel(BoundModel):
     def answers(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
                 reference: Any, route: str, groups: Tensor | None = None, n_groups: int | None = None,
                 players: Sequence[int] | None = None, with_bias: bool = False,
-                captured: Captured | None = None) -> list[Answer]:
+                captured: Captured | None = None, predict: Callable[[Tensor], HeadTarget] | None = None
+                ) -> list[Answer]:
         """Each target's answer by ``route``. On the backward route, with ``with_bias``, the
         bias player's contribution is computed on its own: the forward route with no other
         player (one capture, or ``captured``, and one propagation of ``n`` vectors per block),
         so that the convergence delta ``|Σ_j c_j + c_bias − real|`` checks the backward pass
-        against an independent computation."""
+        against an independent computation. A model without bias terms under the default
+        rules, measured from zero or the centred reference, has a bias player of exactly 0
+        (:meth:`holds_no_bias`): that pass is skipped, and the delta checks the backward pass's
+        contributions against the real model's output. ``predict`` (backward route, one
+        target): ``targets`` holds a stand-in at the read positions and the pass explains the
+        unit it predicts there (:meth:`backward`)."""
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if route == "forward":
@@ -328,13 +337,29 @@ class WholeModel(BoundModel):
             return self.forward(captured, request, targets, rules, groups, n_groups, players, reference)[0]
         if players is not None:
             raise ValueError("players= splits the forward route; use route='forward'")
-        answers = self.backward(request, targets, rules, reference)
+        answers = self.backward(request, targets, rules, reference, predict)
         if not with_bias:
             return answers
+        if self.holds_no_bias(rules, reference):
+            return [replace(answer, bias=torch.zeros_like(answer.value)) for answer in answers]
         captured = captured if captured is not None else self.capture(request)
         alone = self.forward(captured, request, targets, rules, None, None, [], reference)[0]
         return [replace(answer, bias=part.bias.to(answer.contributions.dtype))
                 for answer, part in zip(answers, alone)]
+
+    def holds_no_bias(self, rules: Mapping[str, Callable], reference: Any) -> bool:
+        """Whether the bias player is 0 whatever the input: a decoder-only or encoder-only
+        model with no nonzero bias term (no parameter named ``bias`` or ``*_bias`` holds
+        anything but zeros), the default rules (the same types and settings), and players
+        measured from zero or the centred reference (whose output goes back to the tokens)."""
+        if self.source is not None or not (reference is None or is_centered(reference)
+                                           or (isinstance(reference, str) and reference == "zero")):
+            return False
+        defaults = self.rules()
+        if set(rules) != set(defaults) or not all(_same_rule(rules[r], defaults[r]) for r in defaults):
+            return False
+        return not any(bool(p.detach().any()) for name, p in self.model.named_parameters()
+                       if name.rsplit(".", 1)[-1] == "bias" or name.endswith("_bias"))
 
     def explain(self, request: Request, targets_of: Callable[[Any], list[HeadTarget]],
                 rules: Mapping[str, Callable], reference: Any, route: str, maps: bool = False, check: bool = False
@@ -356,8 +381,13 @@ class WholeModel(BoundModel):
         return answers, whole if (check or route == "forward") else None, found, captured.output
 
     def backward(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
-                 reference: Any) -> list[Answer]:
-        """One forward pass through the frozen model; one backward pass per target."""
+                 reference: Any, predict: Callable[[Tensor], HeadTarget] | None = None) -> list[Answer]:
+        """One forward pass through the frozen model; one backward pass per target. With
+        ``predict`` (a causal LM's next token), ``targets`` is one stand-in for the positions
+        read: the unit explained is the one the pass's own logits rank first there (the
+        model's prediction, with no pass of its own), its head target ``predict(units)``."""
+        if predict is not None and (len(targets) != 1 or self.head.task != "causal_lm"):
+            raise ValueError("predict reads a causal LM's next token: give one stand-in target")
         head, model = self.head, self.model
         args, kwargs = request.args, dict(request.kwargs)
         warn_if_padded_without_mask(args, kwargs, self.config)
@@ -377,6 +407,10 @@ class WholeModel(BoundModel):
             references = [None if is_centered(reference) else
                           self.reference_of(reference, x.to(self.dtype), mask, args, kwargs)
                           for x, mask in zip(inputs, masks)]
+            units = None
+            if predict is not None:  # the prediction, from this pass's logits at the positions read
+                units = self._predicted_units(output, targets[0])
+                targets = [replace(predict(units), positions=targets[0].positions)]
             values = [self.linearised_value(output, frozen, target, rules) for target in targets]
             for k, (target, value, grads) in enumerate(zip(targets, values, frozen.gradients(values))):
                 parts = []
@@ -390,8 +424,14 @@ class WholeModel(BoundModel):
                 contributions = torch.cat(parts, dim=1).to(self.dtype)
                 value = value.detach().to(self.dtype)
                 real = target_value(head, output, target, self.dtype).detach()
-                answers.append(Answer(contributions, value - contributions.sum(-1), value, real))
+                answers.append(Answer(contributions, value - contributions.sum(-1), value, real, units))
         return answers
+
+    def _predicted_units(self, output: Any, target: HeadTarget) -> Tensor:
+        """``(B,)`` the unit each row's logits rank first at ``target``'s positions."""
+        logits = output.logits if hasattr(output, "logits") else output[0]
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        return logits[rows, target.positions.to(logits.device)].detach().argmax(-1)
 
     def capture(self, request: Request) -> Captured:
         """One pass recording what the forward route needs: every block of each stack, the
@@ -700,3 +740,14 @@ __getattr__ = moved_names(__name__, {
     "HEAD": "captum_ffb.components.sums", "BuiltGraph": "captum_ffb.graph.pipeline",
     "EXACT_ABOVE": "captum_ffb.patching.patches",
 })
+
+
+def _same_rule(rule: Callable, default: Callable) -> bool:
+    """Whether ``rule`` is ``default``'s type with the same settings (a rule whose settings
+    cannot be compared is taken as another)."""
+    if type(rule) is not type(default):
+        return False
+    try:
+        return bool(vars(rule) == vars(default))
+    except (TypeError, RuntimeError, ValueError):  # no __dict__, or tensors among the settings
+        return False

@@ -152,11 +152,18 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
     if max_tokens is not None and ids.shape[1] > max_tokens:
         raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
     token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
-    if target is None:  # the prediction, named once: its label is the predicted token
-        target = int(nd.request(ids).target.indices[0, 0])
-    elif isinstance(target, str):  # read by this tokenizer (the attribution may have none)
+    if isinstance(target, str):  # read by this tokenizer (the attribution may have none)
         target = int(nd.engine.token_ids(tokenizer, target, one=True)[0])
-    contributions, bias, delta = nd.attribute(ids, target=target, return_bias=True, return_convergence_delta=True)
+    # one pass of the frozen model: the prediction (target None) is read from its own logits
+    request = nd._request(ids, None, None, nd.reference)
+    groups, n_groups = nd.engine.groups(None, None, request)
+    answer = nd._answer(request, target, None, nd._rules(None), nd.reference, "backward", groups, n_groups,
+                        with_bias=True)
+    if target is None:  # named once: its label is the predicted token
+        target = int(answer.units[0])
+    per_group = nd.engine.per_group(answer, request, groups, n_groups, "backward")
+    contributions = nd.engine.per_position(per_group, request, groups)
+    bias, delta = answer.bias, (per_group.sum(1) + answer.bias - answer.real).abs()
     per_token = contributions[0].detach().to(torch.float64).cpu()  # the result's numbers, on the cpu
     index = torch.tensor(token_groups, device="cpu")
     groups = torch.zeros(len(spans), dtype=torch.float64, device="cpu")

@@ -87,17 +87,25 @@ def test_attribute_steps_backward_delta():
     torch.testing.assert_close(delta, (c.sum(1) + bias - real).abs(), atol=1e-6 * scale, rtol=0)
 
 
-def test_plain_backward_runs_no_forward_route(monkeypatch):
-    model = tiny_task_model("llama")
-    ids = token_ids()
-    nd = NormDecomposition(model)
+def _counted_forward(nd, monkeypatch) -> list:
     calls = []
     original = nd.engine.forward
     monkeypatch.setattr(nd.engine, "forward", lambda *a, **k: calls.append(k) or original(*a, **k))
+    return calls
+
+
+def test_plain_backward_runs_no_forward_route(monkeypatch):
+    ids = token_ids()
+    nd = NormDecomposition(tiny_task_model("llama"))
+    calls = _counted_forward(nd, monkeypatch)
     nd.attribute(ids, target=3)
     nd.attribute_steps(ids[:1], [3], target_position=[4])
     assert not calls
-    nd.attribute(ids, target=3, return_bias=True)
+    nd.attribute(ids, target=3, return_bias=True)  # no bias term: the bias player is 0, no pass of its own
+    assert not calls
+    biased = NormDecomposition(tiny_task_model("qwen2"))  # bias terms: the bias player's own pass
+    calls = _counted_forward(biased, monkeypatch)
+    biased.attribute(ids, target=3, return_bias=True)
     assert len(calls) == 1
 
 

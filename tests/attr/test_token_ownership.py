@@ -54,3 +54,49 @@ def test_with_bias_terms_the_bias_player_holds_only_them(name):
     c, bias = nd.attribute(ids, target=1, forward_kwargs={"attention_mask": mask}, return_bias=True)
     assert float(own.abs().max()) > 1e-3  # the model's bias terms are not trivial here
     torch.testing.assert_close(bias, own, atol=1e-6, rtol=1e-5)
+
+
+def _forward_route_runs(nd, monkeypatch, **kwargs) -> bool:
+    """Whether ``attribute`` on the backward route, asked for the bias and the delta, runs
+    the forward route (the bias player's own pass)."""
+    calls = []
+    real = nd.engine.forward
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(nd.engine, "forward", counted)
+    ids, mask, _, _ = padded_pair("right")
+    c, bias, delta = nd.attribute(ids, target=2, forward_kwargs={"attention_mask": mask}, return_bias=True,
+                                  return_convergence_delta=True, **kwargs)
+    assert float(delta.max()) < 1e-5 * float(c.abs().sum(1).max()) + 1e-7
+    monkeypatch.undo()
+    return bool(calls)
+
+
+def test_without_bias_terms_the_bias_pass_is_skipped_and_the_delta_still_checks(monkeypatch):
+    """A bias-free model under the default rules holds no bias: one backward pass gives the
+    contributions, the bias (exactly 0) and the delta against the real output; a bias term, a
+    rule of the user's or a token reference bring the bias player's own pass back."""
+    from captum_ffb.rules import IGAttention
+
+    model = _without_bias_terms(tiny_task_model("llama", "causal_lm"))
+    nd = NormDecomposition(model)
+    assert not _forward_route_runs(nd, monkeypatch)
+    assert not _forward_route_runs(nd, monkeypatch, reference="zero")
+    assert _forward_route_runs(nd, monkeypatch, reference=3)  # the reference's output is the bias player's
+    assert _forward_route_runs(nd, monkeypatch, rules={"attention": IGAttention()})
+    ids, mask, _, _ = padded_pair("right")
+    c, bias, delta = nd.attribute(ids, target=2, forward_kwargs={"attention_mask": mask}, return_bias=True,
+                                  return_convergence_delta=True)
+    assert torch.equal(bias, torch.zeros_like(bias))
+    # the delta is the backward pass's tokens against the real model's output
+    last = mask.sum(1) - 1
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask).logits
+    real = logits[torch.arange(len(ids)), last, 2]
+    torch.testing.assert_close(delta, (c.sum(1) - real).abs(), atol=1e-6, rtol=1e-5)
+    with torch.no_grad():  # one bias term back
+        model.model.layers[0].mlp.down_proj.bias = torch.nn.Parameter(torch.full((model.config.hidden_size,), 0.1))
+    assert _forward_route_runs(NormDecomposition(model), monkeypatch)

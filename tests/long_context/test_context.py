@@ -80,6 +80,29 @@ def test_the_prediction_is_explained_by_default_and_a_template_places_the_questi
     assert found.top(2)[0][2] == max(found.contributions.tolist(), key=abs)
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_the_prediction_costs_no_pass_of_its_own(name, monkeypatch):
+    """One pass of the frozen model predicts and explains (Llama, bias-free: no other pass;
+    GPT-2, with bias terms: the bias player's capture predicts too), as before to the token:
+    the predicted one, the groups adding up with the bias to the real logit."""
+    model = tiny_lm(name)
+    nd, tokenizer = NormDecomposition(model), causal_tokenizer(bos=True)
+    with torch.no_grad():
+        ids = tokenizer(CONTEXT + "\n\n" + QUESTION, return_tensors="pt").input_ids
+        logits = model(ids).logits[0, -1]
+    predicted = int(logits.argmax())
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a pass to predict was run")
+
+    monkeypatch.setattr(nd.engine, "predict", refused)
+    found = context_attribution(nd, tokenizer, CONTEXT, QUESTION)
+    assert found.target == repr(tokenizer.decode([predicted]))
+    total = float(found.contributions.sum()) + found.question + found.rest + found.bias
+    assert total == pytest.approx(float(logits[predicted]), abs=1e-4) and found.delta < 1e-4
+    assert (found.bias == 0.0) is (name == "llama")
+
+
 def test_bad_requests_are_refused(lm):
     nd, tokenizer = lm
     with pytest.raises(ValueError, match="empty"):
