@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import warnings
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one thread per worker (and per process it starts: notebook kernels, command lines): two
+    # workers of two threads each on two cores spin against each other and run 3-6x slower
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_name] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 import pytest
 
