@@ -14,6 +14,10 @@ the same run (best of ``--repeat``); ``score_split`` per call (after the first, 
 the pass); and, each in a process of its own, the peak resident memory of the *unpruned* graph
 at ``--memory`` tokens (Linux: the high-water mark reset after the model has loaded).
 ``--threads`` torch threads (one by default; the report says how many).
+
+``--first-only`` measures the first graph call of a fresh process against the next calls
+(the model loaded, then ``attribute_graph`` three times on a prompt of the docs, with and
+without a corrupted prompt's patch estimates) and adds them to the saved results.
 """
 
 from __future__ import annotations
@@ -105,6 +109,33 @@ def alone(n: int) -> None:
                       "nodes": len(graph.data), "edges": len(graph.data.weights)}))
 
 
+#: the first-call prompt (the graphs page's), its corrupted twin and the explained token
+FIRST_PROMPT = ("The Eiffel Tower is located in the city of", "The Colosseum is located in the city of", " Paris")
+
+
+def first_calls() -> None:
+    """In a fresh process: the model loaded, then three graph calls of each kind (the first
+    pays for whatever is built, traced or warmed once); print their seconds."""
+    from captum_ffb import NormDecomposition
+    from captum_ffb.explained.models import load_model, smollm2_dir
+
+    start = time.perf_counter()
+    loaded = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm")
+    load_seconds = time.perf_counter() - start
+    nd = NormDecomposition(loaded.model, tokenizer=loaded.tokenizer)
+    clean, corrupted, target = FIRST_PROMPT
+    kinds = {"attribute_graph": {}, "attribute_graph with corrupted_inputs": {"corrupted_inputs": corrupted}}
+    found = {"load_seconds": load_seconds}
+    for kind, options in kinds.items():
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            nd.attribute_graph(clean, target=target, **options)
+            times.append(time.perf_counter() - start)
+        found[kind] = times
+    print(json.dumps(found))
+
+
 def _status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -133,6 +164,15 @@ def markdown(result: dict) -> str:
         lines += ["", f"Unpruned head graph at n = {m['n']} (every node's edges: {m['nodes']} nodes, {m['edges']} "
                   f"edges): {m['seconds']:.1f} s, peak resident memory {m['peak_bytes'] / 2**30:.2f} GiB "
                   f"({m['added_bytes'] / 2**30:.2f} GiB above the loaded model)."]
+    if result.get("first"):
+        f = result["first"]
+        lines += ["", f"First call in a fresh process (run {result.get('first_run', '')}; `--first-only`): the model "
+                  f"loaded ({f['load_seconds']:.1f} s, outside the calls), then three calls of each kind on "
+                  f"{FIRST_PROMPT[0]!r} (head granularity, pruned; the corrupted prompt {FIRST_PROMPT[1]!r}).", "",
+                  "| call | first (s) | second (s) | third (s) | first ÷ warm |", "|---|---:|---:|---:|---:|"]
+        for kind in ("attribute_graph", "attribute_graph with corrupted_inputs"):
+            t = f[kind]
+            lines.append(f"| {kind} | {t[0]:.2f} | {t[1]:.2f} | {t[2]:.2f} | {t[0] / min(t[1:]):.2f}× |")
     return "\n".join(lines) + "\n"
 
 
@@ -149,10 +189,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alone", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="n = 32, one repeat, no files")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--first-only", action="store_true",
+                        help="measure the first graph call of a fresh process only; keep the other results")
+    parser.add_argument("--first-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.alone is not None:
         alone(args.alone)
+        return 0
+    if args.first_child:
+        first_calls()
+        return 0
+    here = Path(__file__).parent
+    if args.first_only:
+        out = subprocess.run([sys.executable, __file__, "--first-child", "--threads", str(args.threads)],
+                             capture_output=True, text=True, check=True)
+        saved = here / "GRAPHS.json"
+        result = json.loads(saved.read_text(encoding="utf-8"))
+        result["first"] = json.loads(out.stdout.strip().splitlines()[-1])
+        result["first_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
+        text = markdown(result)
+        print(text)
+        if not args.quick:
+            saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            (here / "GRAPHS.md").write_text(text, encoding="utf-8")
         return 0
     sizes = [32] if args.quick else [int(s) for s in args.sizes.split(",")]
     model, nd = load()
@@ -174,7 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         print(markdown(result))
         return 0
-    here = Path(__file__).parent
     (here / "GRAPHS.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     (here / "GRAPHS.md").write_text(markdown(result), encoding="utf-8")
     print(here / "GRAPHS.md")

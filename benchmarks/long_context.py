@@ -16,6 +16,15 @@ logits; what Captum's ``Saliency`` or ``InputXGradient`` costs; an encoder–dec
 gradient with respect to the source and the target prefix) and
 ``NormDecomposition(model).attribute(ids, target=token)`` (the default rules and route).
 ``--tree DIR`` runs the attribution from another checkout (a "before" column). Two threads.
+
+``--context-only`` measures context attribution as a user calls it, at ``--context-sizes``
+(2048 and 4096), and adds its table to the files: a document of n tokens (the repository's
+``docs/examples/field_report.txt`` repeated) and a question in the documented template, the
+model's predicted answer token explained, paragraphs as groups. In a process of its own,
+``context_attribution`` against the input-gradient pass of the same prompt and token (first
+call, then the median of ``--repeat``); and the command line, ``captum-ffb explain --context``
+writing its files, end to end (start, load, explain, write) against a process that loads the
+model the same way and runs one input-gradient pass.
 """
 
 from __future__ import annotations
@@ -130,6 +139,112 @@ def child(method: str, n: int, tree: str, repeat: int) -> None:
                       "peak_bytes": peak, "added_bytes": peak - before}))
 
 
+QUESTION = "Who led the survey team?"
+TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer: The survey team was led by"
+CONTEXT_METHODS = (f"{BASELINE} (context prompt)", "context_attribution")
+
+
+def context_document(tokenizer, n: int) -> str:
+    """A document whose prompt (the template with the question) has about ``n`` tokens."""
+    report = (ROOT / "docs" / "examples" / "field_report.txt").read_text(encoding="utf-8")
+    spare = len(tokenizer(TEMPLATE.format(context="", question=QUESTION)).input_ids)
+    paragraphs, ids = [], []
+    while len(ids) < n - spare:
+        paragraphs += report.split("\n\n")
+        ids = tokenizer("\n\n".join(paragraphs)).input_ids
+    while len(tokenizer("\n\n".join(paragraphs)).input_ids) > n - spare and len(paragraphs) > 1:
+        paragraphs.pop()
+    return "\n\n".join(paragraphs)
+
+
+def context_child(method: str, n: int, repeat: int) -> None:
+    """In a process of its own: ``context_attribution`` (or the input-gradient pass of its
+    prompt and predicted token) at about ``n`` tokens, a first call and ``repeat`` more."""
+    import torch
+
+    torch.set_num_threads(2)
+    from captum_ffb import NormDecomposition, context_attribution
+    from captum_ffb.explained.models import load_model, smollm2_dir
+
+    loaded = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm")
+    model, tokenizer = loaded.model.eval(), loaded.tokenizer
+    nd = NormDecomposition(model)
+    document = context_document(tokenizer, n)
+    ids = tokenizer(TEMPLATE.format(context=document, question=QUESTION), return_tensors="pt").input_ids
+    with torch.no_grad():
+        token = int(model(ids, logits_to_keep=1).logits[0, -1].argmax())
+
+    def run() -> None:
+        if method == CONTEXT_METHODS[0]:
+            input_gradient_pass(model, ids, token)
+        else:
+            found = context_attribution(nd, tokenizer, document, QUESTION, template=TEMPLATE)
+            assert found.delta < 1e-3 * max(1.0, abs(found.value)), found.delta
+
+    times = []
+    for _ in range(1 + repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"n": int(ids.shape[1]), "method": method, "first_seconds": times[0],
+                      "seconds": statistics.median(times[1:]) if repeat else times[0], "repeat": repeat}))
+
+
+def measure_cli(n: int, scratch: Path) -> dict:
+    """Seconds of ``captum-ffb explain --context`` end to end and of a process that loads the
+    model the same way and runs one input-gradient pass of the same prompt."""
+    from captum_ffb.explained.models import load_model, smollm2_dir
+
+    folder = str(smollm2_dir(required=True))
+    tokenizer = load_model(folder, show_progress=False, task="causal_lm").tokenizer
+    document = scratch / f"document-{n}.txt"
+    document.write_text(context_document(tokenizer, n), encoding="utf-8")
+    cli = [sys.executable, "-m", "captum_ffb.cli", "explain", "--context", str(document), "--question", QUESTION,
+           "--template", TEMPLATE, "--model", folder, "--out", str(scratch / f"out-{n}"), "--quiet"]
+    base = [sys.executable, __file__, "--child", "cli-baseline", "--n", str(n), "--tree", str(document)]
+    found = {}
+    for name, command in (("cli", cli), ("cli-baseline", base)):
+        start = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, text=True)
+        found[name] = time.perf_counter() - start
+    files = sorted(p.name for p in (scratch / f"out-{n}").iterdir())
+    return {"n": n, "cli_seconds": found["cli"], "baseline_seconds": found["cli-baseline"], "files": files}
+
+
+def cli_baseline(document: str) -> None:
+    """A user's plain run: load the model as the command line does, one input-gradient pass."""
+    import torch
+
+    from captum_ffb.explained.models import load_model, smollm2_dir
+
+    loaded = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm")
+    text = TEMPLATE.format(context=Path(document).read_text(encoding="utf-8"), question=QUESTION)
+    ids = loaded.tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        token = int(loaded.model(ids, logits_to_keep=1).logits[0, -1].argmax())
+    input_gradient_pass(loaded.model, ids, token)
+
+
+def context_markdown(rows: dict) -> list[str]:
+    lines = ["", "## Context attribution as a user calls it", "",
+             "A document of about n tokens (`docs/examples/field_report.txt` repeated), the question in the "
+             "documented template, the predicted answer token, paragraphs as groups (`--context-only`). In a "
+             f"process: `context_attribution` against the {BASELINE} of the same prompt and token (first call, "
+             "then the median of the repeats). The command line: `captum-ffb explain --context` end to end "
+             "(start, load SmolLM2, explain, write its files) against a process that loads the model the same "
+             f"way and runs one {BASELINE}.", "",
+             f"| n | {BASELINE} (s) | context_attribution (s) | × {BASELINE} | first calls (s) "
+             f"| command line (s) | load + {BASELINE} (s) | × |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in rows.values():
+        base, ours, cli = row[CONTEXT_METHODS[0]], row[CONTEXT_METHODS[1]], row["cli"]
+        lines.append(f"| {base['n']} | {base['seconds']:.2f} | {ours['seconds']:.2f} | "
+                     f"{ours['seconds'] / base['seconds']:.2f}× | {base['first_seconds']:.2f}, "
+                     f"{ours['first_seconds']:.2f} | {cli['cli_seconds']:.1f} | {cli['baseline_seconds']:.1f} | "
+                     f"{cli['cli_seconds'] / cli['baseline_seconds']:.2f}× |")
+    return lines
+
+
 def _commit(tree: str | None) -> str | None:
     """The short commit of the checkout at ``tree`` (``None`` where it is not a git checkout)."""
     if tree is None:
@@ -201,6 +316,8 @@ def markdown(result: dict) -> str:
             base = result["rows"][n][BASELINE]
             lines.append(f"| {n} | {row['seconds']:.2f} | {row['seconds'] / base['seconds']:.2f}× | "
                          f"{row['added_bytes'] / 2**30:.2f} |")
+    if result.get("context"):
+        lines += context_markdown(result["context"])
     return "\n".join(lines) + "\n"
 
 
@@ -216,10 +333,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--tree", default=str(ROOT), help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first at each n (their median)")
+    parser.add_argument("--context-only", action="store_true",
+                        help="measure context attribution and the CLI only; keep the other rows of LONG_CONTEXT.json")
+    parser.add_argument("--context-sizes", default="2048,4096", help="the sizes context attribution is timed at")
     args = parser.parse_args(argv)
+    if args.child == "cli-baseline":
+        cli_baseline(args.tree)
+        return 0
+    if args.child in CONTEXT_METHODS:
+        context_child(args.child, args.n, args.repeat)
+        return 0
     if args.child is not None:
         child(args.child, args.n, args.tree, args.repeat)
         return 0
+    if args.context_only:
+        return context_main(args)
     import torch
 
     result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
@@ -246,6 +374,33 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if not args.quick:
         (HERE / "LONG_CONTEXT.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (HERE / "LONG_CONTEXT.md").write_text(text, encoding="utf-8")
+    return 0
+
+
+def context_main(args: argparse.Namespace) -> int:
+    """``--context-only``: the context rows, added to the saved results."""
+    import tempfile
+
+    saved = HERE / "LONG_CONTEXT.json"
+    result = json.loads(saved.read_text(encoding="utf-8")) if saved.exists() else {"rows": {}}
+    result["context"] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for n in (int(s) for s in args.context_sizes.split(",")):
+            row = {}
+            for method in CONTEXT_METHODS:
+                out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--repeat",
+                                      str(args.repeat)], capture_output=True, text=True, check=True)
+                row[method] = json.loads(out.stdout.strip().splitlines()[-1])
+                print(json.dumps(row[method]), flush=True)
+            row["cli"] = measure_cli(n, Path(scratch))
+            print(json.dumps(row["cli"]), flush=True)
+            result["context"][str(n)] = row
+    result["context_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
+    text = markdown(result)
+    print("\n".join(context_markdown(result["context"])))
+    if not args.quick:
+        saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         (HERE / "LONG_CONTEXT.md").write_text(text, encoding="utf-8")
     return 0
 
