@@ -34,11 +34,18 @@ def test_valid_text_passes():
 
 @pytest.fixture()
 def transformers_records(caplog):
-    """Records of transformers' loggers (which do not propagate to the root logger)."""
+    """Records of transformers' loggers (which do not propagate to the root logger), at
+    transformers' default verbosity (importing transformer_lens earlier in the same process
+    silences them process-wide)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_warning()
     root = logging.getLogger("transformers")
     root.addHandler(caplog.handler)
     yield caplog
     root.removeHandler(caplog.handler)
+    hf_logging.set_verbosity(verbosity)
 
 
 def test_the_tokenizer_warning_about_long_inputs_is_not_shown(transformers_records):
