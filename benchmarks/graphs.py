@@ -18,6 +18,11 @@ at ``--memory`` tokens (Linux: the high-water mark reset after the model has loa
 ``--first-only`` measures the first graph call of a fresh process against the next calls
 (the model loaded, then ``attribute_graph`` three times on a prompt of the docs, with and
 without a corrupted prompt's patch estimates) and adds them to the saved results.
+
+``--scaling 512,1024,2048`` measures the pruned head graph at long inputs and adds the table to
+the saved results: per n, in a process of its own each, the graph (seconds, the peak resident
+memory above the loaded model, kept nodes, edges computed, and the seconds of its graph pass,
+covectors, edges and pruning) and the input-gradient pass at the same n.
 """
 
 from __future__ import annotations
@@ -136,6 +141,58 @@ def first_calls() -> None:
     print(json.dumps(found))
 
 
+def scaling_child(n: int, method: str) -> None:
+    """In a process of its own: the pruned head graph (or the input-gradient pass) at ``n``
+    after a warm-up at n = 64; print its seconds, peak memory and, for the graph, its sizes
+    and where its time went."""
+    import cProfile
+    import gc
+    import pstats
+
+    model, nd = load()
+    ids, token = inputs(model, n)
+    warm = ids[:, :64]
+    if method == BASELINE:
+        input_gradient_pass(model, warm, token)
+    else:
+        nd.attribute_graph(warm, token)
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_bytes("VmRSS")
+    profile = cProfile.Profile()
+    start = time.perf_counter()
+    profile.enable()
+    graph = input_gradient_pass(model, ids, token) if method == BASELINE else nd.attribute_graph(ids, token)
+    profile.disable()
+    seconds = time.perf_counter() - start
+    found = {"n": n, "method": method, "seconds": seconds, "added_bytes": _status_bytes("VmHWM") - before}
+    if method != BASELINE:
+        stats = pstats.Stats(profile).stats  # (file, line, name) → (calls, primitive, own, cumulative, callers)
+        parts = {"graph pass": "graph_pass", "covectors": "covectors", "edges": "_edges_into",
+                 "pruning": "prune_masks"}
+        found["parts"] = {label: sum(v[3] for k, v in stats.items() if k[2] == name) for label, name in parts.items()}
+        found.update(kept_nodes=int(graph.node_mask.sum()), edges_computed=len(graph.data.weights),
+                     nodes=len(graph.data))
+    print(json.dumps(found))
+
+
+def scaling_markdown(rows: dict) -> list[str]:
+    lines = ["", "## Long inputs: the pruned head graph (`--scaling`)", "",
+             "Random ids, the predicted token, library defaults (head granularity, `max_nodes` 256, pruned), each "
+             f"measurement in a process of its own after a warm-up at n = 64 and under Python's profiler (both), against the {BASELINE} at the same n. "
+             "Peak: the resident memory's high-water mark above the loaded model. Parts: the seconds of the graph "
+             "pass, the covectors, the edges' vector–Jacobian products and the pruning.", "",
+             f"| n | {BASELINE} (s) | graph (s) | × | peak (GB) | kept nodes | edges computed | graph pass, "
+             "covectors, edges, pruning (s) |", "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for n, row in rows.items():
+        base, graph = row[BASELINE], row["graph"]
+        parts = ", ".join(f"{v:.1f}" for v in graph["parts"].values())
+        lines.append(f"| {n} | {base['seconds']:.2f} | {graph['seconds']:.2f} | "
+                     f"{graph['seconds'] / base['seconds']:.1f}× | {graph['added_bytes'] / 1e9:.1f} | "
+                     f"{graph['kept_nodes']} | {graph['edges_computed']} | {parts} |")
+    return lines
+
+
 def _status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -173,6 +230,8 @@ def markdown(result: dict) -> str:
         for kind in ("attribute_graph", "attribute_graph with corrupted_inputs"):
             t = f[kind]
             lines.append(f"| {kind} | {t[0]:.2f} | {t[1]:.2f} | {t[2]:.2f} | {t[0] / min(t[1:]):.2f}× |")
+    if result.get("scaling"):
+        lines += scaling_markdown(result["scaling"])
     return "\n".join(lines) + "\n"
 
 
@@ -192,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-only", action="store_true",
                         help="measure the first graph call of a fresh process only; keep the other results")
     parser.add_argument("--first-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--scaling", default=None, help="sizes of the long-input table (e.g. 512,1024,2048)")
+    parser.add_argument("--scaling-child", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.alone is not None:
@@ -200,7 +261,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.first_child:
         first_calls()
         return 0
+    if args.scaling_child:
+        scaling_child(int(args.scaling_child[0]), args.scaling_child[1])
+        return 0
     here = Path(__file__).parent
+    if args.scaling:
+        saved = here / "GRAPHS.json"
+        result = json.loads(saved.read_text(encoding="utf-8"))
+        result["scaling"] = {}
+        for n in args.scaling.split(","):
+            row = {}
+            for method, key in ((BASELINE, BASELINE), ("graph", "graph")):
+                out = subprocess.run([sys.executable, __file__, "--scaling-child", n, method, "--threads",
+                                      str(args.threads)], capture_output=True, text=True, check=True)
+                row[key] = json.loads(out.stdout.strip().splitlines()[-1])
+                print(json.dumps(row[key]), flush=True)
+            result["scaling"][n] = row
+        text = markdown(result)
+        print("\n".join(scaling_markdown(result["scaling"])))
+        if not args.quick:
+            saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+            (here / "GRAPHS.md").write_text(text, encoding="utf-8")
+        return 0
     if args.first_only:
         out = subprocess.run([sys.executable, __file__, "--first-child", "--threads", str(args.threads)],
                              capture_output=True, text=True, check=True)

@@ -188,7 +188,10 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
             feature_mask (Tensor, optional): ``(batch, n)`` Captum's group ids: the groups are
                         the players, each position gets its group's contribution.
             target_position (int or Tensor, optional): the position read (negative from the end).
-            return_bias (bool): also return the bias player ``(batch,)``.
+            return_bias (bool): also return the bias player ``(batch,)``: on the backward
+                        route from a pass of its own (the forward route with no other player),
+                        or exactly 0 with no such pass where the model has no nonzero bias
+                        term, the rules are the defaults and the reference is zero or centred.
             return_convergence_delta (bool): also return ``|Σ_j c_j + c_bias − real|``, last.
             players (list[int], optional): forward route: propagate only these players (the
                         others get 0; every part carries the whole bias player).
