@@ -240,6 +240,37 @@ def _threads(result: dict) -> str:
     return "1 thread" if threads == 1 else f"{threads} threads"
 
 
+def scaling_rows(sizes: str, threads: int) -> dict:
+    """The long-input table's rows: per n, the input-gradient pass and the graph, each in a
+    process of its own."""
+    rows = {}
+    for n in sizes.split(","):
+        row = {}
+        for method in (BASELINE, "graph"):
+            out = subprocess.run([sys.executable, __file__, "--scaling-child", n, method, "--threads", str(threads)],
+                                 capture_output=True, text=True, check=True)
+            row[method] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(json.dumps(row[method]), flush=True)
+        rows[n] = row
+    return rows
+
+
+def added(found: dict, key: str, quick: bool) -> int:
+    """``found`` added to the saved results under ``key`` (with its run's time), the report
+    printed and (unless ``quick``) both files written again."""
+    here = Path(__file__).parent
+    saved = here / "GRAPHS.json"
+    result = json.loads(saved.read_text(encoding="utf-8"))
+    result[key] = found
+    result[f"{key}_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
+    text = markdown(result)
+    print(text)
+    if not quick:
+        saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (here / "GRAPHS.md").write_text(text, encoding="utf-8")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="128,512")
@@ -266,36 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     here = Path(__file__).parent
     if args.scaling:
-        saved = here / "GRAPHS.json"
-        result = json.loads(saved.read_text(encoding="utf-8"))
-        result["scaling"] = {}
-        for n in args.scaling.split(","):
-            row = {}
-            for method, key in ((BASELINE, BASELINE), ("graph", "graph")):
-                out = subprocess.run([sys.executable, __file__, "--scaling-child", n, method, "--threads",
-                                      str(args.threads)], capture_output=True, text=True, check=True)
-                row[key] = json.loads(out.stdout.strip().splitlines()[-1])
-                print(json.dumps(row[key]), flush=True)
-            result["scaling"][n] = row
-        text = markdown(result)
-        print("\n".join(scaling_markdown(result["scaling"])))
-        if not args.quick:
-            saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-            (here / "GRAPHS.md").write_text(text, encoding="utf-8")
-        return 0
+        return added(scaling_rows(args.scaling, args.threads), "scaling", args.quick)
     if args.first_only:
         out = subprocess.run([sys.executable, __file__, "--first-child", "--threads", str(args.threads)],
                              capture_output=True, text=True, check=True)
-        saved = here / "GRAPHS.json"
-        result = json.loads(saved.read_text(encoding="utf-8"))
-        result["first"] = json.loads(out.stdout.strip().splitlines()[-1])
-        result["first_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
-        text = markdown(result)
-        print(text)
-        if not args.quick:
-            saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-            (here / "GRAPHS.md").write_text(text, encoding="utf-8")
-        return 0
+        return added(json.loads(out.stdout.strip().splitlines()[-1]), "first", args.quick)
     sizes = [32] if args.quick else [int(s) for s in args.sizes.split(",")]
     model, nd = load()
     result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
