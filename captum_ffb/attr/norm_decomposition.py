@@ -218,19 +218,20 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
         the frozen pass itself (no pass of its own) where nothing else needs a capture; else
         the capture or prediction pass :meth:`_passes` decides. The answer's ``units`` name
         the predicted unit where ``target`` asked for the prediction."""
-        needs_bias_pass = with_bias and not self.engine.holds_no_bias(rules, reference)
+        no_bias = with_bias and self.engine.holds_no_bias(rules, reference)  # decided once, passed down
+        needs_bias_pass = with_bias and not no_bias
         if target is None and route == "backward" and self.engine.task == "causal_lm" and players is None \
                 and not needs_bias_pass:
             stand_in = self._target(0, target_position, request.read_mask)  # the positions read
             (answer,) = self.engine.answers(request, [stand_in], rules, reference, route, groups, n_groups,
-                                            with_bias=with_bias,
+                                            with_bias=with_bias, no_bias=no_bias,
                                             predict=lambda units: self._target(units, target_position,
                                                                                request.read_mask))
             return answer
         head_target, captured = self._passes(target, target_position, request,
                                              captures=route == "forward" or (needs_bias_pass and self._predicts(target)))
         (answer,) = self.engine.answers(request, [head_target], rules, reference, route, groups, n_groups, players,
-                                        with_bias=with_bias, captured=captured)
+                                        with_bias=with_bias, captured=captured, no_bias=no_bias)
         if self._predicts(target) and head_target.indices is not None:
             answer = replace(answer, units=head_target.indices[:, 0])
         return answer

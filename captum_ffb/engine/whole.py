@@ -318,8 +318,8 @@ class WholeModel(BoundModel):
     def answers(self, request: Request, targets: list[HeadTarget], rules: Mapping[str, Callable],
                 reference: Any, route: str, groups: Tensor | None = None, n_groups: int | None = None,
                 players: Sequence[int] | None = None, with_bias: bool = False,
-                captured: Captured | None = None, predict: Callable[[Tensor], HeadTarget] | None = None
-                ) -> list[Answer]:
+                captured: Captured | None = None, predict: Callable[[Tensor], HeadTarget] | None = None,
+                no_bias: bool | None = None) -> list[Answer]:
         """Each target's answer by ``route``. On the backward route, with ``with_bias``, the
         bias player's contribution is computed on its own: the forward route with no other
         player (one capture, or ``captured``, and one propagation of ``n`` vectors per block),
@@ -329,7 +329,8 @@ class WholeModel(BoundModel):
         (:meth:`holds_no_bias`): that pass is skipped, and the delta checks the backward pass's
         contributions against the real model's output. ``predict`` (backward route, one
         target): ``targets`` holds a stand-in at the read positions and the pass explains the
-        unit it predicts there (:meth:`backward`)."""
+        unit it predicts there (:meth:`backward`). ``no_bias``: :meth:`holds_no_bias`, where the
+        caller has decided it already (``None``: decided here)."""
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if route == "forward":
@@ -340,7 +341,7 @@ class WholeModel(BoundModel):
         answers = self.backward(request, targets, rules, reference, predict)
         if not with_bias:
             return answers
-        if self.holds_no_bias(rules, reference):
+        if self.holds_no_bias(rules, reference) if no_bias is None else no_bias:
             return [replace(answer, bias=torch.zeros_like(answer.value)) for answer in answers]
         captured = captured if captured is not None else self.capture(request)
         alone = self.forward(captured, request, targets, rules, None, None, [], reference)[0]
