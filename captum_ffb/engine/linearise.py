@@ -51,6 +51,7 @@ from captum_ffb.engine.passes import (
     eager_attention,
     register_attention,
 )
+from captum_ffb.engine.rows import AttentionRows
 from captum_ffb.engine.score_path import inner_norm_rule
 from captum_ffb.rules import Attention, Linear, Residual
 from captum_ffb.rules.attention_scores import allowed_keys
@@ -128,9 +129,17 @@ def _frozen_eager(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, 
     return mixed.contiguous().to(empty.dtype), weights
 
 
-def _frozen_implementation(original: str) -> str:
+def _kept_weights(kept: Any) -> Tensor:
+    """A recorded call's probabilities (kept, or computed again from its queries and keys)."""
+    return kept.full() if isinstance(kept, AttentionRows) else kept
+
+
+def _frozen_implementation(original: str, kernel: str | None = None) -> str:
     """Register (once) an attention implementation that runs ``original`` with the queries
-    and keys detached, under its own name; return that name."""
+    and keys detached, under its own name; return that name. With ``kernel`` (``"sdpa"``), a
+    recording pass computes the output with that kernel on ``original``'s masks and keeps
+    what computes the probabilities (:class:`~captum_ffb.engine.rows.AttentionRows`), not
+    the probabilities."""
 
     def frozen(module, query, key, value, attention_mask, **kwargs):
         store = ACTIVE.get()
@@ -141,21 +150,35 @@ def _frozen_implementation(original: str) -> str:
             return function(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
         # a recorded (or replayed) frozen model: the probabilities of the recorded pass
         if store.replaying:
-            weights = store.value("attention", module, lambda: None)
+            weights = _kept_weights(store.value("attention", module, lambda: None))
             return _weighted_values(weights, value).transpose(1, 2).contiguous(), weights
-        output, weights = _frozen_eager(module, query, key, value, attention_mask, **kwargs)
-        store.value("attention", module, weights.detach)
+        output = None
+        if kernel is not None:  # the model's own kernel: the probabilities computed again where asked
+            try:
+                output, weights = attention_function(module, kernel)(module, query.detach(), key.detach(), value,
+                                                                     attention_mask, **kwargs)
+            except (RuntimeError, ValueError, TypeError):
+                output = None
+        if output is None and original == "eager":
+            output, weights = _frozen_eager(module, query, key, value, attention_mask, **kwargs)
+        elif output is None:
+            output, weights = attention_function(module, original)(module, query.detach(), key.detach(), value,
+                                                                   attention_mask, **kwargs)
+        kept = AttentionRows(module, eager_attention(module), query.detach(), key.detach(), attention_mask,
+                             dict(kwargs), value, output, None if weights is None else weights.detach())
+        store.value("attention", module, lambda: kept)
         if store.scores is not None:
             scaling = kwargs.get("scaling")
             scaling = scaling if scaling is not None else getattr(module, "scaling", None) or query.shape[-1] ** -0.5
             store.scores[id(module)] = (query, key, float(scaling), attention_mask)
         return output, weights
 
-    return register_attention(_FROZEN_PREFIX + original, frozen, mask=original)
+    name = _FROZEN_PREFIX + original + ("" if kernel is None else "_via_" + kernel)
+    return register_attention(name, frozen, mask=original)
 
 
 def frozen_attention(run: ModelPass, methods: Mapping[str, Sequence[nn.Module]], scoring_rule: Any = None,
-                     eager: bool = False) -> None:
+                     eager: bool = False, kernel: bool = False) -> None:
     """Run the pass's model with its attention's queries and keys detached (or, with a
     ``scoring_rule``, with that rule's gradient replacement).
 
@@ -170,18 +193,23 @@ def frozen_attention(run: ModelPass, methods: Mapping[str, Sequence[nn.Module]],
                     too): for attention code that computes its probabilities inline and
                     adds the mask itself (Falcon runs its own eager code under any
                     implementation name but "sdpa").
+        kernel (bool): with ``eager``, an sdpa model's outputs still computed by sdpa (on the
+                    eager masks): a recording pass that keeps no probabilities.
     """
-    register = _frozen_implementation if scoring_rule is None else _scored_implementation
 
     def replacement(current: str | None) -> str | None:
         original = "eager" if eager else (current or "eager")
-        return None if original.startswith((_FROZEN_PREFIX, _SCORED_PREFIX)) else register(original)
+        if original.startswith((_FROZEN_PREFIX, _SCORED_PREFIX)):
+            return None
+        if scoring_rule is not None:
+            return _scored_implementation(original)
+        return _frozen_implementation(original, "sdpa" if kernel and current == "sdpa" else None)
 
     def detach_qk(module: nn.Module, original: Callable) -> Callable:
         def method(query, key, value, *args, **kwargs):
             store = ACTIVE.get()
             if scoring_rule is None and store is not None and store.replaying:
-                weights = store.value("attention", module, lambda: None)
+                weights = _kept_weights(store.value("attention", module, lambda: None))
                 return _weighted_values(weights, value), weights
             if scoring_rule is None:
                 output, weights = original(query.detach(), key.detach(), value, *args, **kwargs)
@@ -781,7 +809,8 @@ def linearise(
         if separate_blocks:
             hooks.separate_blocks(blocks)
         frozen_attention(run, methods, frozen.attention,
-                         eager=state.inline or coefficients is not None or eager_attention)
+                         eager=state.inline or coefficients is not None or eager_attention,
+                         kernel=not (state.inline or eager_attention))
         yield state
     finally:
         _scoring_rule.reset(scoring)

@@ -36,6 +36,7 @@ from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.players import token_contributions
 from captum_ffb.engine.points import Writer
+from captum_ffb.engine.rows import AttentionRows, RowRoute, row_route
 
 #: :attr:`GraphTape.sums_cache` before :func:`stream_sums` has read the tape.
 _UNREAD = object()
@@ -117,6 +118,8 @@ class GraphTape:
     part_cache: dict[int, Tensor] = field(default_factory=dict, repr=False)
     #: :func:`stream_sums` of the tape, read once
     sums_cache: Any = field(default=None, repr=False)
+    #: (writer index, from its parts) → its :class:`~captum_ffb.engine.rows.RowRoute` (or ``None``)
+    routes: dict[tuple[int, bool], RowRoute | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.sums_cache = _UNREAD
@@ -158,6 +161,19 @@ class GraphTape:
             (written,) = batched_vjp(transposed, [dummy], tangents.reshape(len(chunk), *writer.raw.shape))
             found.append(sequence_shaped(written, writer.n, 1)[:, 0].permute(1, 0, 2).detach())
         return torch.cat(found, dim=1)  # (n, p, d)
+
+    def route(self, index: int, parts: bool) -> RowRoute | None:
+        """Writer ``index``'s :class:`~captum_ffb.engine.rows.RowRoute` from its output (or its
+        ``parts``) to the stream it reads, found once (``None``: its products go through
+        autograd)."""
+        if (index, parts) not in self.routes:
+            writer = self.writers[index]
+            calls = {kept.output.grad_fn: kept for key, kept in self.coefficients.values.items()
+                     if key[0] == "attention" and isinstance(kept, AttentionRows) and kept.output.grad_fn is not None}
+            start = writer.raw if parts else writer.output
+            self.routes[(index, parts)] = None if not calls or writer.kind != "attention" else \
+                row_route(start, self.reads[writer.read][1], calls)
+        return self.routes[(index, parts)]
 
     def stream_after(self, index: int) -> Tensor:
         """``(B, n, d)``: the stream just after writer ``index`` has written (the stream it
@@ -427,7 +443,11 @@ def pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[Tensor
     earlier writer's output and to the players' streams (the list: the ``index`` earlier
     writers, then :attr:`GraphTape.leaves`)."""
     writer = tape.writers[index]
-    (back,) = batched_vjp(writer.output, [tape.reads[writer.read][1]], cotangents)
+    route = tape.route(index, parts=False)
+    if route is not None:
+        back = route.pull(cotangents)
+    else:
+        (back,) = batched_vjp(writer.output, [tape.reads[writer.read][1]], cotangents)
     return back, stream_pulled(tape, index, back)
 
 
@@ -436,7 +456,11 @@ def part_pulled_back(tape: GraphTape, index: int, cotangents: Tensor) -> tuple[T
     projection's input, ``(k, B, n, p, w)``)."""
     writer = tape.writers[index]
     flat = cotangents.reshape(cotangents.shape[0], *writer.raw.shape)
-    (back,) = batched_vjp(writer.raw, [tape.reads[writer.read][1]], flat)
+    route = tape.route(index, parts=True)
+    if route is not None:
+        back = route.pull(flat)
+    else:
+        (back,) = batched_vjp(writer.raw, [tape.reads[writer.read][1]], flat)
     return back, stream_pulled(tape, index, back)
 
 

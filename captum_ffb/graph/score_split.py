@@ -24,6 +24,7 @@ from captum_ffb.engine.bound import BoundModel, Request
 from captum_ffb.engine.fingerprint import Stamp, check_unchanged, weights_stamp
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.locking import serialized
+from captum_ffb.engine.rows import AttentionRows
 from captum_ffb.engine.tape import GraphTape, Players, graph_pass, stream_pulled, token_values
 from captum_ffb.rules.attention_scores import allowed_keys
 
@@ -157,13 +158,22 @@ class ScoreSplitter:
         for name, value in (("layer", layer), ("head", head), ("query_position", query_position)):
             _index(value, name)
         attention, writer = self._attention(layer)
-        weights = self.tape.coefficients.values.get(("attention", id(attention), 0))
-        if weights is None:
+        kept = self.tape.coefficients.values.get(("attention", id(attention), 0))
+        if kept is None:
             raise ValueError(f"{self.engine.model_type}'s attention computes its probabilities inline: they "
                              "were not kept")
+        position = self._position(writer, "query_position", query_position)
+        if isinstance(kept, AttentionRows):
+            if not kept.check():
+                raise ValueError(f"{self.engine.model_type}'s eager attention does not give what its recorded call "
+                                 "computed: its probabilities cannot be computed again")
+            weights = kept.rows(torch.tensor([position], device=kept.query.device))
+            position = 0
+        else:
+            weights = kept
         if not 0 <= head < weights.shape[1]:
             raise ValueError(f"head {head} does not exist: block {layer} has {weights.shape[1]} heads")
-        return weights[0, head, self._position(writer, "query_position", query_position)].detach().float()
+        return weights[0, head, position].detach().float()
 
     def _cached_parts(self, tape: Any, index: int, role: str, tensor: Tensor, head: int, position: int
                       ) -> tuple[dict[str, Tensor], Tensor]:
