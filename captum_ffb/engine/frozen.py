@@ -8,7 +8,10 @@ patched from another run — the coefficients must stay those of the clean run: 
 coefficients, routing weights, a final soft-capping's slope) during one linearised pass and
 hands the same values back, in the same order, to every replayed pass
 (``linearise(..., coefficients=recorded.replayed())``). A replayed pass is the frozen model
-of the recorded one, exactly: linear in whatever the edits change.
+of the recorded one, exactly: linear in whatever the edits change. An attention call is kept
+as what computes its probabilities (:class:`~captum_ffb.engine.rows.AttentionRows`: its
+queries, keys and values, ``O(n·d)``), and they are computed again where a replay or a
+product needs them.
 """
 
 from __future__ import annotations

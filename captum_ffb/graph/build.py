@@ -117,42 +117,97 @@ class _Layout:
 
 @dataclass
 class _Joined:
-    """Every writer's nodes side by side, where every read stream is a plain sum
+    """The computed writer nodes side by side, where every read stream is a plain sum
     (:func:`stream_sums`): a covector at a stream is the covector at each earlier writer's
-    output, so what every earlier node sends along it is one product with ``writes``.
+    output, so what each earlier node sends along it is a dot product with its write. Only the
+    nodes whose edges are computed keep their writes; what the others send (left out) is the
+    covector's product with every earlier node's writes summed, less what the kept ones send.
 
     Attributes:
-        writes (Tensor): ``(n, C, d)`` what each node (a sublayer, a head) adds to the stream
-                    at each position, writer after writer.
-        ids (Tensor): ``(n, C)`` their node ids.
-        columns (list[int]): writer ``k``'s first column (and the count at the end).
+        writes (Tensor): ``(c, d)`` what each computed node (a sublayer, a head at a position)
+                    adds to the stream, writer after writer.
+        positions (Tensor): ``(c,)`` their positions; ``columns`` ``(c,)`` their writers' first
+                    column, ``ids`` ``(c,)`` their node ids.
+        starts (list[int]): writer ``k``'s first column (and the count at the end).
+        sums (dict, optional): number of writers ``m`` → ``(n, d)`` every node's write of the
+                    first ``m`` writers summed (``None``: every node is computed).
+        n (int): the number of positions.
     """
 
     writes: Tensor
+    positions: Tensor
+    columns: Tensor
     ids: Tensor
-    columns: list[int]
+    starts: list[int]
+    sums: dict[int, Tensor] | None
+    n: int
+
+    #: kept nodes per product (``k × block × d`` numbers at once)
+    block: int = 4096
+
+    def send(self, edges: _Edges, at: Tensor, targets: Tensor, m: int) -> None:
+        """The edges from every node of the first ``m`` writers into ``targets`` ``(k,)``
+        along covectors ``at`` ``(k, n, d)`` at their stream."""
+        count = int(torch.searchsorted(self.columns, self.starts[m]))
+        sent = at.new_zeros(at.shape[0])
+        for first in range(0, count, self.block):
+            part = slice(first, min(count, first + self.block))
+            w = torch.einsum("kcd,cd->kc", at[:, self.positions[part]], self.writes[part])
+            edges.add(self.ids[None, part].expand_as(w), targets[:, None].expand_as(w), w)
+            sent += w.sum(1)
+        if self.sums is not None:  # the nodes left out: everything sent less the computed ones
+            everything = torch.einsum("knd,nd->k", at, self.sums[m].to(at.dtype))
+            edges.dropped.index_add_(0, targets, (everything - sent).to(edges.dropped.dtype))
+
+    def send_at(self, edges: _Edges, at: Tensor, positions: Tensor, targets: Tensor, m: int) -> None:
+        """As :meth:`send` for targets that each read one position (``positions`` ``(k,)``,
+        covectors ``at`` ``(k, d)`` there)."""
+        count = int(torch.searchsorted(self.columns, self.starts[m]))
+        row = torch.full((self.n,), -1, dtype=torch.long, device=positions.device)
+        row[positions] = torch.arange(len(positions), device=positions.device)
+        rows = row[self.positions[:count]]
+        keep = rows >= 0
+        rows = rows[keep]
+        w = (at[rows] * self.writes[:count][keep]).sum(-1)
+        edges.add(self.ids[:count][keep], targets[rows], w)
+        if self.sums is not None:
+            sent = at.new_zeros(len(positions)).index_add_(0, rows, w)
+            everything = (at * self.sums[m][positions].to(at.dtype)).sum(-1)
+            edges.dropped.index_add_(0, targets, (everything - sent).to(edges.dropped.dtype))
 
 
-def _joined(tape: GraphTape, ids: Sequence[Tensor]) -> _Joined | None:
+def _joined(tape: GraphTape, ids: Sequence[Tensor], everything: bool) -> _Joined | None:
     """:class:`_Joined` for a pass of plain sums whose writers are sublayers or heads (a
-    neuron sends through its output projection: the edges then go writer by writer); the
-    heads' cached writes become views of it."""
-    if stream_sums(tape) is None or any(w.parts is not None and w.kind != "attention" for w in tape.writers):
+    neuron sends through its output projection: the edges then go writer by writer);
+    ``everything``: every writer node's edges are computed."""
+    sums = stream_sums(tape)
+    if sums is None or any(w.parts is not None and w.kind != "attention" for w in tape.writers):
         return None
-    columns = [0]
-    for w in tape.writers:
-        columns.append(columns[-1] + (1 if w.parts is None else w.parts.shape[2]))
-    output = tape.writers[0].output
-    writes = output.new_empty((output.shape[1], columns[-1], output.shape[-1]))
-    cache = tape.part_cache
-    for k, w in enumerate(tape.writers):  # written in place: no second copy of the heads' writes
-        at = writes[:, columns[k]:columns[k + 1]]
-        if w.parts is None:
-            at.copy_(w.output.detach()[0][:, None])
-            continue
-        at.copy_(cache[k] if k in cache else tape.part_writes(k, w.parts.detach()))
-        cache[k] = at
-    return _Joined(writes, torch.cat(list(ids), dim=1), columns)
+    starts, writes, positions, columns, kept = [0], [], [], [], []
+    needed = set(sums)
+    n = tape.writers[0].output.detach()[0].shape[0]
+    running = None
+    prefix = {0: tape.writers[0].output.new_zeros(tape.writers[0].output.detach()[0].shape)} if 0 in needed else {}
+    for k, w in enumerate(tape.writers):
+        found = w.output.detach()[0][:, None] if w.parts is None else \
+            tape.part_cache.get(k, None)
+        if found is None:
+            found = tape.part_writes(k, w.parts.detach())  # (n, p, d), not kept
+        starts.append(starts[-1] + found.shape[1])
+        at = ids[k] != -1  # (n, p): real positions
+        chosen = ids[k] >= 0
+        where = chosen.nonzero()
+        writes.append(found[chosen])
+        positions.append(where[:, 0])
+        columns.append(torch.full((len(where),), starts[k], dtype=torch.long, device=found.device))
+        kept.append(ids[k][chosen])
+        if not everything:
+            written = (found * at[..., None].to(found.dtype)).sum(1)
+            running = written if running is None else running + written
+            if k + 1 in needed:
+                prefix[k + 1] = running.clone()
+    return _Joined(torch.cat(writes), torch.cat(positions), torch.cat(columns), torch.cat(kept), starts,
+                   None if everything else prefix, n)
 
 
 def _real(players: Players) -> list[int]:
@@ -246,9 +301,7 @@ def _edges_into(edges: _Edges, tape: GraphTape, index: int, layout: _Layout, pla
         _, pulled = (pulled_back if writer.parts is None else part_pulled_back)(tape, index, cot)
         targets = ids[group[:, 0], group[:, 1]]
         if layout.joined is not None:  # every earlier node in one product
-            end = layout.joined.columns[stream_sums(tape)[index]]
-            w = torch.einsum("knd,ncd->knc", pulled[index][:, 0], layout.joined.writes[:, :end])
-            edges.add(layout.joined.ids[None, :, :end].expand_as(w), targets[:, None, None].expand_as(w), w)
+            layout.joined.send(edges, pulled[index][:, 0], targets, stream_sums(tape)[index])
         for source_index, covector in enumerate(pulled[:index] if layout.joined is None else ()):
             w = _edge_weights(tape, source_index, covector).reshape(len(group), tape.writers[source_index].n, -1)
             edges.add(layout.ids[source_index][None].expand_as(w), targets[:, None, None].expand_as(w), w)
@@ -284,9 +337,7 @@ def _position_wise_edges_into(edges: _Edges, tape: GraphTape, index: int, layout
     _, pulled = pulled_back(tape, index, cot.reshape(1, *layout.totals[writer.id].shape))
     targets = ids[positions, 0]
     if layout.joined is not None:  # every earlier node in one product
-        end = layout.joined.columns[stream_sums(tape)[index]]
-        w = torch.einsum("kd,kcd->kc", pulled[index][0, 0, positions], layout.joined.writes[positions, :end])
-        edges.add(layout.joined.ids[positions, :end], targets[:, None].expand_as(w), w)
+        layout.joined.send_at(edges, pulled[index][0, 0, positions], positions, targets, stream_sums(tape)[index])
     for source_index, covector in enumerate(pulled[:index] if layout.joined is None else ()):
         w = _edge_weights(tape, source_index, covector).reshape(tape.writers[source_index].n, -1)[positions]
         sources = layout.ids[source_index][positions]  # (k, parts)
@@ -373,7 +424,7 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
                                   for k, p in zip(table.kinds, table.positions)], device=device)
     chosen, ids = _chosen_nodes(values, ids, max_nodes, set_aside)
     layout = _Layout([leaf.detach() for leaf in tape.leaves], reals, offsets, token_ids, ids, part_totals, total,
-                     device, _joined(tape, ids))
+                     device, _joined(tape, ids, chosen is None))
     edges = _Edges(len(values), dtype, device)
     for index in range(len(tape.writers)):
         _edges_into(edges, tape, index, layout, players, chunk)

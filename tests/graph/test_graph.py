@@ -11,6 +11,7 @@ import torch
 
 from captum_ffb import NormDecomposition
 from captum_ffb.architectures.paths import resolve
+from captum_ffb.core.keys import is_writer_node
 from captum_ffb.engine import tape as engine_tape
 from captum_ffb.engine.frozen import FrozenCoefficients
 from captum_ffb.engine.tape import graph_pass
@@ -331,6 +332,29 @@ def test_max_nodes_leaves_out_the_smallest_and_says_so():
     assert 0 < len(writers) <= 10
     assert float(few.data.left_out.abs().sum()) > 0
     torch.testing.assert_close(few.data.values, full.data.values)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_max_nodes_computes_the_full_graph_s_edges_and_leaves_out_the_rest_exactly(name):
+    """The edges a graph with ``max_nodes`` computes are the full graph's, and what each
+    computed node receives from the nodes left out is the full graph's edges from them."""
+    nd, ids, target = _model(name)
+    full = nd.attribute_graph(ids, target, granularity="head", prune=False).data
+    few = nd.attribute_graph(ids, target, granularity="head", prune=False, max_nodes=12).data
+    computed = few.computed
+    writer = torch.tensor([is_writer_node(k) for k in full.kinds])
+    scale = float(full.values.abs().max())
+    weights = {(int(s), int(t)): float(w) for s, t, w in zip(full.sources, full.targets, full.weights)}
+    kept = {(int(s), int(t)): float(w) for s, t, w in zip(few.sources, few.targets, few.weights)}
+    for (s, t), w in kept.items():
+        if s not in (few.bias,) and t != few.output:
+            assert abs(weights.get((s, t), 0.0) - w) <= 1e-5 * scale, (s, t)
+    left = torch.zeros(len(full))
+    for (s, t), w in weights.items():
+        if bool(writer[s]) and not bool(computed[s]) and t != full.output:
+            left[t] += w
+    targets = (computed & writer).nonzero()[:, 0]
+    torch.testing.assert_close(few.left_out[targets].float(), left[targets], atol=1e-5 * scale, rtol=1e-4)
 
 
 SEQ2SEQ = sorted(TINY_SEQ2SEQ)

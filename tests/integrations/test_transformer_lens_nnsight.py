@@ -34,6 +34,8 @@ def bridged(tokenizer):
     model = tiny_lm("llama").eval()
     reference = copy.deepcopy(model)  # booting rewrites the model in place
     bridge = TransformerBridge.boot_transformers("tiny-llama", hf_model=model, tokenizer=tokenizer)
+    # booting switches the model to eager attention: the reference runs the same kernel
+    reference.set_attn_implementation(bridge.original_model.config._attn_implementation)
     return bridge, reference
 
 
