@@ -391,8 +391,21 @@ def _bias_and_direct_edges(edges: _Edges, tape: GraphTape, direct: Mapping[str, 
               (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
 
 
-def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Players], chunk: int = 16,
-                max_nodes: int | None = None, exclude_positions: Sequence[int] = ()) -> GraphData:
+def edge_chunk(tape: GraphTape, memory_budget: int | None) -> int:
+    """Target nodes per batched vector–Jacobian product: as many as ``memory_budget`` bytes
+    hold, at about eight tensors of the stream's size per target (its cotangents, their
+    products at the stream and at the values, the edges' weights), from 1 to 64; 16 without
+    a budget."""
+    if memory_budget is None:
+        return 16
+    leaf = tape.leaves[-1]
+    per_target = 8 * sum(x.shape[1] for x in tape.leaves) * leaf.shape[-1] * leaf.element_size()
+    return max(1, min(64, int(memory_budget) // per_target))
+
+
+def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Players], chunk: int | None = None,
+                max_nodes: int | None = None, exclude_positions: Sequence[int] = (),
+                memory_budget: int | None = None) -> GraphData:
     """Every node and every non-zero edge of one recorded pass (batch of one), computed on
     the pass's device and handed back on the CPU.
 
@@ -400,15 +413,19 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
         tape (GraphTape): the pass (:func:`~captum_ffb.engine.tape.graph_pass`).
         covectors_ (Covectors): its covectors (:func:`~captum_ffb.engine.tape.covectors`).
         players (list[Players]): per segment of :attr:`~captum_ffb.engine.tape.GraphTape.leaves`, its players.
-        chunk (int): target nodes per batched vector–Jacobian product.
+        chunk (int, optional): target nodes per batched vector–Jacobian product (default:
+                    :func:`edge_chunk` of ``memory_budget``).
         max_nodes (int, optional): compute the edges into (and out of) only this many writer
                     nodes, those of largest ``|value|`` (the others keep their values; the
                     output's direct edges are always computed).
         exclude_positions (list[int]): positions whose writer nodes ``max_nodes`` chooses
                     last (an attention sink's: their edges are then rarely computed).
 
+        memory_budget (int, optional): bytes each batched product may take (sizes ``chunk``).
+
     Positions are the layout's: ``[source | target]`` for an encoder–decoder.
     """
+    chunk = edge_chunk(tape, memory_budget) if chunk is None else chunk
     device = tape.inputs.device
     table = _Nodes()
     total, direct = covectors_.total, covectors_.direct

@@ -77,7 +77,8 @@ def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltG
     found = covectors(tape)
     players = players_of(engine, request, tape)
     data = build_graph(tape, found, players, max_nodes=options.max_nodes,
-                       exclude_positions=options.exclude_positions)
+                       exclude_positions=options.exclude_positions,
+                       memory_budget=getattr(engine, "memory_budget", None))
     estimates = None
     if options.corrupted is not None:
         engine.refuse_two_stacks("patching estimates")

@@ -448,3 +448,25 @@ def test_encoder_decoder_score_splits_add_up(name):
         graph.score_split(layer, 0, 0, n_source)
     with pytest.raises(ValueError, match="patching estimates"):
         nd.attribute_graph(source, 5, forward_kwargs=kwargs, corrupted_inputs=source)
+
+
+def test_the_edges_products_are_sized_by_the_memory_budget():
+    """``memory_budget`` sets how many target nodes share one batched product (1 … 64): the
+    graph is the same whatever the size."""
+    nd, ids, target = _model("llama")
+    request = nd.engine.request((ids,), {})
+    tape = graph_pass(nd.engine, request, nd._target(target, None, request.read_mask), nd.rules, "head")
+    per_target = 8 * ids.shape[1] * tape.inputs.shape[-1] * 4
+    assert graph_build.edge_chunk(tape, None) == 16
+    assert graph_build.edge_chunk(tape, 1) == 1
+    assert graph_build.edge_chunk(tape, 5 * per_target) == 5
+    assert graph_build.edge_chunk(tape, 1 << 40) == 64
+    default = nd.attribute_graph(ids, target, granularity="head", prune=False).data
+    small = NormDecomposition(nd.model, memory_budget=3 * per_target).attribute_graph(
+        ids, target, granularity="head", prune=False).data
+    def edges(d):  # the same edges, in the order the products found them
+        return {(int(s), int(t)): float(w) for s, t, w in zip(d.sources, d.targets, d.weights)}
+
+    found, expected = edges(small), edges(default)
+    assert found.keys() == expected.keys()
+    assert max(abs(found[e] - expected[e]) for e in expected) <= 1e-6 * float(default.values.abs().max())
