@@ -189,12 +189,11 @@ def _joined(tape: GraphTape, ids: Sequence[Tensor], everything: bool) -> _Joined
     running = None
     prefix = {0: tape.writers[0].output.new_zeros(tape.writers[0].output.detach()[0].shape)} if 0 in needed else {}
     for k, w in enumerate(tape.writers):
-        found = w.output.detach()[0][:, None] if w.parts is None else \
-            tape.part_cache.get(k, None)
+        found = w.output.detach()[0][:, None] if w.parts is None else tape.part_cache.get(k)
         if found is None:
             found = tape.part_writes(k, w.parts.detach())  # (n, p, d), not kept
         starts.append(starts[-1] + found.shape[1])
-        at = ids[k] != -1  # (n, p): real positions
+        real = ids[k] != -1  # (n, p): the nodes at real positions
         chosen = ids[k] >= 0
         where = chosen.nonzero()
         writes.append(found[chosen])
@@ -202,7 +201,7 @@ def _joined(tape: GraphTape, ids: Sequence[Tensor], everything: bool) -> _Joined
         columns.append(torch.full((len(where),), starts[k], dtype=torch.long, device=found.device))
         kept.append(ids[k][chosen])
         if not everything:
-            written = (found * at[..., None].to(found.dtype)).sum(1)
+            written = (found * real[..., None].to(found.dtype)).sum(1)
             running = written if running is None else running + written
             if k + 1 in needed:
                 prefix[k + 1] = running.clone()
