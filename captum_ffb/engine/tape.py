@@ -118,8 +118,9 @@ class GraphTape:
     part_cache: dict[int, Tensor] = field(default_factory=dict, repr=False)
     #: :func:`stream_sums` of the tape, read once
     sums_cache: Any = field(default=None, repr=False)
-    #: (writer index, from its parts) → its :class:`~captum_ffb.engine.rows.RowRoute` (or ``None``)
-    routes: dict[tuple[int, bool], RowRoute | None] = field(default_factory=dict, repr=False)
+    #: (writer index, from its parts) → its :class:`~captum_ffb.engine.rows.RowRoute` (or ``None``);
+    #: under ``None`` the recorded attention calls by their output's autograd node
+    routes: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.sums_cache = _UNREAD
@@ -168,8 +169,11 @@ class GraphTape:
         autograd)."""
         if (index, parts) not in self.routes:
             writer = self.writers[index]
-            calls = {kept.output.grad_fn: kept for key, kept in self.coefficients.values.items()
-                     if key[0] == "attention" and isinstance(kept, AttentionRows) and kept.output.grad_fn is not None}
+            if None not in self.routes:  # the recorded attention calls by their output's node, read once
+                self.routes[None] = {kept.output.grad_fn: kept for key, kept in self.coefficients.values.items()
+                                     if key[0] == "attention" and isinstance(kept, AttentionRows)
+                                     and kept.output.grad_fn is not None}
+            calls = self.routes[None]
             start = writer.raw if parts else writer.output
             self.routes[(index, parts)] = None if not calls or writer.kind != "attention" else \
                 row_route(start, self.reads[writer.read][1], calls)
