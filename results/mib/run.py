@@ -65,14 +65,6 @@ TASKS = ("ioi", "induction", "recall", "agreement", "factual", "determiner")
 ESTIMATORS = ("atp", "eap-ig", "gim", "relp", "frozen")
 PEER_NAMES = {"atp": "EAP (attribution patching)", "eap-ig": "EAP-IG-inputs", "gim": "GIM", "relp": "RelP",
               "frozen": "ours: the frozen decomposition"}
-LANDMARKS = ("Eiffel Tower/Paris; Kremlin/Moscow; Colosseum/Rome; Brandenburg Gate/Berlin; Acropolis/Athens; "
-             "Sagrada Familia/Barcelona; Louvre/Paris; Vatican/Rome; Parthenon/Athens; Hagia Sophia/Istanbul; "
-             "Sydney Opera House/Sydney; Burj Khalifa/Dubai; Prado Museum/Madrid; Rijksmuseum/Amsterdam; "
-             "Golden Gate Bridge/San; Statue of Liberty/New; Space Needle/Seattle; Tower of London/London; "
-             "Reichstag/Berlin; Pantheon/Rome; Bolshoi Theatre/Moscow; Trevi Fountain/Rome; Notre Dame/Paris; "
-             "Arc de Triomphe/Paris; Westminster Abbey/London; Buckingham Palace/London; Alcazar/Seville; "
-             "Topkapi Palace/Istanbul; Hermitage Museum/Saint; Uffizi Gallery/Florence; Leaning Tower/Pisa")
-SWAPS = {"this": "these", "these": "this", "that": "those", "those": "that"}
 
 
 def _patching_study():
@@ -109,37 +101,9 @@ def ioi_candidates(tokenizer):
             yield _prompt("ioi", f"row {index}", text, corrupted, ids, corrupted_ids, io_id, s_id)
 
 
-def factual_candidates(tokenizer):
-    pairs = [item.split("/") for item in LANDMARKS.split("; ")]
-    template = "The {} is located in the city of"
-    for k in range(10_000):
-        rng = random.Random(5000 + k)
-        (a, city_a), (b, city_b) = rng.sample(pairs, 2)
-        good, bad = (tokenizer(" " + c, add_special_tokens=False).input_ids[0] for c in (city_a, city_b))
-        text, corrupted = template.format(a), template.format(b)
-        ids, corrupted_ids = tokenizer(text).input_ids, tokenizer(corrupted).input_ids
-        if good != bad and len(ids) == len(corrupted_ids):
-            yield _prompt("factual", f"seed {5000 + k}", text, corrupted, ids, corrupted_ids, good, bad)
-
-
-def determiner_candidates(tokenizer):
-    path = EVIDENCE / "blimp_determiner_noun_agreement_1.csv"
-    for index, row in enumerate(csv.DictReader(path.open(encoding="utf-8"))):
-        text = row["one_prefix_prefix"]
-        *head, last = text.split(" ")
-        if last not in SWAPS:
-            continue
-        corrupted = " ".join([*head, SWAPS[last]])
-        ids, corrupted_ids = tokenizer(text).input_ids, tokenizer(corrupted).input_ids
-        good = tokenizer(" " + row["one_prefix_word_good"], add_special_tokens=False).input_ids[0]
-        bad = tokenizer(" " + row["one_prefix_word_bad"], add_special_tokens=False).input_ids[0]
-        if good != bad and len(ids) == len(corrupted_ids):
-            yield _prompt("determiner", f"row {index}", text, corrupted, ids, corrupted_ids, good, bad)
-
-
 def candidates(task: str, tokenizer):
     study = _patching_study()
-    own = {"ioi": ioi_candidates, "factual": factual_candidates, "determiner": determiner_candidates}
+    own = {"ioi": ioi_candidates}
     return own[task](tokenizer) if task in own else study.CANDIDATES[task](tokenizer)
 
 

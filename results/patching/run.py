@@ -1,6 +1,6 @@
-"""Patching estimates against real activation and path patching (SmolLM2-135M-Instruct, four tasks).
+"""Patching estimates against real activation and path patching (SmolLM2-135M-Instruct, six tasks).
 
-Run from the repository root (about 1.5 hours on one core of a shared 2-core machine at the
+Run from the repository root (about 2 hours on one core of a shared 2-core machine at the
 default counts; resumable: the prompts already in ``results.json`` are kept)::
 
     python results/patching/run.py                 # writes RESULTS.md, results.json and SUMMARY.md here
@@ -27,6 +27,12 @@ choose, the next ``--heldout`` report):
   number (determiner and noun: ``These dancers`` → ``This dancer``, by English suffix rules,
   same token count); ``good``/``bad`` = the first tokens of the grammatical and ungrammatical
   verb (rows where they differ).
+* ``factual``: ``"The {landmark} is located in the city of"`` over 31 landmarks, the corrupted
+  prompt naming another landmark of the same token count (``random.Random(5000 + k)``: the
+  Eiffel Tower against the Kremlin); ``good``/``bad`` = the first tokens of the two cities.
+* ``determiner``: the rows of ``blimp_determiner_noun_agreement_1.csv`` ending in
+  ``this/these/that/those``, the corrupted prompt swapping its number; ``good``/``bad`` = the
+  first tokens of the grammatical and ungrammatical noun.
 
 **Ground truth**: :func:`captum_ffb.activation_patching` at head granularity (each of the
 270 heads and 30 FF blocks patched at every position, one real pass each) and at sublayer
@@ -44,7 +50,7 @@ among its kept edges and half among all its edges (``random.Random(4000 + k)``),
 
 **Choice**: among the estimators of at most three passes plus real patched passes (``frozen``,
 ``atp``, ``relp`` and their ``+exact`` variants at each threshold), the default is the one whose
-largest shortfall on the selection prompts, over the four tasks and over heads and FF blocks, from
+largest shortfall on the selection prompts, over the six tasks and over heads and FF blocks, from
 the best estimator there (any estimator, AtP* and EAP-IG included) is smallest (pooled Pearson r
 per task; ties: fewer passes). The edges' default: the edge estimator with the largest smallest
 pooled r over the tasks on the selection prompts' edges (ties: fewer passes).
@@ -70,7 +76,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 EVIDENCE = ROOT / "captum_ffb" / "evaluation" / "data" / "evidence"
 THRESHOLDS = (0.5, 1.0, 2.0)
-TASKS = ("ioi", "induction", "recall", "agreement")
+TASKS = ("ioi", "induction", "recall", "agreement", "factual", "determiner")
 KINDS = ("head", "attention", "ff")
 CHEAP = ("frozen", "atp", "relp", "gim")  # at most three passes (plus real patched passes with "+exact")
 LINEAR = ("frozen", "atp", "relp", "gim", "eap-ig")
@@ -86,6 +92,14 @@ CAPITALS = ("France/Paris Germany/Berlin Italy/Rome Spain/Madrid Japan/Tokyo Chi
             "Scotland/Edinburgh Wales/Cardiff Bulgaria/Sofia Tunisia/Tunis Jamaica/Kingston")
 TEMPLATES = ("The capital of {} is", "{}'s capital city is", "The capital city of {} is called")
 DETERMINERS = {"The": "The", "These": "This", "Those": "That", "This": "These", "That": "Those"}
+LANDMARKS = ("Eiffel Tower/Paris; Kremlin/Moscow; Colosseum/Rome; Brandenburg Gate/Berlin; Acropolis/Athens; "
+             "Sagrada Familia/Barcelona; Louvre/Paris; Vatican/Rome; Parthenon/Athens; Hagia Sophia/Istanbul; "
+             "Sydney Opera House/Sydney; Burj Khalifa/Dubai; Prado Museum/Madrid; Rijksmuseum/Amsterdam; "
+             "Golden Gate Bridge/San; Statue of Liberty/New; Space Needle/Seattle; Tower of London/London; "
+             "Reichstag/Berlin; Pantheon/Rome; Bolshoi Theatre/Moscow; Trevi Fountain/Rome; Notre Dame/Paris; "
+             "Arc de Triomphe/Paris; Westminster Abbey/London; Buckingham Palace/London; Alcazar/Seville; "
+             "Topkapi Palace/Istanbul; Hermitage Museum/Saint; Uffizi Gallery/Florence; Leaning Tower/Pisa")
+SWAPS = {"this": "these", "these": "this", "that": "those", "those": "that"}
 
 
 # --------------------------------------------------------------------------- the tasks' prompts
@@ -181,8 +195,37 @@ def agreement_candidates(tokenizer):
             yield _prompt("agreement", f"row {index}", text, corrupted, ids, corrupted_ids, good, bad)
 
 
+def factual_candidates(tokenizer):
+    pairs = [item.split("/") for item in LANDMARKS.split("; ")]
+    template = "The {} is located in the city of"
+    for k in range(10_000):
+        rng = random.Random(5000 + k)
+        (a, city_a), (b, city_b) = rng.sample(pairs, 2)
+        good, bad = (tokenizer(" " + c, add_special_tokens=False).input_ids[0] for c in (city_a, city_b))
+        text, corrupted = template.format(a), template.format(b)
+        ids, corrupted_ids = tokenizer(text).input_ids, tokenizer(corrupted).input_ids
+        if good != bad and len(ids) == len(corrupted_ids):
+            yield _prompt("factual", f"seed {5000 + k}", text, corrupted, ids, corrupted_ids, good, bad)
+
+
+def determiner_candidates(tokenizer):
+    path = EVIDENCE / "blimp_determiner_noun_agreement_1.csv"
+    for index, row in enumerate(csv.DictReader(path.open(encoding="utf-8"))):
+        text = row["one_prefix_prefix"]
+        *head, last = text.split(" ")
+        if last not in SWAPS:
+            continue
+        corrupted = " ".join([*head, SWAPS[last]])
+        ids, corrupted_ids = tokenizer(text).input_ids, tokenizer(corrupted).input_ids
+        good = tokenizer(" " + row["one_prefix_word_good"], add_special_tokens=False).input_ids[0]
+        bad = tokenizer(" " + row["one_prefix_word_bad"], add_special_tokens=False).input_ids[0]
+        if good != bad and len(ids) == len(corrupted_ids):
+            yield _prompt("determiner", f"row {index}", text, corrupted, ids, corrupted_ids, good, bad)
+
+
 CANDIDATES = {"ioi": ioi_candidates, "induction": induction_candidates, "recall": recall_candidates,
-              "agreement": agreement_candidates}
+              "agreement": agreement_candidates, "factual": factual_candidates,
+              "determiner": determiner_candidates}
 
 
 def task_prompts(nd, tokenizer, task: str, count: int) -> list[dict]:
@@ -504,11 +547,11 @@ def _counts(first: dict[str, int], second: dict[str, int] | None, tasks: list[st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--selection", default="ioi=14,induction=9,recall=5,agreement=5",
+    parser.add_argument("--selection", default="ioi=14,induction=9,recall=5,agreement=5,factual=4,determiner=4",
                         help="selection prompts per task: one number for every task, or task=number,...")
-    parser.add_argument("--heldout", default="ioi=22,induction=9,recall=8,agreement=8",
+    parser.add_argument("--heldout", default="ioi=22,induction=9,recall=8,agreement=8,factual=4,determiner=4",
                         help="held-out prompts per task (as --selection)")
-    parser.add_argument("--edge-prompts", default="ioi=4,induction=2,recall=2,agreement=2",
+    parser.add_argument("--edge-prompts", default="ioi=4,induction=2,recall=2,agreement=2,factual=2,determiner=2",
                         help="held-out prompts per task whose edges are checked (as --selection)")
     parser.add_argument("--edge-selection", default="2", help="selection prompts per task whose edges choose")
     parser.add_argument("--edges", type=int, default=30, help="edges checked per prompt")
