@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="held-out prompts per task (as --selection)")
     parser.add_argument("--edge-prompts", default="ioi=4,induction=2,recall=2,agreement=2,factual=2,determiner=2",
                         help="held-out prompts per task whose edges are checked (as --selection)")
-    parser.add_argument("--edge-selection", default="2", help="selection prompts per task whose edges choose")
+    parser.add_argument("--edge-selection", default="4", help="selection prompts per task whose edges choose")
     parser.add_argument("--edges", type=int, default=30, help="edges checked per prompt")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--report-only", action="store_true", help="rebuild the reports from results.json")
@@ -769,7 +769,7 @@ def summary_lines(selection, heldout, everyone_held, tasks, chosen, costs, edge_
     names = list(dict.fromkeys(names))
     lines = ["### How the default was chosen", "",
              "On SmolLM2-135M-Instruct (`results/patching`: IOI, induction on repeated random tokens, capital-city "
-             "recall with the country corrupted, subject–verb agreement with the subject's number corrupted; "
+             "recall with the country corrupted, subject–verb agreement with the subject's number corrupted, factual recall with the subject corrupted, determiner–noun agreement with the determiner's number corrupted; "
              "selection / held-out prompts: " + ", ".join(f"{t} {len(selection[t])} / {len(heldout[t])}" for t in tasks)
              + "), Pearson r "
              "of the component estimates with real activation patching on the **held-out** prompts, heads / FF "
@@ -795,8 +795,12 @@ def summary_lines(selection, heldout, everyone_held, tasks, chosen, costs, edge_
         for name in EDGE_ESTIMATORS:
             lines.append(f"| `{name}` | " + " | ".join(_fmt(edge_scores(edge_held[t], name)['pearson']) for t in tasks)
                          + " |")
-        lines += ["", f"The edges' default (`DEFAULT_EDGE_ESTIMATOR`, `{DEFAULT_EDGE_ESTIMATOR}`) is the choice of "
-                  f"this per-edge criterion (the largest smallest r over the tasks' selection edges): `{edge_choice}`. "
+        agree = edge_choice == DEFAULT_EDGE_ESTIMATOR
+        held_mins = {n: min(edge_scores(edge_held[t], n)["pearson"] for t in tasks) for n in EDGE_ESTIMATORS}
+        lines += ["", f"The per-edge criterion (the largest smallest r over the tasks' selection edges) chooses "
+                  f"`{edge_choice}`; the edges' default (`DEFAULT_EDGE_ESTIMATOR`) is `{DEFAULT_EDGE_ESTIMATOR}`"
+                  f"{'' if agree else ' (THEY DISAGREE)'}. Smallest r over the tasks on the held-out edges: "
+                  + ", ".join(f"`{n}` {_fmt(v)}" for n, v in held_mins.items()) + ". "
                   "Circuits cut from edge scores have their own default (`DEFAULT_CIRCUIT_ESTIMATOR`), chosen by MIB's "
                   "protocol on six tasks (`results/mib`, docs/circuits.md).", ""]
     return lines
