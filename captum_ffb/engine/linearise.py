@@ -203,7 +203,8 @@ def frozen_attention(run: ModelPass, methods: Mapping[str, Sequence[nn.Module]],
             return None
         if scoring_rule is not None:
             return _scored_implementation(original)
-        return _frozen_implementation(original, "sdpa" if kernel and current == "sdpa" else None)
+        own = kernel and current == "sdpa" and original != "sdpa"  # eager only for the recording
+        return _frozen_implementation(original, "sdpa" if own else None)
 
     def detach_qk(module: nn.Module, original: Callable) -> Callable:
         def method(query, key, value, *args, **kwargs):
