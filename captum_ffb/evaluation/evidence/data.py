@@ -5,6 +5,7 @@ sequences as examples of the same kind."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections.abc import Sequence
@@ -138,15 +139,18 @@ def evidence_example(tokenizer: Any, row: EvidenceRow) -> tuple[EvidenceExample 
     spans = [m.span() for m in re.finditer(r"(?<!\w)" + re.escape(row.evidence.strip()) + r"(?!\w)", row.prefix)]
     if not spans:
         return None, "the evidence word is not in the prefix"
+    ends = [end for _, end in spans]  # the matches do not overlap: starts and ends both ascend
     evidence = []
     for k, (a, b) in enumerate(offsets):
-        for start, end in spans:
-            if a < end and b > start:
-                if row.prefix[a:start].strip() or b > end:
-                    raise ValueError(
-                        f"{row.subset} row {row.row}: the tokenizer merges the evidence word "
-                        f"{row.evidence!r} with its neighbours (token {row.prefix[a:b]!r})")
-                evidence.append(k)
+        m = bisect.bisect_right(ends, a)  # the first match that ends after the token starts
+        while m < len(spans) and spans[m][0] < b:
+            start, end = spans[m]
+            if row.prefix[a:start].strip() or b > end:
+                raise ValueError(
+                    f"{row.subset} row {row.row}: the tokenizer merges the evidence word "
+                    f"{row.evidence!r} with its neighbours (token {row.prefix[a:b]!r})")
+            evidence.append(k)
+            m += 1
     if len(set(evidence)) == len(ids):
         return None, "every token of the prefix is evidence"
     return EvidenceExample(row.subset, row.row, tuple(int(i) for i in ids), int(good[0]), int(bad[0]),
