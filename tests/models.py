@@ -548,6 +548,50 @@ def save_tiny_lm(folder: Path, name: str = "llama", byte_level: bool = False) ->
     return folder
 
 
+def save_tiny_gguf(folder: Path, name: str = "tiny.gguf", seed: int = 0) -> Path:
+    """A tiny Llama written as a GGUF file (float32 tensors, a byte-level BPE vocabulary of
+    64 tokens) in ``folder``; returns the folder (``load_model`` finds the file there)."""
+    import gguf
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, d, ff, layers, heads, kv_heads = 64, 16, 32, 2, 4, 2
+    writer = gguf.GGUFWriter(str(folder / name), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(d)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ff)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    tokens = ["<s>", "</s>", "Ġ", *letters, *("Ġ" + c for c in letters)]
+    tokens += [f"x{k}" for k in range(vocab - len(tokens))]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3] + [1] * (vocab - 2))
+    writer.add_token_merges([f"Ġ {c}" for c in letters])
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(1)
+    rng = np.random.default_rng(seed)
+    shapes = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,)}
+    for k in range(layers):
+        shapes.update({f"blk.{k}.attn_norm.weight": (d,), f"blk.{k}.attn_q.weight": (d, d),
+                       f"blk.{k}.attn_k.weight": (d // heads * kv_heads, d),
+                       f"blk.{k}.attn_v.weight": (d // heads * kv_heads, d), f"blk.{k}.attn_output.weight": (d, d),
+                       f"blk.{k}.ffn_norm.weight": (d,), f"blk.{k}.ffn_gate.weight": (ff, d),
+                       f"blk.{k}.ffn_up.weight": (ff, d), f"blk.{k}.ffn_down.weight": (d, ff)})
+    for tensor, shape in shapes.items():
+        writer.add_tensor(tensor, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return folder
+
+
 # --- A GPT-2 whose weights copy (induction), for the copy task ---------------------------------
 
 

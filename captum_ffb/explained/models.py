@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
 import importlib.util
 import os
+import shutil
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -132,6 +135,74 @@ def _gguf_file(folder: Path) -> str | None:
     return files[0] if files else None
 
 
+#: Where :func:`load_model` keeps what it converted from a GGUF file (the weights as
+#: safetensors and the tokenizer, so that the next load skips the de-quantisation):
+#: ``$CAPTUM_FFB_CACHE``, else ``$XDG_CACHE_HOME/captum_ffb``, else ``~/.cache/captum_ffb``;
+#: ``CAPTUM_FFB_CACHE=off`` keeps nothing.
+CACHE_ENV = "CAPTUM_FFB_CACHE"
+
+
+def cache_dir() -> Path | None:
+    """The package's cache folder (see :data:`CACHE_ENV`), or ``None`` when it is turned off."""
+    chosen = os.environ.get(CACHE_ENV, "")
+    if chosen.strip().lower() in ("off", "0", "none", "false"):
+        return None
+    if chosen:
+        return Path(chosen).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "captum_ffb"
+
+
+def _conversion_dir(source: Path, gguf: str) -> Path | None:
+    """Where a GGUF file's conversion is kept: named by the file's path, size and time and
+    by the transformers that converted it (a changed file or version converts again)."""
+    root = cache_dir()
+    if root is None:
+        return None
+    import transformers
+
+    stat = (source / gguf).stat()
+    identity = f"{(source / gguf).resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    return root / "gguf" / f"{Path(gguf).stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def _converted(source: Path, gguf: str) -> Path | None:
+    """The kept conversion of ``source / gguf`` if a whole one is there."""
+    folder = _conversion_dir(source, gguf)
+    if folder is None or not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        return None
+    return folder if any((folder / f).is_file() for f in TOKENIZER_FILES) else None
+
+
+def _keep_conversion(model: Any, tokenizer: Any, source: Path, gguf: str) -> None:
+    """Save a model just converted from a GGUF file where :func:`_converted` finds it; written
+    to a folder of its own and renamed into place, so that a reader never sees half of it.
+    Nothing is kept where the cache cannot be written."""
+    folder = _conversion_dir(source, gguf)
+    if folder is None or _converted(source, gguf) is not None:
+        return
+    partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    try:
+        partial.mkdir(parents=True)
+        config = copy.deepcopy(model.config)  # transformers refuses to save a GGUF-loaded model:
+        if hasattr(config, "quantization_config"):  # its weights are plain tensors once loaded
+            del config.quantization_config
+        config.save_pretrained(partial)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(partial)
+        from safetensors.torch import save_model
+
+        save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(partial)
+        if folder.exists() and _converted(source, gguf) is None:
+            shutil.rmtree(folder)  # a conversion cut short
+        partial.rename(folder)
+    except OSError:  # read-only or full, or another process kept it first
+        pass
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 #: Files of which a model folder needs one for its tokenizer (or a ``.gguf`` file).
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "tokenizer.model",
@@ -240,6 +311,9 @@ def _locate(name_or_dir: str | os.PathLike | None) -> tuple[str | Path, str, dic
     if not (source / "config.json").exists():
         if gguf is None:
             raise ModelNotFoundError(f"the model folder {source} has no config.json and no .gguf file")
+        converted = _converted(source, gguf)
+        if converted is not None:  # converted before: its safetensors load without de-quantising
+            return converted, name, kwargs
         kwargs["gguf_file"] = gguf
     elif not any((source / f).exists() for f in TOKENIZER_FILES):
         raise ModelNotFoundError(
@@ -448,6 +522,8 @@ def load_model(
             model = auto.from_pretrained(source, config=config, **kwargs, **loading)
     except (*_config_errors(), *_weights_errors()) as error:  # damaged weights too
         raise _load_error(name, source, kwargs, error) from error
+    if "gguf_file" in kwargs and weights_dtype is None and task == "causal_lm":
+        _keep_conversion(model, tokenizer, Path(source), kwargs["gguf_file"])
     if place is not None:
         model.to(place)
     model.eval()

@@ -212,3 +212,78 @@ def test_check_device_counts_the_cuda_devices(monkeypatch):
     with pytest.raises(ValueError, match=r"^cannot use device 'cuda:2': this machine has 2 cuda devices$"):
         check_device("cuda:2")
     assert check_device("cpu") == torch.device("cpu")
+
+
+@pytest.fixture()
+def gguf_cache(tmp_path, monkeypatch):
+    """A tiny GGUF model folder and an empty cache folder (``CAPTUM_FFB_CACHE``)."""
+    pytest.importorskip("gguf")
+    from tests.models import save_tiny_gguf
+
+    monkeypatch.setenv("CAPTUM_FFB_CACHE", str(tmp_path / "cache"))
+    return save_tiny_gguf(tmp_path / "model"), tmp_path / "cache"
+
+
+def _conversions(cache):
+    return sorted((cache / "gguf").iterdir()) if (cache / "gguf").exists() else []
+
+
+def test_a_gguf_model_is_converted_once_and_loads_the_same_from_the_cache(gguf_cache, monkeypatch):
+    import torch
+
+    folder, cache = gguf_cache
+    first = load_model(folder, causal_lm=True, show_progress=False)
+    (kept,) = _conversions(cache)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in kept.iterdir()}
+    assert "quantization_config" not in (kept / "config.json").read_text()
+
+    def no_gguf(*args, **kwargs):
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr("transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint", no_gguf)
+    second = load_model(folder, causal_lm=True, show_progress=False)
+    assert model_config(folder).model_type == "llama"
+    ours, theirs = first.model.state_dict(), second.model.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert second.model.lm_head.weight.data_ptr() == second.model.model.embed_tokens.weight.data_ptr()
+    ids = first.tokenizer("a bc zz", return_tensors="pt").input_ids
+    assert ids.tolist() == second.tokenizer("a bc zz", return_tensors="pt").input_ids.tolist()
+    with torch.no_grad():
+        assert torch.equal(first.model(ids).logits, second.model(ids).logits)
+    assert second.source == first.source == str(folder) and second.name == first.name
+    assert [p.name for p in _conversions(cache)] == [kept.name]  # no partial folder left behind
+
+
+def test_the_cache_is_kept_only_for_a_whole_causal_lm_in_its_own_dtype(gguf_cache, monkeypatch):
+    folder, cache = gguf_cache
+    load_model(folder, causal_lm=True, dtype="bfloat16", show_progress=False)
+    load_model(folder, task="base", show_progress=False)
+    assert _conversions(cache) == []
+    monkeypatch.setenv("CAPTUM_FFB_CACHE", "off")
+    load_model(folder, causal_lm=True, show_progress=False)
+    assert _conversions(cache) == []
+
+
+def test_a_changed_gguf_file_or_a_half_written_conversion_converts_again(gguf_cache):
+    import torch
+
+    from tests.models import save_tiny_gguf
+
+    folder, cache = gguf_cache
+    first = load_model(folder, causal_lm=True, show_progress=False)
+    (kept,) = _conversions(cache)
+    (kept / "model.safetensors").unlink()  # half written: not used, and written again
+    again = load_model(folder, causal_lm=True, show_progress=False)
+    assert torch.equal(again.model.lm_head.weight, first.model.lm_head.weight)
+    assert (kept / "model.safetensors").is_file() and _conversions(cache) == [kept]
+    save_tiny_gguf(folder, seed=1)  # other weights in the same file name
+    changed = load_model(folder, causal_lm=True, show_progress=False)
+    assert not torch.equal(first.model.lm_head.weight, changed.model.lm_head.weight)
+    assert len(_conversions(cache)) == 2
+
+
+def test_a_cache_that_cannot_be_written_still_loads(gguf_cache, monkeypatch):
+    folder, cache = gguf_cache
+    cache.write_text("a file, not a folder")
+    loaded = load_model(folder, causal_lm=True, show_progress=False)
+    assert loaded.model_type == "llama" and cache.read_text() == "a file, not a folder"
