@@ -106,11 +106,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "rankings")
     parser.add_argument("--neuronpedia", action="store_true",
                         help="write graph_neuronpedia.json (also when --format leaves it out)")
+    parser.add_argument("--model-name", default=None, metavar="NAME",
+                        help="the model's name in graph_neuronpedia.json (Neuronpedia's scan); default: "
+                        "the model folder's name (a file never holds the folder's path)")
     parser.add_argument("--format", default=",".join(GRAPH_FORMATS), metavar="LIST",
                         help=f"comma list of {', '.join(GRAPH_FORMATS)} (default: all four; components.csv "
                         "is always written)")
     add_shared_options(parser, "graph", "model", "out", "device", "dtype", "quiet")
     parser.set_defaults(run=run, flags=FLAGS)
+
+
+def model_name(chosen: str | None, model: str | None) -> str:
+    """The model's name for a file: the one chosen (``--model-name``), else the model folder's
+    name (the bundled model's when none is given); never a path."""
+    from pathlib import PurePath
+
+    from captum_ffb.explained.models import DEFAULT_MODEL
+
+    if chosen is not None:
+        if not chosen.strip() or "/" in chosen or "\\" in chosen:
+            raise UsageError(f"--model-name is a name, not a path, got {chosen!r}")
+        return chosen
+    if model is None:
+        return DEFAULT_MODEL
+    return PurePath(str(model).rstrip("/\\")).name or DEFAULT_MODEL
 
 
 def _formats(value: str, neuronpedia: bool) -> list[str]:
@@ -132,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if args.corrupted is not None:
         check_text(args.corrupted, name="--corrupted")  # before the weights load
     formats = _formats(args.format, args.neuronpedia)
+    scan = model_name(args.model_name, args.model)  # checked before the weights load
     for name in ("node_threshold", "edge_threshold"):
         value = getattr(args, name)
         if not 0.0 <= value <= 1.0:
@@ -179,16 +199,22 @@ def run(args: argparse.Namespace) -> int:
         written = [write_text(files.path("components.csv"), components_csv(graph))]
         if "json" in formats:
             written.append(write_json(files.path(FILES["json"]), graph.to_dict()))
+        query_key = None
+        if "html" in formats or "neuronpedia" in formats:
+            from captum_ffb.viz.neuronpedia import query_key_of
+
+            say("query–key pairs of the largest heads ...")
+            query_key = query_key_of(graph)
         if "html" in formats:
             from captum_ffb.viz.graph import save_graph_html
 
-            say("query–key pairs of the largest heads ...")
-            written.append(save_graph_html(graph, files.path(FILES["html"])))
+            written.append(save_graph_html(graph, files.path(FILES["html"]), query_key=query_key))
         if "neuronpedia" in formats:
-            from captum_ffb.viz.graph import save_neuronpedia_graph
+            from captum_ffb.viz.neuronpedia import save_neuronpedia_graph
 
             written.append(save_neuronpedia_graph(graph, files.path(FILES["neuronpedia"]), args.text,
-                                                  scan=f"captum-ffb:{loaded.name}"))
+                                                  scan=scan,
+                                                  tokenizer=loaded.tokenizer, query_key=query_key))
         if "npz" in formats:  # last: with the edges' estimates the other files computed
             written.append(graph.save(files.path(FILES["npz"])))
     written = files.final(written)

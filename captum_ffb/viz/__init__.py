@@ -9,9 +9,10 @@
   of an explanation (``captum-ffb explain``).
 - :func:`plot_components`, :func:`components_html`: the tokens × components table of
   :meth:`~captum_ffb.attr.NormDecomposition.attribute_components`.
-- :func:`graph_html`, :func:`save_graph_html`, :func:`neuronpedia_graph`,
-  :func:`save_neuronpedia_graph`: an attribution graph as an offline page and as
-  circuit-tracer's (Neuronpedia's) graph JSON.
+- :func:`graph_html`, :func:`save_graph_html`: an attribution graph as an offline page.
+- :func:`neuronpedia_graph`, :func:`save_neuronpedia_graph`, :func:`read_neuronpedia_state`,
+  :func:`cumulative_influence`: the graph as Neuronpedia's graph file, and the pins and
+  supernodes such a file carries back.
 - :func:`plot_context`, :func:`context_html`, :func:`save_context_html`: a long context's
   groups by contribution (:func:`~captum_ffb.long_context.attribution.context_attribution`).
 """
@@ -22,19 +23,23 @@ from captum_ffb.viz.context import context_html, plot_context, save_context_html
 from captum_ffb.viz.explanation import explanation_html, plot_contributions, save_explanation_html
 from captum_ffb.viz.export import bertviz_view, to_bertviz, to_captum, to_inseq
 from captum_ffb.viz.figures import plot_maps
-from captum_ffb.viz.graph import (
-    graph_html,
+from captum_ffb.viz.graph import graph_html, save_graph_html
+from captum_ffb.viz.html import html_view, save_html, show_html
+from captum_ffb.viz.neuronpedia import (
+    NeuronpediaState,
+    cumulative_influence,
     neuronpedia_graph,
-    save_graph_html,
+    read_neuronpedia_state,
     save_neuronpedia_graph,
 )
-from captum_ffb.viz.html import html_view, save_html, show_html
 from captum_ffb.viz.records import to_visualization_records
 
 __all__ = [
+    "NeuronpediaState",
     "bertviz_view",
     "components_html",
     "context_html",
+    "cumulative_influence",
     "explanation_html",
     "graph_html",
     "html_view",
@@ -43,6 +48,7 @@ __all__ = [
     "plot_context",
     "plot_contributions",
     "plot_maps",
+    "read_neuronpedia_state",
     "save_context_html",
     "save_explanation_html",
     "save_graph_html",
