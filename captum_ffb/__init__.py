@@ -25,6 +25,7 @@ from captum_ffb.architectures import (
     supported_architectures,
 )
 from captum_ffb.attr import (
+    AnswerLogProbability,
     AttributionGraph,
     Contrast,
     Direction,
@@ -49,6 +50,7 @@ install_moved_modules()  # the module paths before 0.4 import for one release
 
 
 __all__ = [
+    "AnswerLogProbability",
     "ArchitectureSpec",
     "AttributionGraph",
     "Chain",

@@ -33,7 +33,13 @@ from captum_ffb.core.vocabulary import check_granularity
 from captum_ffb.engine.generation import generate_greedily
 from captum_ffb.engine.requests import check_new_tokens, leading_space_hint, text_token_ids
 from captum_ffb.explained.models import LoadedModel, load_model
-from captum_ffb.explained.readouts import ClassLogit, Contrast, NextToken, ReadOut
+from captum_ffb.explained.readouts import (
+    ClassLogit,
+    Contrast,
+    NextToken,
+    ReadOut,
+    TokenLogProbability,
+)
 from captum_ffb.explained.results import ExplainedOutput, first_token_share, token_share
 from captum_ffb.texts.text import check_text, check_text_request, display_tokens, encode_text
 
@@ -450,19 +456,32 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
         readouts = [Contrast(*pair)]
         what = f"logit({contrast[0]!r}) − logit({contrast[1]!r}) at the next position"
     else:
-        token = _single_token(tokenizer, target) if target is not None else None
-        sequence = ids
-        readouts = [NextToken(token, n_prompt - 1)]
-        what = ("the logit of the predicted next token" if target is None
-                else "the logit of the next token " + repr(target))
+        answer = text_token_ids(tokenizer, target, "target") if target is not None else []
+        if len(answer) > 1:  # an answer of several tokens: its log-probability, teacher-forced
+            sequence = torch.cat([ids, ids.new_tensor(answer[:-1])[None]], dim=1)
+            readouts = [TokenLogProbability(token, n_prompt - 1 + t) for t, token in enumerate(answer)]
+            what = (f"the log-probability of each of the answer's {len(answer)} tokens, teacher-forced (their sum "
+                    f"is the log-probability of {target!r}; each bias also holds −log V, the log-probability "
+                    "at uniform logits)")
+        else:
+            sequence = ids
+            readouts = [NextToken(int(answer[0]) if answer else None, n_prompt - 1)]
+            what = ("the logit of the predicted next token" if target is None
+                    else "the logit of the next token " + repr(target))
     mask = torch.ones_like(sequence)
     result, check = _run(nd, sequence, readouts, route, maps and not generate, {"attention_mask": mask})
-    if target is not None and not generate:
+    if target is not None and not generate and len(result.readouts) == 1:
         hint = leading_space_hint(tokenizer, target, NextToken(None, n_prompt - 1).resolve(result.outputs, mask).token)
         if hint is not None:
             warnings.warn(hint, UserWarning, stacklevel=3)
     values = torch.cat([r.value(result.outputs, mask) for r in result.readouts])
     contributions = result.contributions
+    if isinstance(result.readouts[0], TokenLogProbability):  # the value at the uniform logits joins the bias
+        units = int(nd.engine.head.output.weight.shape[0])
+        values = torch.cat([r.log_probability(result.outputs, mask) for r in result.readouts]).to(values.dtype)
+        result.bias = result.bias + torch.tensor([r.constant(units) for r in result.readouts],
+                                                 dtype=result.bias.dtype, device=result.bias.device)
+        result.delta = (values.to(result.bias.device) - contributions.sum(-1) - result.bias).abs()
     if contrast is not None:
         targets = pair
         shown = display_tokens(tokenizer.convert_ids_to_tokens(pair), tokenizer, strip=False)

@@ -167,7 +167,10 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
             inputs (Tensor or tuple[Tensor, ...]): token ids (an encoder–decoder's source).
             target (int, str, Tensor or ReadOut, optional): a class of a classifier; a token id
                         (or its text, with a tokenizer) whose logit a language model gives at
-                        each row's last real position or ``target_position``; one per row as a
+                        each row's last real position or ``target_position``; a causal LM's
+                        text of several tokens (or an :class:`AnswerLogProbability`): the
+                        answer's teacher-forced log-probability, with contributions over the
+                        prompt and the answer's tokens but its last ``(1, n + T − 1)``; one per row as a
                         ``(batch,)`` tensor; a :class:`Contrast` (``logit(a) − logit(b)``); a
                         :class:`Direction` (base models); any read-out of
                         :mod:`captum_ffb.explained.readouts`; ``None``: the model's prediction (the
@@ -201,6 +204,15 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
             bias and the delta where asked. Padded positions get exactly 0.
         """
         reference = self._reference_of(reference, baselines)
+        answer = self._answer_of(target)
+        if answer is not None:
+            extra = {"additional_forward_args": additional_forward_args, "feature_mask": feature_mask,
+                     "target_position": target_position, "players": players}
+            given = [name for name, value in extra.items() if value is not None]
+            if given:
+                raise ValueError(f"an answer's log-probability (a target of several tokens) takes no {given[0]}")
+            return self._attribute_answer(inputs, answer, forward_kwargs, route, rules, reference, return_bias,
+                                          return_convergence_delta)
         request = self._request(inputs, additional_forward_args, forward_kwargs, reference)
         groups, n_groups = self.engine.groups(feature_mask, players, request)
         with_bias = return_bias or return_convergence_delta

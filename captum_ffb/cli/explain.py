@@ -106,9 +106,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="corpus mode: discard an earlier run with other settings in --out")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--target", default=None, metavar="TOKEN",
-                       help="causal LMs: the next token to explain, as text (one token); the "
-                       "predicted one by default")
+    which.add_argument("--target", default=None, metavar="TEXT",
+                       help="causal LMs: the next token to explain (its logit), as text; an answer of "
+                       "several tokens explains its log-probability, teacher-forced, token by token; the "
+                       "predicted next token by default")
     which.add_argument("--contrast", nargs=2, default=None, metavar=("A", "B"),
                        help="causal LMs: explain logit(A) − logit(B) at the next position (two tokens as "
                        "text, e.g. --contrast \" Paris\" \" London\")")
@@ -288,7 +289,9 @@ def _run_context(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"{len(found.tokens)} tokens, {len(found.groups)} groups ({args.group_by}); explained: "
               f"{found.target}, value {found.value:.4f} = Σ groups {float(found.contributions.sum()):.4f} + question "
-              f"{found.question:.4f} + rest {found.rest:.4f} + bias {found.bias:.4f} (delta {found.delta:.1e})")
+              f"{found.question:.4f} + rest {found.rest:.4f}"
+              + (f" + answer {found.answer:.4f}" if found.answer else "")
+              + f" + bias {found.bias:.4f} (delta {found.delta:.1e})")
         for g, text, value in found.top(5):
             print(f"  #{g:<4} {value:+.4f}  {' '.join(text.split())[:70]}")
         for path in written:

@@ -155,6 +155,9 @@ class HeadTarget:
         indices (Tensor, optional): ``(B, K)`` the output units, to read real logits.
         positions (Tensor, optional): ``(B,)`` the position read (``None``: pooled).
         pooling (Tensor, optional): ``(B, n)`` weights over positions (mean pooling).
+        mix (Tensor, optional): ``(B, K, V)`` each term as a mixture of the output's units
+                    (its logit ``Σ_v mix[k, v] · logit_v``; a log-probability's normaliser);
+                    ``indices`` then names the explained unit only.
     """
 
     weights: Tensor
@@ -163,6 +166,14 @@ class HeadTarget:
     indices: Tensor | None = None
     positions: Tensor | None = None
     pooling: Tensor | None = None
+    mix: Tensor | None = None
+
+
+def _read_units(logits: Tensor, target: HeadTarget) -> Tensor:
+    """``(B, K)`` the target's terms in ``(B, V)`` logits: its units, or its mixtures of them."""
+    if target.mix is not None:
+        return torch.einsum("bv,bkv->bk", logits, target.mix.to(device=logits.device, dtype=logits.dtype))
+    return logits.gather(1, target.indices)
 
 
 def head_forward(
@@ -313,7 +324,7 @@ def target_value(head: ResolvedHead, output: Any, target: HeadTarget, dtype: tor
     logits = output_logits(output).to(dtype)
     if logits.dim() == 3:
         logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-    return (logits.gather(1, target.indices) * target.coefficients).sum(-1)
+    return (_read_units(logits, target) * target.coefficients).sum(-1)
 
 
 def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: HeadTarget, rules: Any) -> Tensor:
@@ -323,7 +334,7 @@ def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: He
     logits = output_layer
     if logits.dim() == 3:
         logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-    chosen = logits.gather(1, target.indices)
+    chosen = _read_units(logits, target)
     if head.scale is not None:
         chosen = chosen * head.scale
     if head.softcap is not None:

@@ -355,6 +355,121 @@ class Direction(ReadOut):
         return HeadTarget(vector[:, None], bias[:, None], ones, None, positions, pooling)
 
 
+#: the Gauss–Legendre node counts :func:`normaliser_weights` tries, in turn, until its
+#: integral reproduces ``logsumexp(z) − log V`` to :data:`NORMALISER_TOLERANCE`
+NORMALISER_NODES = (32, 64, 128, 256, 512, 1024)
+NORMALISER_TOLERANCE = 1e-9
+
+
+def normaliser_weights(logits: Tensor) -> Tensor:
+    r"""``w = ∫₀¹ softmax(s · z) ds`` for each row of ``logits`` ``(B, V)``, in float64: the
+    Integrated Gradients of the log-normaliser ``logsumexp`` from the uniform distribution's
+    logits (``z = 0``), so that ``Σ_v w_v z_v = logsumexp(z) − log V`` (to
+    :data:`NORMALISER_TOLERANCE`, by Gauss–Legendre quadrature with more nodes until it holds;
+    a ValueError where even the most nodes miss it)."""
+    import numpy as np
+
+    z = logits.detach().double()
+    goal = torch.logsumexp(z, -1) - torch.log(torch.tensor(float(z.shape[-1]), dtype=z.dtype, device=z.device))
+    for count in NORMALISER_NODES:
+        nodes, weights = np.polynomial.legendre.leggauss(count)
+        w = torch.zeros_like(z)
+        for x, q in zip(nodes, weights):
+            w += float(q) / 2 * torch.softmax(float(x + 1) / 2 * z, -1)
+        miss = ((w * z).sum(-1) - goal).abs()
+        if bool((miss <= NORMALISER_TOLERANCE * goal.abs().clamp(min=1.0)).all()):
+            return w
+    raise ValueError(f"the log-normaliser's integral did not converge with {NORMALISER_NODES[-1]} nodes "
+                     f"(missed by {float(miss.max()):.2e})")
+
+
+@dataclass(frozen=True)
+class TokenLogProbability(ReadOut):
+    r"""A causal LM's log-probability of ``token`` at ``position``, ``log softmax(z)[token]``,
+    as an exact linear read-out: ``z_token − Σ_v w_v z_v − log V`` with
+    ``w = ∫₀¹ softmax(s·z) ds`` (:func:`normaliser_weights`, fixed by the model's own logits:
+    Integrated Gradients of ``logsumexp`` from the uniform distribution's logits). The
+    players share ``z_token − Σ_v w_v z_v``; ``−log V``, the log-probability at the uniform
+    logits (the reference), is the bias player's (:attr:`constant`).
+
+    Args:
+        token (int): the token's id.
+        position (int): the position whose logits predict it.
+        weights (Tensor, optional): ``(B, V)`` ``w``; set by :meth:`resolve` from the logits.
+    """
+
+    token: int
+    position: int
+    weights: Tensor | None = None
+
+    def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        return _logits_at(outputs, attention_mask, self.position)
+
+    def resolve(self, outputs: Any, attention_mask: Tensor) -> TokenLogProbability:
+        if self.weights is not None:
+            return self
+        return replace(self, weights=normaliser_weights(self.class_logits(outputs, attention_mask)))
+
+    def constant(self, n_units: int) -> float:
+        """``−log V``: the log-probability of any token at the uniform logits."""
+        import math
+
+        return -math.log(n_units)
+
+    def log_probability(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        """``(B,)`` the log-probability itself, from the model's logits."""
+        return torch.log_softmax(self.class_logits(outputs, attention_mask).double(), -1)[:, self.token]
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        logits = self.class_logits(outputs, attention_mask)
+        w = self._weights().to(device=logits.device, dtype=logits.dtype)
+        return logits[:, self.token] - (w * logits).sum(-1)
+
+    def _weights(self) -> Tensor:
+        if self.weights is None:
+            raise ValueError("TokenLogProbability needs its normaliser's weights: resolve it on the model's output")
+        return self.weights
+
+    def head_target(self, head, token_mask, dtype, position=None):
+        if head.task not in ("causal_lm", "seq2seq_lm"):
+            raise ValueError("a log-probability reads a language model's next-token logits")
+        if head.softcap is not None:
+            raise ValueError("a log-probability target needs logits without soft-capping (this model caps its "
+                             "logits with tanh, which does not pass through the normaliser's mixture)")
+        batch, device = token_mask.shape[0], token_mask.device
+        units = head.output.weight.shape[0]
+        w = self._weights().to(device=device, dtype=dtype).expand(batch, -1)
+        if w.shape[-1] != units:
+            raise ValueError(f"the normaliser's weights cover {w.shape[-1]} units; the model has {units}")
+        one_hot = torch.zeros_like(w)
+        one_hot[:, self.token] = 1.0
+        mix = torch.stack([one_hot, w], 1)  # (B, 2, V)
+        weight = head.output.weight.detach().to(dtype)
+        rows = torch.einsum("bkv,vd->bkd", mix, weight)
+        bias = head.output.bias
+        full = torch.zeros(units, device=device, dtype=dtype) if bias is None else bias.detach().to(dtype)
+        if head.logits_bias is not None:
+            full = full + head.logits_bias.detach().to(dtype).reshape(-1)
+        biases = torch.einsum("bkv,v->bk", mix, full)
+        coefficients = torch.tensor([1.0, -1.0], device=device, dtype=dtype).expand(batch, 2)
+        indices = torch.full((batch, 1), int(self.token), device=device, dtype=torch.long)
+        positions = checked_positions(self.position, token_mask)
+        return HeadTarget(rows, biases, coefficients, indices, positions, mix=mix)
+
+
+@dataclass(frozen=True)
+class AnswerLogProbability:
+    r"""An answer's log-probability after the prompt, teacher-forced: ``Σ_t log p(a_t | prompt,
+    a_<t)``, each term a :class:`TokenLogProbability`. A causal LM's target text of several
+    tokens means this; give it to explain a one-token answer's log-probability (not its logit).
+
+    Args:
+        tokens (str or list[int]): the answer, as text (read with the tokenizer) or token ids.
+    """
+
+    tokens: str | tuple[int, ...] | list[int] | Tensor
+
+
 class _TwoClasses:
     """A score ``d`` read as two classes: logits ``(−d, d)`` (class 1 = positive) and
     probabilities ``(1 − σ(d), σ(d))``."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from captum_ffb.attr.norm_decomposition import NormDecomposition
+from captum_ffb.explained.readouts import AnswerLogProbability
 from captum_ffb.texts.text import check_text
 
 if TYPE_CHECKING:
@@ -62,14 +63,18 @@ class ContextAttribution:
         contributions (Tensor): ``(G,)`` each group's contribution (its tokens' sum).
         question (float): the question's tokens' contribution.
         rest (float): the prompt's other tokens' (a start token, the template's words).
-        bias (float): the bias player (the model's own bias terms).
-        value (float): the explained logit (or contrast).
-        delta (float): the completeness residual ``|Σ groups + question + rest + bias − value|``.
+        bias (float): the bias player (the model's own bias terms; for an answer's
+                    log-probability also ``−T log V``, its value at the uniform logits).
+        value (float): the explained logit (or contrast, or an answer's log-probability).
+        delta (float): the completeness residual
+                    ``|Σ groups + question + rest + answer + bias − value|``.
         target (str): what was explained, in words.
-        token_groups (list[int]): each token's group (``-1``: the question, ``-2``: the rest).
-        tokens (list[str]): the prompt's tokens.
+        token_groups (list[int]): each token's group (``-1``: the question, ``-2``: the rest,
+                    ``-3``: the answer's own tokens, fed back when its log-probability is explained).
+        tokens (list[str]): the prompt's tokens (then the answer's but its last).
         token_contributions (Tensor): ``(n,)`` every token's contribution.
         context (str): the context; ``spans`` each group's ``(start, end)`` in it.
+        answer (float): the answer's own tokens' contribution (0 for a one-token target).
     """
 
     groups: list[str]
@@ -85,6 +90,7 @@ class ContextAttribution:
     token_contributions: Tensor | None = None
     context: str = ""
     spans: list[tuple[int, int]] = field(default_factory=list)
+    answer: float = 0.0
 
     def top(self, k: int = 5) -> list[tuple[int, str, float]]:
         """The ``k`` groups of largest ``|contribution|``: ``(index, text, contribution)``."""
@@ -102,7 +108,7 @@ class ContextAttribution:
         the bias, the value, the delta and the target."""
         counts = [self.token_groups.count(g) for g in range(len(self.groups))]
         return {"target": self.target, "value": self.value, "bias": self.bias, "question": self.question,
-                "rest": self.rest, "delta": self.delta,
+                "rest": self.rest, "answer": self.answer, "delta": self.delta,
                 "groups": [{"index": g, "text": text, "tokens": counts[g], "contribution": float(c),
                             "share": float(s)}
                            for g, (text, c, s) in enumerate(zip(self.groups, self.contributions, self.shares()))]}
@@ -121,7 +127,9 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         context (str): the long input (a document, passages, a chat history).
         question (str): what is asked of it.
         group_by (str): ``"paragraph"`` (blank lines), ``"sentence"`` or ``"line"``.
-        target (int, str, ReadOut, optional): as in ``attribute`` (``None``: the predicted token).
+        target (int, str, ReadOut, optional): as in ``attribute`` (``None``: the predicted token);
+                    a text of several tokens (or an ``AnswerLogProbability``) is the answer's
+                    teacher-forced log-probability, its own tokens grouped as ``answer``.
         template (str): the prompt, with ``{context}`` and ``{question}`` once each.
         max_tokens (int, optional): refuse prompts longer than this.
 
@@ -153,17 +161,28 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
     token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
     if isinstance(target, str):  # read by this tokenizer (the attribution may have none)
-        target = int(nd.engine.token_ids(tokenizer, target, one=True)[0])
-    # one pass of the frozen model: the prediction (target None) is read from its own logits
-    request = nd._request(ids, None, None, nd.reference)
-    groups, n_groups = nd.engine.groups(None, None, request)
-    answer = nd._answer(request, target, None, nd._rules(None), nd.reference, "backward", groups, n_groups,
-                        with_bias=True)
-    if target is None:  # named once: its label is the predicted token
-        target = int(answer.units[0])
-    per_group = nd.engine.per_group(answer, request, groups, n_groups, "backward")
-    contributions = nd.engine.per_position(per_group, request, groups)
-    bias, delta = answer.bias, (per_group.sum(1) + answer.bias - answer.real).abs()
+        found = nd.engine.token_ids(tokenizer, target)
+        target = AnswerLogProbability(tuple(found)) if len(found) > 1 else int(found[0])
+    tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    if isinstance(target, AnswerLogProbability):  # teacher-forced: the answer's own tokens are players too
+        answer_ids = nd._target_tokens(target.tokens if not isinstance(target.tokens, str) else
+                                       nd.engine.token_ids(tokenizer, target.tokens), ids.device)
+        contributions, bias, delta = nd._attribute_answer(ids, AnswerLogProbability(answer_ids), None, "backward",
+                                                          None, nd.reference, True, True)
+        token_groups += [-3] * (answer_ids.numel() - 1)
+        tokens += tokenizer.convert_ids_to_tokens(answer_ids[:-1].tolist())
+        label = f"log p({tokenizer.decode(answer_ids.tolist())!r})"
+    else:  # one pass of the frozen model: the prediction (target None) is read from its own logits
+        request = nd._request(ids, None, None, nd.reference)
+        groups, n_groups = nd.engine.groups(None, None, request)
+        answer = nd._answer(request, target, None, nd._rules(None), nd.reference, "backward", groups, n_groups,
+                            with_bias=True)
+        if target is None:  # named once: its label is the predicted token
+            target = int(answer.units[0])
+        per_group = nd.engine.per_group(answer, request, groups, n_groups, "backward")
+        contributions = nd.engine.per_position(per_group, request, groups)
+        bias, delta = answer.bias, (per_group.sum(1) + answer.bias - answer.real).abs()
+        label = _label(tokenizer, target)
     per_token = contributions[0].detach().to(torch.float64).cpu()  # the result's numbers, on the cpu
     index = torch.tensor(token_groups, device="cpu")
     groups = torch.zeros(len(spans), dtype=torch.float64, device="cpu")
@@ -171,12 +190,12 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
     groups.index_add_(0, index[inside], per_token[inside])
     bias_value = float(bias[0])
     value = float(per_token.sum()) + bias_value
-    label = _label(tokenizer, target)
     return ContextAttribution(
         groups=[context[s:e] for s, e in spans], contributions=groups,
         question=float(per_token[index == -1].sum()), rest=float(per_token[index == -2].sum()), bias=bias_value,
         value=value, delta=float(delta[0]), target=label, token_groups=token_groups,
-        tokens=tokenizer.convert_ids_to_tokens(ids[0].tolist()), token_contributions=per_token, context=context, spans=spans)
+        tokens=tokens, token_contributions=per_token, context=context, spans=spans,
+        answer=float(per_token[index == -3].sum()))
 
 
 def _check_inputs(tokenizer: Any, context: str, question: str, template: str,

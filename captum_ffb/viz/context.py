@@ -44,7 +44,9 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
 
     chosen = found.top(top)
     rows = [(f"#{g} {_label(text, 48)}", value) for g, text, value in chosen]
-    rows += [("question", found.question), ("rest of the prompt", found.rest), ("bias", found.bias)]
+    rows += [("question", found.question), ("rest of the prompt", found.rest)]
+    rows += [("the answer's own tokens", found.answer)] if found.answer else []
+    rows += [("bias", found.bias)]
     figure = figure_class()(figsize=(9, 0.32 * len(rows) + 1.4))
     ax = figure.add_subplot()
     scale = max((abs(v) for _, v in rows), default=1.0) or 1.0
@@ -53,12 +55,13 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
     ax.barh(positions, [v for _, v in rows], color=[colours(0.5 + 0.5 * v / scale) for _, v in rows],
             edgecolor="#555", linewidth=0.5)
     ax.set_yticks(positions, [label for label, _ in rows], fontsize=8)
-    ax.axhline(2.5, color="#999", lw=0.8)
+    ax.axhline(len(rows) - len(chosen) - 0.5, color="#999", lw=0.8)
     ax.axvline(0, color="#333", lw=0.8)
     ax.set_xlabel("contribution to the explained logit")
     ax.set_title(f"{found.target}: value {found.value:.3f}\n= Σ {len(found.groups)} groups "
                  f"{float(found.contributions.sum()):.3f} + question {found.question:.3f} + rest "
-                 f"{found.rest:.3f} + bias {found.bias:.3f}", fontsize=9)
+                 f"{found.rest:.3f}" + (f" + answer {found.answer:.3f}" if found.answer else "")
+                 + f" + bias {found.bias:.3f}", fontsize=9)
     figure.tight_layout()
     return figure
 
@@ -117,7 +120,8 @@ def context_html(found: ContextAttribution, title: str | None = None) -> str:
                     f'<td style="background:{css(shade)};color:{css(_text_colour(shade))}">{escape(f"{value:+.4f}")}</td>'
                     f"<td>{escape(share)}</td><td>{escape(_label(text, 120))}</td></tr>")
     facts = (f"{found.target}: value {found.value:.4f} = Σ groups {float(found.contributions.sum()):.4f} "
-             f"+ question {found.question:.4f} + rest {found.rest:.4f} + bias {found.bias:.4f} "
+             f"+ question {found.question:.4f} + rest {found.rest:.4f} "
+             + (f"+ answer {found.answer:.4f} " if found.answer else "") + f"+ bias {found.bias:.4f} "
              f"(delta {found.delta:.1e}); {len(found.groups)} groups")
     header = f'<p class="meta">{escape(facts)}</p>\n'
     body = ("<h2>Groups ranked by |contribution|</h2>\n"

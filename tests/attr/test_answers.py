@@ -1,0 +1,131 @@
+"""Answers of several tokens: the teacher-forced log-probability, exact against the model's own
+logits, from ``attribute``, ``context_attribution`` and the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from captum_ffb import NormDecomposition
+from captum_ffb.explained.readouts import (
+    AnswerLogProbability,
+    TokenLogProbability,
+    normaliser_weights,
+)
+from tests.models import byte_level_tokenizer, save_tiny_lm, tiny_lm
+
+PROMPT, ANSWER = "the cat sat on the", " mat because it"
+
+
+def log_probability(model, prompt_ids, answer_ids):
+    """``Σ_t log p(a_t | prompt, a_<t)`` from the model's own logits, in float64."""
+    ids = torch.cat([prompt_ids, torch.tensor([answer_ids[:-1]])], 1)
+    with torch.no_grad():
+        logits = model(ids).logits[0].double()
+    n = prompt_ids.shape[1]
+    return sum(float(torch.log_softmax(logits[n - 1 + t], -1)[a]) for t, a in enumerate(answer_ids))
+
+
+@pytest.fixture(scope="module")
+def lm():
+    tokenizer = byte_level_tokenizer()
+    model = tiny_lm("llama")
+    return NormDecomposition(model, tokenizer=tokenizer), tokenizer
+
+
+@pytest.mark.parametrize("route", ["backward", "forward"])
+def test_an_answer_of_several_tokens_is_its_exact_log_probability(lm, route):
+    nd, tokenizer = lm
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    answer = tokenizer(ANSWER).input_ids
+    contributions, bias, delta = nd.attribute(ids, target=ANSWER, route=route, return_bias=True,
+                                              return_convergence_delta=True)
+    assert contributions.shape == (1, ids.shape[1] + len(answer) - 1)  # the answer's tokens but its last
+    truth = log_probability(nd.model, ids, answer)
+    assert float(contributions.sum() + bias) == pytest.approx(truth, abs=1e-5)
+    assert float(delta) <= 1e-5
+    assert contributions[0, ids.shape[1]:].abs().sum() > 0  # the answer's earlier tokens feed its later ones
+    same = nd.attribute(ids, target=AnswerLogProbability(answer), route=route)
+    torch.testing.assert_close(same, contributions)
+
+
+def test_each_token_is_a_log_probability_and_the_bias_holds_the_uniform_logits(lm):
+    nd, tokenizer = lm
+    ids = tokenizer(PROMPT + ANSWER, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = nd.model(ids).logits[0].double()
+    readouts = [TokenLogProbability(int(ids[0, p + 1]), p) for p in (2, 5)]
+    result = nd.explain(ids, readouts)
+    units = logits.shape[-1]
+    for row, (readout, p) in enumerate(zip(result.readouts, (2, 5))):
+        total = float(result.contributions[row].sum() + result.bias[row]) + readout.constant(units)
+        assert total == pytest.approx(float(torch.log_softmax(logits[p], -1)[readout.token]), abs=1e-5)
+    assert readouts[0].constant(units) == pytest.approx(-math.log(units))
+
+
+def test_the_normalisers_weights_integrate_the_log_normaliser():
+    z = torch.randn(3, 500, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 8
+    w = normaliser_weights(z)
+    assert torch.allclose((w * z).sum(-1), torch.logsumexp(z, -1) - math.log(500), atol=1e-9, rtol=0)
+    assert bool((w > 0).all()) and torch.allclose(w.sum(-1), torch.ones(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2", "gemma", "cohere", "granite", "mixtral"])
+def test_other_families_are_exact_too(name):
+    """Among them logit scales (Cohere's, Granite's) and a mixture of experts."""
+    tokenizer = byte_level_tokenizer()
+    nd = NormDecomposition(tiny_lm(name), tokenizer=tokenizer)
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    contributions, bias = nd.attribute(ids, target=ANSWER, return_bias=True)
+    truth = log_probability(nd.model, ids, tokenizer(ANSWER).input_ids)
+    assert float(contributions.sum() + bias) == pytest.approx(truth, abs=1e-5)
+
+
+def test_soft_capped_logits_are_refused_in_one_line():
+    tokenizer = byte_level_tokenizer()
+    nd = NormDecomposition(tiny_lm("gemma2"), tokenizer=tokenizer)
+    assert nd.model.config.final_logit_softcapping
+    with pytest.raises(ValueError, match="without soft-capping"):
+        nd.attribute(tokenizer(PROMPT, return_tensors="pt").input_ids, target=ANSWER)
+
+
+def test_what_an_answer_does_not_take_is_one_line(lm):
+    nd, tokenizer = lm
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    with pytest.raises(ValueError, match="takes no target_position"):
+        nd.attribute(ids, target=ANSWER, target_position=2)
+    with pytest.raises(ValueError, match="one input at a time"):
+        nd.attribute(ids.repeat(2, 1), target=ANSWER)
+    assert nd.attribute(ids, target=" mat").shape == ids.shape  # one token: its logit, as before
+
+
+def test_context_attribution_of_an_answer(lm):
+    from captum_ffb.long_context.attribution import context_attribution
+
+    nd, tokenizer = lm
+    context = "the cat sat on the mat.\n\nthe dog ran fast.\n\nhello world"
+    found = context_attribution(nd, tokenizer, context, "the cat", target=ANSWER)
+    parts = float(found.contributions.sum()) + found.question + found.rest + found.answer + found.bias
+    assert parts == pytest.approx(found.value, abs=1e-5) and found.delta <= 1e-5
+    assert found.answer != 0 and found.token_groups.count(-3) == len(tokenizer(ANSWER).input_ids) - 1
+    assert found.target == f"log p({ANSWER!r})" and found.to_dict()["answer"] == found.answer
+
+
+def test_the_command_line_explains_an_answer_token_by_token(tmp_path):
+    from captum_ffb.cli import main
+
+    model = save_tiny_lm(tmp_path / "m", byte_level=True)
+    assert main(["explain", PROMPT, "--model", str(model), "--target", ANSWER, "--out", str(tmp_path / "o"),
+                 "--format", "json", "--quiet"]) == 0
+    found = json.loads((tmp_path / "o" / "explanation.json").read_text())
+    tokenizer = byte_level_tokenizer()
+    answer = tokenizer(ANSWER).input_ids
+    assert [o["target"] for o in found["outputs"]] == tokenizer.convert_ids_to_tokens(answer)
+    total = sum(o["value"] for o in found["outputs"])
+    assert total == pytest.approx(log_probability(tiny_lm("llama"), tokenizer(PROMPT, return_tensors="pt").input_ids,
+                                                  answer), abs=1e-4)
+    for o in found["outputs"]:
+        assert sum(o["contributions"]) + o["bias"] == pytest.approx(o["value"], abs=1e-5)
