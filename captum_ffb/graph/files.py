@@ -621,7 +621,8 @@ class _Fields:
         head = self._mapping("origin.target", origin["target"])
         from captum_ffb.engine.head import HeadTarget
 
-        if set(head) != {f.name for f in fields(HeadTarget)}:
+        names = {f.name for f in fields(HeadTarget)}
+        if set(head) not in (names, names - {"mix"}):  # files of before 0.5 have no mix
             self._fail("origin.target", f"must have {', '.join(f.name for f in fields(HeadTarget))}")
         for key, value in head.items():
             self._check_plain(f"origin.target.{key}", value, reader, arrays)

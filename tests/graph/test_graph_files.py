@@ -256,3 +256,19 @@ def test_the_default_pruning_is_the_whole_graphs_among_the_max_nodes_largest():
     assert default.thresholds["max_nodes"] == m and whole.thresholds["max_nodes"] is None
     # pruning a pruned graph starts again from every computed node
     assert torch.equal(whole.prune(0.5, 0.9).node_mask, full.prune(0.5, 0.9).node_mask)
+
+
+def test_a_file_of_before_the_mixture_field_still_loads_and_binds(built, tmp_path):
+    """Files written before ``HeadTarget.mix`` (0.5) have no ``origin.target.mix``."""
+    model, _, _, graph = built
+    path = graph.save(tmp_path / "graph.npz")
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(tmp_path / "old.npz", "w") as target:
+        for item in source.namelist():
+            data = source.read(item)
+            if item == "metadata.json":
+                meta = json.loads(data)
+                assert meta["origin"]["target"].pop("mix") is None
+                data = json.dumps(meta)
+            target.writestr(item, data)
+    old = AttributionGraph.load(tmp_path / "old.npz", model=model)
+    assert old.bound and old.value == graph.value
