@@ -34,6 +34,7 @@ from captum_ffb.engine.generation import generate_greedily
 from captum_ffb.engine.requests import check_new_tokens, leading_space_hint, text_token_ids
 from captum_ffb.explained.models import LoadedModel, load_model
 from captum_ffb.explained.readouts import (
+    AnswerLogProbability,
     ClassLogit,
     Contrast,
     NextToken,
@@ -282,7 +283,8 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
     Args:
         text (str): the input.
         loaded (LoadedModel): the model.
-        target (str, optional): a causal LM's next token, as text (one token).
+        target (str, optional): a causal LM's next token, as text; an answer of several tokens
+                    explains its teacher-forced log-probability.
         class_index (int, optional): a sequence classifier's class.
         corrupted (str, optional): a corrupted text of the same length in tokens: the nodes
                     then carry patching estimates (``baseline``, its name before 0.4, is read
@@ -319,7 +321,10 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
         raise ValueError("target names a next token: it needs a causal LM")
     if class_index is not None and nd.task != "sequence_classification":
         raise ValueError("class_index needs a sequence classifier")
-    chosen: Any = _single_token(loaded.tokenizer, target) if target is not None else class_index
+    chosen: Any = class_index
+    if target is not None:  # a next token's logit, or an answer of several tokens' log-probability
+        pieces = text_token_ids(loaded.tokenizer, target, "target")
+        chosen = int(pieces[0]) if len(pieces) == 1 else AnswerLogProbability(tuple(pieces))
     if chosen is None and nd.task == "base":
         chosen = default_readout(loaded.model)
         if chosen is None:
@@ -328,14 +333,14 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
     graph = nd.attribute_graph(ids, chosen, granularity=granularity, prune=prune, node_threshold=node_threshold,
                                edge_threshold=edge_threshold, max_nodes=max_nodes, corrupted_inputs=corrupted_ids,
                                exclude_positions=exclude_positions)
-    return replace(graph, tokens=display_tokens(loaded.tokenizer.convert_ids_to_tokens(ids[0].tolist()),
-                                                loaded.tokenizer),
-                   token_ids=ids[0].tolist(), output_label=_shown_label(graph.output_label, loaded.tokenizer, nd.task))
+    shown = graph.token_ids if graph.token_ids is not None else ids[0].tolist()  # an answer's tokens too
+    return replace(graph, tokens=display_tokens(loaded.tokenizer.convert_ids_to_tokens(shown), loaded.tokenizer),
+                   token_ids=shown, output_label=_shown_label(graph.output_label, loaded.tokenizer, nd.task))
 
 
 def _shown_label(label: str, tokenizer: Any, task: str) -> str:
     """The explained token(s) as people read them (``' Mary'``, not ``ĠMary``); classes as they are."""
-    if task == "sequence_classification" or tokenizer is None or label == "the read-out":
+    if task == "sequence_classification" or tokenizer is None or label == "the read-out" or label.startswith("log p("):
         return label
     parts = label.split(" − ")
     return " − ".join(repr(t) for t in display_tokens(parts, tokenizer, strip=False))
@@ -476,12 +481,6 @@ def _explain_causal_lm(nd: NormDecomposition, loaded: LoadedModel, ids: Tensor, 
             warnings.warn(hint, UserWarning, stacklevel=3)
     values = torch.cat([r.value(result.outputs, mask) for r in result.readouts])
     contributions = result.contributions
-    if isinstance(result.readouts[0], TokenLogProbability):  # the value at the uniform logits joins the bias
-        units = int(nd.engine.head.output.weight.shape[0])
-        values = torch.cat([r.log_probability(result.outputs, mask) for r in result.readouts]).to(values.dtype)
-        result.bias = result.bias + torch.tensor([r.constant(units) for r in result.readouts],
-                                                 dtype=result.bias.dtype, device=result.bias.device)
-        result.delta = (values.to(result.bias.device) - contributions.sum(-1) - result.bias).abs()
     if contrast is not None:
         targets = pair
         shown = display_tokens(tokenizer.convert_ids_to_tokens(pair), tokenizer, strip=False)

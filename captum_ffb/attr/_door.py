@@ -117,7 +117,8 @@ class Door:
         """Whether ``target`` names the model's prediction (``None``, or a read-out naming no
         unit): resolving it needs the model's output."""
         open_readout = isinstance(target, ReadOut) and (getattr(target, "token", 0) is None
-                                                        or getattr(target, "index", 0) is None)
+                                                        or getattr(target, "index", 0) is None
+                                                        or target.needs_outputs)
         return target is None or open_readout
 
     def _rules(self, rules: Mapping[str, Callable] | None) -> dict[str, Callable]:

@@ -22,7 +22,6 @@ from captum_ffb.explained.readouts import (
     AnswerLogProbability,
     NextToken,
     ReadOut,
-    TokenLogProbability,
     as_readout,
 )
 from captum_ffb.explained.results import ExplainedOutput
@@ -113,34 +112,35 @@ class ReadOutMethods:
         """``target`` as an answer's log-probability: an :class:`AnswerLogProbability`, or a
         causal LM's target text of several tokens; ``None`` for every other target."""
         if isinstance(target, AnswerLogProbability):
-            return target
+            return target if target.positions is None else None  # with positions: fed already
         if isinstance(target, str) and self.task == "causal_lm" and self.tokenizer is not None:
             ids = self.engine.token_ids(self.tokenizer, target)
             return AnswerLogProbability(target) if len(ids) > 1 else None
         return None
 
-    def _attribute_answer(self, inputs: Tensor, answer: AnswerLogProbability,
-                          forward_kwargs: dict[str, Any] | None, route: str, rules: Mapping[str, Callable] | None,
-                          reference: Any, return_bias: bool, return_convergence_delta: bool) -> Any:
-        """:meth:`attribute` of an answer's teacher-forced log-probability (one forward pass,
-        then a backward pass per answer token): contributions over the prompt and the
-        answer's tokens but its last ``(1, n + T − 1)``, the bias and the delta where asked."""
+    def _forced_answer(self, inputs: Tensor, answer: AnswerLogProbability, forward_kwargs: dict[str, Any] | None
+                       ) -> tuple[Tensor, dict[str, Any], AnswerLogProbability]:
+        """The prompt with the answer fed after it (but its last token), the keyword arguments,
+        and the answer with the positions that predict its tokens."""
         if self.task != "causal_lm":
             raise ValueError(f"an answer's log-probability is read from a causal LM; {type(self.model).__name__} "
                              f"is a {self.task} model (an encoder–decoder: explain_target)")
         source = one_input(inputs)
         tokens = self._target_tokens(answer.tokens, source.device)
         ids, kwargs, positions = self.engine.forced(source, tokens, check_forward_kwargs(forward_kwargs))
-        readouts = [TokenLogProbability(int(t), int(p)) for t, p in zip(tokens, positions)]
-        result = self.explain(ids, readouts, forward_kwargs=kwargs, route=route, rules=rules, reference=reference)
-        units = int(self.engine.head.output.weight.shape[0])
-        contributions = result.contributions.sum(0, keepdim=True)
-        bias = result.bias.sum(0, keepdim=True) + sum(r.constant(units) for r in result.readouts)
-        mask = torch.ones_like(ids) if kwargs.get("attention_mask") is None else kwargs["attention_mask"]
-        value = sum(r.log_probability(result.outputs, mask) for r in result.readouts)
-        delta = (value.to(contributions.dtype) - contributions.sum(-1) - bias).abs()
-        return captum_return(contributions, bias if return_bias else None,
-                             delta if return_convergence_delta else None)
+        return ids, kwargs, AnswerLogProbability(tuple(int(t) for t in tokens), tuple(positions))
+
+    def _attribute_answer(self, inputs: Tensor, answer: AnswerLogProbability,
+                          forward_kwargs: dict[str, Any] | None, route: str, rules: Mapping[str, Callable] | None,
+                          reference: Any, return_bias: bool, return_convergence_delta: bool) -> Any:
+        """:meth:`attribute` of an answer's teacher-forced log-probability (one pass fixing the
+        normalisers' weights, then one backward pass for the whole answer): contributions over
+        the prompt and the answer's tokens but its last ``(1, n + T − 1)``, the bias and the
+        delta where asked."""
+        ids, kwargs, forced = self._forced_answer(inputs, answer, forward_kwargs)
+        return self.attribute(ids, target=forced, forward_kwargs=kwargs, route=route, rules=rules,
+                              reference=reference, return_bias=return_bias,
+                              return_convergence_delta=return_convergence_delta)
 
     @log_usage()
     @serialized

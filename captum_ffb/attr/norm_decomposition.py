@@ -341,6 +341,12 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
             raise ValueError("rules: an attribution graph freezes the attention probabilities (the paper's "
                              "rules); its query–key pairs come from score_split")
         inputs = self._text_input(inputs)
+        answer = self._answer_of(target)
+        if answer is not None:  # the prompt and the answer but its last token, each token read where predicted
+            inputs, forward_kwargs, target = self._forced_answer(inputs, answer, forward_kwargs)
+            if corrupted_inputs is not None:
+                corrupted_inputs = self._forced_answer(self._text_input(corrupted_inputs, "corrupted_inputs"),
+                                                       answer, None)[0]
         request = self.request(inputs, target, additional_forward_args=additional_forward_args,
                                forward_kwargs=forward_kwargs, reference=reference)
         if request.batch_size != 1:

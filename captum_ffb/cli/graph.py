@@ -80,9 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("text", help="the input text (quote it); for an encoder–decoder, 'SOURCE ||| PREFIX' "
                         "(the next target token after the prefix is explained)")
-    parser.add_argument("--target", default=None, metavar="TOKEN",
-                        help="a causal LM's next token to explain, as text (one token, e.g. ' Mary'); "
-                        "the prediction by default")
+    parser.add_argument("--target", default=None, metavar="TEXT",
+                        help="a causal LM's next token to explain, as text (e.g. ' Mary'); an answer of several "
+                        "tokens explains its log-probability, teacher-forced; the prediction by default")
     parser.add_argument("--class", dest="class_index", type=int, default=None, metavar="K",
                         help="a sequence classifier's class to explain; the predicted one by default")
     parser.add_argument("--granularity", default="head", choices=GRANULARITIES,
@@ -114,6 +114,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "is always written)")
     add_shared_options(parser, "graph", "model", "out", "device", "dtype", "quiet")
     parser.set_defaults(run=run, flags=FLAGS)
+
+
+def _query_key(graph: Any, formats: list[str], say: Any) -> dict[str, Any] | None:
+    """The query–key pairs of the largest heads, computed once for the page and the
+    Neuronpedia file (``None`` where neither is written)."""
+    if "html" not in formats and "neuronpedia" not in formats:
+        return None
+    from captum_ffb.viz.neuronpedia import query_key_of
+
+    say("query–key pairs of the largest heads ...")
+    return query_key_of(graph)
 
 
 def model_name(chosen: str | None, model: str | None) -> str:
@@ -199,12 +210,7 @@ def run(args: argparse.Namespace) -> int:
         written = [write_text(files.path("components.csv"), components_csv(graph))]
         if "json" in formats:
             written.append(write_json(files.path(FILES["json"]), graph.to_dict()))
-        query_key = None
-        if "html" in formats or "neuronpedia" in formats:
-            from captum_ffb.viz.neuronpedia import query_key_of
-
-            say("query–key pairs of the largest heads ...")
-            query_key = query_key_of(graph)
+        query_key = _query_key(graph, formats, say)
         if "html" in formats:
             from captum_ffb.viz.graph import save_graph_html
 

@@ -212,8 +212,13 @@ class BoundModel:
             return kwargs, targets
         # One 1-D tensor of positions, kept for every row: every transformers 5 release reads
         # it the same way (a per-row 2-D tensor is understood from 5.21 on only).
-        keep, index = torch.unique(torch.stack([t.positions for t in targets], dim=1), return_inverse=True)
-        moved = [replace(t, positions=index[:, k]) for k, t in enumerate(targets)]
+        columns = [t.positions.reshape(t.positions.shape[0], -1) for t in targets]  # (B,) or (B, K) each
+        keep, index = torch.unique(torch.cat(columns, dim=1), return_inverse=True)
+        starts = [0]
+        for column in columns:
+            starts.append(starts[-1] + column.shape[1])
+        moved = [replace(t, positions=index[:, a:b].reshape(t.positions.shape))
+                 for t, a, b in zip(targets, starts, starts[1:])]
         return {**kwargs, "logits_to_keep": keep}, moved
 
     def masks(self, request: Request, shapes: Sequence[torch.Size]) -> list[Tensor]:
@@ -239,7 +244,10 @@ class BoundModel:
         if not is_centered(reference):
             return None
         causal = self.source is not None or self.stack.spec.is_causal(self.config)
-        return visible_positions(token_mask, target.positions, causal)
+        positions = target.positions
+        if positions is not None and positions.dim() == 2:  # terms at several positions: the last sees the others'
+            positions = positions.amax(1)
+        return visible_positions(token_mask, positions, causal)
 
     def _token_inputs(self, token: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
         """The first block's input for the inputs with every token id replaced by ``token``

@@ -132,7 +132,10 @@ def element_wise_rule(rules: Mapping[str, Callable]) -> Callable:
 
 
 def _rows_at(tensor: Tensor, positions: Tensor) -> Tensor:
-    """``tensor[b, positions[b]]`` for a ``(B, n, …)`` tensor."""
+    """``tensor[b, positions[b]]`` for a ``(B, n, …)`` tensor: ``(B, …)``, or ``(B, K, …)`` for
+    positions ``(B, K)``."""
+    if positions.dim() == 2:
+        return tensor[torch.arange(tensor.shape[0], device=tensor.device)[:, None], positions.to(tensor.device)]
     index = positions.reshape(-1, *([1] * (tensor.dim() - 1))).expand(-1, 1, *tensor.shape[2:])
     return tensor.gather(1, index).squeeze(1)
 
@@ -157,7 +160,10 @@ class HeadTarget:
         pooling (Tensor, optional): ``(B, n)`` weights over positions (mean pooling).
         mix (Tensor, optional): ``(B, K, V)`` each term as a mixture of the output's units
                     (its logit ``Σ_v mix[k, v] · logit_v``; a log-probability's normaliser);
-                    ``indices`` then names the explained unit only.
+                    ``indices`` then names the explained units only, and ``positions`` may
+                    be ``(B, K)``, a position per term.
+        offset (float): a constant the read-out adds, which the bias player holds (a
+                    log-probability's value at uniform logits).
     """
 
     weights: Tensor
@@ -167,13 +173,28 @@ class HeadTarget:
     positions: Tensor | None = None
     pooling: Tensor | None = None
     mix: Tensor | None = None
+    offset: float = 0.0
 
 
 def _read_units(logits: Tensor, target: HeadTarget) -> Tensor:
-    """``(B, K)`` the target's terms in ``(B, V)`` logits: its units, or its mixtures of them."""
+    """``(B, K)`` the target's terms in its logits: ``(B, V)`` at its position, or ``(B, K, V)``
+    where each term has a position of its own; its units, or its mixtures of them."""
     if target.mix is not None:
-        return torch.einsum("bv,bkv->bk", logits, target.mix.to(device=logits.device, dtype=logits.dtype))
+        mix = target.mix.to(device=logits.device, dtype=logits.dtype)
+        return torch.einsum("bkv,bkv->bk" if logits.dim() == 3 else "bv,bkv->bk", logits, mix)
     return logits.gather(1, target.indices)
+
+
+def _read_rows(logits: Tensor, target: HeadTarget) -> Tensor:
+    """A causal LM's ``(B, n, V)`` logits at the target's position ``(B, V)``, or at each
+    term's position ``(B, K, V)`` (``positions`` of shape ``(B, K)``)."""
+    if logits.dim() != 3:
+        return logits
+    positions = target.positions.to(logits.device)
+    if positions.dim() == 2:
+        rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+        return logits[rows, positions]
+    return logits.gather(1, positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
 
 
 def head_forward(
@@ -200,12 +221,15 @@ def head_forward(
         dtype (torch.dtype): the decomposition's precision.
     """
     n = last.n_out
+    if target.positions is not None and target.positions.dim() == 2 and head.steps:
+        raise ValueError("terms read at several positions (an answer's log-probability) need a head without "
+                         "layers of its own between the final norm and the output layer")
     dec = _head_input(last, head, target, rules, real, spec, config, dtype)
     dec = _head_steps(dec, head, target, rules, real, spec, config, dtype, n)
     terms, bias = _target_logits(dec, head, target, rules, real, dtype, n)
     coefficients = target.coefficients.to(dtype)
     contributions = torch.einsum("bkp,bk->bp", terms, coefficients)
-    return contributions, (bias * coefficients).sum(-1)
+    return contributions, (bias * coefficients).sum(-1) + target.offset
 
 
 def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
@@ -226,10 +250,14 @@ def _head_input(last: Decomposition, head: ResolvedHead, target: HeadTarget,
 
     if target.positions is not None:
         pos = target.positions
-        dec = Decomposition(_rows_at(last.terms, pos)[:, None], _rows_at(last.bias, pos)[:, None],
-                            None, last.player_mask)
+
+        def rows(tensor: Tensor) -> Tensor:  # (B, 1, …) at the read position, (B, K, …) at each term's
+            found = _rows_at(tensor, pos)
+            return found if pos.dim() == 2 else found[:, None]
+
+        dec = Decomposition(rows(last.terms), rows(last.bias), None, last.player_mask)
         if head.final_norm is not None:
-            dec = final_norm(dec, _rows_at(real[("final_norm", "input")], pos)[:, None])
+            dec = final_norm(dec, rows(real[("final_norm", "input")]))
         return dec
     dec = last
     if head.final_norm is not None:
@@ -269,8 +297,12 @@ def _target_logits(dec: Decomposition, head: ResolvedHead, target: HeadTarget,
     """Terms ``(B, K, P)`` and bias ``(B, K)`` of the target's logits: the output rows, the
     logit scale, then any soft-capping through the activation rule."""
     weights = target.weights.to(dtype)
-    terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], weights)
-    bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], weights) + target.biases.to(dtype)
+    if dec.terms.shape[1] > 1:  # each term read at a position of its own
+        terms = torch.einsum("bkpd,bkd->bkp", dec.terms, weights)
+        bias = torch.einsum("bkd,bkd->bk", dec.bias, weights) + target.biases.to(dtype)
+    else:
+        terms = torch.einsum("bpd,bkd->bkp", dec.terms[:, 0], weights)
+        bias = torch.einsum("bd,bkd->bk", dec.bias[:, 0], weights) + target.biases.to(dtype)
     factor = 1.0 if head.scale is None else head.scale
     terms, bias = terms * factor, bias * factor
     if head.softcap is None:
@@ -321,20 +353,15 @@ def target_value(head: ResolvedHead, output: Any, target: HeadTarget, dtype: tor
         hidden = output_hidden_states(output) if hidden is None else hidden
         pooled = _pool(hidden.to(dtype), target)
         return (pooled[:, None] * target.weights).sum(-1)[:, 0] + target.biases[:, 0]
-    logits = output_logits(output).to(dtype)
-    if logits.dim() == 3:
-        logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-    return (_read_units(logits, target) * target.coefficients).sum(-1)
+    logits = _read_rows(output_logits(output).to(dtype), target)
+    return (_read_units(logits, target) * target.coefficients).sum(-1) + target.offset
 
 
 def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: HeadTarget, rules: Any) -> Tensor:
     """``Σ_k coef_k · logit_k`` read from the output layer's output with its graph (the
     one-backward-pass route); the head's logit scale applies first, then a final
     soft-capping passes through the activation rule's frozen slope."""
-    logits = output_layer
-    if logits.dim() == 3:
-        logits = logits.gather(1, target.positions.reshape(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0]
-    chosen = _read_units(logits, target)
+    chosen = _read_units(_read_rows(output_layer, target), target)
     if head.scale is not None:
         chosen = chosen * head.scale
     if head.softcap is not None:
@@ -350,4 +377,4 @@ def linearised_target_value(head: ResolvedHead, output_layer: Tensor, target: He
             chosen = chosen * slope
         else:
             chosen = softcap(chosen.detach()) + (chosen - chosen.detach()) * slope
-    return (chosen * target.coefficients.to(chosen.dtype)).sum(-1)
+    return (chosen * target.coefficients.to(chosen.dtype)).sum(-1) + target.offset

@@ -535,7 +535,8 @@ def players_of(engine: BoundModel, request: Request, tape: GraphTape) -> list[Pl
 def target_probability(output: Any, target: HeadTarget) -> float | None:
     """The model's probability of the one unit ``target`` reads (``None`` for a contrast or a
     direction, or a model without logits)."""
-    if target.indices is None or target.indices.shape[1] != 1:
+    if target.indices is None or target.indices.shape[1] != 1 or (target.positions is not None
+                                                                   and target.positions.dim() == 2):
         return None
     try:
         logits = output_logits(output)

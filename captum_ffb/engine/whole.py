@@ -342,7 +342,8 @@ class WholeModel(BoundModel):
         if not with_bias:
             return answers
         if self.holds_no_bias(rules, reference) if no_bias is None else no_bias:
-            return [replace(answer, bias=torch.zeros_like(answer.value)) for answer in answers]
+            return [replace(answer, bias=torch.zeros_like(answer.value) + target.offset)
+                    for answer, target in zip(answers, targets)]
         captured = captured if captured is not None else self.capture(request)
         alone = self.forward(captured, request, targets, rules, None, None, [], reference)[0]
         return [replace(answer, bias=part.bias.to(answer.contributions.dtype))

@@ -28,6 +28,7 @@ too, its training in ``captum_ffb.evaluation.minilm_head``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -144,6 +145,12 @@ class ReadOut:
 
     #: the query row the attention baselines read: ``"last"``, ``"first"`` or ``"mean"``
     query_row: str = "last"
+
+    @property
+    def needs_outputs(self) -> bool:
+        """Whether :meth:`resolve` needs the model's output before the read-out is explained
+        (a prediction to name, a log-probability's normaliser to fix)."""
+        return False
 
     def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
         """The read-out's value ``(B,)`` in the model's ``outputs``."""
@@ -355,9 +362,10 @@ class Direction(ReadOut):
         return HeadTarget(vector[:, None], bias[:, None], ones, None, positions, pooling)
 
 
-#: the Gauss–Legendre node counts :func:`normaliser_weights` tries, in turn, until its
-#: integral reproduces ``logsumexp(z) − log V`` to :data:`NORMALISER_TOLERANCE`
+#: the Gauss–Legendre node counts :func:`~captum_ffb.explained.readouts.normaliser_weights` tries, in turn, until its
+#: integral reproduces ``logsumexp(z) − log V`` to ``NORMALISER_TOLERANCE``
 NORMALISER_NODES = (32, 64, 128, 256, 512, 1024)
+#: how far ``Σ_v w_v z_v`` may miss ``logsumexp(z) − log V`` (relative, at least absolute)
 NORMALISER_TOLERANCE = 1e-9
 
 
@@ -365,7 +373,7 @@ def normaliser_weights(logits: Tensor) -> Tensor:
     r"""``w = ∫₀¹ softmax(s · z) ds`` for each row of ``logits`` ``(B, V)``, in float64: the
     Integrated Gradients of the log-normaliser ``logsumexp`` from the uniform distribution's
     logits (``z = 0``), so that ``Σ_v w_v z_v = logsumexp(z) − log V`` (to
-    :data:`NORMALISER_TOLERANCE`, by Gauss–Legendre quadrature with more nodes until it holds;
+    ``NORMALISER_TOLERANCE``, by Gauss–Legendre quadrature with more nodes until it holds;
     a ValueError where even the most nodes miss it)."""
     import numpy as np
 
@@ -387,10 +395,10 @@ def normaliser_weights(logits: Tensor) -> Tensor:
 class TokenLogProbability(ReadOut):
     r"""A causal LM's log-probability of ``token`` at ``position``, ``log softmax(z)[token]``,
     as an exact linear read-out: ``z_token − Σ_v w_v z_v − log V`` with
-    ``w = ∫₀¹ softmax(s·z) ds`` (:func:`normaliser_weights`, fixed by the model's own logits:
+    ``w = ∫₀¹ softmax(s·z) ds`` (:func:`~captum_ffb.explained.readouts.normaliser_weights`, fixed by the model's own logits:
     Integrated Gradients of ``logsumexp`` from the uniform distribution's logits). The
     players share ``z_token − Σ_v w_v z_v``; ``−log V``, the log-probability at the uniform
-    logits (the reference), is the bias player's (:attr:`constant`).
+    logits (the reference), is the bias player's (the head target's ``offset``).
 
     Args:
         token (int): the token's id.
@@ -402,6 +410,11 @@ class TokenLogProbability(ReadOut):
     position: int
     weights: Tensor | None = None
 
+    @property
+    def needs_outputs(self) -> bool:
+        """Whether the model's output must fix the normaliser's weights first."""
+        return self.weights is None
+
     def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
         return _logits_at(outputs, attention_mask, self.position)
 
@@ -410,12 +423,6 @@ class TokenLogProbability(ReadOut):
             return self
         return replace(self, weights=normaliser_weights(self.class_logits(outputs, attention_mask)))
 
-    def constant(self, n_units: int) -> float:
-        """``−log V``: the log-probability of any token at the uniform logits."""
-        import math
-
-        return -math.log(n_units)
-
     def log_probability(self, outputs: Any, attention_mask: Tensor) -> Tensor:
         """``(B,)`` the log-probability itself, from the model's logits."""
         return torch.log_softmax(self.class_logits(outputs, attention_mask).double(), -1)[:, self.token]
@@ -423,7 +430,7 @@ class TokenLogProbability(ReadOut):
     def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
         logits = self.class_logits(outputs, attention_mask)
         w = self._weights().to(device=logits.device, dtype=logits.dtype)
-        return logits[:, self.token] - (w * logits).sum(-1)
+        return logits[:, self.token] - (w * logits).sum(-1) - math.log(logits.shape[-1])
 
     def _weights(self) -> Tensor:
         if self.weights is None:
@@ -454,20 +461,86 @@ class TokenLogProbability(ReadOut):
         coefficients = torch.tensor([1.0, -1.0], device=device, dtype=dtype).expand(batch, 2)
         indices = torch.full((batch, 1), int(self.token), device=device, dtype=torch.long)
         positions = checked_positions(self.position, token_mask)
-        return HeadTarget(rows, biases, coefficients, indices, positions, mix=mix)
+        return HeadTarget(rows, biases, coefficients, indices, positions, mix=mix, offset=-math.log(units))
 
 
 @dataclass(frozen=True)
-class AnswerLogProbability:
+class AnswerLogProbability(ReadOut):
     r"""An answer's log-probability after the prompt, teacher-forced: ``Σ_t log p(a_t | prompt,
-    a_<t)``, each term a :class:`TokenLogProbability`. A causal LM's target text of several
-    tokens means this; give it to explain a one-token answer's log-probability (not its logit).
+    a_<t)``, each term a :class:`~captum_ffb.explained.readouts.TokenLogProbability` read where the model predicts ``a_t``.
+    A causal LM's target text of several tokens means this; give it to explain a one-token
+    answer's log-probability (not its logit).
 
     Args:
         tokens (str or list[int]): the answer, as text (read with the tokenizer) or token ids.
+        positions (tuple[int, ...], optional): where each token is predicted (set when the
+                    answer is fed to the model after its prompt).
+        weights (Tensor, optional): ``(B, T, V)`` each term's normaliser weights
+                    (:func:`~captum_ffb.explained.readouts.normaliser_weights`); set by :meth:`resolve` from the logits.
     """
 
     tokens: str | tuple[int, ...] | list[int] | Tensor
+    positions: tuple[int, ...] | None = None
+    weights: Tensor | None = None
+
+    @property
+    def needs_outputs(self) -> bool:
+        """Whether the model's output must fix the normaliser's weights first."""
+        return self.weights is None
+
+    def _read(self) -> tuple[list[int], list[int]]:
+        if self.positions is None or isinstance(self.tokens, str):
+            raise ValueError("AnswerLogProbability is read after its tokens are fed to the model (give it as "
+                             "attribute's or attribute_graph's target)")
+        tokens = [int(t) for t in self.tokens]
+        if len(tokens) != len(self.positions):
+            raise ValueError(f"the answer has {len(tokens)} tokens and {len(self.positions)} positions")
+        return tokens, [int(p) for p in self.positions]
+
+    def _logits(self, outputs: Any) -> Tensor:
+        """``(B, T, V)`` the logits where each token is predicted."""
+        logits = output_logits(outputs)
+        _, positions = self._read()
+        return logits[:, torch.tensor(positions, device=logits.device)]
+
+    def resolve(self, outputs: Any, attention_mask: Tensor) -> AnswerLogProbability:
+        if self.weights is not None:
+            return self
+        logits = self._logits(outputs)
+        weights = normaliser_weights(logits.reshape(-1, logits.shape[-1])).reshape(logits.shape)
+        return replace(self, weights=weights)
+
+    def log_probability(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        """``(B,)`` the answer's log-probability, from the model's logits."""
+        tokens, _ = self._read()
+        logits = torch.log_softmax(self._logits(outputs).double(), -1)
+        index = torch.tensor(tokens, device=logits.device)
+        return logits[:, torch.arange(len(tokens), device=logits.device), index].sum(-1)
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        tokens, _ = self._read()
+        if self.weights is None:
+            raise ValueError("AnswerLogProbability needs its normaliser's weights: resolve it on the model's output")
+        logits = self._logits(outputs)
+        w = self.weights.to(device=logits.device, dtype=logits.dtype)
+        index = torch.tensor(tokens, device=logits.device)
+        chosen = logits[:, torch.arange(len(tokens), device=logits.device), index]
+        return (chosen - (w * logits).sum(-1) - math.log(logits.shape[-1])).sum(-1)
+
+    def head_target(self, head, token_mask, dtype, position=None):
+        tokens, positions = self._read()
+        if position is not None:
+            raise ValueError("an answer is read where each of its tokens is predicted: leave target_position out")
+        if self.weights is None:
+            raise ValueError("AnswerLogProbability needs its normaliser's weights: resolve it on the model's output")
+        batch, device = token_mask.shape[0], token_mask.device
+        terms = [TokenLogProbability(token, where, self.weights[:, t]).head_target(head, token_mask, dtype)
+                 for t, (token, where) in enumerate(zip(tokens, positions))]
+        return HeadTarget(torch.cat([t.weights for t in terms], 1), torch.cat([t.biases for t in terms], 1),
+                          torch.cat([t.coefficients for t in terms], 1),
+                          torch.tensor([tokens], device=device).expand(batch, -1),
+                          torch.stack([t.positions for t in terms for _ in (0, 1)], 1),
+                          mix=torch.cat([t.mix for t in terms], 1), offset=sum(t.offset for t in terms))
 
 
 class _TwoClasses:

@@ -88,7 +88,7 @@ ARRAY_BYTES_PER_FILE_BYTE = 16
 #: The granularities a graph is built at.
 GRANULARITIES = ("sublayer", "head", "neuron")
 #: What a graph's output can be.
-TARGET_KINDS = ("token", "class", "direction")
+TARGET_KINDS = ("token", "class", "direction", "answer")
 #: The dtypes a tensor of ``origin`` may name.
 ORIGIN_DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 _INTEGER, _FLOAT, _BOOL = "iu", "f", "b"
@@ -622,7 +622,7 @@ class _Fields:
         from captum_ffb.engine.head import HeadTarget
 
         names = {f.name for f in fields(HeadTarget)}
-        if set(head) not in (names, names - {"mix"}):  # files of before 0.5 have no mix
+        if set(head) not in (names, names - {"mix", "offset"}):  # files of before 0.5 have neither
             self._fail("origin.target", f"must have {', '.join(f.name for f in fields(HeadTarget))}")
         for key, value in head.items():
             self._check_plain(f"origin.target.{key}", value, reader, arrays)

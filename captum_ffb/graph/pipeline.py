@@ -3,6 +3,7 @@ and edge, and (with a corrupted run) the nodes' patching estimates, for a bound 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +87,10 @@ def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltG
                                     options.exact_above, options.estimators, stamp=stamp)
     n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
     splitter = ScoreSplitter(engine, request, options.rules, options.granularity, players, stamp)
-    return BuiltGraph(data, splitter, estimates, target_probability(tape.output, tape.target), n_source)
+    probability = target_probability(tape.output, tape.target)
+    if probability is None and tape.target.mix is not None:  # an answer's log-probability: its probability
+        probability = math.exp(float(tape.value.detach().reshape(-1)[0]))
+    return BuiltGraph(data, splitter, estimates, probability, n_source)
 
 
 def check_graph_options(granularity: str, prune: Any, node_threshold: Any, edge_threshold: Any, max_nodes: Any,

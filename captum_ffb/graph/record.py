@@ -133,7 +133,8 @@ class AttributionGraph:
             extra.append(f"positions set aside: {', '.join(map(str, self.excluded_positions))}")
         extra.append("bound to its model" if self.bound else "not bound to a model")
         target = self.target
-        label = " − ".join(target.texts) if target is not None and target.texts else self.output_label
+        contrast = target is not None and target.texts and target.kind != "answer"
+        label = " − ".join(target.texts) if contrast else self.output_label
         return (f"{type(self).__name__}({label!r}, value {self.value:.4g}, {self.granularity} granularity, "
                 f"{len(self.tokens)} tokens, {int(self.node_mask.sum())} of {len(d)} nodes and "
                 f"{int(self.edge_mask.sum())} of {len(d.weights)} edges kept"
@@ -807,9 +808,11 @@ def graph_target(tokenizer: Any, engine: Any, target: Any, offset: int = 0) -> G
     units = () if target.indices is None else tuple(int(u) for u in target.indices[0])
     kind = "direction" if not units else ("class" if task == "sequence_classification" else "token")
     coefficients = tuple(float(c) for c in target.coefficients[0])
-    position = None if target.positions is None else int(target.positions.reshape(-1)[0]) + offset
+    position = None if target.positions is None else int(target.positions[0].reshape(-1).max()) + offset
     texts = None
-    if kind == "token" and tokenizer is not None:
+    if target.mix is not None:  # a log-probability: an answer's tokens, each counted once
+        kind, coefficients = "answer", (1.0,) * len(units)
+    if kind in ("token", "answer") and tokenizer is not None:
         texts = tuple(tokenizer.decode([u]) for u in units)
     head = engine.head.output
     n_units = None if head is None else int(head.weight.shape[0])
@@ -821,6 +824,9 @@ def output_label(tokenizer: Any, task: str, target: Any) -> str:
     if target.indices is None:
         return "the read-out"
     units = [int(u) for u in target.indices[0]]
+    if target.mix is not None:  # a log-probability: of a token, or of an answer of several
+        text = tokenizer.decode(units) if tokenizer is not None else " ".join(map(str, units))
+        return f"log p({text!r})"
     if tokenizer is not None and task != "sequence_classification":
         names = tokenizer.convert_ids_to_tokens(units)
     else:

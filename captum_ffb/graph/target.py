@@ -14,8 +14,9 @@ class GraphTarget:
     r"""What a graph explains, resolved.
 
     Attributes:
-        kind (str): ``"token"`` (a language model's logit), ``"class"`` (a classifier's) or
-                    ``"direction"`` (a direction read from the hidden states).
+        kind (str): ``"token"`` (a language model's logit), ``"class"`` (a classifier's),
+                    ``"direction"`` (a direction read from the hidden states) or ``"answer"``
+                    (an answer's teacher-forced log-probability: its tokens, each once).
         units (tuple[int, ...]): the token ids or classes read (a contrast: positive, then
                     negative; none for a direction).
         coefficients (tuple[float, ...]): each unit's coefficient (``(1.0, -1.0)`` for a

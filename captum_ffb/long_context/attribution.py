@@ -160,29 +160,11 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
     if max_tokens is not None and ids.shape[1] > max_tokens:
         raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
     token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
-    if isinstance(target, str):  # read by this tokenizer (the attribution may have none)
-        found = nd.engine.token_ids(tokenizer, target)
-        target = AnswerLogProbability(tuple(found)) if len(found) > 1 else int(found[0])
     tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
-    if isinstance(target, AnswerLogProbability):  # teacher-forced: the answer's own tokens are players too
-        answer_ids = nd._target_tokens(target.tokens if not isinstance(target.tokens, str) else
-                                       nd.engine.token_ids(tokenizer, target.tokens), ids.device)
-        contributions, bias, delta = nd._attribute_answer(ids, AnswerLogProbability(answer_ids), None, "backward",
-                                                          None, nd.reference, True, True)
+    contributions, bias, delta, label, answer_ids = _explained(nd, tokenizer, ids, target)
+    if answer_ids is not None:  # teacher-forced: the answer's own tokens are players too
         token_groups += [-3] * (answer_ids.numel() - 1)
         tokens += tokenizer.convert_ids_to_tokens(answer_ids[:-1].tolist())
-        label = f"log p({tokenizer.decode(answer_ids.tolist())!r})"
-    else:  # one pass of the frozen model: the prediction (target None) is read from its own logits
-        request = nd._request(ids, None, None, nd.reference)
-        groups, n_groups = nd.engine.groups(None, None, request)
-        answer = nd._answer(request, target, None, nd._rules(None), nd.reference, "backward", groups, n_groups,
-                            with_bias=True)
-        if target is None:  # named once: its label is the predicted token
-            target = int(answer.units[0])
-        per_group = nd.engine.per_group(answer, request, groups, n_groups, "backward")
-        contributions = nd.engine.per_position(per_group, request, groups)
-        bias, delta = answer.bias, (per_group.sum(1) + answer.bias - answer.real).abs()
-        label = _label(tokenizer, target)
     per_token = contributions[0].detach().to(torch.float64).cpu()  # the result's numbers, on the cpu
     index = torch.tensor(token_groups, device="cpu")
     groups = torch.zeros(len(spans), dtype=torch.float64, device="cpu")
@@ -196,6 +178,31 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         value=value, delta=float(delta[0]), target=label, token_groups=token_groups,
         tokens=tokens, token_contributions=per_token, context=context, spans=spans,
         answer=float(per_token[index == -3].sum()))
+
+
+def _explained(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any) -> tuple[Any, Any, Any, str, Any]:
+    """The prompt's contributions ``(1, n)`` (an answer's: ``(1, n + T − 1)``), the bias, the
+    delta, what is explained in words, and an answer's token ids (``None`` for one token)."""
+    if isinstance(target, str):  # read by this tokenizer (the attribution may have none)
+        found = nd.engine.token_ids(tokenizer, target)
+        target = AnswerLogProbability(tuple(found)) if len(found) > 1 else int(found[0])
+    if isinstance(target, AnswerLogProbability):
+        tokens = target.tokens if not isinstance(target.tokens, str) else nd.engine.token_ids(tokenizer, target.tokens)
+        answer_ids = nd._target_tokens(tokens, ids.device)
+        contributions, bias, delta = nd._attribute_answer(ids, AnswerLogProbability(answer_ids), None, "backward",
+                                                          None, nd.reference, True, True)
+        return contributions, bias, delta, f"log p({tokenizer.decode(answer_ids.tolist())!r})", answer_ids
+    # one pass of the frozen model: the prediction (target None) is read from its own logits
+    request = nd._request(ids, None, None, nd.reference)
+    groups, n_groups = nd.engine.groups(None, None, request)
+    answer = nd._answer(request, target, None, nd._rules(None), nd.reference, "backward", groups, n_groups,
+                        with_bias=True)
+    if target is None:  # named once: its label is the predicted token
+        target = int(answer.units[0])
+    per_group = nd.engine.per_group(answer, request, groups, n_groups, "backward")
+    contributions = nd.engine.per_position(per_group, request, groups)
+    delta = (per_group.sum(1) + answer.bias - answer.real).abs()
+    return contributions, answer.bias, delta, _label(tokenizer, target), None
 
 
 def _check_inputs(tokenizer: Any, context: str, question: str, template: str,

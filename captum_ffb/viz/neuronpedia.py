@@ -217,7 +217,10 @@ def _logit(graph: Any) -> tuple[int, int, str]:
         feature = target.units[0]
     else:
         feature = target.n_units if target.n_units is not None else 0
-    if target.texts:
+    if target.kind == "answer":  # an answer's log-probability: the answer's text
+        text = "".join(target.texts) if target.texts else graph.output_label
+        label = f"log p({neuronpedia_token(text)})"
+    elif target.texts:
         label = " − ".join(neuronpedia_token(t) for t in target.texts)
     elif target.kind == "class":
         label = " − ".join(f"class {u}" for u in target.units)
@@ -383,8 +386,8 @@ def read_neuronpedia_state(source: str | os.PathLike | dict[str, Any], graph: An
     r"""The pins, supernodes and chosen node a Neuronpedia graph file carries (its
     ``qParams``), in our node ids when ``graph`` is the graph it was written from.
 
-    Only ``qParams`` is read; a file over :data:`MAX_STATE_BYTES`, or with more than
-    :data:`MAX_PINS` pins, supernodes or members, is refused, as is anything not of the
+    Only ``qParams`` is read; a file over ``MAX_STATE_BYTES`` (256 MB), or with more than
+    ``MAX_PINS`` (10,000) pins, supernodes or members, is refused, as is anything not of the
     schema's types.
 
     Args:

@@ -15,6 +15,7 @@ from captum_ffb.explained.readouts import (
     TokenLogProbability,
     normaliser_weights,
 )
+from captum_ffb.viz.neuronpedia import neuronpedia_graph
 from tests.models import byte_level_tokenizer, save_tiny_lm, tiny_lm
 
 PROMPT, ANSWER = "the cat sat on the", " mat because it"
@@ -59,11 +60,11 @@ def test_each_token_is_a_log_probability_and_the_bias_holds_the_uniform_logits(l
         logits = nd.model(ids).logits[0].double()
     readouts = [TokenLogProbability(int(ids[0, p + 1]), p) for p in (2, 5)]
     result = nd.explain(ids, readouts)
-    units = logits.shape[-1]
+    assert float(result.bias.max()) == pytest.approx(-math.log(logits.shape[-1]))  # no bias terms: −log V alone
     for row, (readout, p) in enumerate(zip(result.readouts, (2, 5))):
-        total = float(result.contributions[row].sum() + result.bias[row]) + readout.constant(units)
+        total = float(result.contributions[row].sum() + result.bias[row])
         assert total == pytest.approx(float(torch.log_softmax(logits[p], -1)[readout.token]), abs=1e-5)
-    assert readouts[0].constant(units) == pytest.approx(-math.log(units))
+        assert float(result.value[row]) == pytest.approx(total, abs=1e-5)
 
 
 def test_the_normalisers_weights_integrate_the_log_normaliser():
@@ -129,3 +130,43 @@ def test_the_command_line_explains_an_answer_token_by_token(tmp_path):
                                                   answer), abs=1e-4)
     for o in found["outputs"]:
         assert sum(o["contributions"]) + o["bias"] == pytest.approx(o["value"], abs=1e-5)
+
+
+def test_the_graph_of_an_answer_is_its_exact_log_probability(lm, tmp_path):
+    from captum_ffb import AttributionGraph
+    from tests.graph.test_neuronpedia import validate
+
+    nd, tokenizer = lm
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    answer = tokenizer(ANSWER).input_ids
+    graph = nd.attribute_graph(ids, target=ANSWER, prune=False)
+    assert graph.value == pytest.approx(log_probability(nd.model, ids, answer), abs=1e-5)
+    assert graph.flow_residual() <= 1e-5
+    assert len(graph.tokens) == ids.shape[1] + len(answer) - 1
+    tokens = torch.tensor([float(graph.data.values[k]) for k, kind in enumerate(graph.data.kinds) if kind == "token"])
+    torch.testing.assert_close(tokens, nd.attribute(ids, target=ANSWER)[0], atol=1e-5, rtol=0)  # the same players
+    target = graph.target
+    assert target.kind == "answer" and target.units == tuple(answer) and target.position == len(graph.tokens) - 1
+    assert graph.output_label == f"log p({ANSWER!r})" and repr(graph).startswith(f'BoundGraph("log p({ANSWER!r})"')
+    assert graph.probability == pytest.approx(math.exp(graph.value))
+    pruned = graph.prune()
+    loaded = AttributionGraph.load(pruned.save(tmp_path / "g.npz"), model=nd.model)
+    assert loaded.bound and loaded.target == target and loaded.value == pytest.approx(graph.value)
+    (logit,) = [n for n in validate(neuronpedia_graph(pruned, PROMPT)).values() if n["feature_type"] == "logit"]
+    assert logit["clerp"].startswith(f'Output "log p({ANSWER})"')
+    corrupted = tokenizer("the dog ran on the", return_tensors="pt").input_ids
+    patched = nd.attribute_graph(ids, target=ANSWER, corrupted_inputs=corrupted)
+    assert patched.patch_estimates and patched.value == pytest.approx(graph.value, abs=1e-5)
+
+
+def test_the_graph_command_takes_an_answer(tmp_path):
+    from captum_ffb.cli import main
+
+    model = save_tiny_lm(tmp_path / "m", byte_level=True)
+    assert main(["graph", PROMPT, "--model", str(model), "--target", ANSWER, "--out", str(tmp_path / "o"),
+                 "--format", "json,neuronpedia", "--quiet"]) == 0
+    found = json.loads((tmp_path / "o" / "graph.json").read_text())
+    tokenizer = byte_level_tokenizer()
+    truth = log_probability(tiny_lm("llama"), tokenizer(PROMPT, return_tensors="pt").input_ids,
+                            tokenizer(ANSWER).input_ids)
+    assert found["value"] == pytest.approx(truth, abs=1e-4)

@@ -67,3 +67,23 @@ def test_inseq_method_on_smollm2(smollm2):
         assert abs(total - real) < 1e-4 * float(logits.abs().max())
     html = out.show(display=False, return_html=True)
     assert "Paris" in html
+
+
+def test_an_answer_of_two_tokens_is_its_exact_log_probability(smollm2):
+    """" Ivo" is two tokens for SmolLM2 (``ĠI``, ``vo``): its teacher-forced log-probability,
+    from attribute and from the graph, against the model's own logits."""
+    model, tokenizer = smollm2.model, smollm2.tokenizer
+    prompt = "The Bridge on the Drina was written by"
+    answer = tokenizer.encode(" Ivo", add_special_tokens=False)
+    assert len(answer) == 2
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    nd = NormDecomposition(model, tokenizer=tokenizer)
+    contributions, bias, delta = nd.attribute(ids, target=" Ivo", return_bias=True, return_convergence_delta=True)
+    with torch.no_grad():
+        logits = model(torch.cat([ids, torch.tensor([answer[:1]])], 1)).logits[0].double()
+    n = ids.shape[1]
+    truth = sum(float(torch.log_softmax(logits[n - 1 + t], -1)[a]) for t, a in enumerate(answer))
+    assert float(contributions.sum() + bias) == pytest.approx(truth, abs=1e-4)
+    assert float(delta) <= 1e-5 * max(1.0, float(contributions.abs().sum()))
+    graph = nd.attribute_graph(ids, target=" Ivo", max_nodes=32)
+    assert graph.value == pytest.approx(truth, abs=1e-4) and graph.target.kind == "answer"

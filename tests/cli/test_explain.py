@@ -162,8 +162,8 @@ def test_one_line_errors(lm_dir, classifier_dir, base_dir, tmp_path, capsys):
     assert "needs a causal LM" in _error(capsys, [TEXT, "--model", str(classifier_dir), "--generate", "2"])
     assert "--generate must be at least 1" in _error(capsys, [TEXT, "--model", str(lm_dir), "--generate", "0"])
     assert "unknown format" in _error(capsys, [TEXT, "--model", str(lm_dir), "--format", "gif"])
-    assert "is 2 tokens" in _error(capsys, [TEXT, "--model", str(lm_dir), "--target", " dog cat",
-                                            "--out", str(tmp_path)])
+    assert "not in the tokenizer's vocabulary" in _error(capsys, [TEXT, "--model", str(lm_dir), "--target",
+                                                                  " dog zzqx", "--out", str(tmp_path)])
     assert "does not exist" in _error(capsys, [TEXT, "--model", str(classifier_dir), "--class", "7",
                                                "--out", str(tmp_path)])
 

@@ -258,8 +258,8 @@ def test_the_default_pruning_is_the_whole_graphs_among_the_max_nodes_largest():
     assert torch.equal(whole.prune(0.5, 0.9).node_mask, full.prune(0.5, 0.9).node_mask)
 
 
-def test_a_file_of_before_the_mixture_field_still_loads_and_binds(built, tmp_path):
-    """Files written before ``HeadTarget.mix`` (0.5) have no ``origin.target.mix``."""
+def test_a_file_of_before_the_mixture_fields_still_loads_and_binds(built, tmp_path):
+    """Files written before ``HeadTarget.mix`` and ``offset`` (0.5) have neither in ``origin.target``."""
     model, _, _, graph = built
     path = graph.save(tmp_path / "graph.npz")
     with zipfile.ZipFile(path) as source, zipfile.ZipFile(tmp_path / "old.npz", "w") as target:
@@ -268,6 +268,7 @@ def test_a_file_of_before_the_mixture_field_still_loads_and_binds(built, tmp_pat
             if item == "metadata.json":
                 meta = json.loads(data)
                 assert meta["origin"]["target"].pop("mix") is None
+                assert meta["origin"]["target"].pop("offset") == 0.0
                 data = json.dumps(meta)
             target.writestr(item, data)
     old = AttributionGraph.load(tmp_path / "old.npz", model=model)

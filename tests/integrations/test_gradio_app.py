@@ -142,8 +142,8 @@ def test_the_context_tab_is_context_attribution(lm, classifier):
 
 def test_mistakes_show_as_gradio_errors(lm):
     session = gradio_app.AppEvents(lm)
-    with pytest.raises(gradio.Error, match="2 tokens"):
-        _session_explain(lm, target="the cat")
+    with pytest.raises(gradio.Error, match="not in the tokenizer's vocabulary"):
+        _session_explain(lm, target="the zzqx")
     with pytest.raises(gradio.Error, match="empty"):
         session.components("", "", -1, "sublayer")
     with pytest.raises(gradio.Error, match="no scope"):
