@@ -115,13 +115,19 @@ def test_context_attribution_of_an_answer(lm):
     assert found.target == f"log p({ANSWER!r})" and found.to_dict()["answer"] == found.answer
 
 
-def test_the_command_line_explains_an_answer_token_by_token(tmp_path):
+def run_command(tmp_path, command: str, formats: str, name: str) -> dict:
+    """``captum-ffb COMMAND PROMPT --target ANSWER`` on the tiny Llama saved with its tokenizer:
+    the file ``name`` it wrote."""
     from captum_ffb.cli import main
 
     model = save_tiny_lm(tmp_path / "m", byte_level=True)
-    assert main(["explain", PROMPT, "--model", str(model), "--target", ANSWER, "--out", str(tmp_path / "o"),
-                 "--format", "json", "--quiet"]) == 0
-    found = json.loads((tmp_path / "o" / "explanation.json").read_text())
+    assert main([command, PROMPT, "--model", str(model), "--target", ANSWER, "--out", str(tmp_path / "o"),
+                 "--format", formats, "--quiet"]) == 0
+    return json.loads((tmp_path / "o" / name).read_text())
+
+
+def test_the_command_line_explains_an_answer_token_by_token(tmp_path):
+    found = run_command(tmp_path, "explain", "json", "explanation.json")
     tokenizer = byte_level_tokenizer()
     answer = tokenizer(ANSWER).input_ids
     assert [o["target"] for o in found["outputs"]] == tokenizer.convert_ids_to_tokens(answer)
@@ -160,12 +166,7 @@ def test_the_graph_of_an_answer_is_its_exact_log_probability(lm, tmp_path):
 
 
 def test_the_graph_command_takes_an_answer(tmp_path):
-    from captum_ffb.cli import main
-
-    model = save_tiny_lm(tmp_path / "m", byte_level=True)
-    assert main(["graph", PROMPT, "--model", str(model), "--target", ANSWER, "--out", str(tmp_path / "o"),
-                 "--format", "json,neuronpedia", "--quiet"]) == 0
-    found = json.loads((tmp_path / "o" / "graph.json").read_text())
+    found = run_command(tmp_path, "graph", "json,neuronpedia", "graph.json")
     tokenizer = byte_level_tokenizer()
     truth = log_probability(tiny_lm("llama"), tokenizer(PROMPT, return_tensors="pt").input_ids,
                             tokenizer(ANSWER).input_ids)
