@@ -174,6 +174,27 @@ def _converted(source: Path, gguf: str) -> Path | None:
     return folder if any((folder / f).is_file() for f in TOKENIZER_FILES) else None
 
 
+@contextlib.contextmanager
+def _conversion_lock(source: Path, gguf: str) -> Iterator[None]:
+    """Hold the cache's lock for one GGUF file, so that processes loading it at once convert it
+    once (the others wait, then read the conversion); no lock where the cache cannot be
+    written or the platform has no ``fcntl``."""
+    folder = _conversion_dir(source, gguf)
+    try:
+        import fcntl
+
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(folder.with_name(folder.name + ".lock"), "a")  # noqa: SIM115 (closed below)
+    except (ImportError, OSError, AttributeError):  # no fcntl, no cache (None), or not writable
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
 def _keep_conversion(model: Any, tokenizer: Any, source: Path, gguf: str) -> None:
     """Save a model just converted from a GGUF file where :func:`_converted` finds it; written
     to a folder of its own and renamed into place, so that a reader never sees half of it.
@@ -454,6 +475,20 @@ def check_device(device: str | Any) -> Any:
     return place
 
 
+def _pretrained(auto: Any, source: str | Path, name: str, config: Any, kwargs: dict[str, Any],
+                weights_dtype: Any, show_progress: bool) -> tuple[Any, Any]:
+    """The tokenizer and the model ``auto`` loads from ``source`` (one line for damaged files)."""
+    from transformers import AutoTokenizer
+
+    try:
+        with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
+            tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)
+            loading = {"dtype": weights_dtype} if weights_dtype is not None else {}
+            return tokenizer, auto.from_pretrained(source, config=config, **kwargs, **loading)
+    except (*_config_errors(), *_weights_errors()) as error:  # damaged weights too
+        raise _load_error(name, source, kwargs, error) from error
+
+
 def load_model(
     name_or_dir: str | os.PathLike | None = None,
     causal_lm: bool = False,
@@ -495,7 +530,6 @@ def load_model(
         AutoModelForCausalLM,
         AutoModelForSeq2SeqLM,
         AutoModelForSequenceClassification,
-        AutoTokenizer,
     )
 
     task = task or ("causal_lm" if causal_lm else "auto")
@@ -515,15 +549,13 @@ def load_model(
         from transformers import AutoModelForSpeechSeq2Seq
 
         auto = AutoModelForSpeechSeq2Seq  # Whisper
-    try:
-        with _progress_bars(show_progress, gguf="gguf_file" in kwargs):
-            tokenizer = AutoTokenizer.from_pretrained(source, config=config, **kwargs)
-            loading = {"dtype": weights_dtype} if weights_dtype is not None else {}
-            model = auto.from_pretrained(source, config=config, **kwargs, **loading)
-    except (*_config_errors(), *_weights_errors()) as error:  # damaged weights too
-        raise _load_error(name, source, kwargs, error) from error
-    if "gguf_file" in kwargs and weights_dtype is None and task == "causal_lm":
-        _keep_conversion(model, tokenizer, Path(source), kwargs["gguf_file"])
+    keeps = "gguf_file" in kwargs and weights_dtype is None and task == "causal_lm"
+    with _conversion_lock(Path(source), kwargs["gguf_file"]) if keeps else contextlib.nullcontext():
+        if keeps and _converted(Path(source), kwargs["gguf_file"]) is not None:  # another process converted it
+            source, kwargs, keeps = _converted(Path(source), kwargs["gguf_file"]), {}, False
+        tokenizer, model = _pretrained(auto, source, name, config, kwargs, weights_dtype, show_progress)
+        if keeps:
+            _keep_conversion(model, tokenizer, Path(source), kwargs["gguf_file"])
     if place is not None:
         model.to(place)
     model.eval()

@@ -225,7 +225,8 @@ def gguf_cache(tmp_path, monkeypatch):
 
 
 def _conversions(cache):
-    return sorted((cache / "gguf").iterdir()) if (cache / "gguf").exists() else []
+    """The kept conversions (folders; their lock files beside them are not)."""
+    return sorted(p for p in (cache / "gguf").iterdir() if p.is_dir()) if (cache / "gguf").exists() else []
 
 
 def test_a_gguf_model_is_converted_once_and_loads_the_same_from_the_cache(gguf_cache, monkeypatch):
@@ -287,3 +288,41 @@ def test_a_cache_that_cannot_be_written_still_loads(gguf_cache, monkeypatch):
     cache.write_text("a file, not a folder")
     loaded = load_model(folder, causal_lm=True, show_progress=False)
     assert loaded.model_type == "llama" and cache.read_text() == "a file, not a folder"
+
+
+def test_processes_loading_one_gguf_file_at_once_convert_it_once(gguf_cache, monkeypatch):
+    """The conversion is made under a lock on the file's cache entry; a load that found no
+    conversion before the lock looks again once it holds the lock."""
+    import fcntl
+
+    import torch
+
+    from captum_ffb.explained import models
+
+    folder, cache = gguf_cache
+    first = load_model(folder, causal_lm=True, show_progress=False)  # converted and kept
+    (kept,) = _conversions(cache)
+    lock = kept.with_name(kept.name + ".lock")
+    with models._conversion_lock(folder, "tiny.gguf"), open(lock, "a") as other:
+        with pytest.raises(BlockingIOError):  # another process would wait here
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock, "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released
+    real, calls = models._converted, []
+
+    def converted_after_the_first_look(source, gguf):  # as if another process converted it meanwhile
+        calls.append(1)
+        return None if len(calls) == 1 else real(source, gguf)
+
+    read = __import__("transformers.modeling_gguf_pytorch_utils", fromlist=["x"]).load_gguf_checkpoint
+
+    def no_weights(*args, **kwargs):  # its configuration is read before the lock; its weights are not
+        if kwargs.get("return_tensors"):
+            raise AssertionError("the GGUF file's weights were converted again")
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(models, "_converted", converted_after_the_first_look)
+    monkeypatch.setattr("transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint", no_weights)
+    second = load_model(folder, causal_lm=True, show_progress=False)
+    assert len(calls) >= 2
+    assert torch.equal(first.model.lm_head.weight, second.model.lm_head.weight)
