@@ -184,7 +184,8 @@ def _conversion_lock(source: Path, gguf: str) -> Iterator[None]:
         import fcntl
 
         folder.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(folder.with_name(folder.name + ".lock"), "a")  # noqa: SIM115 (closed below)
+        # an empty file to lock, never written to; a link put in its place is not followed
+        handle = os.open(folder.with_name(folder.name + ".lock"), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
     except (ImportError, OSError, AttributeError):  # no fcntl, no cache (None), or not writable
         yield
         return
@@ -192,7 +193,7 @@ def _conversion_lock(source: Path, gguf: str) -> Iterator[None]:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
     finally:
-        handle.close()  # releases the lock
+        os.close(handle)  # releases the lock
 
 
 def _keep_conversion(model: Any, tokenizer: Any, source: Path, gguf: str) -> None:
