@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from captum_ffb import (
+    AnswerLogProbability,
     Contrast,
     Direction,
     LayerNormDecomposition,
@@ -27,6 +28,7 @@ from captum_ffb import (
     activation_patching,
     context_attribution,
 )
+from captum_ffb.viz.neuronpedia import neuronpedia_graph, read_neuronpedia_state
 from tests.models import (
     TINY_SEQ2SEQ,
     causal_tokenizer,
@@ -156,6 +158,8 @@ CLI_CASES = [
     ("||| on an encoder-only model", ["maps", "the cat ||| the dog", "--model", "{bert}"],
      "||| separates an encoder–decoder's source from its target; bert has one stack: leave it out "
      "of the text"),
+    ("a --model-name that is a path", ["graph", "the cat", "--model", "{gpt2}", "--model-name", "a/b"],
+     "--model-name is a name, not a path, got 'a/b'"),
     ("a second |||", ["explain", "the ||| cat ||| dog", "--model", "{marian}"],
      "the text holds ||| 2 times: give one, between the source and the target"),
     ("zero-width text (explain)", ["explain", "\u200b\u200b", "--model", "{bert}"],
@@ -463,6 +467,13 @@ API_CASES = [
      ValueError, r"weights are on the meta device"),
     ("a node threshold as a string", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, node_threshold="0.5"),
      TypeError, r"node_threshold must be a number between 0 and 1, got str"),
+    ("a Neuronpedia scan that is a path", lambda a: neuronpedia_graph(a["graph"], "x", scan="/home/me/model"),
+     ValueError, r"scan names the model for the viewer \(a name, not a path\)"),
+    ("Neuronpedia pins that are not a list", lambda a: read_neuronpedia_state({"qParams": {"pinnedIds": "1_2_3"}}),
+     ValueError, r"qParams.pinnedIds must be a list"),
+    ("an answer with a target position", lambda a: a["nd"].attribute(IDS[:1], target=AnswerLogProbability([3, 4]),
+                                                                     target_position=2),
+     ValueError, r"takes no target_position"),
     ("prune as a string", lambda a: a["nd"].attribute_graph(IDS[:1], target=3, prune="no"),
      TypeError, r"prune must be True or False, got 'no'"),
     ("a score split at a float position", lambda a: a["graph"].score_split(1, 0, 4.0, 2),
