@@ -335,15 +335,7 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
                                exclude_positions=exclude_positions)
     shown = graph.token_ids if graph.token_ids is not None else ids[0].tolist()  # an answer's tokens too
     return replace(graph, tokens=display_tokens(loaded.tokenizer.convert_ids_to_tokens(shown), loaded.tokenizer),
-                   token_ids=shown, output_label=_shown_label(graph.output_label, loaded.tokenizer, nd.task))
-
-
-def _shown_label(label: str, tokenizer: Any, task: str) -> str:
-    """The explained token(s) as people read them (``' Mary'``, not ``ĠMary``); classes as they are."""
-    if task == "sequence_classification" or tokenizer is None or label == "the read-out" or label.startswith("log p("):
-        return label
-    parts = label.split(" − ")
-    return " − ".join(repr(t) for t in display_tokens(parts, tokenizer, strip=False))
+                   token_ids=shown)
 
 
 def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: str | None, corrupted: str | None,
@@ -369,8 +361,7 @@ def _graph_pair(text: str, loaded: LoadedModel, nd: NormDecomposition, target: s
     graph = nd.attribute_graph(encoded["input_ids"], chosen, forward_kwargs={
         "attention_mask": encoded["attention_mask"], "decoder_input_ids": decoded}, **options)
     tokens = loaded.tokenizer.convert_ids_to_tokens(encoded["input_ids"][0].tolist() + decoded[0].tolist())
-    return replace(graph, tokens=display_tokens(tokens, loaded.tokenizer),
-                   output_label=_shown_label(graph.output_label, loaded.tokenizer, nd.task))
+    return replace(graph, tokens=display_tokens(tokens, loaded.tokenizer))
 
 
 def check_request(config: Any, text: str | None = None, target: str | None = None,

@@ -30,6 +30,7 @@ from captum_ffb.engine.model import wrapper_tokenizer
 from captum_ffb.engine.whole import Answer, WholeModel
 from captum_ffb.explained.models import LoadedModel
 from captum_ffb.explained.results import ExplainedOutput
+from captum_ffb.graph.lens import decoded_lens
 from captum_ffb.graph.pipeline import GraphOptions, build, check_graph_options
 from captum_ffb.graph.record import (
     DEFAULT_MAX_NODES,
@@ -381,7 +382,7 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
                              probability=built.probability, token_ids=ids, n_source=built.n_source,
                              scorer=built.splitter, excluded_positions=excluded,
                              target=graph_target(self.tokenizer, self.engine, request.target, built.n_source or 0),
-                             **patching)
+                             lens=decoded_lens(built.lens, self.tokenizer), **patching)
 
     @log_usage()
     @serialized

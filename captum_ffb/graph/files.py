@@ -62,7 +62,7 @@ from captum_ffb.graph.build import GraphData
 from captum_ffb.graph.target import GraphTarget
 from captum_ffb.io.files import atomic_open, to_json
 
-__all__ = ["ARRAY_BYTES_FLOOR", "ARRAY_BYTES_PER_FILE_BYTE", "FORMAT", "MAX_MEMBERS", "MAX_METADATA_BYTES", "VERSION",
+__all__ = ["ARRAY_BYTES_FLOOR", "ARRAY_BYTES_PER_FILE_BYTE", "FORMAT", "LENS_TEXTS", "MAX_MEMBERS", "MAX_METADATA_BYTES", "VERSION",
            "GraphFileError", "load_graph", "read_graph", "save_graph"]
 
 #: The ``format`` field of a graph file's ``metadata.json``.
@@ -78,6 +78,9 @@ CHUNK = 1 << 22
 MAX_METADATA_BYTES = 64 << 20
 #: The most members a graph file may have (a graph writes about thirty).
 MAX_MEMBERS = 4096
+
+#: Texts per node and direction a graph file's ``lens`` may hold.
+LENS_TEXTS = 20
 #: The arrays of a file may take this many bytes in memory, plus
 #: :data:`ARRAY_BYTES_PER_FILE_BYTE` per byte of the file.
 ARRAY_BYTES_FLOOR = 64 << 20
@@ -156,6 +159,7 @@ def save_graph(graph: Any, path: str | os.PathLike, compress: bool = True) -> Pa
                                                      for f in fields(graph.target)},
         "thresholds": dict(graph.thresholds), "excluded_positions": list(graph.excluded_positions),
         "qk_links": [dict(link) for link in graph.qk_links],
+        "lens": [[int(k), list(up), list(down)] for k, (up, down) in sorted(graph.lens.items())],
         "patch_estimators": list(graph.patch_estimates), "patch_components": graph.patch_components,
         "patch_seconds": dict(graph.patch_seconds), "patch_passes": dict(graph.patch_passes),
         "edge_estimators": list(graph.edge_patches),
@@ -247,7 +251,7 @@ def _read(source: Path) -> dict[str, Any]:
         token_ids=fields_.token_ids, n_source=fields_.n_source,
         target=None if fields_.target is None else GraphTarget(**fields_.target),
         excluded_positions=fields_.excluded_positions, origin=origin, patch_seconds=fields_.patch_seconds,
-        patch_passes=fields_.patch_passes,
+        patch_passes=fields_.patch_passes, lens=fields_.lens,
         edge_patches={name: arrays[f"edge_patches.{name}"] for name in fields_.edge_estimators})
 
 
@@ -467,6 +471,7 @@ class _Fields:
         self.patch_seconds = self._numbers_by_name("patch_seconds")
         self.patch_passes = self._numbers_by_name("patch_passes")
         self.edge_estimators = self._names("edge_estimators", optional=True)
+        self.lens = self._lens()
 
     # ------------------------------------------------------------------ the pieces
     def counts(self) -> tuple[int, int]:
@@ -553,6 +558,29 @@ class _Fields:
     def _numbers_by_name(self, name: str) -> dict[str, float]:
         found = self._mapping(name, optional=True)
         return {key: self._number(f"{name}.{key}", value, optional=True) for key, value in found.items()}
+
+    def _lens(self) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """``lens`` (files before 0.7 have none): ``[node, promoted, suppressed]`` per writer
+        node, each node once, at most :data:`LENS_TEXTS` texts of at most 200 characters each."""
+        found: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        entries = self._list("lens", optional=True)
+        if len(entries) > self.nodes:
+            self._fail("lens", f"has {len(entries)} entries for {self.nodes} nodes")
+        for k, entry in enumerate(entries):
+            name = f"lens[{k}]"
+            if not isinstance(entry, list) or len(entry) != 3:
+                self._fail(name, "must be [node, promoted, suppressed]")
+            node = self._integer(f"{name}[0]", entry[0], low=0, high=self.nodes - 1)
+            if node in found:
+                self._fail(name, f"repeats node {node}")
+            texts = []
+            for j in (1, 2):
+                words = self._list(f"{name}[{j}]", entry[j])
+                if len(words) > LENS_TEXTS or not all(isinstance(w, str) and len(w) <= 200 for w in words):
+                    self._fail(f"{name}[{j}]", f"must be at most {LENS_TEXTS} strings of at most 200 characters")
+                texts.append(tuple(words))
+            found[node] = (texts[0], texts[1])
+        return found
 
     def _qk_link(self, k: int, link: Any) -> dict[str, Any]:
         link = self._mapping(f"qk_links[{k}]", link)

@@ -13,6 +13,7 @@ from captum_ffb.engine.bound import BoundModel, Request
 from captum_ffb.engine.fingerprint import weights_stamp
 from captum_ffb.engine.tape import covectors, graph_pass, players_of, target_probability
 from captum_ffb.graph.build import GraphData, build_graph
+from captum_ffb.graph.lens import Lens, write_lens
 from captum_ffb.graph.score_split import ScoreSplitter
 from captum_ffb.patching.patches import (
     EXACT_ABOVE,
@@ -57,6 +58,8 @@ class BuiltGraph:
         estimates (PatchEstimates, optional): the nodes' patching estimates (with a corrupted run).
         probability (float, optional): the model's probability of the explained unit.
         n_source (int, optional): an encoder–decoder's source length.
+        lens (dict): node index → the token ids its write promotes and suppresses
+                    (:func:`~captum_ffb.graph.lens.write_lens`).
     """
 
     data: GraphData
@@ -64,6 +67,7 @@ class BuiltGraph:
     estimates: PatchEstimates | None
     probability: float | None
     n_source: int | None
+    lens: Lens = field(default_factory=dict)
 
 
 def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltGraph:
@@ -86,11 +90,12 @@ def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltG
         estimates = patch_estimates(engine, request, options.corrupted, tape, found, data, options.granularity,
                                     options.exact_above, options.estimators, stamp=stamp)
     n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
+    lens = write_lens(engine, tape, data.kinds, data.layers, data.heads, data.positions, data.values)
     splitter = ScoreSplitter(engine, request, options.rules, options.granularity, players, stamp)
     probability = target_probability(tape.output, tape.target)
     if probability is None and tape.target.mix is not None:  # an answer's log-probability: its probability
         probability = math.exp(float(tape.value.detach().reshape(-1)[0]))
-    return BuiltGraph(data, splitter, estimates, probability, n_source)
+    return BuiltGraph(data, splitter, estimates, probability, n_source, lens)
 
 
 def check_graph_options(granularity: str, prune: Any, node_threshold: Any, edge_threshold: Any, max_nodes: Any,

@@ -91,6 +91,9 @@ class AttributionGraph:
                     estimator's real patched passes included).
         edge_patches (dict): estimator name → ``(E,)`` the edges' estimates known (``nan``
                     where not computed).
+        lens (dict): node index → ``(promoted, suppressed)``: the tokens (as text) its write
+                    promotes and suppresses most through the unembedding
+                    (:mod:`captum_ffb.graph.lens`; writer nodes of a causal LM only).
     """
 
     data: GraphData
@@ -114,6 +117,7 @@ class AttributionGraph:
     patch_seconds: dict[str, float] = field(default_factory=dict)
     patch_passes: dict[str, float] = field(default_factory=dict)
     edge_patches: dict[str, Tensor] = field(default_factory=dict)
+    lens: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, data: GraphData, tokens: list[str], output_label: str, granularity: str, **extra: Any
@@ -376,6 +380,8 @@ class AttributionGraph:
                 node["patch_estimates"] = {name: float(v[k]) for name, v in self.patch_estimates.items()}
                 if self.patch_kappa is not None:
                     node["patch_kappa"] = float(self.patch_kappa[k])
+            if k in self.lens:
+                node["promotes"], node["suppresses"] = (list(t) for t in self.lens[k])
             nodes.append(node)
         links = [{"source": ids[int(s)], "target": ids[int(t)], "weight": float(w)}
                  for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
@@ -820,7 +826,8 @@ def graph_target(tokenizer: Any, engine: Any, target: Any, offset: int = 0) -> G
 
 
 def output_label(tokenizer: Any, task: str, target: Any) -> str:
-    """What a graph explains, in words: the token or class whose logit is read."""
+    """What a graph explains, in words: the token whose logit is read as the tokenizer decodes
+    it, quoted (``' Paris'``, the same from every entry point), or the class."""
     if target.indices is None:
         return "the read-out"
     units = [int(u) for u in target.indices[0]]
@@ -828,7 +835,7 @@ def output_label(tokenizer: Any, task: str, target: Any) -> str:
         text = tokenizer.decode(units) if tokenizer is not None else " ".join(map(str, units))
         return f"log p({text!r})"
     if tokenizer is not None and task != "sequence_classification":
-        names = tokenizer.convert_ids_to_tokens(units)
+        names = [repr(tokenizer.decode([u])) for u in units]
     else:
         names = [str(u) for u in units]
     return names[0] if len(names) == 1 else f"{names[0]} − {names[1]}"

@@ -275,6 +275,7 @@ window.addEventListener("load", function () {
   r.targets = Array.from(document.querySelectorAll("#ffb-panel ol.target code")).map(function (c) { return c.textContent; });
   r.qk = document.querySelectorAll("#ffb-panel ol.qk li").length;
   r.faded = document.querySelectorAll("#ffb-graph .edge.faded").length;
+  r.lit = Array.from(document.querySelectorAll("#ffb-graph .edge.hot")).map(function (p) { return [p.dataset.source, p.dataset.target]; });
   document.getElementById("ffb-result").textContent = JSON.stringify(r);
 });
 </script>
@@ -328,4 +329,6 @@ def test_graph_page_draws_every_kept_node_and_lists_a_heads_edges(tmp_path):
                   key=lambda link: -abs(link["weight"]))
     assert r["sources"] == [link["source"] for link in into][:15]
     assert r["targets"] == [link["target"] for link in out_][:15]
-    assert r["qk"] > 0 and r["faded"] == r["edges"] - len(into) - len(out_)
+    # its paths lit (its largest in- and out-edge among them), every other edge faded
+    assert r["qk"] > 0 and r["faded"] == r["edges"] - len(r["lit"])
+    assert [into[0]["source"], head] in r["lit"] and [head, out_[0]["target"]] in r["lit"]

@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 
 import pytest
 
-from captum_ffb import NormDecomposition
 from captum_ffb.texts.text import display_token
-from captum_ffb.viz.graph import graph_html
-from tests.models import tiny_task_model, token_ids
-from tests.viz.chromium import CHROMEDRIVER, CHROMIUM, missing
 
 pytestmark = pytest.mark.browser
 
@@ -27,50 +22,14 @@ WRITERS = ("head", "attention", "cross_attention", "ff", "neuron")
 
 
 def expected_label(node: dict, tokens: list[str]) -> str:
-    """A node's label from its fields alone (never from its id)."""
+    """A node's label from its fields alone (never from its id): its place, and the token its
+    write promotes most where the graph carries its logit lens."""
     kind, layer, part = node["kind"], node["layer"], node["head"]
-    return {"head": f"L{layer}.H{part}", "attention": f"L{layer}.A", "cross_attention": f"L{layer}.X",
-            "ff": f"FF{layer}", "neuron": f"L{layer}.N{part}"}.get(kind) or display_token(tokens[node["position"]])
-
-
-@pytest.fixture(scope="module")
-def pages(tmp_path_factory):
-    """Two pages of graphs of 20 tokens: heads with patching estimates (``baseline_inputs``),
-    and neurons (up to 23 of one block at one position)."""
-    reason = missing()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI must run the browser test: {reason}")
-        pytest.skip(reason)
-    nd = NormDecomposition(tiny_task_model("llama", "causal_lm"))
-    ids = token_ids(1, 20, seed=3)
-    baseline = ids.clone()
-    baseline[0, 4], baseline[0, 11] = 7, 9
-    heads = nd.attribute_graph(ids, 5, baseline_inputs=baseline, node_threshold=1.0)
-    neurons = nd.attribute_graph(ids, 5, granularity="neuron", node_threshold=0.95)
-    root = tmp_path_factory.mktemp("graph_page")
-    found = {}
-    for name, graph in (("heads", heads), ("neurons", neurons)):
-        path = root / f"{name}.html"
-        path.write_text(graph_html(graph), encoding="utf-8")
-        found[name] = (path, graph.to_dict())
-    return found
-
-
-@pytest.fixture(scope="module")
-def browser(pages):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--hide-scrollbars", "--window-size=1600,1000"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
+    place = {"head": f"L{layer}.H{part}", "attention": f"L{layer}.A", "cross_attention": f"L{layer}.X",
+             "ff": f"FF{layer}", "neuron": f"L{layer}.N{part}"}.get(kind)
+    if place is None:
+        return display_token(tokens[node["position"]])
+    return f"{place} ↑{node['promotes'][0]}" if node.get("promotes") else place
 
 
 def _open(driver, path, size=(1600, 1000)):
@@ -197,9 +156,14 @@ def test_hover_card_click_selects_and_shift_click_pins_into_the_pinned_subgraph(
     assert driver.execute_script("return document.body.dataset.chosen") == first["id"]
     panel = driver.find_element("css selector", "[data-role=details]").text
     assert first["id"] in panel and "patch estimate" in panel and "κ" in panel
-    faded = driver.execute_script("return document.querySelectorAll('#ffb-graph .edge.faded').length")
-    touching = sum(1 for link in saved["links"] if "kind" not in link and first["id"] in (link["source"], link["target"]))
-    assert faded == driver.execute_script("return window.ffbGraph.edges()") - touching
+    # its paths are lit (test_graph_tracing checks them edge by edge), its largest in- and out-edge among them
+    lit = driver.execute_script("return Array.from(document.querySelectorAll('#ffb-graph .edge.hot'))"
+                                ".map(function (p) { return [p.dataset.source, p.dataset.target, +p.dataset.hops]; })")
+    assert 0 < len(lit) < driver.execute_script("return window.ffbGraph.edges()")
+    for end in ("target", "source"):
+        largest = max((link for link in saved["links"] if link[end] == first["id"] and "kind" not in link),
+                      key=lambda link: abs(link["weight"]))
+        assert [largest["source"], largest["target"]] in [[s, t] for s, t, _ in lit]
     for node in (first, second):
         ActionChains(driver).key_down(Keys.SHIFT).click(element(node["id"])).key_up(Keys.SHIFT).perform()
     assert sorted(driver.execute_script("return window.ffbGraph.pinned()")) == sorted([first["id"], second["id"]])

@@ -18,6 +18,7 @@
     if (d.kind === "output") { if (!(d.position >= 0 && d.position < n)) u.position = n - 1; outPos = u.position; }
     if (d.kind === "bias") u.position = -1;
     u.label = label(u);
+    u.writes = lens(d);
     byId[u.id] = u; nodes.push(u);
   });
   G.links.forEach(function (e) {
@@ -43,6 +44,21 @@
       default: return u.name || u.id;
     }
   }
+  // What a writer writes, read through the unembedding (a logit lens of its write): the
+  // tokens it promotes most, then those it suppresses most (strings only, at most 10 each).
+  function lens(d) {
+    function strings(a) {
+      return Array.isArray(a) ? a.filter(function (t) { return typeof t === "string"; }).slice(0, 10) : [];
+    }
+    var up = strings(d.promotes), down = strings(d.suppresses);
+    return up.length || down.length ? {promotes: up, suppresses: down} : null;
+  }
+  // a node's label as drawn: the name its user gave it, else its place and the token its write
+  // promotes most ("L23.H4 ↑Paris")
+  function shownLabel(u) {
+    if (S.names[u.id]) return S.names[u.id];
+    return u.writes && u.writes.promotes.length ? u.label + " ↑" + u.writes.promotes[0] : u.label;
+  }
   function place(u) {  // "L23.H4 at 9 “of”"
     if (u.kind === "token" || u.kind === "bias" || u.kind === "output" || !(u.position >= 0)) return u.label;
     return u.label + " at " + u.position + " “" + words[u.position] + "”";
@@ -58,7 +74,7 @@
 
   // ------------------------------------------------------------------ the page's state
   var S = {nodeShare: 1, edgeShare: 1, pinnedOnly: false, size: "value", chosen: null, pinned: {}, expanded: {},
-           query: "", matches: []};
+           query: "", matches: [], positions: {}, hover: null, lists: {}, names: {}, sub: false, sg: {}};
   var groups = {}, groupCount = 0, memberOf = {}, view = null, vb = null, drawn = {nodes: 0, edges: []};
   function unit(id) { return memberOf[id] || id; }
   function get(id) { return byId[id] || groups[id]; }
@@ -67,55 +83,116 @@
   // an edge's: its weight, or (size "patch") its patch estimate where the graph carries one
   function edgeMeasure(e) { return S.size === "patch" && e.patch !== undefined ? e.patch : e.weight; }
 
-  // What is shown: the nodes holding the chosen share of the influence (tokens, the bias and
-  // the output always), then the edges holding the chosen share of |weight|, writers left
-  // without an edge in or out dropped; or the pinned subgraph. Grouped nodes are their group.
-  function compute() {
-    var keep = {};
-    if (S.pinnedOnly) {
-      Object.keys(S.pinned).forEach(function (id) { if (get(id)) keep[id] = true; });
-    } else {
-      var writers = nodes.filter(function (u) { return !ALWAYS[u.kind]; });
-      nodes.forEach(function (u) { if (ALWAYS[u.kind]) keep[unit(u.id)] = true; });
-      writers.sort(function (a, b) { return strength(b) - strength(a); });
-      var total = writers.reduce(function (s, u) { return s + strength(u); }, 0), acc = 0;
-      writers.forEach(function (u) {
-        if (S.nodeShare >= 1 || !(total > 0) || acc < S.nodeShare * total * (1 - 1e-12)) keep[unit(u.id)] = true;
-        acc += strength(u);
-      });
-    }
+  // Where a unit sits along the stream: tokens and the bias first, writers by (block, row),
+  // the output last (a group where its largest member does). Edges run from lower to higher.
+  function rank(u) {
+    if (u.kind === "group") return rank(get(u.rep));
+    if (u.kind === "token" || u.kind === "bias") return -1;
+    if (u.kind === "output") return 1e9;
+    return u.layer * 3 + (ROW[u.kind] !== undefined ? ROW[u.kind] : 2);
+  }
+  // every drawn link between units (a group's summed over its members), one per pair
+  function unitEdges() {
     var found = {}, edges = [];
     links.forEach(function (l) {
       var s = unit(l.source), t = unit(l.target);
-      if (s === t || !keep[s] || !keep[t]) return;
+      if (s === t) return;
       var k = s + "\n" + t, e = found[k];
       if (!e) { e = found[k] = {source: s, target: t, weight: 0, parts: 0}; edges.push(e); }
       e.weight += l.weight; e.parts += 1;
       if (l.patch !== undefined) e.patch = (e.patch || 0) + l.patch;
     });
-    edges.sort(function (a, b) { return Math.abs(b.weight) - Math.abs(a.weight); });
-    if (!S.pinnedOnly && S.edgeShare < 1) {
-      var sum = edges.reduce(function (s, e) { return s + Math.abs(e.weight); }, 0), run = 0;
-      edges = edges.filter(function (e) {
-        var ok = run < S.edgeShare * sum * (1 - 1e-12);
+    return edges;
+  }
+  function byAbs(a, b) { return Math.abs(b.weight) - Math.abs(a.weight); }
+
+  // What is shown: the writers holding the chosen share of the influence (tokens, the bias and
+  // the output always); of each shown node's in-edges from shown nodes, those holding the
+  // chosen share of its |weight| (its largest always); then, for every shown writer with no
+  // route to the output (or from the tokens) through what is shown, its strongest route
+  // added, edge by edge, with the nodes it passes. Or the pinned subgraph. Grouped nodes are
+  // their group.
+  function compute() {
+    var keep = {}, all = unitEdges();
+    if (S.pinnedOnly) {
+      Object.keys(S.pinned).forEach(function (id) { if (get(id)) keep[id] = true; });
+      return {keep: keep, edges: all.filter(function (e) { return keep[e.source] && keep[e.target]; }).sort(byAbs), added: 0};
+    }
+    var writers = nodes.filter(function (u) { return !ALWAYS[u.kind]; });
+    nodes.forEach(function (u) { if (ALWAYS[u.kind]) keep[unit(u.id)] = true; });
+    writers.sort(function (a, b) { return strength(b) - strength(a); });
+    var total = writers.reduce(function (s, u) { return s + strength(u); }, 0), acc = 0;
+    writers.forEach(function (u) {
+      if (S.nodeShare >= 1 || !(total > 0) || acc < S.nodeShare * total * (1 - 1e-12)) keep[unit(u.id)] = true;
+      acc += strength(u);
+    });
+    var edges = all.filter(function (e) { return keep[e.source] && keep[e.target]; });
+    if (S.edgeShare < 1) edges = shareOfEach(edges, S.edgeShare);
+    var added = connect(keep, edges, all);
+    return {keep: keep, edges: edges.sort(byAbs), added: added};
+  }
+  function shareOfEach(edges, share) {  // per target, the in-edges holding `share` of its |weight|
+    var into = {}, kept = [];
+    edges.forEach(function (e) { (into[e.target] = into[e.target] || []).push(e); });
+    Object.keys(into).forEach(function (t) {
+      var list = into[t].sort(byAbs), sum = list.reduce(function (s, e) { return s + Math.abs(e.weight); }, 0), run = 0;
+      list.forEach(function (e, i) {
+        if (i === 0 || run < share * sum * (1 - 1e-12)) kept.push(e);
         run += Math.abs(e.weight);
-        return ok;
+      });
+    });
+    return kept;
+  }
+  // Shown writers cut off from the output (or from the tokens) get their strongest route
+  // back: the largest out-edge (in-edge) to a later (earlier) unit, step by step, until a unit
+  // that reaches the output (is reached from the tokens). Returns how many nodes it added.
+  function connect(keep, edges, all) {
+    var outOf = {}, inTo = {}, have = {}, added = 0;
+    all.forEach(function (e) {
+      (outOf[e.source] = outOf[e.source] || []).push(e); (inTo[e.target] = inTo[e.target] || []).push(e);
+    });
+    edges.forEach(function (e) { have[e.source + "\n" + e.target] = true; });
+    function closure(starts, forward) {  // what the starts reach along the shown edges
+      var seen = {}, stack = starts.slice(), next = {};
+      edges.forEach(function (e) {
+        var a = forward ? e.source : e.target, b = forward ? e.target : e.source;
+        (next[a] = next[a] || []).push(b);
+      });
+      starts.forEach(function (id) { seen[id] = true; });
+      while (stack.length) (next[stack.pop()] || []).forEach(function (b) { if (!seen[b]) { seen[b] = true; stack.push(b); } });
+      return seen;
+    }
+    function mend(forward) {
+      var ends = Object.keys(keep).filter(function (id) {
+        var k = get(id).kind;
+        return forward ? k === "output" : k === "token" || k === "bias";
+      });
+      var reached = closure(ends, !forward);  // forward: what reaches the output
+      var stuck = Object.keys(keep).filter(function (id) { return !ALWAYS[get(id).kind] && !reached[id]; });
+      stuck.sort(function (a, b) { return forward ? rank(get(b)) - rank(get(a)) : rank(get(a)) - rank(get(b)); });
+      stuck.forEach(function (id) {
+        var at = id, route = [];
+        for (var step = 0; !reached[at] && step < 4096; step++) {
+          var here = rank(get(at)), choices = ((forward ? outOf : inTo)[at] || []).filter(function (e) {
+            var r = rank(get(forward ? e.target : e.source));
+            return forward ? r > here : r < here;
+          }).sort(byAbs);
+          if (!choices.length) break;
+          route.push(choices[0]);
+          at = forward ? choices[0].target : choices[0].source;
+        }
+        if (!reached[at]) return;
+        route.forEach(function (e) {
+          var k = e.source + "\n" + e.target;
+          if (!have[k]) { have[k] = true; edges.push(e); }
+          [e.source, e.target].forEach(function (u) { if (!keep[u]) { keep[u] = true; added += 1; } reached[u] = true; });
+        });
+        reached[id] = true;
       });
     }
-    if (!S.pinnedOnly && (S.nodeShare < 1 || S.edgeShare < 1)) {
-      for (;;) {
-        var hasIn = {}, hasOut = {};
-        edges.forEach(function (e) { hasOut[e.source] = 1; hasIn[e.target] = 1; });
-        var gone = Object.keys(keep).filter(function (id) {
-          var u = get(id);
-          return !ALWAYS[u.kind] && u.kind !== "group" && !(hasIn[id] && hasOut[id]);
-        });
-        if (!gone.length) break;
-        gone.forEach(function (id) { delete keep[id]; });
-        edges = edges.filter(function (e) { return keep[e.source] && keep[e.target]; });
-      }
-    }
-    return {keep: keep, edges: edges};
+    mend(true);
+    mend(false);
+    return added;
   }
 
   // ------------------------------------------------------------------ layout
@@ -153,7 +230,7 @@
       var key = a.row + "|" + a.position;
       (cells[key] = cells[key] || []).push(u);
       need[a.position] = Math.max(need[a.position], cells[key].length);
-      labelW = Math.max(labelW, Math.min(textWidth(u.label, 11, u.kind === "group" ? "600" : ""), 150));
+      labelW = Math.max(labelW, Math.min(textWidth(shownLabel(u), 11, u.kind === "group" ? "600" : ""), 150));
     });
     var rows = Object.keys(rowSet).map(Number).sort(function (a, b) { return a - b; });
     var rowNames = rows.map(function (r) { return "L" + Math.floor(r / 3) + " " + ROWNAME[r % 3]; });
@@ -203,7 +280,7 @@
     var top = hasOutput ? 50 : 14, collapsedText = 0;
     for (p = 0; p < n; p++) if (!expanded[p]) collapsedText = Math.max(collapsedText, Math.min(textWidth(String(words[p]), 11), 84));
     var bottom = R + 12 + R + 6 + Math.max(16, collapsedText + 4);
-    var lineH = totalLines ? Math.max(16, Math.min(46, (H - top - bottom - 8) / totalLines)) : 46;
+    var lineH = totalLines ? Math.max(16, Math.min(totalLines > 6 ? 46 : 90, (H - top - bottom - 8) / totalLines)) : 46;
     var rmax = Math.max(4, Math.min(R, (lineH - 3) / 2));
     var spot = {}, rowBands = [], y = top + totalLines * lineH;
     rows.forEach(function (r, i) {
@@ -298,7 +375,7 @@
     }
     // edges, weakest first so that the strong ones are drawn over them
     var wTop = shown.edges.reduce(function (m, e) { return Math.max(m, Math.abs(edgeMeasure(e))); }, 0) || 1;
-    drawn = {nodes: 0, edges: shown.edges.slice()};
+    drawn = {nodes: 0, edges: shown.edges.slice(), added: shown.added};
     shown.edges.slice().reverse().forEach(function (e) {
       var s = L.place[e.source], t = L.place[e.target];
       if (!s || !t) return;
@@ -330,7 +407,7 @@
         t.textContent = "bias";
       } else {
         t = el("text", {"class": "nlabel kind-" + u.kind, x: (at.x + r + 3.5).toFixed(2), y: (at.y + 3.8).toFixed(2)}, labelLayer);
-        t.textContent = truncate(u.label, 11, 150);
+        t.textContent = truncate(shownLabel(u), 11, 150);
       }
       t.dataset.label = id;
     });
@@ -348,10 +425,12 @@
       tl.dataset.token = q;
     }
     $("ffb-counts").textContent = drawn.nodes + " of " + nodes.length + " nodes · " + drawn.edges.length
-      + " of " + links.length + " edges shown";
+      + " of " + links.length + " edges shown" + (shown.added ? " · " + shown.added + " added to keep their routes" : "")
+      + " · sizes: " + sizing();
     document.body.dataset.shown = drawn.nodes;
     if (!again && (stage.clientWidth !== W || stage.clientHeight !== H)) return render(true, true);  // the bars moved
     if (refit || !vb) fit(); else setViewBox(vb);
+    drawSub();
     mark();
   }
 
@@ -362,10 +441,29 @@
     return viewBox();
   }
   function viewBox() { return svg.getAttribute("viewBox").split(" ").map(Number); }
-  function fit() {  // the whole layout, at most at its own size, centred
-    var W = Math.max(stage.clientWidth, 1), H = Math.max(stage.clientHeight, 1);
-    var s = Math.min(W / view.width, H / view.height, 1), w = W / s, h = H / s;
-    return setViewBox([view.width / 2 - w / 2, view.height / 2 - h / 2, w, h]);
+  // The drawing (its nodes and their labels, the tokens, the rows' names) centred in the stage,
+  // up to twice the layout's own size: after every filter the view is fitted again, so what
+  // is left fills the stage. From the layout's numbers, not the browser's text boxes.
+  function drawingBox() {
+    var L = view, x0 = Infinity, x1 = -Infinity, y0 = L.tokenY, r = L.rmax + 1;
+    Object.keys(L.place).forEach(function (id) {
+      var u = get(id), at = L.place[id], w = 0;
+      if (u.kind === "output") w = 6 + textWidth("→ " + u.label, 13, "600");
+      else if (u.kind !== "token" && u.kind !== "bias") w = 3.5 + Math.min(textWidth(shownLabel(u), 11), 150);
+      x0 = Math.min(x0, at.x - r); x1 = Math.max(x1, Math.min(at.x + r + w, L.width)); y0 = Math.min(y0, at.y - r);
+    });
+    for (var p = 0; p < n; p++) {
+      var c = L.x0[p] + L.cols[p] / 2, half = L.expanded[p] ? Math.min(textWidth(String(words[p]), 12), L.cols[p] - 6) / 2 : 8;
+      x0 = Math.min(x0, c - half); x1 = Math.max(x1, c + half);
+    }
+    L.rows.forEach(function (b) { x0 = Math.min(x0, L.left - 8 - textWidth(b.name, 10.5)); });
+    return [x0 - 6, y0 - 6, x1 + 6, L.height];
+  }
+  function fit() {
+    var W = Math.max(stage.clientWidth, 1), H = Math.max(stage.clientHeight, 1), box = drawingBox();
+    var bw = box[2] - box[0], bh = box[3] - box[1];
+    var s = Math.min(W / bw, H / bh, 2), w = W / s, h = H / s, cx = (box[0] + box[2]) / 2, cy = (box[1] + box[3]) / 2;
+    return setViewBox([cx - w / 2, cy - h / 2, w, h]);
   }
   function zoom(f, cx, cy) {
     if (cx === undefined) { cx = vb[0] + vb[2] / 2; cy = vb[1] + vb[3] / 2; }
@@ -412,11 +510,12 @@
     }).join("<br>");
   }
   function cardHtml(u) {
-    var e = edgesOf(u), h = "<b>" + esc(u.label) + "</b> <span class=lbl>" + esc(u.id) + "</span><br>";
+    var e = edgesOf(u), h = "<b>" + esc(shownLabel(u)) + "</b> <span class=lbl>" + esc(u.id) + "</span><br>";
     if (u.position >= 0 && u.kind !== "output") h += "token " + esc(u.position) + " “" + esc(words[u.position]) + "”<br>";
+    if (u.writes) h += writesHtml(u.writes) + "<br>";
     h += "value " + signed(u.value);
     if (u.influence !== undefined && u.kind !== "output") h += " · influence " + fmt(u.influence);
-    if (u.patch !== undefined) h += " · patch estimate " + signed(u.patch);
+    if (u.patch !== undefined) h += " · patch estimate (" + esc(estimator("nodes")) + ") " + signed(u.patch);
     if (e.into.length) h += '<br><span class=lbl>top in-edges</span><br>' + top3(e.into, "source");
     if (e.out.length) h += '<br><span class=lbl>top out-edges</span><br>' + top3(e.out, "target");
     return h;
@@ -428,15 +527,17 @@
     card.style.display = "block";
     moveCard(ev);
   }
-  function moveCard(ev) {
-    var w = card.offsetWidth, h = card.offsetHeight, x = ev.clientX + 14, y = ev.clientY + 14;
-    if (x + w > window.innerWidth - 4) x = ev.clientX - w - 14;
-    if (y + h > window.innerHeight - 4) y = ev.clientY - h - 14;
-    card.style.left = Math.max(4, x) + "px"; card.style.top = Math.max(4, y) + "px";
+  function moveCard(ev) {  // beside the pointer, inside the stage (never over the details panel)
+    var box = stage.getBoundingClientRect(), w = card.offsetWidth, h = card.offsetHeight;
+    var x = ev.clientX + 14, y = ev.clientY + 14;
+    if (x + w > box.right - 4) x = ev.clientX - w - 14;
+    if (y + h > box.bottom - 4) y = ev.clientY - h - 14;
+    card.style.left = Math.max(box.left + 4, Math.min(x, box.right - w - 4)) + "px";
+    card.style.top = Math.max(box.top + 4, Math.min(y, box.bottom - h - 4)) + "px";
   }
   svg.addEventListener("mouseover", function (ev) {
     var d = ev.target.dataset || {};
-    if (d.node !== undefined) showCard(ev, d.node);
+    if (d.node !== undefined) { showCard(ev, d.node); S.hover = d.node; mark(); }
     else if (d.token !== undefined) {
       var p = +d.token, wide = view.expanded[p];
       card.innerHTML = "<b>" + esc(words[p]) + "</b> <span class=lbl>position " + esc(p) + "</span>"
@@ -449,6 +550,7 @@
   svg.addEventListener("mouseout", function (ev) {
     var d = ev.target.dataset || {};
     if (d.node !== undefined || d.token !== undefined) card.style.display = "none";
+    if (d.node !== undefined && S.hover) { S.hover = null; mark(); }
   });
   svg.addEventListener("click", function (ev) {
     var d = ev.target.dataset || {};
@@ -474,21 +576,45 @@
     return {into: Object.keys(into).map(function (k) { return {source: k, target: u.id, weight: into[k]}; }),
             out: Object.keys(out).map(function (k) { return {source: u.id, target: k, weight: out[k]}; })};
   }
-  function list(items, key) {
+  function list(items, key, name) {  // a node's edges, largest first: 15, or all once asked
     items = items.slice().sort(function (a, b) { return Math.abs(b.weight) - Math.abs(a.weight); });
     if (!items.length) return "<p>none kept</p>";
-    var shown = items.slice(0, 15);
-    return '<ol class="' + key + '">' + shown.map(function (e) {
+    var shown = S.lists[name] ? items : items.slice(0, 15);
+    return '<ol class="' + key + '" data-list="' + name + '">' + shown.map(function (e) {
       var other = get(e[key]), hidden = !(view && view.place[e[key]]);
       return '<li data-go="' + esc(e[key]) + '"' + (hidden ? ' class="hidden-node" title="not shown now"' : "") + "><code>"
         + esc(e[key]) + "</code> " + (other ? '<span class="lbl">' + esc(place(other)) + "</span> " : "") + signed(e.weight) + "</li>";
-    }).join("") + "</ol>" + (items.length > 15 ? "<p class=note>and " + (items.length - 15) + " more</p>" : "");
+    }).join("") + "</ol>" + (items.length > 15 ? '<button data-act="more" data-list="' + name + '">'
+      + (S.lists[name] ? "show the largest 15" : "show all " + items.length) + "</button>" : "");
+  }
+  function writesHtml(w) {  // the logit lens of a write: promoted ↑, suppressed ↓
+    function toks(a) { return a.map(function (t) { return "<code>" + esc(t) + "</code>"; }).join(" "); }
+    return (w.promotes.length ? '<span class="pos">↑</span> ' + toks(w.promotes.slice(0, 5)) : "")
+      + (w.suppresses.length ? ' <span class="neg">↓</span> ' + toks(w.suppresses.slice(0, 5)) : "");
+  }
+  // the estimator behind the patch estimates of "nodes" or "edges" (the file's words, as text)
+  function estimator(what) {
+    var named = G.patch_estimators || {};
+    return typeof named[what] === "string" ? named[what] : "default";
+  }
+  // what the sizes of nodes and edges show now, naming the estimator where one is used
+  function sizing() {
+    if (S.size !== "patch") return "|value| and exact edge weights";
+    var edgesToo = links.some(function (l) { return l.patch !== undefined; });
+    return "|patch estimate| by " + estimator("nodes") + (edgesToo ? ", edges by " + estimator("edges") : ", edges by exact weight");
   }
   function row(name, value) { return "<tr><td>" + name + "</td><td>" + value + "</td></tr>"; }
   function details(u) {
     var top = tops(), e = edgesOf(u);
-    var h = '<div class="title"><span class="swatch" style="background:' + fill(u, top) + '"></span><h3>' + esc(u.label)
-      + "</h3><code>" + esc(u.id) + "</code></div><table>";
+    var h = '<div class="title"><span class="swatch" style="background:' + fill(u, top) + '"></span><h3>' + esc(shownLabel(u))
+      + "</h3><code>" + esc(u.id) + "</code></div>";
+    if (u.kind !== "token" && u.kind !== "output" && u.kind !== "bias") {
+      h += '<label class="rename">label <input data-act="name" type="text" maxlength="200" value="' + esc(S.names[u.id] || "")
+        + '" placeholder="' + esc(u.writes && u.writes.promotes.length ? u.label + " ↑" + u.writes.promotes[0] : u.label)
+        + '" aria-label="this node\'s label"></label>';
+    }
+    h += "<table>";
+    if (u.writes) h += row("writes", writesHtml(u.writes));
     h += row("kind", esc(u.kind === "group" ? "supernode of " + u.members.length : u.kind));
     if (u.layer >= 0 && u.kind !== "group") h += row("block", esc(u.layer) + (u.head >= 0 ? ", part " + esc(u.head) : ""));
     if (u.position >= 0 && u.kind !== "group") h += row("position", esc(u.position) + " “" + esc(words[u.position]) + "”");
@@ -497,15 +623,15 @@
       function (k) { if (u.d[k] !== undefined) h += row(k.replace(/_/g, " "), esc(String(u.d[k]))); });
     h += row(u.kind === "group" ? "value (sum)" : "value", signed(u.value));
     if (u.influence !== undefined && u.kind !== "output") h += row("influence", fmt(u.influence));
-    if (u.patch !== undefined) h += row("patch estimate", signed(u.patch));
+    if (u.patch !== undefined) h += row("patch estimate (" + esc(estimator("nodes")) + ")", signed(u.patch));
     var many = u.d && u.d.patch_estimates;
     if (many) Object.keys(many).forEach(function (k) { if (k !== "default") h += row("&nbsp;&nbsp;" + esc(k), signed(many[k])); });
     if (u.d && u.d.patch_kappa !== undefined) h += row("κ", fmt(u.d.patch_kappa));
     h += "</table>";
     h += '<button data-act="pin">' + (S.pinned[u.id] ? "unpin" : "pin") + "</button>";
     if (u.kind === "group") h += ' <button data-act="ungroup">ungroup</button>';
-    h += "<h4>in-edges (" + e.into.length + ")</h4>" + list(e.into, "source")
-      + "<h4>out-edges (" + e.out.length + ")</h4>" + list(e.out, "target");
+    h += "<h4>in-edges (" + e.into.length + ")</h4>" + list(e.into, "source", "in")
+      + "<h4>out-edges (" + e.out.length + ")</h4>" + list(e.out, "target", "out");
     if (u.kind === "group") {
       h += "<h4>members</h4><ol class=\"members\">" + u.members.map(function (m) {
         return '<li data-go="' + esc(m) + '"><code>' + esc(m) + '</code> <span class="lbl">' + esc(place(byId[m])) + "</span></li>";
@@ -542,7 +668,14 @@
     var act = ev.target.closest("[data-act]"), go = ev.target.closest("[data-go]");
     if (act && act.dataset.act === "pin" && S.chosen) { pin(S.chosen); choose(S.chosen); }
     else if (act && act.dataset.act === "ungroup" && S.chosen) ungroup(S.chosen);
+    else if (act && act.dataset.act === "more") { S.lists[act.dataset.list] = !S.lists[act.dataset.list]; choose(S.chosen); }
     else if (go) choose(go.dataset.go);
+  });
+  detail.addEventListener("change", function (ev) {
+    if (ev.target.dataset && ev.target.dataset.act === "name" && S.chosen) rename(S.chosen, ev.target.value);
+  });
+  detail.addEventListener("keydown", function (ev) {
+    if (ev.key === "Enter" && ev.target.dataset && ev.target.dataset.act === "name") ev.target.blur();
   });
   side.addEventListener("click", function (ev) {
     var go = ev.target.closest("[data-go]");
@@ -552,32 +685,70 @@
     if (ev.key === "Escape" && ev.target.tagName !== "INPUT") clear();
   });
 
-  // classes for the chosen node, its edges and neighbours, the pinned ones, the search's matches
-  function mark() {
-    var near = {}, chosen = S.chosen && view && view.place[S.chosen] ? S.chosen : null;
-    svg.querySelectorAll(".edge").forEach(function (p) {
-      var hot = chosen && (p.dataset.source === chosen || p.dataset.target === chosen);
-      p.classList.toggle("faded", !!chosen && !hot);
-      p.classList.toggle("hot", !!hot);
-      if (hot) { near[p.dataset.source] = 1; near[p.dataset.target] = 1; }
+  // The paths through a node along the shown edges, weighted: downstream, each node passes
+  // on what reached it in proportion to its out-edges' |size|; upstream, in proportion to its
+  // in-edges'. ``flow`` per edge (key "source\ntarget") is the share of the node's paths that
+  // runs along it (0–1), ``hops`` its distance from the node; ``share`` per node likewise.
+  function paths(id) {
+    var edges = drawn.edges, inAbs = {}, outAbs = {}, flow = {}, hops = {}, share = {}, dist = {};
+    edges.forEach(function (e) {
+      var a = Math.abs(edgeMeasure(e));
+      inAbs[e.target] = (inAbs[e.target] || 0) + a; outAbs[e.source] = (outAbs[e.source] || 0) + a;
     });
+    function spread(forward) {
+      var got = {}, far = {};
+      got[id] = 1; far[id] = 0;
+      var order = edges.slice().sort(function (a, b) {
+        return forward ? rank(get(a.source)) - rank(get(b.source)) : rank(get(b.target)) - rank(get(a.target));
+      });
+      order.forEach(function (e) {
+        var from = forward ? e.source : e.target, to = forward ? e.target : e.source, f = got[from];
+        if (!f) return;
+        var part = f * Math.abs(edgeMeasure(e)) / ((forward ? outAbs : inAbs)[from] || 1);
+        if (!(part > 1e-6)) return;
+        var k = e.source + "\n" + e.target;
+        flow[k] = (flow[k] || 0) + part; hops[k] = far[from] + 1;
+        got[to] = (got[to] || 0) + part;
+        far[to] = Math.min(far[to] === undefined ? Infinity : far[to], far[from] + 1);
+      });
+      Object.keys(got).forEach(function (u) {
+        share[u] = Math.max(share[u] || 0, Math.min(1, got[u]));
+        dist[u] = Math.min(dist[u] === undefined ? Infinity : dist[u], far[u]);
+      });
+    }
+    spread(true);
+    spread(false);
+    return {flow: flow, hops: hops, share: share, hops_to: dist};
+  }
+  var LIT = 0.02;  // a path's share below which it is not lit
+
+  // classes for the node in focus (hovered, else chosen) and its paths, the pinned nodes,
+  // the search's matches
+  function mark() {
+    var chosen = S.chosen && view && view.place[S.chosen] ? S.chosen : null;
+    var focus = S.hover && view && view.place[S.hover] ? S.hover : chosen, lit = focus ? paths(focus) : null;
+    svg.querySelectorAll(".edge").forEach(function (p) {
+      var f = lit ? lit.flow[p.dataset.source + "\n" + p.dataset.target] || 0 : 0, on = f >= LIT;
+      p.classList.toggle("faded", !!lit && !on);
+      p.classList.toggle("hot", on);
+      p.style.strokeOpacity = on ? (0.35 + 0.65 * Math.sqrt(f)).toFixed(2) : "";
+      if (on) p.dataset.hops = lit.hops[p.dataset.source + "\n" + p.dataset.target]; else delete p.dataset.hops;
+    });
+    function near(id) { return !lit || id === focus || (lit.share[id] || 0) >= LIT; }
     var matched = {};
     S.matches.forEach(function (id) { matched[unit(id)] = 1; });
     svg.querySelectorAll("[data-node]").forEach(function (c) {
       var id = c.dataset.node;
       c.classList.toggle("chosen", id === chosen);
+      c.classList.toggle("hovered", id === S.hover);
       c.classList.toggle("pinned", !!S.pinned[id]);
       c.classList.toggle("match", !!matched[id]);
-      c.classList.toggle("dim", !!chosen && !near[id] && id !== chosen);
+      c.classList.toggle("dim", !near(id));
     });
-    svg.querySelectorAll("[data-label]").forEach(function (t) {
-      t.classList.toggle("dim", !!chosen && !near[t.dataset.label] && t.dataset.label !== chosen);
-    });
-    var q = S.query.toLowerCase();
-    svg.querySelectorAll("[data-token]").forEach(function (t) {
-      t.classList.toggle("match", !!q && String(words[+t.dataset.token]).toLowerCase().indexOf(q) >= 0);
-    });
+    svg.querySelectorAll("[data-label]").forEach(function (t) { t.classList.toggle("dim", !near(t.dataset.label)); });
+    svg.querySelectorAll("[data-token]").forEach(function (t) { t.classList.toggle("match", !!S.positions[t.dataset.token]); });
     sideHtml();
+    remember();
   }
 
   // ------------------------------------------------------------------ pins, supernodes
@@ -594,7 +765,7 @@
     render(true);
     return S.pinnedOnly;
   }
-  function group(ids, name) {
+  function group(ids, name, quiet) {
     var members = [];
     (ids || []).forEach(function (id) {
       var g = groups[id] || groups[unit(id)];
@@ -618,6 +789,7 @@
     members.forEach(function (m) { memberOf[m] = id; delete S.pinned[m]; });
     if (pinned) S.pinned[id] = true;
     if (S.chosen && memberOf[S.chosen]) S.chosen = id;
+    if (quiet) return id;
     render(true);
     choose(id);
     return id;
@@ -636,20 +808,26 @@
   function threshold(nodeShare, edgeShare) {
     if (nodeShare !== undefined && nodeShare !== null) S.nodeShare = Math.max(0, Math.min(1, +nodeShare));
     if (edgeShare !== undefined && edgeShare !== null) S.edgeShare = Math.max(0, Math.min(1, +edgeShare));
-    $("ffb-node-share").value = S.nodeShare; $("ffb-edge-share").value = S.edgeShare;
-    $("ffb-node-share-text").textContent = Math.round(S.nodeShare * 100) + "%";
-    $("ffb-edge-share-text").textContent = Math.round(S.edgeShare * 100) + "%";
+    controls();
     render(true);
     if (S.chosen) choose(S.chosen);
     return {nodes: drawn.nodes, edges: drawn.edges.length};
   }
+  // Nodes by id, label or name; tokens by their text and positions by number ("12", "@12",
+  // "pos 12"): a matched position rings its token and every node at it.
   function search(q) {
     S.query = (q || "").trim();
     $("ffb-search").value = q || "";
-    var low = S.query.toLowerCase();
-    S.matches = !low ? [] : nodes.filter(function (u) {
-      return u.id.toLowerCase().indexOf(low) >= 0 || String(u.label).toLowerCase().indexOf(low) >= 0;
-    }).map(function (u) { return u.id; });
+    var low = S.query.toLowerCase(), at = {}, number = /^(?:@|pos(?:ition)?\s*)?(\d+)$/.exec(low);
+    if (number && +number[1] < n) at[+number[1]] = true;
+    if (low) for (var p = 0; p < n; p++) if (String(words[p]).toLowerCase().indexOf(low) >= 0) at[p] = true;
+    S.positions = at;
+    var found = !low ? [] : nodes.filter(function (u) {
+      if (u.position >= 0 && at[u.position] && u.kind !== "output") return true;
+      return !number && (u.id.toLowerCase().indexOf(low) >= 0 || String(shownLabel(u)).toLowerCase().indexOf(low) >= 0);
+    });
+    found.sort(function (a, b) { return (a.kind === "token") - (b.kind === "token") || strength(b) - strength(a); });
+    S.matches = found.map(function (u) { return u.id; });
     Object.keys(groups).forEach(function (id) {
       if (low && groups[id].name.toLowerCase().indexOf(low) >= 0) S.matches.push(id);
     });
@@ -694,6 +872,207 @@
     side.innerHTML = h;
   }
 
+  // ------------------------------------------------------------------ labels the user gives
+  function rename(id, text) {
+    var u = get(id);
+    if (!u || u.kind === "token" || u.kind === "output" || u.kind === "bias") return null;
+    text = String(text === undefined || text === null ? "" : text).trim().slice(0, 200);
+    if (text) S.names[id] = text; else delete S.names[id];
+    render(true);  // the label's width changes the layout
+    if (S.chosen === id) choose(id);
+    return shownLabel(u);
+  }
+
+  // ------------------------------------------------------------------ the subgraph panel
+  // The pinned nodes beside the main graph, with the edges between them (a group's summed),
+  // laid out by stream order (upwards) and position (rightwards) until a node is dragged.
+  var sub = $("ffb-subgraph"), subDrag = null;
+  function subgraph(on) {
+    S.sub = on === undefined ? !S.sub : !!on;
+    $("ffb-sub").hidden = !S.sub;
+    $("ffb-sub-view").setAttribute("aria-pressed", S.sub ? "true" : "false");
+    render(true);
+    return S.sub;
+  }
+  function subPlaces(ids) {  // unit id → [x, y] in 0–1 (y downwards), dragged places first
+    var ranks = [], cols = [], at = {};
+    ids.forEach(function (id) {
+      var u = get(id), r = rank(u), p = u.position >= 0 ? u.position : -1;
+      if (ranks.indexOf(r) < 0) ranks.push(r);
+      if (cols.indexOf(p) < 0) cols.push(p);
+    });
+    ranks.sort(function (a, b) { return a - b; }); cols.sort(function (a, b) { return a - b; });
+    var cells = {}, key = {};
+    ids.forEach(function (id) {
+      var u = get(id), k = ranks.indexOf(rank(u)) + "|" + cols.indexOf(u.position >= 0 ? u.position : -1);
+      key[id] = k; (cells[k] = cells[k] || []).push(id);
+    });
+    ids.forEach(function (id) {  // a cell's nodes side by side across its column, staggered up and down
+      var parts = key[id].split("|"), i = +parts[0], j = +parts[1], cell = cells[key[id]], c = cell.indexOf(id);
+      var x = (j + (c + 0.5) / cell.length) / cols.length, y = 1 - (i + 0.5) / ranks.length;
+      if (cell.length > 1) y += (c % 2 ? 0.25 : -0.25) / ranks.length;
+      at[id] = S.sg[id] || [x, y];
+    });
+    return at;
+  }
+  function drawSub() {
+    while (sub.firstChild) sub.removeChild(sub.firstChild);
+    if (!S.sub) return;
+    var ids = Object.keys(S.pinned).filter(get), W = Math.max(sub.clientWidth, 80), H = Math.max(sub.clientHeight, 80);
+    sub.setAttribute("viewBox", "0 0 " + W + " " + H);
+    if (!ids.length) {
+      el("text", {x: W / 2, y: H / 2, "text-anchor": "middle", "class": "rowlabel"}, sub).textContent = "shift-click nodes to pin them here";
+      return;
+    }
+    var at = subPlaces(ids), pad = 30, top = tops(), keep = {};
+    function xy(id) { return [pad + at[id][0] * (W - 2 * pad), pad + at[id][1] * (H - 2 * pad)]; }
+    ids.forEach(function (id) { keep[id] = true; });
+    var edges = unitEdges().filter(function (e) { return keep[e.source] && keep[e.target]; });
+    var wTop = edges.reduce(function (m, e) { return Math.max(m, Math.abs(edgeMeasure(e))); }, 0) || 1;
+    var edgeLayer = el("g", {"class": "edges"}, sub), nodeLayer = el("g", {"class": "nodes"}, sub);
+    edges.forEach(function (e) {
+      var s = xy(e.source), t = xy(e.target), m = edgeMeasure(e), a = Math.abs(m) / wTop;
+      var c = ffbColour.diverging((m < 0 ? -1 : 1) * Math.max(Math.abs(m), 0.45 * wTop), wTop);
+      var path = el("path", {"class": "edge", d: "M" + s[0] + "," + s[1] + " L" + t[0] + "," + t[1], stroke: ffbColour.css(c),
+        "stroke-width": (0.8 + 4 * a).toFixed(2), "stroke-opacity": (0.3 + 0.65 * Math.sqrt(a)).toFixed(2)}, edgeLayer);
+      path.dataset.source = e.source; path.dataset.target = e.target;
+    });
+    ids.forEach(function (id) {
+      var u = get(id), p = xy(id);
+      var c = el("circle", {"class": "node kind-" + u.kind, cx: p[0].toFixed(1), cy: p[1].toFixed(1),
+                            r: radius(u, top, 9).toFixed(2), fill: fill(u, top)}, nodeLayer);
+      c.dataset.subNode = id;
+      var t = el("text", {"class": "nlabel", x: (p[0] + 12).toFixed(1), y: (p[1] + 4).toFixed(1)}, nodeLayer);
+      t.textContent = truncate(shownLabel(u), 11, 160);
+    });
+  }
+  function subPoint(ev) {
+    var b = sub.getBoundingClientRect(), pad = 30;
+    return [Math.max(0, Math.min(1, (ev.clientX - b.left - pad) / Math.max(b.width - 2 * pad, 1))),
+            Math.max(0, Math.min(1, (ev.clientY - b.top - pad) / Math.max(b.height - 2 * pad, 1)))];
+  }
+  sub.addEventListener("mousedown", function (ev) {
+    var id = ev.target.dataset && ev.target.dataset.subNode;
+    if (ev.button !== 0 || !id) return;
+    ev.preventDefault();
+    subDrag = {id: id, moved: 0, x: ev.clientX, y: ev.clientY};
+  });
+  window.addEventListener("mousemove", function (ev) {
+    if (!subDrag) return;
+    subDrag.moved += Math.abs(ev.clientX - subDrag.x) + Math.abs(ev.clientY - subDrag.y);
+    subDrag.x = ev.clientX; subDrag.y = ev.clientY;
+    S.sg[subDrag.id] = subPoint(ev);
+    drawSub();
+  });
+  window.addEventListener("mouseup", function () {
+    if (!subDrag) return;
+    var id = subDrag.id, still = subDrag.moved < 3;
+    subDrag = null;
+    if (still) choose(id); else remember();
+  });
+  function subLayoutReset() { S.sg = {}; drawSub(); remember(); }
+
+  // ------------------------------------------------------------------ a shareable state
+  // Pins, supernodes, thresholds, the size, the chosen node, the user's labels, the subgraph
+  // panel and its dragged places, kept in the address's fragment (#state=<JSON>) as they
+  // change; a page opened with one restores it. The fragment is a stranger's text: only the
+  // names below are read, ids must be the graph's, numbers are clamped, strings cut short.
+  var restoring = false, hashTimer = null, written = "";
+  function state() {
+    var o = {}, gs = Object.keys(groups), index = {};
+    gs.forEach(function (id, i) { index[id] = "group:" + (i + 1); });
+    function named(id) { return index[id] || id; }
+    if (gs.length) o.supernodes = gs.map(function (id) { return [groups[id].name, groups[id].members.slice()]; });
+    var pins = Object.keys(S.pinned).map(named);
+    if (pins.length) o.pinned = pins;
+    if (S.nodeShare < 1) o.nodes = +S.nodeShare.toFixed(4);
+    if (S.edgeShare < 1) o.edges = +S.edgeShare.toFixed(4);
+    if (S.size !== "value") o.size = S.size;
+    if (S.pinnedOnly) o.pinned_only = true;
+    if (S.chosen) o.chosen = named(S.chosen);
+    var names = {};
+    Object.keys(S.names).forEach(function (id) { names[named(id)] = S.names[id]; });
+    if (Object.keys(names).length) o.labels = names;
+    if (S.sub) o.subgraph = true;
+    var sg = {};
+    Object.keys(S.sg).forEach(function (id) { sg[named(id)] = S.sg[id].map(function (v) { return +v.toFixed(4); }); });
+    if (Object.keys(sg).length) o.places = sg;
+    return o;
+  }
+  function address() {
+    var o = state();
+    return Object.keys(o).length ? "#state=" + encodeURIComponent(JSON.stringify(o)) : "";
+  }
+  function writeHash() {
+    clearTimeout(hashTimer);
+    var text = address();
+    if (text === written) return location.href;
+    written = text;
+    try { history.replaceState(null, "", text || location.pathname + location.search); } catch (e) { /* no address to change */ }
+    return location.href;
+  }
+  function remember() {
+    if (restoring) return;
+    clearTimeout(hashTimer);
+    hashTimer = setTimeout(writeHash, 120);
+  }
+  function readHash() {
+    var m = /^#state=([^#]{1,200000})$/.exec(location.hash || "");
+    if (!m) return null;
+    try {
+      var o = JSON.parse(decodeURIComponent(m[1]));
+      return o && typeof o === "object" && !Array.isArray(o) ? o : null;
+    } catch (e) { return null; }
+  }
+  function share(v) { return typeof v === "number" && isFinite(v) ? Math.max(0, Math.min(1, v)) : 1; }
+  function restore(o) {
+    if (!o || typeof o !== "object" || Array.isArray(o)) return false;
+    restoring = true;
+    try {
+      Object.keys(groups).forEach(function (id) { ungroup(id, true); });
+      groupCount = 0; S.pinned = {}; S.names = {}; S.sg = {}; S.chosen = null;
+      var made = {};
+      (Array.isArray(o.supernodes) ? o.supernodes.slice(0, 1000) : []).forEach(function (g, i) {
+        if (!Array.isArray(g) || !Array.isArray(g[1])) return;
+        var members = g[1].slice(0, 10000).filter(function (m) { return typeof m === "string" && byId[m]; });
+        var id = group(members, typeof g[0] === "string" ? g[0].slice(0, 200) : "", true);
+        if (id) made["group:" + (i + 1)] = id;
+      });
+      function ours(id) { return typeof id === "string" ? (made[id] || (byId[id] ? unit(id) : null)) : null; }
+      (Array.isArray(o.pinned) ? o.pinned.slice(0, 10000) : []).forEach(function (id) { if (ours(id)) S.pinned[ours(id)] = true; });
+      S.nodeShare = share(o.nodes); S.edgeShare = share(o.edges);
+      S.size = o.size === "patch" && hasPatch ? "patch" : "value";
+      S.pinnedOnly = o.pinned_only === true;
+      S.sub = o.subgraph === true;
+      var labels = o.labels && typeof o.labels === "object" ? o.labels : {};
+      Object.keys(labels).slice(0, 10000).forEach(function (id) {
+        var k = ours(id), u = k && get(k);
+        if (u && !ALWAYS[u.kind] && typeof labels[id] === "string" && labels[id].trim()) S.names[k] = labels[id].trim().slice(0, 200);
+      });
+      var places = o.places && typeof o.places === "object" ? o.places : {};
+      Object.keys(places).slice(0, 10000).forEach(function (id) {
+        var v = places[id];
+        if (ours(id) && Array.isArray(v) && v.length === 2 && v.every(function (x) { return typeof x === "number" && isFinite(x); })) {
+          S.sg[ours(id)] = [share(v[0]), share(v[1])];
+        }
+      });
+      controls();
+      render(true);
+      if (ours(o.chosen)) choose(ours(o.chosen)); else clear();
+    } finally { restoring = false; }
+    writeHash();
+    return true;
+  }
+  function controls() {  // the tool bar as the state says
+    $("ffb-node-share").value = S.nodeShare; $("ffb-edge-share").value = S.edgeShare;
+    $("ffb-node-share-text").textContent = Math.round(S.nodeShare * 100) + "%";
+    $("ffb-edge-share-text").textContent = Math.round(S.edgeShare * 100) + "%";
+    $("ffb-size").value = S.size;
+    $("ffb-pinned-view").setAttribute("aria-pressed", S.pinnedOnly ? "true" : "false");
+    $("ffb-sub").hidden = !S.sub;
+    $("ffb-sub-view").setAttribute("aria-pressed", S.sub ? "true" : "false");
+  }
+
   // ------------------------------------------------------------------ controls
   $("ffb-search").addEventListener("input", function () { search(this.value); });
   $("ffb-search").addEventListener("keydown", function (ev) {
@@ -728,15 +1107,22 @@
     resizing = setTimeout(function () { render(true); }, 80);
   });
 
+  $("ffb-sub-view").addEventListener("click", function () { subgraph(); });
+  $("ffb-sub-reset").addEventListener("click", subLayoutReset);
+  window.addEventListener("hashchange", function () { if (location.hash !== written && readHash()) restore(readHash()); });
+
   detail.innerHTML = help();
   render(true);
+  if (readHash()) restore(readHash());
   window.ffbGraph = {
     data: G, choose: choose, clear: clear, pin: pin, pinned: function () { return Object.keys(S.pinned); },
     showPinned: showPinned, group: group, ungroup: ungroup, threshold: threshold, search: search, size: size,
     expand: expand, fit: fit, zoom: zoom, pan: pan, viewBox: viewBox, label: function (id) { var u = get(id); return u ? u.label : null; },
     nodes: function () { return drawn.nodes; }, edges: function () { return drawn.edges.length; },
     edgeList: function () { return drawn.edges.map(function (e) { return {source: e.source, target: e.target, weight: e.weight, patch: e.patch}; }); },
-    layout: function () { return view; }
+    layout: function () { return view; }, paths: paths, subgraph: subgraph, rename: rename,
+    shownLabel: function (id) { var u = get(id); return u ? shownLabel(u) : null; }, state: state, restore: restore,
+    address: writeHash, sizing: sizing
   };
   document.body.dataset.state = "drawn";
 })();
