@@ -255,3 +255,31 @@ def test_an_interrupted_graph_command_leaves_the_old_set(tmp_path, monkeypatch):
     monkeypatch.setattr(views, "save_graph_html", interrupted)
     assert main(["graph", "a dog ran to the park", "--model", str(folder), "--out", str(out), "--quiet"]) == 130
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_graphs_title_and_lens_are_the_same_from_the_command_line_and_from_python(tmp_path):
+    """One title: the explained token as the tokenizer decodes it, quoted (``' cat'``), from
+    ``captum-ffb graph`` and from ``attribute_graph``; the writers' lens decoded alike."""
+    import re
+
+    from captum_ffb import NormDecomposition
+    from captum_ffb.viz.graph import graph_html
+    from tests.models import load_saved, save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "lm", byte_level=True)
+    out = tmp_path / "graph"
+    text = "the cat sat on the mat"
+    assert main(["graph", text, "--model", str(folder), "--target", " cat", "--out", str(out), "--quiet"]) == 0
+    saved = json.loads((out / "graph.json").read_text(encoding="utf-8"))
+    loaded = load_saved(folder)
+    ids = loaded.tokenizer(text, return_tensors="pt")["input_ids"]
+    (unit,) = loaded.tokenizer(" cat", add_special_tokens=False)["input_ids"]
+    graph = NormDecomposition(loaded).attribute_graph(ids, unit)
+    assert graph.output_label == saved["output"] == repr(loaded.tokenizer.decode([unit])) == "' cat'"
+    titles = [re.search(r"<title>(.*?)</title>", page).group(1)
+              for page in ((out / "graph.html").read_text(encoding="utf-8"), graph_html(graph))]
+    assert titles[0] == titles[1] and "cat" in titles[0]
+    lenses = [{n["id"]: n["promotes"] for n in nodes if "promotes" in n}
+              for nodes in (saved["nodes"], graph.to_dict()["nodes"])]
+    assert lenses[0] and lenses[0] == {k: v for k, v in lenses[1].items() if k in lenses[0]}
+    assert all(not t.startswith("#") for words in lenses[0].values() for t in words)  # decoded by the tokenizer

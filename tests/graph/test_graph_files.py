@@ -51,7 +51,7 @@ def _same(a: AttributionGraph, b: AttributionGraph) -> None:
     assert a.edge_patches.keys() == b.edge_patches.keys() and a.patch_passes == b.patch_passes
     assert all(torch.allclose(a.edge_patches[k], b.edge_patches[k], equal_nan=True) for k in a.edge_patches)
     for name in ("tokens", "output_label", "granularity", "patch_components", "thresholds", "qk_links", "probability",
-                 "token_ids", "n_source", "target", "excluded_positions"):
+                 "token_ids", "n_source", "target", "excluded_positions", "lens"):
         assert getattr(a, name) == getattr(b, name), name
     assert a.ids() == b.ids()
 
