@@ -32,6 +32,7 @@ from captum_ffb.attr import (
     LayerNormDecomposition,
     LLMNormAttribution,
     NormDecomposition,
+    TopLogits,
 )
 from captum_ffb.attr.patching import activation_patching
 from captum_ffb.core.decomposition import (
@@ -51,6 +52,7 @@ install_moved_modules()  # the module paths before 0.4 import for one release
 
 __all__ = [
     "AnswerLogProbability",
+    "TopLogits",
     "ArchitectureSpec",
     "AttributionGraph",
     "Chain",

@@ -40,6 +40,7 @@ from captum_ffb.explained.readouts import (
     NextToken,
     ReadOut,
     TokenLogProbability,
+    TopLogits,
 )
 from captum_ffb.explained.results import ExplainedOutput, first_token_share, token_share
 from captum_ffb.texts.text import check_text, check_text_request, display_tokens, encode_text
@@ -275,7 +276,8 @@ def _component_table(nd: NormDecomposition, ids: Tensor, first: Any, granularity
 def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_index: int | None = None,
                corrupted: str | None = None, granularity: str = "head", prune: bool = True,
                node_threshold: float = 0.8, edge_threshold: float = 0.98, max_nodes: int | None = None,
-               baseline: str | None = None, exclude_positions: Sequence[int] = ()) -> Any:
+               baseline: str | None = None, exclude_positions: Sequence[int] = (),
+               max_n_logits: int | None = None, desired_logit_prob: float = 0.95) -> Any:
     r"""The exact attribution graph of ``text``'s output (what ``captum-ffb graph`` and the
     app's Graph tab draw): :meth:`~captum_ffb.attr.NormDecomposition.attribute_graph` on the
     encoded text, its tokens shown as people read them.
@@ -291,6 +293,10 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
                     with a ``DeprecationWarning``).
         granularity, prune, node_threshold, edge_threshold, max_nodes, exclude_positions: as
                     in :meth:`~captum_ffb.attr.NormDecomposition.attribute_graph`.
+        max_n_logits (int, optional): a causal LM's several outputs at once: its most
+                    probable next tokens (at most this many, until ``desired_logit_prob`` of
+                    the probability; :class:`~captum_ffb.explained.readouts.TopLogits`).
+        desired_logit_prob (float): the probability mass ``max_n_logits`` tokens reach.
 
     Returns:
         AttributionGraph: with ``token_ids`` set (the input's ids).
@@ -319,12 +325,16 @@ def graph_text(text: str, loaded: LoadedModel, target: str | None = None, class_
                              f"{corrupted_ids.shape[1]}")
     if target is not None and nd.task != "causal_lm":
         raise ValueError("target names a next token: it needs a causal LM")
+    if max_n_logits is not None and (target is not None or nd.task != "causal_lm"):
+        raise ValueError("max_n_logits explains a causal LM's most probable next tokens: give it without a target")
     if class_index is not None and nd.task != "sequence_classification":
         raise ValueError("class_index needs a sequence classifier")
     chosen: Any = class_index
     if target is not None:  # a next token's logit, or an answer of several tokens' log-probability
         pieces = text_token_ids(loaded.tokenizer, target, "target")
         chosen = int(pieces[0]) if len(pieces) == 1 else AnswerLogProbability(tuple(pieces))
+    if max_n_logits is not None:
+        chosen = TopLogits(max_n_logits, desired_logit_prob)
     if chosen is None and nd.task == "base":
         chosen = default_readout(loaded.model)
         if chosen is None:

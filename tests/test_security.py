@@ -127,7 +127,7 @@ HOSTILE = [
     ("a kind of -1 (an 'output' node before)",
      lambda g, m: {"members": {"kinds.npy": _npy(np.where(np.arange(len(g.data)) == 3, -1,
                                                            np.load(m)["kinds"]).astype(np.int8))}},
-     r"kinds holds -1, not an index of a node kind \(0 … 7\)"),
+     r"kinds holds -1, not an index of a node kind \(0 … 8\)"),
     ("the output index at a token (accepted before)",
      lambda g, m: {"meta": _setting("output", 0)},
      r"output: node 0 is a token node, not the graph's one output node"),

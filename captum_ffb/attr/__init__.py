@@ -7,7 +7,7 @@ from captum_ffb.attr.layer_norm_decomposition import (
 from captum_ffb.attr.llm import LLMNormAttribution, NormLLMAttributionResult
 from captum_ffb.attr.norm_decomposition import ExplainedReadOuts, NormDecomposition
 from captum_ffb.components.table import ComponentAttribution, FFQuestion
-from captum_ffb.explained.readouts import AnswerLogProbability, Contrast, Direction
+from captum_ffb.explained.readouts import AnswerLogProbability, Contrast, Direction, TopLogits
 from captum_ffb.graph.record import AttributionGraph, GraphTarget, HookSite
 
 __all__ = [
@@ -25,4 +25,5 @@ __all__ = [
     "LayerNormDecomposition",
     "NormDecomposition",
     "NormLLMAttributionResult",
+    "TopLogits",
 ]

@@ -29,6 +29,7 @@ from captum_ffb.engine.locking import serialized
 from captum_ffb.engine.model import wrapper_tokenizer
 from captum_ffb.engine.whole import Answer, WholeModel
 from captum_ffb.explained.models import LoadedModel
+from captum_ffb.explained.readouts import TopLogits
 from captum_ffb.explained.results import ExplainedOutput
 from captum_ffb.graph.lens import decoded_lens
 from captum_ffb.graph.pipeline import GraphOptions, build, check_graph_options
@@ -365,9 +366,17 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
                                      reference=request.reference, name="corrupted_inputs")
         limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
         built = build(self.engine, request, GraphOptions(chosen, granularity, limit, corrupted, exact_above,
-                                                         excluded, estimators))
+                                                         excluded, estimators, logits=self._several(target)))
         graph = self._graph_of(built, request, granularity, excluded)
         return graph.prune(node_threshold, edge_threshold) if prune else graph
+
+    def _several(self, target: Any) -> bool:
+        """Whether ``target`` asks for several outputs (:class:`~captum_ffb.explained.readouts.TopLogits`),
+        which a one-stack causal LM without soft-capped logits can give."""
+        several = isinstance(target, TopLogits)
+        if several and (self.engine.source is not None or self.engine.head.softcap is not None):
+            raise ValueError("TopLogits: several outputs are for a one-stack causal LM without soft-capped logits")
+        return several
 
     def _graph_of(self, built: Any, request: Any, granularity: str, excluded: tuple[int, ...]) -> BoundGraph:
         """The unpruned graph of the engine's ``built`` graph, bound to the model (its labels

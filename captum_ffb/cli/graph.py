@@ -83,6 +83,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--target", default=None, metavar="TEXT",
                         help="a causal LM's next token to explain, as text (e.g. ' Mary'); an answer of several "
                         "tokens explains its log-probability, teacher-forced; the prediction by default")
+    parser.add_argument("--max-n-logits", type=int, default=None, metavar="K",
+                        help="several outputs at once: the most probable next tokens (at most K, until "
+                             "--desired-logit-prob of the probability), a logit node each (a causal LM; not with --target)")
+    parser.add_argument("--desired-logit-prob", type=float, default=0.95, metavar="P",
+                        help="the probability mass --max-n-logits tokens reach (default 0.95)")
     parser.add_argument("--class", dest="class_index", type=int, default=None, metavar="K",
                         help="a sequence classifier's class to explain; the predicted one by default")
     parser.add_argument("--granularity", default="head", choices=GRANULARITIES,
@@ -153,6 +158,22 @@ def _formats(value: str, neuronpedia: bool) -> list[str]:
     return list(dict.fromkeys(formats))
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """The thresholds, ``--max-nodes`` and the several outputs' options, before the weights load."""
+    for name in ("node_threshold", "edge_threshold"):
+        value = getattr(args, name)
+        if not 0.0 <= value <= 1.0:
+            raise UsageError(f"--{name.replace('_', '-')} must lie between 0 and 1, got {value}")
+    if args.max_nodes is not None and args.max_nodes < 1:
+        raise UsageError(f"--max-nodes must be at least 1, got {args.max_nodes}")
+    if args.max_n_logits is not None and args.target is not None:
+        raise UsageError("--max-n-logits explains the most probable next tokens: give it without --target")
+    if args.max_n_logits is not None and not 1 <= args.max_n_logits <= 1000:
+        raise UsageError(f"--max-n-logits must be from 1 to 1000, got {args.max_n_logits}")
+    if not 0.0 < args.desired_logit_prob <= 1.0:
+        raise UsageError(f"--desired-logit-prob must lie in (0, 1], got {args.desired_logit_prob}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the graph of ``args.text`` and write the chosen files."""
     from captum_ffb.cli import as_flags
@@ -163,12 +184,7 @@ def run(args: argparse.Namespace) -> int:
         check_text(args.corrupted, name="--corrupted")  # before the weights load
     formats = _formats(args.format, args.neuronpedia)
     scan = model_name(args.model_name, args.model)  # checked before the weights load
-    for name in ("node_threshold", "edge_threshold"):
-        value = getattr(args, name)
-        if not 0.0 <= value <= 1.0:
-            raise UsageError(f"--{name.replace('_', '-')} must lie between 0 and 1, got {value}")
-    if args.max_nodes is not None and args.max_nodes < 1:
-        raise UsageError(f"--max-nodes must be at least 1, got {args.max_nodes}")
+    _check_numbers(args)
     placement = model_placement(args)
     out = check_out_dir(args.out)
     check_out_files(out, ["components.csv", *(FILES[f] for f in formats)])
@@ -194,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
         graph = graph_text(args.text, loaded, target=args.target, class_index=args.class_index,
                            corrupted=args.corrupted, granularity=args.granularity, prune=not args.no_prune,
                            node_threshold=args.node_threshold, edge_threshold=args.edge_threshold,
-                           max_nodes=args.max_nodes, exclude_positions=(0,) if args.exclude_first else ())
+                           max_nodes=args.max_nodes, exclude_positions=(0,) if args.exclude_first else (),
+                           max_n_logits=args.max_n_logits, desired_logit_prob=args.desired_logit_prob)
     except ValueError as error:
         raise UsageError(as_flags(str(error), FLAGS)) from None
     as_dicts = [f for f in formats if f != "npz"]

@@ -40,7 +40,8 @@ class WriterKind(str, enum.Enum):
 
 
 class NodeKind(str, enum.Enum):
-    """A graph node's kind: a player (a token), a writer, a writer's part, the bias or the output."""
+    """A graph node's kind: a player (a token), a writer, a writer's part, the bias, the output,
+    or one of several logits the output sums (``logit``: its ``head`` field holds the unit)."""
 
     TOKEN = "token"
     ATTENTION = "attention"
@@ -50,6 +51,7 @@ class NodeKind(str, enum.Enum):
     CROSS_ATTENTION = "cross_attention"
     BIAS = "bias"
     OUTPUT = "output"
+    LOGIT = "logit"
 
     def __str__(self) -> str:
         return self.value
@@ -66,7 +68,7 @@ _WRITER_OF = {NodeKind.ATTENTION: WriterKind.ATTENTION, NodeKind.HEAD: WriterKin
 #: The node kinds, in the order files and dicts list them.
 NODE_KINDS: tuple[str, ...] = tuple(kind.value for kind in NodeKind)
 #: The nodes that are not writers: the players' ends, always kept by pruning.
-ENDS: tuple[str, ...] = (NodeKind.TOKEN.value, NodeKind.BIAS.value, NodeKind.OUTPUT.value)
+ENDS: tuple[str, ...] = (NodeKind.TOKEN.value, NodeKind.BIAS.value, NodeKind.OUTPUT.value, NodeKind.LOGIT.value)
 
 
 def is_writer_node(kind: str) -> bool:

@@ -109,6 +109,8 @@ def node_id(kind: str, layer: int, part: int, position: int) -> str:
     ``output``)."""
     if kind in ("bias", "output"):
         return kind
+    if kind == "logit":  # one of several outputs: the unit it reads
+        return f"logit.{part}"
     if kind == "token":
         return f"token@{position}"
     return f"{component_of(kind, layer, part)}@{position}"

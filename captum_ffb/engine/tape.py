@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -31,7 +31,7 @@ from captum_ffb.core.vocabulary import check_granularity
 from captum_ffb.engine.autograd import batched_vjp, first_input, sequence_shaped, swap_first, vjp
 from captum_ffb.engine.bound import BoundModel, Request
 from captum_ffb.engine.frozen import FrozenCoefficients
-from captum_ffb.engine.head import HeadTarget, output_logits
+from captum_ffb.engine.head import HeadTarget, output_logits, target_value
 from captum_ffb.engine.linearise import linearise
 from captum_ffb.engine.passes import ModelPass
 from captum_ffb.engine.players import token_contributions
@@ -393,6 +393,29 @@ def stream_pulled(tape: GraphTape, index: int, cotangents: Tensor) -> list[Tenso
     m = sums[index]
     zero = cotangents.new_zeros(()).expand_as(cotangents)
     return [cotangents if k < m else zero for k in range(index)] + [cotangents]
+
+
+def unit_terms(engine: BoundModel, tape: GraphTape) -> list[Tensor]:
+    """The explained value's terms ``coef_k · logit_k`` (each ``(B,)``, with the pass's graph), read
+    from the model's own output one unit at a time: they sum to the explained value less the
+    read-out's offset."""
+    target = tape.target
+    terms = []
+    for k in range(target.coefficients.shape[1]):
+        one = replace(target, weights=target.weights[:, k:k + 1], biases=target.biases[:, k:k + 1],
+                      coefficients=target.coefficients[:, k:k + 1], indices=target.indices[:, k:k + 1], offset=0.0)
+        terms.append(target_value(engine.head, tape.output, one))
+    return terms
+
+
+def unit_covectors(engine: BoundModel, tape: GraphTape) -> list[tuple[Tensor, dict[str, Tensor]]]:
+    """Per term of :func:`unit_terms`, the term and every writer's (and the players' streams')
+    direct covector of it: the direct ones of :func:`covectors` split by the unit read (they
+    sum to them)."""
+    outputs = [w.output for w in tape.writers] + tape.leaves
+    keys = [w.id for w in tape.writers] + tape.leaf_keys
+    return [(term, dict(zip(keys, vjp(term.sum(), outputs, torch.ones_like(term.sum())))))
+            for term in unit_terms(engine, tape)]
 
 
 def covectors(tape: GraphTape) -> Covectors:

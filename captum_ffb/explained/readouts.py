@@ -581,6 +581,74 @@ class BinaryDirection(_TwoClasses, Direction):
         return self, torch.where(classes == 1, 1.0, -1.0)
 
 
+@dataclass(frozen=True)
+class TopLogits(ReadOut):
+    r"""A causal LM's most probable next tokens at once: ``Σ_k p_k · logit_k`` over the fewest
+    tokens whose probabilities reach ``desired_logit_prob`` (at most ``max_n_logits``), each
+    logit weighted by its probability, as circuit-tracer chooses its logit nodes
+    (``max_n_logits``, ``desired_logit_prob``). A graph of it has a ``logit`` node per token,
+    each receiving the direct edges of its own logit, all summed by the output node.
+
+    Args:
+        max_n_logits (int): at most this many tokens (default 10).
+        desired_logit_prob (float): the probability mass to reach, in (0, 1] (default 0.95).
+        position (int, optional): the position read (the last real one by default).
+        tokens (Tensor, optional): ``(batch, K)`` the tokens, chosen by :meth:`resolve`.
+        weights (Tensor, optional): ``(batch, K)`` their probabilities (0 where a row needs
+                    fewer tokens than another).
+
+    Examples::
+
+        >>> graph = NormDecomposition(model, tokenizer=tok).attribute_graph(ids, TopLogits(5, 0.8))
+    """
+
+    max_n_logits: int = 10
+    desired_logit_prob: float = 0.95
+    position: int | Tensor | None = None
+    tokens: Tensor | None = None
+    weights: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        k, p = self.max_n_logits, self.desired_logit_prob
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
+            raise ValueError(f"max_n_logits must be a number of tokens from 1 to 1000, got {k!r}")
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
+            raise ValueError(f"desired_logit_prob must be a probability in (0, 1], got {p!r}")
+
+    @property
+    def needs_outputs(self) -> bool:
+        return self.tokens is None
+
+    def class_logits(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        return _logits_at(outputs, attention_mask, self.position)
+
+    def resolve(self, outputs: Any, attention_mask: Tensor) -> TopLogits:
+        if self.tokens is not None:
+            return self
+        probabilities = self.class_logits(outputs, attention_mask).detach().float().softmax(-1)
+        top = probabilities.topk(min(self.max_n_logits, probabilities.shape[-1]), dim=-1)
+        before = top.values.cumsum(-1) - top.values  # the mass of the tokens before each
+        needed = before < self.desired_logit_prob * (1 - 1e-6)
+        count = int(needed.sum(-1).max())
+        weights = torch.where(needed, top.values, torch.zeros_like(top.values))[:, :count]
+        return replace(self, tokens=top.indices[:, :count], weights=weights)
+
+    def value(self, outputs: Any, attention_mask: Tensor) -> Tensor:
+        chosen = self.resolve(outputs, attention_mask)
+        logits = self.class_logits(outputs, attention_mask)
+        return (logits.gather(1, chosen.tokens.to(logits.device)) * chosen.weights.to(logits)).sum(-1)
+
+    def head_target(self, head, token_mask, dtype, position=None):
+        if head.task != "causal_lm":
+            raise ValueError("TopLogits reads a causal LM's next-token logits")
+        if self.tokens is None:
+            raise ValueError("TopLogits chooses its tokens from the model's output: resolve it first")
+        if self.position is not None and position is not None:
+            raise ValueError("give the position once: in TopLogits or as target_position")
+        return _unit_target(head, self.tokens.to(token_mask.device), self.weights.to(token_mask.device), token_mask,
+                            dtype, self.position if position is None else position)
+
+
 def with_token_ids(target: Any, token_id: Any) -> Any:
     """``target`` with every text in it (the target itself, a :class:`Contrast`'s or a
     :class:`NextToken`'s token) replaced by ``token_id(text)``."""

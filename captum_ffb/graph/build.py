@@ -31,7 +31,7 @@ from captum_ffb.engine.tape import (
 )
 
 #: The node kinds of :class:`~captum_ffb.engine.tape.GraphTape` (and of the graph's dict).
-NODE_KINDS = ("token", "attention", "head", "ff", "neuron", "cross_attention", "bias", "output")
+NODE_KINDS = ("token", "attention", "head", "ff", "neuron", "cross_attention", "bias", "output", "logit")
 
 
 # --------------------------------------------------------------------------- the graph
@@ -369,15 +369,33 @@ def _edge_weights(tape: GraphTape, source_index: int, covector: Tensor) -> Tenso
 
 
 def _bias_and_direct_edges(edges: _Edges, tape: GraphTape, direct: Mapping[str, Tensor], layout: _Layout,
-                           players: Sequence[Players], values: Tensor, bias: int, output: int) -> None:
+                           players: Sequence[Players], values: Tensor, bias: int, output: int,
+                           logits: Sequence[tuple[int, Mapping[str, Tensor]]] = ()) -> None:
     """The bias node's edges (what each writer node receives beyond the nodes' edges: its
     own constants and the stream's) and every node's direct edge into the output, then the
-    output's bias edge (the head's constants)."""
+    output's bias edge (the head's constants). With ``logits`` (node, its unit's direct
+    covectors) the direct edges go into each logit node instead, each logit node's bias edge
+    holds its unit's constants, and each logit node sends its value on to the output."""
     device = layout.device
     writer_nodes = torch.cat([i.reshape(-1) for i in layout.ids])
     writer_nodes = writer_nodes[writer_nodes >= 0]
     edges.add(torch.full_like(writer_nodes, bias), writer_nodes,
               values[writer_nodes] - edges.inflow[writer_nodes] - edges.dropped[writer_nodes])
+    for sink, covectors_ in logits:
+        _direct_edges(edges, tape, covectors_, layout, players, sink)
+        ends = torch.tensor([sink], device=device)
+        edges.add(torch.tensor([bias], device=device), ends,
+                  (values[sink] - edges.inflow[sink] - edges.dropped[sink]).reshape(1))
+        edges.add(ends, torch.tensor([output], device=device), values[sink].reshape(1))
+    if not logits:
+        _direct_edges(edges, tape, direct, layout, players, output)
+    edges.add(torch.tensor([bias], device=device), torch.tensor([output], device=device),
+              (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
+
+
+def _direct_edges(edges: _Edges, tape: GraphTape, direct: Mapping[str, Tensor], layout: _Layout,
+                  players: Sequence[Players], output: int) -> None:
+    """Every writer node's and token's direct edge into ``output`` along the covectors ``direct``."""
     for index, writer in enumerate(tape.writers):
         d = direct[writer.id]
         w = sequence_shaped(d * writer.output.detach(), writer.n).sum(-1)[0][:, None] if writer.parts is None else \
@@ -386,8 +404,6 @@ def _bias_and_direct_edges(edges: _Edges, tape: GraphTape, direct: Mapping[str, 
     for key, x, segment, found in zip(tape.leaf_keys, layout.leaves, players, layout.token_ids):
         direct_tokens = token_values(direct[key], x, segment.reference, segment.seen, segment.mask)[0]
         edges.add(found, torch.full_like(found, output), direct_tokens)
-    edges.add(torch.tensor([bias], device=device), torch.tensor([output], device=device),
-              (values[output] - edges.inflow[output] - edges.dropped[output]).reshape(1))
 
 
 def edge_chunk(tape: GraphTape, memory_budget: int | None) -> int:
@@ -404,7 +420,8 @@ def edge_chunk(tape: GraphTape, memory_budget: int | None) -> int:
 
 def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Players], chunk: int | None = None,
                 max_nodes: int | None = None, exclude_positions: Sequence[int] = (),
-                memory_budget: int | None = None) -> GraphData:
+                memory_budget: int | None = None, logits: Sequence[tuple[int, int, Tensor, Mapping[str, Tensor]]] = ()
+                ) -> GraphData:
     """Every node and every non-zero edge of one recorded pass (batch of one), computed on
     the pass's device and handed back on the CPU.
 
@@ -421,6 +438,9 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
                     last (an attention sink's: their edges are then rarely computed).
 
         memory_budget (int, optional): bytes each batched product may take (sizes ``chunk``).
+        logits (list, optional): for an output that sums several logits, per logit ``(unit,
+                    position, its term's value (1,), its direct covectors)``: a ``logit`` node
+                    each, between the writers' direct edges and the output.
 
     Positions are the layout's: ``[source | target]`` for an encoder–decoder.
     """
@@ -433,6 +453,8 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
     dtype = tape.leaves[-1].dtype
     bias = table.add("bias", -1, -1, [-1], torch.zeros(1, dtype=dtype, device=device))[0]
     output = table.add("output", -1, -1, [-1], tape.value.detach().to(dtype).reshape(1))[0]
+    sinks = [(table.add("logit", -1, unit, [position], term.detach().to(dtype).reshape(1))[0], found)
+             for unit, position, term, found in logits]
     values = torch.cat([v.detach().to(dtype) for v in table.values])
     set_aside = None
     if exclude_positions:
@@ -444,7 +466,7 @@ def build_graph(tape: GraphTape, covectors_: Covectors, players: Sequence[Player
     edges = _Edges(len(values), dtype, device)
     for index in range(len(tape.writers)):
         _edges_into(edges, tape, index, layout, players, chunk)
-    _bias_and_direct_edges(edges, tape, direct, layout, players, values, bias, output)
+    _bias_and_direct_edges(edges, tape, direct, layout, players, values, bias, output, sinks)
     values[bias] = edges.outflow(bias)
     sources, targets, weights = edges.stacked()
     return GraphData(table.kinds, table.layers, table.heads, table.positions, values.cpu(), sources.cpu(),

@@ -410,6 +410,8 @@ def _check_nodes(source: Path, kinds: list[str], layers: list[int], heads: list[
             ok = layer == -1 and head == -1 and position == -1
         elif kind == "token":
             ok = layer == -1 and head == -1 and 0 <= position < n_tokens
+        elif kind == "logit":  # one of several outputs: its unit in the part's field
+            ok = layer == -1 and head >= 0 and 0 <= position < n_tokens
         else:
             ok = layer >= 0 and head >= -1 and 0 <= position < n_tokens
         if not ok:

@@ -11,7 +11,13 @@ from typing import Any
 from captum_ffb.core.vocabulary import check_granularity
 from captum_ffb.engine.bound import BoundModel, Request
 from captum_ffb.engine.fingerprint import weights_stamp
-from captum_ffb.engine.tape import covectors, graph_pass, players_of, target_probability
+from captum_ffb.engine.tape import (
+    covectors,
+    graph_pass,
+    players_of,
+    target_probability,
+    unit_covectors,
+)
 from captum_ffb.graph.build import GraphData, build_graph
 from captum_ffb.graph.lens import Lens, write_lens
 from captum_ffb.graph.score_split import ScoreSplitter
@@ -37,6 +43,8 @@ class GraphOptions:
         exact_above (float): a ``"+exact"`` estimator patches for real above this κ.
         exclude_positions (tuple[int, ...]): the writers ``max_nodes`` chooses last.
         estimators (tuple[str, ...], optional): the patching estimators (``None``: the default).
+        logits (bool): the target sums several logits (:class:`~captum_ffb.explained.readouts.TopLogits`):
+                    a ``logit`` node each, whose direct edges are split by the unit.
     """
 
     rules: Mapping[str, Callable]
@@ -46,6 +54,7 @@ class GraphOptions:
     exact_above: float = EXACT_ABOVE
     exclude_positions: tuple[int, ...] = ()
     estimators: Sequence[str] | None = field(default=None)
+    logits: bool = False
 
 
 @dataclass
@@ -81,9 +90,14 @@ def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltG
     engine.check_players(request, tape.leaves)
     found = covectors(tape)
     players = players_of(engine, request, tape)
+    logits = []
+    if options.logits:
+        position = int(request.target.positions.reshape(-1)[0])
+        units = [int(u) for u in request.target.indices[0]]  # the vocabulary's ids (the tape's may be re-indexed)
+        logits = [(unit, position, term, split) for unit, (term, split) in zip(units, unit_covectors(engine, tape))]
     data = build_graph(tape, found, players, max_nodes=options.max_nodes,
                        exclude_positions=options.exclude_positions,
-                       memory_budget=getattr(engine, "memory_budget", None))
+                       memory_budget=getattr(engine, "memory_budget", None), logits=logits)
     estimates = None
     if options.corrupted is not None:
         engine.refuse_two_stacks("patching estimates")

@@ -137,7 +137,8 @@ class AttributionGraph:
             extra.append(f"positions set aside: {', '.join(map(str, self.excluded_positions))}")
         extra.append("bound to its model" if self.bound else "not bound to a model")
         target = self.target
-        contrast = target is not None and target.texts and target.kind != "answer"
+        contrast = target is not None and target.texts and target.kind != "answer" and \
+            tuple(target.coefficients) == (1.0, -1.0)
         label = " − ".join(target.texts) if contrast else self.output_label
         return (f"{type(self).__name__}({label!r}, value {self.value:.4g}, {self.granularity} granularity, "
                 f"{len(self.tokens)} tokens, {int(self.node_mask.sum())} of {len(d)} nodes and "
@@ -194,6 +195,7 @@ class AttributionGraph:
         writers = torch.tensor([is_writer_node(k) for k in d.kinds], device=d.values.device)
         receives = writers.clone() if d.computed is None else writers & d.computed
         receives[d.output] = True
+        receives |= torch.tensor([k == "logit" for k in d.kinds], device=d.values.device)
         residual = float((inflow - d.values)[receives].abs().max())
         if d.computed is None:
             sends = writers | torch.tensor([k == "token" for k in d.kinds], device=d.values.device)
@@ -220,7 +222,7 @@ class AttributionGraph:
         :attr:`kept_abs_share` is the share of the output's edges' ``|weight|``, between 0
         and 1."""
         d = self.data
-        into = (d.targets == d.output) & self.edge_mask
+        into = _into_output(d) & self.edge_mask
         return float(d.weights[into].sum()) / self.value if self.value else float("nan")
 
     @property
@@ -229,10 +231,10 @@ class AttributionGraph:
         (what ``max_nodes`` left out counted among the in-edges): between 0 and 1, 1 before
         pruning when every node's edges were computed."""
         d = self.data
-        into = d.targets == d.output
+        into = _into_output(d)
         total = float(d.weights[into].abs().sum())
         if d.left_out is not None:
-            total += abs(float(d.left_out[d.output]))
+            total += sum(abs(float(d.left_out[k])) for k in _sinks(d))
         kept = float(d.weights[into & self.edge_mask & self.node_mask[d.sources]].abs().sum())
         return kept / total if total else float("nan")
 
@@ -373,6 +375,8 @@ class AttributionGraph:
             if d.kinds[k] == "output":
                 node["token"] = self.output_label
                 node.update(self._output_fields())
+            if d.kinds[k] == "logit":
+                node.update(self._logit_fields(k))
             if self.influence is not None:
                 node["influence"] = float(self.influence[k])
             if self.patch_estimates and is_writer_node(d.kinds[k]):
@@ -424,11 +428,25 @@ class AttributionGraph:
         if target is None:
             return {}
         found: dict[str, Any] = {"position": -1 if target.position is None else target.position}
-        if target.kind in ("token", "class") and target.units:
-            name = "token_id" if target.kind == "token" else "class_index"
+        name = "token_id" if target.kind == "token" else "class_index"
+        if target.kind in ("token", "class") and len(target.units) > 2 or tuple(target.coefficients) not in (
+                (1.0,), (1.0, -1.0)):  # several outputs: a logit node each
+            found[f"{name}s"] = list(target.units)
+        elif target.kind in ("token", "class") and target.units:
             found[name] = target.units[0]
             if len(target.units) == 2:
                 found[f"negative_{name}"] = target.units[1]
+        return found
+
+    def _logit_fields(self, k: int) -> dict[str, Any]:
+        """A logit node's token (as the tokenizer decodes it), token id and probability."""
+        target, unit = self.target, self.data.heads[k]
+        found: dict[str, Any] = {"token_id": unit}
+        if target is not None and unit in target.units:
+            i = target.units.index(unit)
+            found["probability"] = float(target.coefficients[i])
+            if target.texts:
+                found["token"] = target.texts[i]
         return found
 
     # ------------------------------------------------------------------ rankings
@@ -506,6 +524,8 @@ class AttributionGraph:
                              "encoder–decoder's")
         if kind == "bias":
             raise ValueError("the bias node is the model's own constants: no hook carries it alone")
+        if kind == "logit":  # one of several outputs: its unit's logit
+            return HookSite("unembed.hook_out", position, part)
         if kind == "output":
             target = self.target
             if target is None:
@@ -701,6 +721,20 @@ def _fields_of(graph: AttributionGraph, **changed: Any) -> dict[str, Any]:
     return {f.name: changed.get(f.name, getattr(graph, f.name)) for f in fields(AttributionGraph)}
 
 
+def _sinks(d: GraphData) -> list[int]:
+    """The nodes the direct edges go into: the logit nodes of several outputs, else the output."""
+    logits = [k for k, kind in enumerate(d.kinds) if kind == "logit"]
+    return logits or [d.output]
+
+
+def _into_output(d: GraphData) -> Tensor:
+    """``(E,)`` the edges carrying the output's value: into the output (or its logit nodes), from
+    the bias, the tokens and the writers."""
+    into = torch.zeros(len(d), dtype=torch.bool, device=d.targets.device)
+    into[_sinks(d)] = True
+    return into[d.targets]
+
+
 def _shown(data: GraphData) -> Tensor:
     """``(N,)`` bool: the nodes an unpruned graph shows (all but the writers whose edges
     ``max_nodes`` did not compute)."""
@@ -838,4 +872,8 @@ def output_label(tokenizer: Any, task: str, target: Any) -> str:
         names = [repr(tokenizer.decode([u])) for u in units]
     else:
         names = [str(u) for u in units]
-    return names[0] if len(names) == 1 else f"{names[0]} − {names[1]}"
+    if len(names) == 1:
+        return names[0]
+    if len(names) == 2 and [float(c) for c in target.coefficients[0]] == [1.0, -1.0]:
+        return f"{names[0]} − {names[1]}"
+    return "Σ p·logit of " + ", ".join(names)  # several outputs, each logit weighted by its probability

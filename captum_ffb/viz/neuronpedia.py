@@ -48,7 +48,7 @@ __all__ = ["FEATURE_TYPES", "NeuronpediaState", "cumulative_influence", "neuronp
 
 #: circuit-tracer's ``feature_type`` for each node kind of ours (it writes only these four:
 #: ``Node.token_node``, ``logit_node``, ``feature_node``, ``error_node``)
-FEATURE_TYPES = {"token": "embedding", "output": "logit", "attention": "cross layer transcoder",
+FEATURE_TYPES = {"token": "embedding", "output": "logit", "logit": "logit", "attention": "cross layer transcoder",
                  "head": "cross layer transcoder", "cross_attention": "cross layer transcoder",
                  "ff": "cross layer transcoder", "neuron": "cross layer transcoder",
                  "bias": "mlp reconstruction error"}
@@ -185,6 +185,17 @@ class _Names:
                     "layer": str(self.layers + 1), "ctx_idx": position, "jsNodeId": f"L_{feature}-{position}",
                     "is_target_logit": True, "token_prob": probability,
                     "clerp": f'Output "{label}" (p={probability:.3f})'}
+        if kind == "logit":  # one of several outputs: circuit-tracer's logit nodes
+            fields = graph._logit_fields(k)
+            probability = float(fields.get("probability", 0.0))
+            label = neuronpedia_token(fields["token"]) if "token" in fields else str(part)
+            return {"node_id": f"{self.layers + 1}_{part}_{position}", "feature": part,
+                    "layer": str(self.layers + 1), "ctx_idx": position, "jsNodeId": f"L_{part}-{position}",
+                    "is_target_logit": part == _first_unit(graph), "token_prob": probability,
+                    "clerp": f'Output "{label}" (p={probability:.3f})'}
+        if kind == "output" and "logit" in d.kinds:  # their sum: not written (see neuronpedia_graph)
+            return {"node_id": f"sum_{position}", "feature": -1, "layer": str(self.layers + 2), "ctx_idx": position,
+                    "jsNodeId": f"sum-{position}", "clerp": "the logits' sum"}
         if kind == "bias":
             return {"node_id": "bias_0_0", "feature": -1, "layer": "E", "ctx_idx": 0, "jsNodeId": "bias_0-0",
                     "clerp": "Bias: the model's own constants"}
@@ -195,6 +206,11 @@ class _Names:
         return {"node_id": f"{layer}_{feature}_{position}", "feature": _cantor(layer, feature), "layer": str(layer),
                 "ctx_idx": position, "jsNodeId": f"{layer}_{feature}-0", "clerp": self.ours[k].split("@")[0] + where}
 
+    def written(self, k: int) -> bool:
+        """Whether node ``k`` is written: not the output of several outputs (their sum)."""
+        d = self.graph.data
+        return not (d.kinds[k] == "output" and "logit" in d.kinds)
+
     def theirs_of(self, node: str) -> str:
         """Neuronpedia's id of one of our node ids (or of one of theirs, unchanged)."""
         if node in self.by_ours:
@@ -202,6 +218,14 @@ class _Names:
         if node in self.by_theirs:
             return node
         raise ValueError(f"the graph has no node {node!r}")
+
+
+def _first_unit(graph: Any) -> int | None:
+    """The most probable of several outputs' units (circuit-tracer's target logit)."""
+    target = graph.target
+    if target is None or not target.units:
+        return None
+    return max(zip(target.coefficients, target.units))[1]
 
 
 def _logit(graph: Any) -> tuple[int, int, str]:
@@ -294,7 +318,7 @@ def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", s
     token_ids = token_ids if token_ids is not None else graph.token_ids
     names = _Names(graph, token_ids, _prompt_tokens(graph, tokenizer, token_ids))
     shares = cumulative_influence(_influence(graph))
-    kept = graph.node_mask.nonzero()[:, 0].tolist()
+    kept = [k for k in graph.node_mask.nonzero()[:, 0].tolist() if names.written(k)]
     nodes = []
     for k in kept:
         node = {"feature_type": FEATURE_TYPES[d.kinds[k]], **names.node(k)}
@@ -302,7 +326,7 @@ def neuronpedia_graph(graph: Any, prompt: str, slug: str = "captum-ffb-graph", s
         node["influence"] = float(shares[k])
         nodes.append(node)
     links = [{"source": names.theirs[int(s)], "target": names.theirs[int(t)], "weight": float(w)}
-             for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown])]
+             for s, t, w in zip(d.sources[shown], d.targets[shown], d.weights[shown]) if names.written(int(t))]
     qk_only = _attach_query_key(graph, names, nodes, set(kept), query_key)
     thresholds = {name: graph.thresholds[name] for name in ("node_threshold", "edge_threshold")
                   if isinstance(graph.thresholds.get(name), (int, float))}

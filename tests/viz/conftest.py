@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from captum_ffb import NormDecomposition
+from captum_ffb import NormDecomposition, TopLogits
 from captum_ffb.texts.text import TextMaps, text_maps
 from captum_ffb.viz.graph import graph_html
 from tests.models import tiny_loaded, tiny_task_model, token_ids
@@ -29,8 +29,9 @@ def gpt2_maps():
 # --- the graph viewer's pages and a browser (tests/viz/test_graph_page.py, test_graph_tracing.py)
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
-    """Two pages of graphs of 20 tokens: heads with patching estimates (``baseline_inputs``),
-    and neurons (up to 23 of one block at one position)."""
+    """Three pages of graphs of 20 tokens: heads with patching estimates (``baseline_inputs``),
+    neurons (up to 23 of one block at one position), and several outputs (the four most
+    probable next tokens, :class:`~captum_ffb.TopLogits`)."""
     reason = missing()
     if reason is not None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
@@ -42,9 +43,10 @@ def pages(tmp_path_factory):
     baseline[0, 4], baseline[0, 11] = 7, 9
     heads = nd.attribute_graph(ids, 5, baseline_inputs=baseline, node_threshold=1.0)
     neurons = nd.attribute_graph(ids, 5, granularity="neuron", node_threshold=0.95)
+    several = nd.attribute_graph(ids, TopLogits(4, 0.99), node_threshold=0.9)
     root = tmp_path_factory.mktemp("graph_page")
     found = {}
-    for name, graph in (("heads", heads), ("neurons", neurons)):
+    for name, graph in (("heads", heads), ("neurons", neurons), ("several", several)):
         path = root / f"{name}.html"
         path.write_text(graph_html(graph), encoding="utf-8")
         found[name] = (path, graph.to_dict())

@@ -353,3 +353,47 @@ def test_edge_lists_expand_and_the_estimator_is_named(pages, browser):
     assert f"by {named['nodes']}" in counts
     panel = driver.find_element("css selector", "[data-role=details]").text
     assert f"patch estimate ({named['nodes']})" in panel
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_several_outputs_are_drawn_as_logit_nodes_under_the_output(pages, browser, size):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    path, saved = pages["several"]
+    driver = _open(browser, path, size)
+    logits = [n for n in saved["nodes"] if n["kind"] == "logit"]
+    assert len(logits) == 4
+    found = driver.execute_script(BOX + """
+        var W = innerWidth, H = innerHeight, o = {};
+        document.querySelectorAll('#ffb-graph [data-node]').forEach(function (c) {
+          var b = box(c), t = document.querySelector('#ffb-graph [data-label="' + c.dataset.node + '"]');
+          o[c.dataset.node] = {box: b, label: t ? t.textContent : null, labelBox: t ? box(t) : null}; });
+        return o;""")
+    width, height = size
+
+    def inside(b: list[float]) -> bool:
+        return b[0] >= 0 and b[1] >= 0 and b[2] <= width and b[3] <= height
+
+    output = found["output"]["box"]
+    for node in logits:
+        drawn = found[node["id"]]
+        assert inside(drawn["box"]) and inside(drawn["labelBox"])
+        word = json.dumps(node["token"]) if "token" in node else f"#{node['token_id']}"  # no tokenizer here
+        assert drawn["label"] == f'{word} p={node["probability"]:.2f}'
+        assert output[3] < drawn["box"][1]  # below the output, above the writers
+        writers = [found[n["id"]]["box"] for n in saved["nodes"] if n["kind"] in WRITERS and n["id"] in found]
+        assert all(drawn["box"][3] < b[1] for b in writers)
+    labels = [found[n["id"]]["labelBox"] for n in logits]
+    for i, a in enumerate(labels):  # side by side, their labels apart
+        for b in labels[i + 1:]:
+            assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+    edges = driver.execute_script("return window.ffbGraph.edgeList()")
+    ids = {n["id"] for n in logits}
+    assert {e["source"] for e in edges if e["target"] == "output"} <= ids | {"bias"}
+    assert all(any(e["target"] == k for e in edges) for k in ids)
+    top = max(logits, key=lambda n: n["value"])
+    ActionChains(driver).move_to_element(driver.find_element("css selector", f'#ffb-graph [data-node="{top["id"]}"]')).perform()
+    lit = {(s, t) for s, t, _ in _lit(driver)}
+    assert lit == {edge for edge, f in path_flows(saved, top["id"]).items() if f >= 0.02}
+    assert (top["id"], "output") in lit and any(t == top["id"] for _, t in lit)
+    assert all(t != "output" or s == top["id"] for s, t in lit)  # the other logits' edges stay dark

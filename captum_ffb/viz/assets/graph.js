@@ -7,7 +7,7 @@
   var FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
   var n = G.tokens.length, words = G.labels || G.tokens;
   var ROW = {attention: 0, head: 0, cross_attention: 1, ff: 2, neuron: 2}, ROWNAME = ["attn", "x-attn", "FF"];
-  var ALWAYS = {token: 1, bias: 1, output: 1};
+  var ALWAYS = {token: 1, bias: 1, output: 1, logit: 1};
   var R = 9, RMIN = 2.5, COLLAPSED = 18;
 
   // ------------------------------------------------------------------ nodes, edges, labels
@@ -41,6 +41,9 @@
       case "token": return words[u.position] !== undefined ? words[u.position] : "token " + u.position;
       case "bias": return "bias";
       case "output": return G.output_text || G.output || "output";
+      case "logit":  // one of several outputs: its token and probability
+        return (typeof u.d.token === "string" ? JSON.stringify(u.d.token) : "#" + u.d.token_id)
+          + (typeof u.d.probability === "number" ? " p=" + u.d.probability.toFixed(2) : "");
       default: return u.name || u.id;
     }
   }
@@ -89,6 +92,7 @@
     if (u.kind === "group") return rank(get(u.rep));
     if (u.kind === "token" || u.kind === "bias") return -1;
     if (u.kind === "output") return 1e9;
+    if (u.kind === "logit") return 1e9 - 1;
     return u.layer * 3 + (ROW[u.kind] !== undefined ? ROW[u.kind] : 2);
   }
   // every drawn link between units (a group's summed over its members), one per pair
@@ -205,7 +209,7 @@
   }
   function anchor(u) {  // where a node sits: {row, position} (a group where its largest member does)
     if (u.kind === "group") return anchor(get(u.rep));
-    if (u.kind === "token" || u.kind === "output" || u.kind === "bias") return {row: u.kind, position: u.position};
+    if (u.kind === "token" || u.kind === "output" || u.kind === "bias" || u.kind === "logit") return {row: u.kind, position: u.position};
     return {row: u.layer * 3 + (ROW[u.kind] !== undefined ? ROW[u.kind] : 2), position: u.position};
   }
   function order(a, b) {
@@ -221,10 +225,11 @@
   function layout(keep, W, H) {
     var units = Object.keys(keep).map(get), cells = {}, rowSet = {}, need = [], p, k;
     for (p = 0; p < n; p++) need[p] = 0;
-    var hasOutput = false, labelW = 24;
+    var hasOutput = false, labelW = 24, logitNodes = [];
     units.forEach(function (u) {
       var a = anchor(u);
       if (u.kind === "output") hasOutput = true;
+      if (u.kind === "logit") logitNodes.push(u);
       if (typeof a.row !== "number") return;
       rowSet[a.row] = true;
       var key = a.row + "|" + a.position;
@@ -277,7 +282,7 @@
       return most;
     });
     var totalLines = lines.reduce(function (a, b) { return a + b; }, 0);
-    var top = hasOutput ? 50 : 14, collapsedText = 0;
+    var top = (hasOutput ? 50 : 14) + (logitNodes.length ? 40 : 0), collapsedText = 0;
     for (p = 0; p < n; p++) if (!expanded[p]) collapsedText = Math.max(collapsedText, Math.min(textWidth(String(words[p]), 11), 84));
     var bottom = R + 12 + R + 6 + Math.max(16, collapsedText + 4);
     var lineH = totalLines ? Math.max(16, Math.min(totalLines > 6 ? 46 : 90, (H - top - bottom - 8) / totalLines)) : 46;
@@ -303,8 +308,16 @@
       var a = anchor(u);
       if (a.row === "token") spot[u.id] = {x: x0[a.position] + width[a.position] / 2, y: tokenY};
       else if (a.row === "output") spot[u.id] = {x: x0[outPos] + width[outPos] / 2, y: 24};
+      else if (a.row === "logit") spot[u.id] = logitSpot(u);
       else if (a.row === "bias") spot[u.id] = {x: left / 2, y: tokenY};
     });
+    function logitSpot(u) {  // several outputs side by side below the output, around its column
+      logitNodes.sort(function (a, b) { return Math.abs(b.value) - Math.abs(a.value); });
+      var gap = Math.max.apply(null, logitNodes.map(function (v) { return textWidth(shownLabel(v), 11); })) + 2 * R + 14;
+      var k = logitNodes.indexOf(u), m = logitNodes.length, centre = x0[outPos] + width[outPos] / 2;
+      var first = Math.max(left + R, Math.min(centre - (m - 1) * gap / 2, totalW - right - (m - 1) * gap - gap));
+      return {x: first + k * gap, y: 64};
+    }
     return {place: spot, rows: rowBands, x0: x0, cols: width, expanded: expanded, left: left, top: top,
             tokenY: tokenY, lineH: lineH, rmax: rmax, width: totalW, height: tokenY + R + 6 + Math.max(16, collapsedText + 4) + 6,
             writerBottom: top + totalLines * lineH};
@@ -619,6 +632,8 @@
     if (u.layer >= 0 && u.kind !== "group") h += row("block", esc(u.layer) + (u.head >= 0 ? ", part " + esc(u.head) : ""));
     if (u.position >= 0 && u.kind !== "group") h += row("position", esc(u.position) + " “" + esc(words[u.position]) + "”");
     if (u.kind === "output") h += row("explains", esc(u.label));
+    if (u.kind === "logit") h += row("one of several outputs", "token id " + esc(String(u.d.token_id)) + ", probability "
+      + fmt(u.d.probability) + "; its value p·logit");
     if (u.kind === "output" && u.d) ["token_id", "negative_token_id", "class_index", "negative_class_index"].forEach(
       function (k) { if (u.d[k] !== undefined) h += row(k.replace(/_/g, " "), esc(String(u.d[k]))); });
     h += row(u.kind === "group" ? "value (sum)" : "value", signed(u.value));
@@ -852,15 +867,21 @@
   function help() {
     var t = tops();
     return "<h3>Attribution graph</h3><p class=note>Tokens along the bottom, blocks upwards (attention, "
-      + "cross-attention, FF: a row each where a node is kept), the output on top, the bias at the left. Labels: "
+      + "cross-attention, FF: a row each where a node is kept), the output on top (several outputs: a logit node "
+      + "each below it), the bias at the left. Labels: "
       + "<code>L23.H4</code> head 4 of block 23, <code>L23.A</code> an attention sublayer, <code>FF29</code> an FF block, "
-      + "<code>L5.N12</code> a neuron. A node's size grows with |value| (its total effect on the output); nodes and edges "
+      + "<code>L5.N12</code> a neuron, then the token its write promotes most (↑, read through the unembedding). "
+      + "A node's size grows with |value| (its total effect on the output); nodes and edges "
       + 'are red where positive, blue where negative.</p><div class="legend"><span>−' + fmt(t.value)
       + '</span><span class="bar diverging"></span><span>+' + fmt(t.value) + "</span></div>"
-      + "<p class=note>Hover a node for its card; click for its details here; shift-click pins it. Wheel or the "
+      + "<p class=note>Hover a node to light its paths to the output and from the tokens (weighted: the share of its "
+      + "paths along each edge); click for its details here; shift-click pins it. Wheel or the "
       + "buttons zoom, dragging pans, <b>fit</b> shows it all. The sliders keep the nodes holding that share of the "
-      + "influence and the edges holding that share of |weight|. Pin nodes and press <b>group</b> to make a supernode "
-      + "(its edges the sums of its members'). Click an upright token to widen its column.</p>";
+      + "influence and, into each node, the edges holding that share of its |weight|; a kept node keeps its strongest "
+      + "route to the output. Pin nodes and press <b>group</b> to make a supernode (its edges the sums of its members'), "
+      + "or open the <b>subgraph panel</b> and drag them. Search a token, a position (<code>@12</code>) or an id. "
+      + "Name a node in its details. The address keeps the view: copy it to share it. Click an upright token to widen "
+      + "its column.</p>";
   }
   function sideHtml() {
     var pins = Object.keys(S.pinned), gs = Object.keys(groups), h = "";
