@@ -1,7 +1,8 @@
 """The graph viewer's screenshots in docs/: SmolLM2-135M-Instruct's attribution graph of
 " Paris" after "The Eiffel Tower is located in the city of" (head granularity, default
 pruning), opened in headless Chromium at 1600×1000 (as it loads) and 1280×800 (the kept head
-of largest influence chosen, its details in the panel).
+of largest influence chosen and hovered, its weighted paths lit and its details in the panel;
+it and its largest neighbours pinned and open in the subgraph panel beside the graph).
 
     python docs/graph_screenshots.py [--out docs]
 
@@ -54,6 +55,23 @@ def build_page() -> tuple[str, dict]:
     return graph_html(graph), graph.to_dict()
 
 
+def _trace(driver, data: dict, head: str) -> None:
+    """Pin ``head``, its two largest in-edges' sources and its two largest out-edges' targets,
+    open the subgraph panel, choose ``head`` and hover it (its paths lit), as a person would."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    links = [link for link in data["links"] if "kind" not in link]
+    into = sorted((x for x in links if x["target"] == head), key=lambda x: -abs(x["weight"]))[:2]
+    out = sorted((x for x in links if x["source"] == head), key=lambda x: -abs(x["weight"]))[:2]
+    pinned = [head] + [x["source"] for x in into] + [x["target"] for x in out]
+    driver.execute_script("var g = window.ffbGraph; arguments[0].forEach(function (id) { g.pin(id); });"
+                          "g.subgraph(true); g.choose(arguments[1]);", pinned, head)
+    node = driver.find_element("css selector", f'#ffb-graph [data-node="{head}"]')
+    ActionChains(driver).move_to_element(node).perform()
+    lit = driver.execute_script("return document.querySelectorAll('#ffb-graph .edge.hot').length")
+    print(json.dumps({"pinned": pinned, "hovered": head, "edges_lit": lit}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="folder of the PNGs (docs/)")
@@ -87,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 found = driver.execute_script(MEASURE, output, largest)
                 print(json.dumps(found))
                 if (width, height) != SIZES[0]:
-                    driver.execute_script("window.ffbGraph.choose(arguments[0])", head)
+                    _trace(driver, data, head)
                 path = out / f"graph_viewer_{width}x{height}.png"
                 driver.save_screenshot(str(path))
                 print(f"wrote {path}", file=sys.stderr)

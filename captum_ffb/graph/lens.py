@@ -105,10 +105,13 @@ def _writes(tape: GraphTape, kinds: list[str], layers: list[int], heads: list[in
 
 def decoded_lens(lens: Lens, tokenizer: Any = None) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
     """``lens`` with its token ids as text: each id decoded alone by ``tokenizer`` (``#<id>``
-    without one)."""
+    without one; a token of white space only quoted, ``'\\n'``, so that it shows)."""
+    def shown(word: str) -> str:
+        return word if word.strip() else repr(word)
+
     def text(ids: tuple[int, ...]) -> tuple[str, ...]:
         if tokenizer is None:
             return tuple(f"#{i}" for i in ids)
-        return tuple(tokenizer.decode([i]) for i in ids)
+        return tuple(shown(tokenizer.decode([i])) for i in ids)
 
     return {node: (text(up), text(down)) for node, (up, down) in lens.items()}

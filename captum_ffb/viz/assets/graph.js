@@ -931,6 +931,7 @@
     ids.forEach(function (id) {  // a cell's nodes side by side across its column, staggered up and down
       var parts = key[id].split("|"), i = +parts[0], j = +parts[1], cell = cells[key[id]], c = cell.indexOf(id);
       var x = (j + (c + 0.5) / cell.length) / cols.length, y = 1 - (i + 0.5) / ranks.length;
+      if (cell.length === 1) x += (i % 2 ? 0.18 : -0.18) / cols.length;  // rows alternate: long edges stay apart
       if (cell.length > 1) y += (c % 2 ? 0.25 : -0.25) / ranks.length;
       at[id] = S.sg[id] || [x, y];
     });
