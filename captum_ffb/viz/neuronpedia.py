@@ -203,8 +203,11 @@ class _Names:
         feature = {"head": part, "attention": 0, "cross_attention": heads, "ff": heads + 1,
                    "neuron": heads + 2 + part}[kind]
         where = f" @ {self.tokens[position]}" if 0 <= position < len(self.tokens) else ""
+        writes = graph.lens.get(k)  # what it writes: the token its write promotes most
+        writes = f" ↑ {_marked(writes[0][0])}" if writes and writes[0] else ""
         return {"node_id": f"{layer}_{feature}_{position}", "feature": _cantor(layer, feature), "layer": str(layer),
-                "ctx_idx": position, "jsNodeId": f"{layer}_{feature}-0", "clerp": self.ours[k].split("@")[0] + where}
+                "ctx_idx": position, "jsNodeId": f"{layer}_{feature}-0",
+                "clerp": self.ours[k].split("@")[0] + where + writes}
 
     def written(self, k: int) -> bool:
         """Whether node ``k`` is written: not the output of several outputs (their sum)."""
@@ -218,6 +221,11 @@ class _Names:
         if node in self.by_theirs:
             return node
         raise ValueError(f"the graph has no node {node!r}")
+
+
+def _marked(text: str) -> str:
+    """Decoded text with line breaks, tabs and carriage returns as circuit-tracer marks them."""
+    return text.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
 
 
 def _first_unit(graph: Any) -> int | None:

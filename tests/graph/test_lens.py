@@ -116,3 +116,18 @@ def test_a_files_lens_is_checked(saved, tmp_path, lens, match):
             target.writestr(item, data)
     with pytest.raises(ValueError, match=match):
         AttributionGraph.load(bad)
+
+
+def test_neuronpedia_labels_say_what_a_writer_writes(saved):
+    from captum_ffb.viz.neuronpedia import neuronpedia_graph
+
+    graph, _ = saved
+    found = neuronpedia_graph(graph, "a prompt")
+    ids = graph.ids()
+    clerps = {n["ctx_idx"]: [] for n in found["nodes"]}
+    for node in found["nodes"]:
+        clerps[node["ctx_idx"]].append(node["clerp"])
+    for k, (promoted, _) in graph.lens.items():
+        if graph.node_mask[k]:
+            place = ids[k].split("@")[0]
+            assert any(c.startswith(place) and c.endswith(f" ↑ {promoted[0]}") for c in clerps[graph.data.positions[k]])

@@ -118,6 +118,22 @@ def test_answer_scorer_reuses_a_prefix_and_gives_the_same_log_probability():
     assert scorer.passes == 4
 
 
+def test_a_pinned_prefix_outlives_the_recent_ones():
+    model = tiny_lm("llama")
+    scorer = metrics.AnswerScorer(model, keep=1)
+    prompt, answer = [5, 9, 11, 4, 7, 8, 12, 3], [6, 10]
+    scorer.log_prob(prompt, answer, pin=True)
+    for other in ([1, 2, 3, 4], [2, 3, 4, 5]):  # each pushes the last recent prefix out
+        scorer.log_prob(other, answer, remember=True)
+    before = scorer.tokens
+    ablated = [5, 9, 11, 4, 7, 8, 13]
+    assert scorer.log_prob(ablated, answer) == pytest.approx(_direct(model, ablated, answer), abs=1e-5)
+    assert scorer.tokens - before == 2  # the pinned prompt's first 6 tokens were not run again
+    scorer.unpin()
+    scorer.log_prob(ablated, answer)
+    assert scorer.tokens - before == 2 + 8
+
+
 def test_the_question_selection_takes_each_document_in_turn():
     run = _load("run")
     rows = [dict(id=f"{doc}/{k}", doc=doc, kind=kind, kept=kept)

@@ -220,9 +220,10 @@ def test_the_view_is_fitted_again_after_every_filter(pages, browser, size):
         assert filled >= 0.9 or scale >= 1.99, (step, found, scale)  # it fills the stage, or is shown at twice its size
 
 
-def test_the_state_round_trips_through_the_address(pages, browser):
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_state_round_trips_through_the_address(pages, browser, size):
     path, saved = pages["heads"]
-    driver = _open(browser, path)
+    driver = _open(browser, path, size)
     ranked = sorted((n["id"] for n in saved["nodes"] if n["kind"] in WRITERS), key=lambda k: k)
     name = '<b id="x">movers</b>'
     state = driver.execute_script(f"""
@@ -238,7 +239,7 @@ def test_the_state_round_trips_through_the_address(pages, browser):
     url = driver.execute_script("return window.ffbGraph.address()")
     assert url.startswith(path.as_uri() + "#state=")
     driver.get("about:blank")
-    _open(driver, path)  # a fresh page has no state
+    _open(driver, path, size)  # a fresh page has no state
     assert driver.execute_script("return window.ffbGraph.state()") == {}
     driver.get(url)
     driver.refresh()
