@@ -62,7 +62,8 @@ def graph_html(graph: Any, title: str | None = None, query_key: dict[str, Any] |
     data["output_text"] = shown = display_token(graph.output_label)
     explained = f"“{shown}”"
     if graph.probability is not None:
-        explained += f" (p = {graph.probability:.3f})"
+        p = graph.probability  # three decimals, or three digits where that would read 0.000
+        explained += f" (p = {p:.3f})" if p >= 0.0005 or p == 0 else f" (p = {p:.2e})"
     aside = ""
     if graph.excluded_positions:  # ints in a well-formed graph; a file may carry anything
         aside = f" · set aside: the writers at position {escape(', '.join(map(str, graph.excluded_positions)))}"

@@ -75,3 +75,18 @@ def test_save_and_notebook_display(bert_maps, tmp_path):
     shown = show_html(bert_maps, height=500)
     assert shown.data.startswith("<div><iframe srcdoc=") and "height:500px" in shown.data
     assert "&lt;canvas" in shown.data  # the page is escaped into the attribute
+
+
+@pytest.mark.parametrize("probability, shown", [(0.7021, "p = 0.702"), (4.1e-8, "p = 4.10e-08"), (0.0, "p = 0.000")])
+def test_the_graph_header_shows_a_small_probability_in_digits(probability, shown):
+    """An answer's probability of 4e-8 read "p = 0.000" in the header: three decimals, or three
+    digits where those would read 0."""
+    import dataclasses
+
+    from captum_ffb import NormDecomposition
+    from captum_ffb.viz.graph import graph_html
+    from tests.models import tiny_task_model, token_ids
+
+    graph = NormDecomposition(tiny_task_model("llama", "causal_lm")).attribute_graph(token_ids(1, 5), 3)
+    page = graph_html(dataclasses.replace(graph, probability=probability), query_key={})
+    assert f"({shown})" in page
