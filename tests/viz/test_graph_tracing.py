@@ -398,3 +398,35 @@ def test_several_outputs_are_drawn_as_logit_nodes_under_the_output(pages, browse
     assert lit == {edge for edge, f in path_flows(saved, top["id"]).items() if f >= 0.02}
     assert (top["id"], "output") in lit and any(t == top["id"] for _, t in lit)
     assert all(t != "output" or s == top["id"] for s, t in lit)  # the other logits' edges stay dark
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_a_large_graph_opens_with_its_labels_legible(pages, browser, tmp_path, size):
+    """A graph of 181 nodes (the tiny Llama's neurons, unpruned by influence) drawn whole would
+    shrink its labels below 9 px: it opens with the largest node share that keeps them legible,
+    says so, and the nodes slider at 100% shows it all."""
+    from captum_ffb import NormDecomposition
+    from captum_ffb.viz.graph import graph_html
+    from tests.models import tiny_task_model, token_ids
+
+    graph = NormDecomposition(tiny_task_model("llama", "causal_lm")).attribute_graph(
+        token_ids(1, 20, seed=3), 5, granularity="neuron", node_threshold=1.0)
+    saved = graph.to_dict()
+    path = tmp_path / "many.html"
+    path.write_text(graph_html(graph, query_key={}), encoding="utf-8")
+    driver = _open(browser, path, size)
+
+    def label_px() -> float:  # the labels' 11 px at the view's scale
+        width = driver.execute_script("return document.getElementById('ffb-stage').clientWidth")
+        return 11 * width / driver.execute_script("return window.ffbGraph.viewBox()")[2]
+
+    assert label_px() >= 9 - 1e-6
+    shown = driver.execute_script("return window.ffbGraph.nodes()")
+    assert shown < len(saved["nodes"]) and "labels kept legible" in driver.find_element("id", "ffb-counts").text
+    assert float(driver.find_element("id", "ffb-node-share").get_attribute("value")) < 1
+    top = max((n for n in saved["nodes"] if n["kind"] in WRITERS), key=lambda n: abs(n["influence"]))
+    assert driver.execute_script(f"return !!document.querySelector('#ffb-graph [data-node=\"{top['id']}\"]')")
+    driver.execute_script("window.ffbGraph.threshold(1, 1)")
+    assert driver.execute_script("return window.ffbGraph.nodes()") == len(saved["nodes"])
+    assert label_px() < 9  # drawn whole, they would not have been legible
+    assert "labels kept legible" not in driver.find_element("id", "ffb-counts").text

@@ -355,13 +355,34 @@
   function arrange(keep, W, H) {
     function fits(L, w, h) { return L.width <= w + 0.5 && L.height <= h + 0.5; }
     var found = layout(keep, W, H);
+    found.scale = 1;
     if (fits(found, W, H)) return found;
     var lo = 0.25, hi = 1;
     for (var i = 0; i < 9; i++) {
       var mid = (lo + hi) / 2;
       if (fits(layout(keep, W / mid, H / mid), W / mid, H / mid)) lo = mid; else hi = mid;
     }
-    return layout(keep, W / lo, H / lo);
+    found = layout(keep, W / lo, H / lo);
+    found.scale = lo;
+    return found;
+  }
+
+  // On load, a graph whose whole drawing would shrink its labels below 9 px (a whole graph's
+  // pruning of hundreds of nodes) starts with the largest node share whose drawing keeps them
+  // legible; the nodes slider at 100% shows everything. Returns the share chosen (1: all).
+  var LEGIBLE = 9 / 11, legibleShare = 1;
+  function legible() {
+    var W = Math.max(stage.clientWidth, 200), H = Math.max(stage.clientHeight, 160);
+    function scaleAt(share) { S.nodeShare = share; return arrange(compute().keep, W, H).scale; }
+    if (scaleAt(1) >= LEGIBLE) { S.nodeShare = 1; return 1; }
+    var lo = 0.02, hi = 1;
+    for (var i = 0; i < 7; i++) {
+      var mid = (lo + hi) / 2;
+      if (scaleAt(mid) >= LEGIBLE) lo = mid; else hi = mid;
+    }
+    S.nodeShare = Math.floor(lo * 100) / 100 || 0.01;
+    controls();
+    return S.nodeShare;
   }
 
   function render(refit, again) {
@@ -439,6 +460,7 @@
     }
     $("ffb-counts").textContent = drawn.nodes + " of " + nodes.length + " nodes · " + drawn.edges.length
       + " of " + links.length + " edges shown" + (shown.added ? " · " + shown.added + " added to keep their routes" : "")
+      + (legibleShare < 1 && S.nodeShare === legibleShare ? " · labels kept legible (nodes at 100%: all)" : "")
       + " · sizes: " + sizing();
     document.body.dataset.shown = drawn.nodes;
     if (!again && (stage.clientWidth !== W || stage.clientHeight !== H)) return render(true, true);  // the bars moved
@@ -470,7 +492,7 @@
       x0 = Math.min(x0, c - half); x1 = Math.max(x1, c + half);
     }
     L.rows.forEach(function (b) { x0 = Math.min(x0, L.left - 8 - textWidth(b.name, 10.5)); });
-    return [x0 - 6, y0 - 6, x1 + 6, L.height];
+    return [x0 - 6, y0 - 22, x1 + 6, L.height];  // room above for the counts line
   }
   function fit() {
     var W = Math.max(stage.clientWidth, 1), H = Math.max(stage.clientHeight, 1), box = drawingBox();
@@ -964,8 +986,10 @@
       var c = el("circle", {"class": "node kind-" + u.kind, cx: p[0].toFixed(1), cy: p[1].toFixed(1),
                             r: radius(u, top, 9).toFixed(2), fill: fill(u, top)}, nodeLayer);
       c.dataset.subNode = id;
-      var t = el("text", {"class": "nlabel", x: (p[0] + 12).toFixed(1), y: (p[1] + 4).toFixed(1)}, nodeLayer);
-      t.textContent = truncate(shownLabel(u), 11, 160);
+      var text = truncate(shownLabel(u), 11, 160), left = p[0] + 12 + textWidth(text, 11) > W;  // kept inside
+      var t = el("text", {"class": "nlabel", x: (left ? p[0] - 12 : p[0] + 12).toFixed(1), y: (p[1] + 4).toFixed(1),
+                          "text-anchor": left ? "end" : "start"}, nodeLayer);
+      t.textContent = text;
     });
   }
   function subPoint(ev) {
@@ -1134,6 +1158,7 @@
   window.addEventListener("hashchange", function () { if (location.hash !== written && readHash()) restore(readHash()); });
 
   detail.innerHTML = help();
+  legibleShare = readHash() ? 1 : legible();
   render(true);
   if (readHash()) restore(readHash());
   window.ffbGraph = {
