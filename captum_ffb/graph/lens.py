@@ -38,9 +38,10 @@ Lens = dict[int, tuple[tuple[int, ...], tuple[int, ...]]]
 
 def write_lens(engine: Any, tape: GraphTape, kinds: list[str], layers: list[int], heads: list[int],
                positions: list[int], values: Tensor, top: int = LENS_TOP, max_nodes: int = LENS_NODES,
-               chunk: int = 256) -> Lens:
+               chunk: int = 256, computed: Tensor | None = None) -> Lens:
     """The logit lens of the writes of a graph's writer nodes (at most ``max_nodes``, those of
-    largest ``|value|``): each node's ``top`` promoted and suppressed token ids.
+    largest ``|value|``; only those whose edges were computed where ``computed`` is given:
+    pruning keeps no other): each node's ``top`` promoted and suppressed token ids.
 
     Args:
         engine (BoundModel): the bound model (its head and family).
@@ -50,6 +51,8 @@ def write_lens(engine: Any, tape: GraphTape, kinds: list[str], layers: list[int]
         top (int): tokens kept per node and direction.
         max_nodes (int): writer nodes read at most.
         chunk (int): nodes per product with the unembedding.
+        computed (Tensor, optional): ``(N,)`` bool, the nodes whose edges were computed
+                    (:class:`~captum_ffb.graph.build.GraphData`'s ``computed``).
 
     Returns:
         dict: node index → ``(promoted, suppressed)`` token ids; empty where the model has no
@@ -58,7 +61,7 @@ def write_lens(engine: Any, tape: GraphTape, kinds: list[str], layers: list[int]
     head = engine.head
     if head.task != "causal_lm" or head.output is None or head.steps or tape.source_inputs is not None:
         return {}
-    found = _writes(tape, kinds, layers, heads, positions, values, max_nodes)
+    found = _writes(tape, kinds, layers, heads, positions, values, max_nodes, computed)
     if found is None:
         return {}
     nodes, writes = found
@@ -82,11 +85,12 @@ def write_lens(engine: Any, tape: GraphTape, kinds: list[str], layers: list[int]
 
 
 def _writes(tape: GraphTape, kinds: list[str], layers: list[int], heads: list[int], positions: list[int],
-            values: Tensor, max_nodes: int) -> tuple[list[int], Tensor] | None:
+            values: Tensor, max_nodes: int, computed: Tensor | None = None) -> tuple[list[int], Tensor] | None:
     """The chosen writer nodes and their writes ``(k, d)`` (``None``: none to read)."""
     index = {(w.kind, w.layer): i for i, w in enumerate(tape.writers)}
+    shown = None if computed is None else computed.detach().cpu().tolist()
     readable = [i for i, kind in enumerate(kinds) if kind in ("attention", "cross_attention", "ff", "head")
-                and (("attention" if kind == "head" else kind), layers[i]) in index]
+                and (("attention" if kind == "head" else kind), layers[i]) in index and (shown is None or shown[i])]
     if not readable:
         return None
     strength = values.detach().abs().cpu()[readable]

@@ -104,7 +104,8 @@ def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltG
         estimates = patch_estimates(engine, request, options.corrupted, tape, found, data, options.granularity,
                                     options.exact_above, options.estimators, stamp=stamp)
     n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
-    lens = write_lens(engine, tape, data.kinds, data.layers, data.heads, data.positions, data.values)
+    lens = write_lens(engine, tape, data.kinds, data.layers, data.heads, data.positions, data.values,
+                      computed=data.computed)
     splitter = ScoreSplitter(engine, request, options.rules, options.granularity, players, stamp)
     probability = target_probability(tape.output, tape.target)
     if probability is None and tape.target.mix is not None:  # an answer's log-probability: its probability

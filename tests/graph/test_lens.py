@@ -73,6 +73,22 @@ def test_the_lens_of_each_write_is_read_from_the_models_own_tensors(name):
     assert len(node["promotes"]) == 5 and node["promotes"][0].startswith("#")
 
 
+def test_the_lens_covers_the_writers_whose_edges_were_computed():
+    """With ``max_nodes``, only the writers whose edges were computed can be kept: the lens reads
+    exactly those (not the 1,024 largest), and every writer a pruned graph keeps has one."""
+    model = tiny_task_model("llama", "causal_lm")
+    nd, ids = NormDecomposition(model), token_ids(1, 8, seed=2)
+    graph = nd.attribute_graph(ids, 3, max_nodes=10, prune=False)
+    d = graph.data
+    computed = {k for k in d.computed.nonzero()[:, 0].tolist() if d.kinds[k] in ("head", "ff", "attention")}
+    assert len(computed) == 10 and set(graph.lens) == computed
+    whole = nd.attribute_graph(ids, 3, prune=False)
+    assert all(graph.lens[k] == whole.lens[k] for k in computed)
+    pruned = nd.attribute_graph(ids, 3, max_nodes=10)
+    kept = [k for k in pruned.node_mask.nonzero()[:, 0].tolist() if d.kinds[k] in ("head", "ff", "attention")]
+    assert kept and all(k in pruned.lens for k in kept)
+
+
 def test_a_classifier_has_no_lens():
     nd = NormDecomposition(tiny_task_model("bert", "sequence_classification"))
     graph = nd.attribute_graph(token_ids(1, 6), 1)
