@@ -178,6 +178,9 @@ class _Names:
             vocab = self.token_ids[position] if self.token_ids is not None else position
             return {"node_id": f"E_{vocab}_{position}", "feature": position, "layer": "E", "ctx_idx": position,
                     "jsNodeId": f"E_{vocab}-{position}", "clerp": self.tokens[position]}
+        if kind == "output" and "logit" in d.kinds:  # their sum: not written (see neuronpedia_graph)
+            return {"node_id": f"sum_{position}", "feature": -1, "layer": str(self.layers + 2), "ctx_idx": position,
+                    "jsNodeId": f"sum-{position}", "clerp": "the logits' sum"}
         if kind == "output":
             feature, position, label = _logit(graph)
             probability = graph.probability if graph.probability is not None else 0.0
@@ -193,9 +196,6 @@ class _Names:
                     "layer": str(self.layers + 1), "ctx_idx": position, "jsNodeId": f"L_{part}-{position}",
                     "is_target_logit": part == _first_unit(graph), "token_prob": probability,
                     "clerp": f'Output "{label}" (p={probability:.3f})'}
-        if kind == "output" and "logit" in d.kinds:  # their sum: not written (see neuronpedia_graph)
-            return {"node_id": f"sum_{position}", "feature": -1, "layer": str(self.layers + 2), "ctx_idx": position,
-                    "jsNodeId": f"sum-{position}", "clerp": "the logits' sum"}
         if kind == "bias":
             return {"node_id": "bias_0_0", "feature": -1, "layer": "E", "ctx_idx": 0, "jsNodeId": "bias_0-0",
                     "clerp": "Bias: the model's own constants"}
@@ -221,6 +221,18 @@ class _Names:
         if node in self.by_theirs:
             return node
         raise ValueError(f"the graph has no node {node!r}")
+
+    def drawn_of(self, node: str) -> list[str]:
+        """Neuronpedia's ids of what stands for one of our nodes in the file: itself, or for the
+        unwritten sum of several outputs, their logit nodes."""
+        theirs = self.theirs_of(node)
+        d = self.graph.data
+        k = self.theirs.index(theirs)
+        if self.written(k):
+            return [theirs]
+        logits = [j for j in range(len(d)) if d.kinds[j] == "logit"]
+        first = _first_unit(self.graph)  # the target logit first
+        return [self.theirs[j] for j in sorted(logits, key=lambda j: d.heads[j] != first)]
 
 
 def _marked(text: str) -> str:
@@ -360,13 +372,14 @@ def _info() -> dict[str, Any]:
 
 
 def _q_params(names: _Names, pinned: Any, supernodes: Any, clicked: str | None) -> dict[str, Any]:
-    pins = [names.theirs_of(str(node)) for node in pinned]
+    pins = list(dict.fromkeys(theirs for node in pinned for theirs in names.drawn_of(str(node))))
     groups = []
     for group in supernodes:
         if not isinstance(group, (tuple, list)) or len(group) != 2 or not isinstance(group[0], str):
             raise ValueError(f"a supernode is (name, [node, ...]), got {group!r}")
-        groups.append([group[0], *(names.theirs_of(str(node)) for node in group[1])])
-    chosen = "" if clicked is None else names.theirs_of(str(clicked))
+        members = (theirs for node in group[1] for theirs in names.drawn_of(str(node)))
+        groups.append([group[0], *dict.fromkeys(members)])
+    chosen = "" if clicked is None else names.drawn_of(str(clicked))[0]  # the sum's: the target logit
     return {"pinnedIds": pins, "supernodes": groups, "linkType": "both", "clickedId": chosen, "sg_pos": ""}
 
 

@@ -81,6 +81,17 @@ def test_files_and_neuronpedia_keep_the_logit_nodes(several, tmp_path):
     assert max(logits, key=lambda n: n["token_prob"])["is_target_logit"]
     ids = {n["node_id"] for n in found["nodes"]}
     assert all(link["source"] in ids and link["target"] in ids for link in found["links"])
+    assert len(ids) == len(found["nodes"])  # the logits' sum shares no id with the target logit
+    # the sum is not written: pinned, chosen or in a supernode, it stands for its logit nodes
+    output = next(n["id"] for n in loaded.to_dict()["nodes"] if n["kind"] == "output")
+    writer = next(n["id"] for n in loaded.to_dict()["nodes"] if n["kind"] == "token")
+    state = neuronpedia_graph(loaded, "the prompt", pinned=[output, writer], supernodes=[("out", [output])],
+                              clicked=output)["qParams"]
+    target = next(n["node_id"] for n in logits if n["is_target_logit"])
+    assert set(state["pinnedIds"]) == {n["node_id"] for n in logits} | {state["pinnedIds"][-1]}
+    assert state["pinnedIds"][0] == target and len(state["pinnedIds"]) == 5 and state["clickedId"] == target
+    assert state["supernodes"] == [["out", *state["pinnedIds"][:4]]]
+    assert all(pin in ids for pin in state["pinnedIds"])
 
 
 @pytest.mark.parametrize("options, match", [
