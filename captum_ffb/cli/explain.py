@@ -19,7 +19,7 @@ from captum_ffb.cli._options import (
 from captum_ffb.core.vocabulary import FEATURE_GRANULARITIES
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.io.files import check_out_dir, output_set, save_figure, write_json, write_text
-from captum_ffb.long_context.attribution import DEFAULT_TEMPLATE, GROUPINGS
+from captum_ffb.long_context.attribution import DEFAULT_TEMPLATE, GROUPINGS, METHODS
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -101,6 +101,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--template", default=DEFAULT_TEMPLATE, metavar="TEXT",
                         help="with --context: the prompt, with {context} and {question} once each "
                         "(default: '{context}\\n\\n{question}')")
+    parser.add_argument("--context-method", choices=METHODS, default="decomposition",
+                        help="with --context: each group's exact share of the value in the model's pass "
+                        "(decomposition; default) or what removing it does (presence: ablation-aware, two "
+                        "gradients by default)")
+    parser.add_argument("--presence-steps", type=int, default=2, metavar="N",
+                        help="with --context-method presence: the path's midpoints (default 2)")
     parser.add_argument("--batch-size", type=int, default=16, metavar="N",
                         help="corpus mode: texts per batch (default 16)")
     parser.add_argument("--overwrite", action="store_true",
@@ -268,7 +274,7 @@ def _run_context(args: argparse.Namespace) -> int:
     limit = getattr(config, "max_position_embeddings", None)
     found = context_attribution(NormDecomposition(loaded), loaded.tokenizer, context, question,
                                 group_by=args.group_by, target=args.target, template=args.template,
-                                max_tokens=limit)
+                                max_tokens=limit, method=args.context_method, steps=args.presence_steps)
     with output_set(out) as files:
         written = []
         if "json" in formats:
@@ -287,11 +293,8 @@ def _run_context(args: argparse.Namespace) -> int:
             written.append(save_figure(plot_context(found), files.path("context.png"), dpi=150))
     written = files.final(written)
     if not args.quiet:
-        print(f"{len(found.tokens)} tokens, {len(found.groups)} groups ({args.group_by}); explained: "
-              f"{found.target}, value {found.value:.4f} = Σ groups {float(found.contributions.sum()):.4f} + question "
-              f"{found.question:.4f} + rest {found.rest:.4f}"
-              + (f" + answer {found.answer:.4f}" if found.answer else "")
-              + f" + bias {found.bias:.4f} (delta {found.delta:.1e})")
+        print(f"{len(found.tokens)} tokens, {len(found.groups)} groups ({args.group_by}, {found.method}); "
+              f"explained: {found.target}, {found.equation()}")
         for g, text, value in found.top(5):
             print(f"  #{g:<4} {value:+.4f}  {' '.join(text.split())[:70]}")
         for path in written:

@@ -21,10 +21,12 @@ from captum_ffb.texts.text import check_text
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["DEFAULT_TEMPLATE", "GROUPINGS", "ContextAttribution", "context_attribution", "split_context"]
+__all__ = ["DEFAULT_TEMPLATE", "GROUPINGS", "METHODS", "ContextAttribution", "context_attribution", "split_context"]
 
 #: How a context is cut into groups.
 GROUPINGS = ("paragraph", "sentence", "line")
+#: How a group's part is measured (``context_attribution``'s ``method``).
+METHODS = ("decomposition", "presence")
 #: How the prompt is made of the context and the question.
 DEFAULT_TEMPLATE = "{context}\n\n{question}"
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
@@ -75,6 +77,10 @@ class ContextAttribution:
         token_contributions (Tensor): ``(n,)`` every token's contribution.
         context (str): the context; ``spans`` each group's ``(start, end)`` in it.
         answer (float): the answer's own tokens' contribution (0 for a one-token target).
+        method (str): how the contributions were measured (``context_attribution``'s
+                    ``method``); for ``"presence"`` the question, the rest and the answer are
+                    0, ``bias`` is the value without the context and ``token_contributions``
+                    is ``None``.
     """
 
     groups: list[str]
@@ -91,11 +97,27 @@ class ContextAttribution:
     context: str = ""
     spans: list[tuple[int, int]] = field(default_factory=list)
     answer: float = 0.0
+    method: str = "decomposition"
 
     def top(self, k: int = 5) -> list[tuple[int, str, float]]:
         """The ``k`` groups of largest ``|contribution|``: ``(index, text, contribution)``."""
         order = self.contributions.abs().argsort(descending=True)[:k].tolist()
         return [(g, self.groups[g], float(self.contributions[g])) for g in order]
+
+    def terms(self) -> list[tuple[str, float]]:
+        """The value's terms besides the groups, named: the question, the rest, the answer's
+        own tokens (where explained) and the bias; for ``"presence"`` the value without the
+        context."""
+        if self.method == "presence":
+            return [("without the context", self.bias)]
+        answer = [("the answer's own tokens", self.answer)] if self.answer else []
+        return [("question", self.question), ("rest of the prompt", self.rest), *answer, ("bias", self.bias)]
+
+    def equation(self, digits: int = 4) -> str:
+        """The completeness equation in words: ``value V = Σ G groups S + question … (delta D)``."""
+        parts = " + ".join(f"{name} {value:.{digits}f}" for name, value in self.terms())
+        return (f"value {self.value:.{digits}f} = Σ {len(self.groups)} groups {float(self.contributions.sum()):.{digits}f}"
+                f" + {parts} (delta {self.delta:.1e})")
 
     def shares(self) -> Tensor:
         """``(G,)`` each group's contribution over the explained value."""
@@ -107,7 +129,7 @@ class ContextAttribution:
         """Plain Python: the groups (text, tokens, contribution, share), the question, the rest,
         the bias, the value, the delta and the target."""
         counts = [self.token_groups.count(g) for g in range(len(self.groups))]
-        return {"target": self.target, "value": self.value, "bias": self.bias, "question": self.question,
+        return {"target": self.target, "method": self.method, "value": self.value, "bias": self.bias, "question": self.question,
                 "rest": self.rest, "answer": self.answer, "delta": self.delta,
                 "groups": [{"index": g, "text": text, "tokens": counts[g], "contribution": float(c),
                             "share": float(s)}
@@ -117,7 +139,8 @@ class ContextAttribution:
 def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: str, question: str,
                         group_by: str = "paragraph",
                         target: Any = None, template: str = DEFAULT_TEMPLATE,
-                        max_tokens: int | None = None) -> ContextAttribution:
+                        max_tokens: int | None = None, method: str = "decomposition",
+                        steps: int = 2) -> ContextAttribution:
     r"""Explain a causal LM's next token after ``template`` filled with ``context`` and
     ``question``, the context's tokens grouped.
 
@@ -132,10 +155,22 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                     teacher-forced log-probability, its own tokens grouped as ``answer``.
         template (str): the prompt, with ``{context}`` and ``{question}`` once each.
         max_tokens (int, optional): refuse prompts longer than this.
+        method (str): ``"decomposition"``: each group's exact share of the value in the
+                    model's own pass (its tokens' contributions summed; one backward pass);
+                    ``"presence"``: what removing each group does to the value, Integrated
+                    Gradients of the groups' presence in attention
+                    (:mod:`~captum_ffb.long_context.presence`; the question, the rest and
+                    the answer are not players, the bias is the value without the context).
+                    The first explains the pass; the second predicts ablations (it ranks
+                    random ablations better, ``docs/long_contexts.md``).
+        steps (int): ``"presence"``'s midpoints (``2``, the default: gradients with every
+                    group a quarter and three quarters present, chosen on held-out questions,
+                    ``results/context/``; ``1``: one gradient at half presence).
 
     Returns:
         ContextAttribution: the groups' contributions, adding up with the question, the rest
-        and the bias to the explained value.
+        and the bias to the explained value (``"presence"``: with the value without the
+        context, up to the reported residual).
 
     Examples::
 
@@ -148,6 +183,8 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
     if not isinstance(nd, NormDecomposition):
         nd = NormDecomposition(nd, tokenizer=tokenizer)
     _check_inputs(tokenizer, context, question, template, max_tokens)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     spans = split_context(context, group_by)
     prompt, q_span, offset = _fill_template(template, context, question)
     if max_tokens is not None:  # refused before tokenising a context far too long (a token spans few characters)
@@ -161,6 +198,8 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
     token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
     tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    if method == "presence":
+        return _by_presence(nd, tokenizer, ids, target, token_groups, tokens, spans, context, steps)
     contributions, bias, delta, label, answer_ids = _explained(nd, tokenizer, ids, target)
     if answer_ids is not None:  # teacher-forced: the answer's own tokens are players too
         token_groups += [-3] * (answer_ids.numel() - 1)
@@ -203,6 +242,39 @@ def _explained(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any) -> 
     contributions = nd.engine.per_position(per_group, request, groups)
     delta = (per_group.sum(1) + answer.bias - answer.real).abs()
     return contributions, answer.bias, delta, _label(tokenizer, target), None
+
+
+def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, token_groups: list[int],
+                 tokens: list[str], spans: list[tuple[int, int]], context: str, steps: int) -> ContextAttribution:
+    """:func:`context_attribution` by the groups' presence (``method="presence"``)."""
+
+    from captum_ffb.explained.readouts import NextToken
+    from captum_ffb.long_context.presence import presence_attribution
+
+    if nd.engine.head.task != "causal_lm":
+        raise ValueError("presence attribution explains a causal LM's answer")
+    if isinstance(target, str):
+        found = nd.engine.token_ids(tokenizer, target)
+        target = AnswerLogProbability(tuple(found)) if len(found) > 1 else int(found[0])
+    if isinstance(target, AnswerLogProbability):
+        if isinstance(target.tokens, str):  # read by this tokenizer (the attribution may have none)
+            target = AnswerLogProbability(tuple(nd.engine.token_ids(tokenizer, target.tokens)))
+        ids, _, readout = nd._forced_answer(ids, target, None)
+        token_groups = token_groups + [-3] * (ids.shape[1] - len(token_groups))
+        tokens = tokens + tokenizer.convert_ids_to_tokens(ids[0, len(tokens):].tolist())
+        label = f"log p({tokenizer.decode(list(readout.tokens))!r})"
+    elif target is None or isinstance(target, int) and not isinstance(target, bool):
+        readout = NextToken(target)
+    else:
+        raise TypeError(f"presence attribution explains a token (an id or a text) or an answer's log-probability, "
+                        f"got {type(target).__name__}")
+    found = presence_attribution(nd.model, ids, token_groups, len(spans), readout, steps)
+    if not isinstance(target, AnswerLogProbability):
+        label = _label(tokenizer, found.unit)
+    return ContextAttribution(
+        groups=[context[s:e] for s, e in spans], contributions=found.contributions, question=0.0, rest=0.0,
+        bias=found.without, value=found.value, delta=found.delta, target=label, token_groups=token_groups,
+        tokens=tokens, token_contributions=None, context=context, spans=spans, method="presence")
 
 
 def _check_inputs(tokenizer: Any, context: str, question: str, template: str,

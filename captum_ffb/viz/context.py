@@ -44,9 +44,7 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
 
     chosen = found.top(top)
     rows = [(f"#{g} {_label(text, 48)}", value) for g, text, value in chosen]
-    rows += [("question", found.question), ("rest of the prompt", found.rest)]
-    rows += [("the answer's own tokens", found.answer)] if found.answer else []
-    rows += [("bias", found.bias)]
+    rows += found.terms()
     figure = figure_class()(figsize=(9, 0.32 * len(rows) + 1.4))
     ax = figure.add_subplot()
     scale = max((abs(v) for _, v in rows), default=1.0) or 1.0
@@ -57,11 +55,9 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
     ax.set_yticks(positions, [label for label, _ in rows], fontsize=8)
     ax.axhline(len(rows) - len(chosen) - 0.5, color="#999", lw=0.8)
     ax.axvline(0, color="#333", lw=0.8)
-    ax.set_xlabel("contribution to the explained logit")
-    ax.set_title(f"{found.target}: value {found.value:.3f}\n= Σ {len(found.groups)} groups "
-                 f"{float(found.contributions.sum()):.3f} + question {found.question:.3f} + rest "
-                 f"{found.rest:.3f}" + (f" + answer {found.answer:.3f}" if found.answer else "")
-                 + f" + bias {found.bias:.3f}", fontsize=9)
+    ax.set_xlabel("contribution to the explained value" if found.method == "decomposition"
+                  else "presence attribution (the value's change when the group is removed, summed to the value)")
+    ax.set_title(f"{found.target}: " + found.equation(3).replace(" = ", "\n= ", 1), fontsize=9)
     figure.tight_layout()
     return figure
 

@@ -142,3 +142,23 @@ def test_the_question_selection_takes_each_document_in_turn():
     chosen = [q["id"] for q in run.select(rows, per_kind=3)]
     assert chosen == ["a/0", "b/0", "a/1", "a/3", "b/3"]
     assert len(run.select(rows, per_kind=0)) == 6
+
+
+def test_the_report_compares_each_of_our_methods_with_contextcite():
+    """``SUMMARY.md`` has a row, a question-by-question comparison and a cost line for both of
+    our methods, from a finished run's records (numbers made up here)."""
+    run = _load("run")
+    method = dict(top_k_drop={"1": 1.0, "3": 2.0, "5": 3.0}, lds=0.5, evidence_top1=True, seconds=2.0,
+                  cpu_seconds=3.0, forwards=4)
+    records = []
+    for i, kind in enumerate(("one-token", "several-token")):
+        methods = {name: dict(method, lds=0.5 + 0.1 * j) for j, name in
+                   enumerate(("ours", "ours-presence", "contextcite-64", "contextcite-32", "recency", "leave-one-out"))}
+        methods["contextcite-64"].update(seconds=40.0, cpu_seconds=60.0)
+        records.append(dict(id=f"d/{i}", kind=kind, prompt_tokens=100, sources=10, package_difference=1e-6,
+                            methods=methods))
+    text = run.report(dict(settings=dict(ablations=64, masks=32, threads=2, versions={"context-cite": "0.0.4"}),
+                           questions=records, seconds=60))
+    assert text.count("| ours-presence | 1.00") == 3 and text.count("| ours | 1.00") == 3
+    assert text.count("| LDS | -0.10") == 3 and text.count("| LDS | -0.20") == 3  # ours 0.5 and 0.6 against 0.7
+    assert text.count("ours-presence costs 0.050 of contextcite-64's wall time") == 3
