@@ -71,7 +71,12 @@ from metrics import (  # noqa: E402
 )
 
 KS = (1, 3, 5)
+#: Our methods: the row's name and ``context_attribution``'s ``method``.
+OURS = {"ours": "decomposition", "ours-presence": "presence"}
 KINDS = ("one-token", "several-token")
+#: Differences this small count as level: the same sentences removed, scored in another process
+#: (``--add-ours``), differ by up to 1e-5 nats.
+LEVEL = 1e-4
 
 
 def select(questions: list[dict], per_kind: int) -> list[dict]:
@@ -93,15 +98,15 @@ def select(questions: list[dict], per_kind: int) -> list[dict]:
 
 
 class Counter:
-    """Forward passes of a model (its input embedding's calls) and when each ended."""
+    """Forward passes of a model (the rows its input embedding read) and when each ended."""
 
     def __init__(self, model: Any) -> None:
         self.calls, self.ends = 0, []
         model.get_input_embeddings().register_forward_hook(self._embedded)
         model.register_forward_hook(self._ended)
 
-    def _embedded(self, *_: Any) -> None:
-        self.calls += 1
+    def _embedded(self, _module: Any, args: tuple, *_: Any) -> None:
+        self.calls += int(args[0].shape[0]) if args and hasattr(args[0], "shape") and args[0].dim() > 1 else 1
 
     def _ended(self, *_: Any) -> None:
         self.ends.append((time.perf_counter(), time.process_time()))
@@ -133,15 +138,20 @@ def make_partitioner(context: str, spans: list[tuple[int, int]]) -> Any:
     return Sentences(context)
 
 
-def run_ours(nd: Any, tokenizer: Any, q: dict, context: str, template: str, counter: Counter) -> dict:
+def run_ours(nd: Any, tokenizer: Any, q: dict, context: str, template: str, counter: Counter,
+             method: str = "decomposition") -> dict:
+    """``context_attribution`` by ``method`` of the answer's log-probability (a one-token
+    answer's too, not its logit), timed, with its passes."""
     from captum_ffb import context_attribution
+    from captum_ffb.explained.readouts import AnswerLogProbability
 
     wall, cpu = counter.start()
     found = context_attribution(nd, tokenizer, context, q["question"], group_by="sentence",
-                                target=q["answer"], template=template + q["lead"])
+                                target=AnswerLogProbability(q["answer"]), template=template + q["lead"],
+                                method=method)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return dict(scores=found.contributions.tolist(), seconds=wall, cpu_seconds=cpu, forwards=counter.calls,
-                backwards=1, value=found.value, delta=found.delta)
+                backwards=1, value=found.value, delta=found.delta, method=method)
 
 
 def run_contextcite(model: Any, tokenizer: Any, q: dict, context: str, spans: list, counter: Counter,
@@ -239,8 +249,9 @@ def timed_methods(env: dict, doc: dict, spans: list, row: dict, order: int, with
     """Ours on the question, and where ``with_package`` the ContextCite package itself, timed
     one after the other (ours first on even questions, ContextCite first on odd ones)."""
     q, methods = row["q"], row["methods"]
-    runs = [lambda: methods.__setitem__("ours", run_ours(env["nd"], env["tokenizer"], q, doc["text"],
-                                                          env["template"], env["counter"]))]
+    runs = [lambda name=name, method=method: methods.__setitem__(
+        name, run_ours(env["nd"], env["tokenizer"], q, doc["text"], env["template"], env["counter"], method))
+        for name, method in OURS.items()]
     if with_package:
         runs.append(lambda: row.__setitem__("package", run_contextcite(
             env["model"], env["tokenizer"], q, doc["text"], spans, env["counter"], env["ablations"],
@@ -322,17 +333,52 @@ def retime(env: dict, data: dict, results: dict, documents_timed: int) -> None:
         row["prompt_ids"] = env["tokenizer"](env["template"].replace("{context}", doc["text"])
                                              .replace("{question}", q["question"]) + q["lead"]).input_ids
         timed_methods(env, doc, spans, row, order, with_package=True)
-        ours, (real_full, real_half) = row["methods"]["ours"], row["package"]
-        if np.abs(np.asarray(ours["scores"]) - np.asarray(record["methods"]["ours"]["scores"])).max() > 1e-4:
-            raise RuntimeError(f"{q['id']}: ours gave other scores than in the run")
-        for name, timed in (("ours", ours), (f"contextcite-{env['ablations']}", real_full),
+        real_full, real_half = row["package"]
+        for name in OURS:
+            if np.abs(np.asarray(row["methods"][name]["scores"])
+                      - np.asarray(record["methods"][name]["scores"])).max() > 1e-4:
+                raise RuntimeError(f"{q['id']}: {name} gave other scores than in the run")
+        for name, timed in (*((name, row["methods"][name]) for name in OURS),
+                            (f"contextcite-{env['ablations']}", real_full),
                             (f"contextcite-{env['ablations'] // 2}", real_half)):
             record["methods"][name].update(seconds=timed["seconds"], cpu_seconds=timed["cpu_seconds"],
                                            forwards=timed["forwards"])
         record["package_difference"] = float(np.abs(np.asarray(real_full["scores"])
                                                     - np.asarray(record["methods"][f"contextcite-{env['ablations']}"]
                                                                  ["scores"])).max())
-        print(f"{q['id']}: ours {ours['seconds']:.1f}s, package {real_full['seconds']:.1f}s", flush=True)
+        print(f"{q['id']}: ours {row['methods']['ours']['seconds']:.1f}s, package {real_full['seconds']:.1f}s",
+              flush=True)
+
+
+def add_ours(env: dict, data: dict, results: dict) -> None:
+    """Our methods (:data:`OURS`) run again on a finished run's questions, timed, and measured
+    as in the run: top-k drops, the LDS against the stored ablations (the same masks) and the
+    evidence; their rows replace those of the run."""
+    from captum_ffb.long_context.attribution import split_context
+
+    documents = {doc["id"]: (index, doc) for index, doc in enumerate(data["documents"])}
+    questions = {q["id"]: q for q in data["questions"]}
+    for order, record in enumerate(results["questions"]):
+        q, (index, doc) = questions[record["id"]], documents[record["doc"]]
+        spans, paragraphs = split_context(doc["text"], "sentence"), split_context(doc["text"], "paragraph")
+        prompt_ids = env["tokenizer"](env["template"].replace("{context}", doc["text"])
+                                      .replace("{question}", q["question"]) + q["lead"]).input_ids
+        row = dict(q=q, prompt_ids=prompt_ids, answer_ids=env["nd"].engine.token_ids(env["tokenizer"], q["answer"]),
+                   methods={}, log_prob=record["log_prob"])
+        timed_methods(env, doc, spans, row, order, with_package=False)
+        evaluate(env, doc, spans, row)
+        masks = random_masks(len(spans), results["settings"]["masks"], seed=1000 + index)
+        observed = record["datamodel_log_probs"]
+        for name, result in row["methods"].items():
+            result["lds"] = lds(result["scores"], masks, observed)
+            result["lds_logit"] = lds(result["scores"], masks, [logit_of_log_prob(v) for v in observed])
+            result["evidence_top1"] = evidence_hit(result["scores"], spans, paragraphs[q["paragraph"]])
+            if name == "ours-presence" and abs(result["value"] - record["log_prob"]) > 1e-3:
+                raise RuntimeError(f"{q['id']}: the presence pass explains {result['value']}, the run "
+                                   f"measured {record['log_prob']}")
+            record["methods"][name] = result
+        print(f"{q['id']:24s} " + "  ".join(f"{m} drop@5 {r['top_k_drop']['5']:+.2f} lds {r['lds']:+.2f} "
+                                            f"{r['seconds']:.1f}s" for m, r in row["methods"].items()), flush=True)
 
 
 def main() -> None:
@@ -349,11 +395,20 @@ def main() -> None:
                         help="to a finished run, add the package's timing on each document's first several-token "
                              "question, on the first N documents (the main run times it on each document's first question, a "
                              "one-token one)")
+    parser.add_argument("--add-ours", action="store_true",
+                        help="to a finished run, our methods again (timed, measured on the stored ablations)")
     args = parser.parse_args()
     from captum_ffb.io.files import write_json, write_text
 
     if args.report_only:
         write_text(args.out / "SUMMARY.md", report(json.loads((args.out / "results.json").read_text())))
+        return
+    if args.add_ours:
+        results = json.loads((args.out / "results.json").read_text())
+        add_ours(setup(args), json.loads(args.questions.read_text(encoding="utf-8")), results)
+        results["settings"]["ours_again"] = _commit()  # the package's version they ran on
+        write_json(args.out / "results.json", results)
+        write_text(args.out / "SUMMARY.md", report(results))
         return
     if args.time_first_several:
         results = json.loads((args.out / "results.json").read_text())
@@ -461,22 +516,22 @@ def _paired(records: list[dict], ours: str, peer: str) -> list[str]:
     measures += [("LDS", lambda r: _zero_if_undefined(r["lds"]))]
     for label, get in measures:
         diffs = [get(r["methods"][ours]) - get(r["methods"][peer]) for r in records]
-        ahead = sum(d > 1e-9 for d in diffs)
-        behind = sum(d < -1e-9 for d in diffs)
+        ahead = sum(d > LEVEL for d in diffs)
+        behind = sum(d < -LEVEL for d in diffs)
         lines.append(f"| {label} | {_cell(diffs)} | {ahead} / {len(diffs) - ahead - behind} / {behind} |")
     return lines
 
 
-def _cost(records: list[dict], full: str, half: str) -> list[str]:
-    """Ours against the package's own runs, on the questions where it ran."""
+def _cost(records: list[dict], ours: str, full: str, half: str) -> list[str]:
+    """``ours`` against the package's own runs, on the questions where it ran."""
     timed = [r for r in records if r["methods"][full].get("seconds") is not None]
     if not timed:
         return []
     lines = []
     for peer in (full, half):
-        wall = [r["methods"]["ours"]["seconds"] / r["methods"][peer]["seconds"] for r in timed]
-        cpu = [r["methods"]["ours"]["cpu_seconds"] / r["methods"][peer]["cpu_seconds"] for r in timed]
-        lines.append(f"Ours costs {np.median(wall):.3f} of {peer}'s wall time (median over the {len(timed)} "
+        wall = [r["methods"][ours]["seconds"] / r["methods"][peer]["seconds"] for r in timed]
+        cpu = [r["methods"][ours]["cpu_seconds"] / r["methods"][peer]["cpu_seconds"] for r in timed]
+        lines.append(f"{ours} costs {np.median(wall):.3f} of {peer}'s wall time (median over the {len(timed)} "
                      f"questions where the package ran; {min(wall):.3f}–{max(wall):.3f}) and {np.median(cpu):.3f} "
                      "of its CPU time.")
     return lines + [""]
@@ -487,7 +542,8 @@ def report(results: dict) -> str:
     questions), ours against ContextCite question by question, and the cost."""
     settings, records = results["settings"], results["questions"]
     full, half = f"contextcite-{settings['ablations']}", f"contextcite-{settings['ablations'] // 2}"
-    names = ["ours", full, half, "recency", "leave-one-out"]
+    names = [name for name in (*OURS, full, half, "recency", "leave-one-out")
+             if any(name in r["methods"] for r in records)]
     differences = [r["package_difference"] for r in records if r.get("package_difference") is not None]
     lines = ["# Context attribution beside ContextCite", "",
              f"SmolLM2-135M-Instruct; {len(records)} questions on six public documents (`questions.json`, "
@@ -503,7 +559,11 @@ def report(results: dict) -> str:
              f"context (largest difference from the package's own: {max(differences, default=float('nan')):.1e}). "
              "Leave-one-out's seconds are its document's passes shared among the document's questions. The LDS "
              "is the same against ContextCite's own target, the logit of the answer's probability (a rank "
-             "correlation, and the logit rises with the log-probability; `lds_logit` in `results.json`).", ""]
+             "correlation, and the logit rises with the log-probability; `lds_logit` in `results.json`)."
+             + (f" Both of ours were run again after the run (`--add-ours`, at {settings.get('ours_again')}), timed "
+                "in that process, on the "
+                "log-probability of every answer (the run had given a one-token answer's logit), their drops measured "
+                "again and their LDS on the run's stored ablations." if settings.get("ours_again") else ""), ""]
     for kind in KINDS + ("all",):
         subset = [r for r in records if kind == "all" or r["kind"] == kind]
         if not subset:
@@ -511,7 +571,10 @@ def report(results: dict) -> str:
         lines += [f"## {kind.capitalize()} answers ({len(subset)} questions, "
                   f"{_cell([r['prompt_tokens'] for r in subset], 0)} prompt tokens, "
                   f"{_cell([r['sources'] for r in subset], 0)} sentences)", ""]
-        lines += _table(subset, names) + [""] + _paired(subset, "ours", full) + [""] + _cost(subset, full, half)
+        lines += _table(subset, names) + [""]
+        for ours in OURS:
+            if all(ours in r["methods"] for r in subset):
+                lines += _paired(subset, ours, full) + [""] + _cost(subset, ours, full, half)
     return "\n".join(lines)
 
 
