@@ -182,9 +182,7 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
 
     if not isinstance(nd, NormDecomposition):
         nd = NormDecomposition(nd, tokenizer=tokenizer)
-    _check_inputs(tokenizer, context, question, template, max_tokens)
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _check_inputs(tokenizer, context, question, template, max_tokens, method)
     spans = split_context(context, group_by)
     prompt, q_span, offset = _fill_template(template, context, question)
     if max_tokens is not None:  # refused before tokenising a context far too long (a token spans few characters)
@@ -278,9 +276,12 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
 
 
 def _check_inputs(tokenizer: Any, context: str, question: str, template: str,
-                  max_tokens: int | None) -> None:
+                  max_tokens: int | None, method: str = "decomposition") -> None:
     """``TypeError`` or ``ValueError`` for a context, question or template that is not usable
-    text, a ``max_tokens`` that is not a positive integer, or a slow tokenizer."""
+    text, a ``max_tokens`` that is not a positive integer, an unknown method, or a slow
+    tokenizer."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     for name, value in (("context", context), ("question", question), ("template", template)):
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string, got {type(value).__name__}")

@@ -34,7 +34,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb._private import effective_attention_implementation
 from captum_ffb.engine.head import output_logits
+from captum_ffb.engine.passes import run_model
 from captum_ffb.explained.readouts import AnswerLogProbability, NextToken, ReadOut
 
 __all__ = ["PresenceResult", "presence_attribution"]
@@ -97,7 +99,7 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
         s = (k + 0.5) / steps
         log_presence = torch.full((n_groups,), math.log(s), dtype=torch.float64, device=device,
                                   requires_grad=True)
-        out = read.forward(ids, _log_mask(groups, log_presence[None], dtype))
+        out = read.forward(ids, _log_mask(groups, log_presence[None], dtype), grad=True)
         (grad,) = torch.autograd.grad(read.value(out).sum(), log_presence)
         total += grad / s  # ∂f/∂t = ∂f/∂log t / t
     contributions = (total / steps).detach().cpu()
@@ -116,7 +118,7 @@ def _without(read: _Reader, ids: Tensor, groups: Tensor, n_groups: int, value: f
     value: a model that does not apply the mask as given is refused."""
     model, n = read.model, ids.shape[1]
     dtype = next(model.parameters()).dtype
-    implementation = str(getattr(getattr(model, "config", None), "_attn_implementation", None))
+    implementation = str(effective_attention_implementation(getattr(model, "config", None)))
     checked = implementation in _CHECKED.get(model, set())
     ends = torch.zeros(1 if checked else 2, n_groups, dtype=torch.float64, device=ids.device)
     if not checked:
@@ -178,16 +180,17 @@ class _Reader:
             return replace(readout, positions=tuple(p - (self.n - self.keep) for p in positions))
         return readout
 
-    def forward(self, ids: Tensor, mask: Tensor | None = None) -> Any:
+    def forward(self, ids: Tensor, mask: Tensor | None = None, grad: bool = False) -> Any:
+        """One pass of the model (through the pass runner; ``grad``: with the inputs' gradients)."""
         kwargs = {} if mask is None else {"attention_mask": mask}
         if self.takes_keep:
             try:
-                return self.model(ids, logits_to_keep=self.keep, **kwargs)
+                return run_model(self.model, ids, grad=grad, logits_to_keep=self.keep, **kwargs)
             except TypeError as error:  # a model without it: every position's logits
                 if "logits_to_keep" not in str(error):
                     raise
                 self.takes_keep = False
-        return self.model(ids, **kwargs)
+        return run_model(self.model, ids, grad=grad, **kwargs)
 
     def resolve(self, outputs: Any) -> ReadOut:
         """The read-out with its predicted token named (``NextToken(None)``)."""
