@@ -18,7 +18,7 @@
   page (click a node for its edges and a head's query–key pairs).
 - *Context* (causal LMs): a long context's paragraphs, sentences or lines as players
   (:func:`~captum_ffb.long_context.attribution.context_attribution`, what ``captum-ffb explain --context``
-  computes), :func:`~captum_ffb.viz.plot_context`'s figure and a table.
+  computes, by the decomposition or by presence), :func:`~captum_ffb.viz.plot_context`'s figure and a table.
 
 The server listens on 127.0.0.1 unless told otherwise, sends no telemetry (Gradio's
 analytics are switched off before it is imported, and on the app) and needs no network: the
@@ -226,9 +226,10 @@ class AppEvents:
             raise gr.Error(str(error)) from None
         return graph_summary(graph), framed_page(graph_html(graph), height=720)
 
-    def context(self, context: str, question: str, group_by: str, target: str) -> tuple:
-        """The Context tab (causal LMs): the groups of a long context as players, a figure
-        of the largest and a table of all."""
+    def context(self, context: str, question: str, group_by: str, target: str,
+                method: str = "decomposition") -> tuple:
+        """The Context tab (causal LMs): the groups of a long context as players (``method``:
+        ``context_attribution``'s), a figure of the largest and a table of all."""
         from captum_ffb.attr.norm_decomposition import NormDecomposition
         from captum_ffb.long_context.attribution import context_attribution
         from captum_ffb.texts.text import check_text
@@ -243,7 +244,7 @@ class AppEvents:
             found = context_attribution(NormDecomposition(self.loaded), self.loaded.tokenizer,
                                         check_text(context, name="the context"),
                                         check_text(question or "", name="the question"), group_by=group_by,
-                                        target=target or None, max_tokens=limit)
+                                        target=target or None, max_tokens=limit, method=method)
         except ValueError as error:
             raise gr.Error(str(error)) from None
         import pandas as pd
@@ -426,7 +427,8 @@ def build_app(loaded: LoadedModel) -> Any:
                     outputs=components_outputs, **queue)
         build.click(events.graph, inputs=[text, target, class_index, *graph_inputs],
                     outputs=graph_outputs, **queue)
-        attribute_context.click(events.context, inputs=[*context_inputs, target],
+        *texts, method = context_inputs
+        attribute_context.click(events.context, inputs=[*texts, target, method],
                                 outputs=context_outputs, **queue)
         for control in controls:
             control.change(events.redraw, inputs=[maps_state, *controls], outputs=maps_figure)
@@ -519,7 +521,9 @@ def _graph_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
 
 
 def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
-    """The Context tab: ``([context, question, group_by], attribute button, [figure, table])``."""
+    """The Context tab: ``([context, question, group_by, method], attribute button, [figure, table])``."""
+    from captum_ffb.long_context.attribution import METHODS
+
     with gr.Tab("Context", id="context", visible=events.task == "causal_lm"):
         gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
                     "history) and a question; every paragraph, sentence or line gets its exact "
@@ -529,11 +533,14 @@ def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]
             with gr.Column():
                 question = gr.Textbox(label="Question", elem_id="ffb-question")
                 group_by = gr.Radio(["paragraph", "sentence", "line"], value="paragraph", label="Groups")
+                method = gr.Radio(list(METHODS), value="decomposition", label="Method",
+                                  info="decomposition: each group's exact share of the answer; presence: what "
+                                       "removing it would do", elem_id="ffb-context-method")
                 attribute_context = gr.Button("Attribute", elem_id="ffb-context-run")
         context_figure = gr.Image(label="Groups by contribution", format="png", interactive=False,
                                   buttons=IMAGE_BUTTONS, elem_id="ffb-context-figure")
         context_frame = gr.Dataframe(interactive=False, elem_id="ffb-context-table", max_height=420)
-    return [context_text, question, group_by], attribute_context, [context_figure, context_frame]
+    return [context_text, question, group_by, method], attribute_context, [context_figure, context_frame]
 
 
 #: The names a page served on this machine only is reached by (the DNS-rebinding guard).

@@ -138,6 +138,11 @@ def test_the_context_tab_is_context_attribution(lm, classifier):
     assert sorted(by_text["group"]) == [0, 1, 2]
     with pytest.raises(gradio.Error, match="causal LM"):
         gradio_app.AppEvents(classifier).context(context, "the cat was", "paragraph", "")
+    _, removed = session.context(context, "the cat was", "paragraph", "", "presence")
+    expected = context_attribution(NormDecomposition(lm.model), lm.tokenizer, context, "the cat was",
+                                   method="presence")
+    by_group = dict(zip(removed["group"], removed["contribution"]))
+    assert all(abs(by_group[g] - float(expected.contributions[g])) < 1e-4 for g in range(3))
 
 
 def test_mistakes_show_as_gradio_errors(lm):
