@@ -247,6 +247,13 @@ CLI_CASES = [
     ("an unknown grouping", ["explain", "--context", "{r}/corpus.txt", "--question", "Why?", "--model", "{gpt2}",
                              "--group-by", "word"],
      "re:argument --group-by: invalid choice: 'word' .*"),
+    # issue 58: presence attribution
+    ("an unknown context method", ["explain", "--context", "{r}/corpus.txt", "--question", "Why?", "--model", "{gpt2}",
+                                   "--context-method", "ablation"],
+     "re:argument --context-method: invalid choice: 'ablation' .*"),
+    ("no presence steps", ["explain", "--context", "{r}/corpus.txt", "--question", "Why?", "--model", "{gpt2}",
+                           "--context-method", "presence", "--presence-steps", "0"],
+     "--presence-steps must be a positive integer, got 0"),
     # issue 45: the newest features
     ("an empty --question", ["explain", "--context", "{r}/corpus.txt", "--question", " ", "--model", "{gpt2}"],
      "--question is empty"),
@@ -450,6 +457,13 @@ API_CASES = [
     ("a template without the question",
      lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", "Why?", template="{context} so"),
      ValueError, r"template must hold \{context\} and \{question\} once each"),
+    # issue 58: presence attribution, at the API
+    ("an unknown context method",
+     lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="ablation"),
+     ValueError, r"method must be one of \('decomposition', 'presence'\), got 'ablation'"),
+    ("no presence steps",
+     lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="presence", steps=0),
+     ValueError, r"steps must be a positive integer, got 0"),
     # issue 45: the newest features, at the API
     ("an empty question", lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", " "),
      ValueError, r"question is empty"),

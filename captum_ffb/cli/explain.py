@@ -256,6 +256,8 @@ def _run_context(args: argparse.Namespace) -> int:
                         ("--contrast", args.contrast)):
         if given is not None:
             raise UsageError(f"{flag} does not apply to context attribution (--context)")
+    if args.presence_steps < 1:
+        raise UsageError(f"--presence-steps must be a positive integer, got {args.presence_steps}")
     placement = model_placement(args)
     formats = parse_formats(args.format)
     out = check_out_dir(args.out)
