@@ -527,7 +527,8 @@ def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]
     with gr.Tab("Context", id="context", visible=events.task == "causal_lm"):
         gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
                     "history) and a question; every paragraph, sentence or line gets its exact "
-                    "contribution to the answer's next token, in one backward pass.")
+                    "contribution to the answer's next token (decomposition, one backward pass) or "
+                    "what removing it would do (presence, two gradients).")
         with gr.Row():
             context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
             with gr.Column():
