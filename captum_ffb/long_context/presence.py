@@ -141,9 +141,7 @@ def _without(read: _Reader, ids: Tensor, groups: Tensor, n_groups: int, value: f
 
 def _presence_mask(groups: Tensor, presences: Tensor, dtype: torch.dtype) -> Tensor:
     """``(B, 1, n, n)`` the additive mask of presences ``(B, G)`` in ``{0, 1}``."""
-    log_presence = torch.where(presences > 0, presences.clamp_min(1e-30).log(),
-                               torch.full_like(presences, -math.inf))
-    return _log_mask(groups, log_presence, dtype)
+    return _log_mask(groups, torch.where(presences > 0, 0.0, -math.inf).to(presences), dtype)
 
 
 def _log_mask(groups: Tensor, log_presence: Tensor, dtype: torch.dtype) -> Tensor:
@@ -170,14 +168,15 @@ class _Reader:
         self.model, self.readout, self.n = model, readout, n
         self.keep = 1
         if isinstance(readout, AnswerLogProbability):
-            self.keep = n - min(readout._read()[1])
+            if readout.positions is None:
+                raise ValueError("an answer's log-probability is read where its tokens are fed: give its positions")
+            self.keep = n - min(readout.positions)
         self.kept = self._shifted(readout)
         self.takes_keep = True
 
     def _shifted(self, readout: ReadOut) -> ReadOut:
         if isinstance(readout, AnswerLogProbability):
-            _, positions = readout._read()
-            return replace(readout, positions=tuple(p - (self.n - self.keep) for p in positions))
+            return replace(readout, positions=tuple(p - (self.n - self.keep) for p in readout.positions))
         return readout
 
     def forward(self, ids: Tensor, mask: Tensor | None = None, grad: bool = False) -> Any:
@@ -208,9 +207,6 @@ def _resolved(readout: ReadOut, outputs: Any) -> ReadOut:
     """The read-out with its predicted token named (``NextToken(None)``)."""
     if isinstance(readout, NextToken) and readout.token is None:
         return NextToken(int(output_logits(outputs)[0, -1].argmax()))
-    if not isinstance(readout, (NextToken, AnswerLogProbability)):
-        raise TypeError(f"presence attribution explains a token's logit or an answer's log-probability, not a "
-                        f"{type(readout).__name__}")
     return readout
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from captum_ffb import NormDecomposition
-from captum_ffb.explained.readouts import NextToken
+from captum_ffb.explained.readouts import AnswerLogProbability, NextToken, TokenLogProbability
 from captum_ffb.long_context.attribution import context_attribution
 from captum_ffb.long_context.presence import _log_mask, _scalar, presence_attribution
 from tests.long_context.test_context import CONTEXT, QUESTION
@@ -143,6 +143,10 @@ def test_bad_requests_are_refused(lm):
     ids = prompt_ids(tokenizer)
     with pytest.raises(ValueError, match="token groups for"):
         presence_attribution(nd.model, ids, [0], 1, NextToken(7))
+    with pytest.raises(ValueError, match="give its positions"):
+        presence_attribution(nd.model, ids, [0] * ids.shape[1], 1, AnswerLogProbability((3, 4)))
+    with pytest.raises(TypeError, match="not a TokenLogProbability"):
+        presence_attribution(nd.model, ids, [0] * ids.shape[1], 1, TokenLogProbability(3, -1))
 
 
 def test_the_command_line_and_the_views(tmp_path, capsys):
