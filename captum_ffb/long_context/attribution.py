@@ -217,15 +217,24 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         answer=float(per_token[index == -3].sum()))
 
 
+def _read_target(nd: NormDecomposition, tokenizer: Any, target: Any) -> Any:
+    """``target`` with its text read by this tokenizer (the attribution may have none): a text
+    of one token is its id, of several an :class:`AnswerLogProbability` of their ids, as is
+    an answer given as text."""
+    if isinstance(target, str):
+        found = nd.engine.token_ids(tokenizer, target)
+        return AnswerLogProbability(tuple(found)) if len(found) > 1 else int(found[0])
+    if isinstance(target, AnswerLogProbability) and isinstance(target.tokens, str):
+        return AnswerLogProbability(tuple(nd.engine.token_ids(tokenizer, target.tokens)))
+    return target
+
+
 def _explained(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any) -> tuple[Any, Any, Any, str, Any]:
     """The prompt's contributions ``(1, n)`` (an answer's: ``(1, n + T − 1)``), the bias, the
     delta, what is explained in words, and an answer's token ids (``None`` for one token)."""
-    if isinstance(target, str):  # read by this tokenizer (the attribution may have none)
-        found = nd.engine.token_ids(tokenizer, target)
-        target = AnswerLogProbability(tuple(found)) if len(found) > 1 else int(found[0])
+    target = _read_target(nd, tokenizer, target)
     if isinstance(target, AnswerLogProbability):
-        tokens = target.tokens if not isinstance(target.tokens, str) else nd.engine.token_ids(tokenizer, target.tokens)
-        answer_ids = nd._target_tokens(tokens, ids.device)
+        answer_ids = nd._target_tokens(target.tokens, ids.device)
         contributions, bias, delta = nd._attribute_answer(ids, AnswerLogProbability(answer_ids), None, "backward",
                                                           None, nd.reference, True, True)
         return contributions, bias, delta, f"log p({tokenizer.decode(answer_ids.tolist())!r})", answer_ids
@@ -251,12 +260,8 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
 
     if nd.engine.head.task != "causal_lm":
         raise ValueError("presence attribution explains a causal LM's answer")
-    if isinstance(target, str):
-        found = nd.engine.token_ids(tokenizer, target)
-        target = AnswerLogProbability(tuple(found)) if len(found) > 1 else int(found[0])
+    target = _read_target(nd, tokenizer, target)
     if isinstance(target, AnswerLogProbability):
-        if isinstance(target.tokens, str):  # read by this tokenizer (the attribution may have none)
-            target = AnswerLogProbability(tuple(nd.engine.token_ids(tokenizer, target.tokens)))
         ids, _, readout = nd._forced_answer(ids, target, None)
         token_groups = token_groups + [-3] * (ids.shape[1] - len(token_groups))
         tokens = tokens + tokenizer.convert_ids_to_tokens(ids[0, len(tokens):].tolist())
