@@ -295,7 +295,8 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
                         additional_forward_args: Any = None, forward_kwargs: dict[str, Any] | None = None,
                         reference: str | int | Tensor | None = None, rules: Mapping[str, Callable] | None = None,
                         exact_above: float | None = None, exclude_positions: Sequence[int] = (),
-                        estimators: str | Sequence[str] | None = None) -> AttributionGraph:
+                        estimators: str | Sequence[str] | None = None,
+                        verify_top: int | None = None) -> AttributionGraph:
         r"""The exact attribution graph of one output of one input: the tokens, the writers of
         the stream at each position, the bias and the output, flow conserved at every node.
 
@@ -326,6 +327,9 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
                         names of :data:`~captum_ffb.patching.patches.ESTIMATORS` or
                         :data:`~captum_ffb.patching.patches.ALIASES`: ``"atp*"`` and ``"eap-ig"``
                         cost more passes); like ``exact_above``, only with ``corrupted_inputs``.
+            verify_top (int, optional): the components of each kind ``"atp+verify"`` patches for
+                        real (default :data:`~captum_ffb.patching.patches.VERIFY_TOP`; 0: none);
+                        only with ``corrupted_inputs``.
             additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
 
         Returns:
@@ -336,8 +340,9 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
             ``attribute_graph(prune=False).prune()``, which prunes among all of them with the
             same thresholds (docs/graphs.md, "Which graph is the circuit").
         """
-        exact_above, estimators = check_graph_options(granularity, prune, node_threshold, edge_threshold, max_nodes,
-                                                 corrupted_inputs is not None, exact_above, estimators)
+        exact_above, estimators, verify_top = check_graph_options(
+            granularity, prune, node_threshold, edge_threshold, max_nodes, corrupted_inputs is not None, exact_above,
+            estimators, verify_top)
         chosen = self._rules(rules)
         if getattr(chosen.get("attention"), "credits_scores", False):
             raise ValueError("rules: an attribution graph freezes the attention probabilities (the paper's "
@@ -357,18 +362,22 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
         if self.engine.source is not None:  # the layout [source | target]
             width += int(request.args[0].shape[1])
         excluded = check_positions(exclude_positions, width)
-        corrupted = None
-        if corrupted_inputs is not None:
-            self.engine.refuse_two_stacks("patching estimates")
-            corrupted_inputs = self._text_input(corrupted_inputs, "corrupted_inputs")
-            corrupted = self.request(corrupted_like(corrupted_inputs, request), request.target,
-                                     additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
-                                     reference=request.reference, name="corrupted_inputs")
+        corrupted = None if corrupted_inputs is None else \
+            self._corrupted_request(corrupted_inputs, request, additional_forward_args, forward_kwargs)
         limit = max_nodes if max_nodes is not None else (DEFAULT_MAX_NODES if prune else None)
-        built = build(self.engine, request, GraphOptions(chosen, granularity, limit, corrupted, exact_above,
-                                                         excluded, estimators, logits=self._several(target)))
+        built = build(self.engine, request, GraphOptions(chosen, granularity, limit, corrupted, exact_above, excluded,
+                                                         estimators, self._several(target), verify_top))
         graph = self._graph_of(built, request, granularity, excluded)
         return graph.prune(node_threshold, edge_threshold) if prune else graph
+
+    def _corrupted_request(self, corrupted_inputs: Tensor | str, request: Request, additional_forward_args: Any,
+                           forward_kwargs: dict[str, Any] | None) -> Request:
+        """The request of a graph's corrupted run: ``request``'s target, reference and arguments."""
+        self.engine.refuse_two_stacks("patching estimates")
+        corrupted_inputs = self._text_input(corrupted_inputs, "corrupted_inputs")
+        return self.request(corrupted_like(corrupted_inputs, request), request.target,
+                            additional_forward_args=additional_forward_args, forward_kwargs=forward_kwargs,
+                            reference=request.reference, name="corrupted_inputs")
 
     def _several(self, target: Any) -> bool:
         """Whether ``target`` asks for several outputs (:class:`~captum_ffb.explained.readouts.TopLogits`),

@@ -23,6 +23,7 @@ from captum_ffb.graph.lens import Lens, write_lens
 from captum_ffb.graph.score_split import ScoreSplitter
 from captum_ffb.patching.patches import (
     EXACT_ABOVE,
+    VERIFY_TOP,
     PatchEstimates,
     check_estimators,
     patch_estimates,
@@ -41,6 +42,7 @@ class GraphOptions:
         max_nodes (int, optional): the edges of at most this many writer nodes are computed.
         corrupted (Request, optional): the corrupted run of the patching estimates.
         exact_above (float): a ``"+exact"`` estimator patches for real above this κ.
+        verify_top (int): the components of each kind a ``"+verify"`` estimator patches for real.
         exclude_positions (tuple[int, ...]): the writers ``max_nodes`` chooses last.
         estimators (tuple[str, ...], optional): the patching estimators (``None``: the default).
         logits (bool): the target sums several logits (:class:`~captum_ffb.explained.readouts.TopLogits`):
@@ -55,6 +57,7 @@ class GraphOptions:
     exclude_positions: tuple[int, ...] = ()
     estimators: Sequence[str] | None = field(default=None)
     logits: bool = False
+    verify_top: int = VERIFY_TOP
 
 
 @dataclass
@@ -102,7 +105,8 @@ def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltG
     if options.corrupted is not None:
         engine.refuse_two_stacks("patching estimates")
         estimates = patch_estimates(engine, request, options.corrupted, tape, found, data, options.granularity,
-                                    options.exact_above, options.estimators, stamp=stamp)
+                                    options.exact_above, options.estimators, stamp=stamp,
+                                    verify_top=options.verify_top)
     n_source = None if tape.source_inputs is None else int(tape.source_inputs.shape[1])
     lens = write_lens(engine, tape, data.kinds, data.layers, data.heads, data.positions, data.values,
                       computed=data.computed)
@@ -114,9 +118,10 @@ def build(engine: BoundModel, request: Request, options: GraphOptions) -> BuiltG
 
 
 def check_graph_options(granularity: str, prune: Any, node_threshold: Any, edge_threshold: Any, max_nodes: Any,
-                        corrupted: bool, exact_above: Any, estimators: Any) -> tuple[float, tuple[str, ...]]:
+                        corrupted: bool, exact_above: Any, estimators: Any, verify_top: Any = None
+                        ) -> tuple[float, tuple[str, ...], int]:
     """:meth:`~captum_ffb.attr.NormDecomposition.attribute_graph`'s options checked (one-line errors naming each):
-    returns ``exact_above`` (its default filled in) and the estimators to compute."""
+    returns ``exact_above`` and ``verify_top`` (their defaults filled in) and the estimators to compute."""
     if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
         raise ValueError(f"max_nodes must be a positive number of nodes, got {max_nodes!r}")
     for name, share in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold)):
@@ -128,8 +133,8 @@ def check_graph_options(granularity: str, prune: Any, node_threshold: Any, edge_
         raise TypeError(f"prune must be True or False, got {prune!r}")
     check_granularity(granularity, "graph")
     if not corrupted:
-        given = [name for name, value in (("estimators", estimators), ("exact_above", exact_above))
-                 if value is not None]
+        given = [name for name, value in (("estimators", estimators), ("exact_above", exact_above),
+                                          ("verify_top", verify_top)) if value is not None]
         if given:
             raise ValueError(f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} up patching "
                              "estimates, which need corrupted_inputs (a corrupted input of the same length)")
@@ -137,4 +142,7 @@ def check_graph_options(granularity: str, prune: Any, node_threshold: Any, edge_
     if isinstance(exact_above, bool) or not isinstance(exact_above, (int, float)) or not exact_above > 0:
         raise ValueError(f"exact_above must be a positive number (math.inf: never patch for real), got "
                          f"{exact_above!r}")
-    return exact_above, check_estimators(estimators)
+    verify_top = VERIFY_TOP if verify_top is None else verify_top
+    if isinstance(verify_top, bool) or not isinstance(verify_top, int) or verify_top < 0:
+        raise ValueError(f"verify_top must be a number of components (0: none), got {verify_top!r}")
+    return exact_above, check_estimators(estimators), verify_top

@@ -73,7 +73,8 @@ class AttributionGraph:
         patch_kappa (Tensor, optional): ``(N,)`` each node's κ, how far its patch moves the
                     stream relative to the stream (:mod:`captum_ffb.patching.patches`).
         patch_components (dict): estimator name → {component id: effect} for the components
-                    that estimator patched for real at every position (``"atp+exact"``).
+                    that estimator patched for real at every position (``"atp+exact"``,
+                    ``"atp+verify"``).
         thresholds (dict): the pruning's parameters.
         qk_links (list): the query–key pairs attached as links of their own kind.
         probability (float, optional): the model's probability of the explained token (or
@@ -244,7 +245,8 @@ class AttributionGraph:
         component at every position (what :func:`~captum_ffb.baselines.activation_patching`
         measures): the nodes' estimates added over positions, except for the components the
         estimator patched for real at every position (``"atp+exact"``, where some node's κ
-        exceeds ``exact_above``), whose effect is that pass's."""
+        exceeds ``exact_above``; ``"atp+verify"``, those and the ones its estimates flag),
+        whose effect is that pass's."""
         self._check_estimator(estimator, "component_estimates")
         d = self.data
         found: dict[str, float] = {}
@@ -463,7 +465,7 @@ class AttributionGraph:
                         (its patching estimate, ``estimator``'s; the graph needs
                         ``corrupted_inputs``).
             level (str): ``"component"`` (``block.23.attention.head.4``: its nodes summed over
-                        positions; by patch, a component ``"atp+exact"`` patched for real at
+                        positions; by patch, a component the estimator patched for real at
                         every position takes that pass's effect, unless positions are
                         excluded) or ``"node"`` (``block.23.attention.head.4@7``).
             top (int, optional): how many (``None``: all).

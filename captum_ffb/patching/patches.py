@@ -30,10 +30,13 @@ the attention softmax recomputed where a patch reaches later queries and keys, a
 Each linear estimator ``X`` has a variant ``"X+exact"``: ``X``, except at the nodes whose patch
 moves the stream by more than the stream holds, ``κ_A = ‖write_A − write_A^c‖ / ‖stream just
 after A writes‖ > exact_above`` (:data:`EXACT_ABOVE`), patched for real
-(:func:`~captum_ffb.patching.estimators.exact_variant`).
+(:func:`~captum_ffb.patching.estimators.exact_variant`); ``"atp+verify"`` is ``"atp+exact"``
+with the ``verify_top`` (:data:`VERIFY_TOP`) components of each kind that AtP's and the frozen
+estimates flag most also patched for real, AtP*'s second stage
+(:func:`~captum_ffb.patching.estimators.verified_variant`).
 
 :data:`DEFAULT_ESTIMATOR` names the default, chosen against real activation patching on the
-selection prompts of four tasks and reported on held-out ones (``results/patching``;
+selection prompts of six tasks and reported on held-out ones (``results/patching``;
 docs/graphs.md); :data:`DEFAULT_EDGE_ESTIMATOR` the edges' default, chosen against real path
 patching of single edges (circuits cut from edge scores have their own default, chosen by MIB's
 protocol: :mod:`captum_ffb.patching.circuits`). The real passes are :func:`real_writers` and :func:`patched_values`.
@@ -89,7 +92,7 @@ from captum_ffb.patching.real import (
 )
 
 __all__ = ["ALIASES", "COMPUTED", "DEFAULT_EDGE_ESTIMATOR", "DEFAULT_ESTIMATOR", "EDGE_ESTIMATORS", "ESTIMATORS",
-           "EXACT_ABOVE", "LINEAR", "EdgePatcher", "Patch", "PatchEstimates", "RealWriters", "activation_patching",
+           "EXACT_ABOVE", "LINEAR", "VERIFY_TOP", "EdgePatcher", "Patch", "PatchEstimates", "RealWriters", "activation_patching",
            "check_estimators", "corrupted_like", "patch_estimates", "path_patching", "patched_values", "real_writers"]
 
 #: The linear estimators: ``⟨G, o − o^c⟩`` with the covector each names (the registered ones).
@@ -100,10 +103,13 @@ ESTIMATORS = tuple(name for name in estimator_names() if get_estimator(name).par
 #: What a graph with ``corrupted_inputs`` computes whatever it is asked (two forward passes
 #: and one backward pass each, plus the ``"+exact"`` variants' real passes).
 COMPUTED = ("frozen", "atp", "atp+exact", "relp", "relp+exact")
-#: The default estimator (chosen against activation patching on four tasks: results/patching).
+#: The default estimator (chosen against activation patching on six tasks: results/patching).
 DEFAULT_ESTIMATOR = "atp+exact"
 #: The ``"+exact"`` estimators patch a node for real where its κ exceeds this (chosen on the selection rows).
 EXACT_ABOVE = 0.5
+#: The components of each kind ``"atp+verify"`` patches for real (the smallest count within 0.01
+#: of the best estimator on every task and kind of the selection prompts: results/patching).
+VERIFY_TOP = 4
 #: The edge estimators (the registered ones with ``edges``).
 EDGE_ESTIMATORS = edge_estimator_names()
 #: The edges' default estimator of a graph's path-patching estimates (chosen against real path
@@ -328,7 +334,7 @@ def check_estimators(names: str | Sequence[str] | None) -> tuple[str, ...]:
 def patch_estimates(engine: BoundModel, request: Request, corrupted: Request, tape: GraphTape, found: Covectors,
                     data: NodeTable, granularity: str, exact_above: float = EXACT_ABOVE,
                     estimators: Sequence[str] | None = None, steps: int = EAP_IG_STEPS,
-                    stamp: Stamp | None = None) -> PatchEstimates:
+                    stamp: Stamp | None = None, verify_top: int = VERIFY_TOP) -> PatchEstimates:
     """Every node's estimated patching effect under :data:`COMPUTED`, ``estimators`` and the
     default (``"default"``), each node's κ, the components the ``"+exact"`` estimators patched
     for real (and AtP*'s whole components), and each estimator's seconds and passes; the edges'
@@ -338,7 +344,7 @@ def patch_estimates(engine: BoundModel, request: Request, corrupted: Request, ta
     chosen = computation_order(check_estimators(estimators))
     nodes = {node: k for k, node in enumerate(node_ids(data))}
     shared = record_shared(engine, request, corrupted, granularity, chosen, tape=tape, found=found, nodes=nodes,
-                           steps=steps, exact_above=exact_above)
+                           steps=steps, exact_above=exact_above, verify_top=verify_top)
     seconds: dict[str, float] = {}
     passes: dict[str, float] = {}
     for estimator in chosen:

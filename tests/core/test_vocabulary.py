@@ -25,7 +25,7 @@ OURS = {"reference", "route", "rules", "granularity", "return_bias", "feature_ma
         "players", "scope", "relative_delta", "input_decomposition", "maps", "check", "max_new_tokens",
         "decompositions", "convergence_delta", "tokenizer", "model_type", "memory_budget", "dtype",
         "show_progress", "corrupted_inputs", "prune", "node_threshold", "edge_threshold", "max_nodes",
-        "exact_above", "exclude_positions", "estimators"}
+        "exact_above", "exclude_positions", "estimators", "verify_top"}
 #: The words the review found for the same concepts, now gone from every signature.
 RETIRED = {"input_ids", "tokens", "targets", "readouts", "positions", "decoder_input_ids", "baseline_inputs",
            "engine", "engine_options", "options"}

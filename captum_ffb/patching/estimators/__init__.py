@@ -17,7 +17,9 @@ model passes, and whether it estimates edges):
 * ``atpstar.py``, :class:`AtPStar` (``"atp*"``) and :class:`QKFix` (its QK fix alone,
   ``"atp+qk"``): AtP* (Kramár et al. 2024, arXiv:2403.00745);
 * ``exact.py``: the ``"+exact"`` variant of each linear one (:func:`exact_variant`: the nodes
-  whose patch moves the stream most patched for real).
+  whose patch moves the stream most patched for real);
+* ``verified.py``: the ``"+verify"`` variant (:func:`verified_variant`, ``"atp+verify"``: the
+  components the estimates flag most patched for real, AtP*'s second stage).
 
 What they share: ``recorded.py`` (the recorded passes: :func:`record`, :func:`differences`,
 :func:`gradients`), ``base.py`` (the protocol, the :class:`Shared` state, the registry) and
@@ -56,6 +58,7 @@ from captum_ffb.patching.estimators.recorded import (
     linear_estimates,
     record,
 )
+from captum_ffb.patching.estimators.verified import verified_variant, verify_scores
 
 # isort: off
 # the estimators, each registered as its module is imported, in the order their names are listed
@@ -74,4 +77,4 @@ __all__ = ["AtP", "AtPStar", "Differences", "EAPIG", "EAP_IG_STEPS", "Estimate",
            "estimator_aliases", "estimator_names", "exact_variant", "get_estimator", "gim_rules",
            "gradients", "kappas", "linear_estimates", "link_of", "link_values", "node_kind",
            "record", "record_shared", "register_estimator", "relp_rules", "unregister_estimator",
-           "writer_key"]
+           "verified_variant", "verify_scores", "writer_key"]

@@ -13,6 +13,7 @@ from captum_ffb.patching.estimators.base import Estimate, Estimator, Shared, reg
 from captum_ffb.patching.estimators.edges import Link, link_values
 from captum_ffb.patching.estimators.exact import exact_variant
 from captum_ffb.patching.estimators.recorded import gradients, linear_estimates, record
+from captum_ffb.patching.estimators.verified import verified_variant
 
 __all__ = ["AtP"]
 
@@ -44,3 +45,4 @@ class AtP(Estimator):
 
 
 register_estimator(exact_variant(AtP))
+register_estimator(verified_variant(AtP))

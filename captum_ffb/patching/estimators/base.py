@@ -61,6 +61,7 @@ class Shared:
         found (Covectors, optional): its covectors.
         nodes (dict): the graph's nodes: node id → its index (node estimates only).
         exact_above (float): where the ``"+exact"`` estimators patch for real (κ above it).
+        verify_top (int): the components of each kind a ``"+verify"`` estimator patches for real.
         corrupted_seconds, clean_seconds (float): the seconds of the two shared passes.
         results (dict): estimator name → its :class:`Estimate`, as the estimators finish.
         memo (dict): work shared between estimators, by key → ``(value, seconds)`` (:meth:`once`).
@@ -78,6 +79,7 @@ class Shared:
     found: Covectors | None = None
     nodes: dict[NodeId, int] = field(default_factory=dict)
     exact_above: float = float("inf")
+    verify_top: int = 0
     corrupted_seconds: float = 0.0
     clean_seconds: float = 0.0
     results: dict[str, Estimate] = field(default_factory=dict)
