@@ -104,7 +104,7 @@ ESTIMATORS = tuple(name for name in estimator_names() if get_estimator(name).par
 #: and one backward pass each, plus the ``"+exact"`` variants' real passes).
 COMPUTED = ("frozen", "atp", "atp+exact", "relp", "relp+exact")
 #: The default estimator (chosen against activation patching on six tasks: results/patching).
-DEFAULT_ESTIMATOR = "atp+exact"
+DEFAULT_ESTIMATOR = "atp+verify"
 #: The ``"+exact"`` estimators patch a node for real where its κ exceeds this (chosen on the selection rows).
 EXACT_ABOVE = 0.5
 #: The components of each kind ``"atp+verify"`` patches for real (the smallest count within 0.01

@@ -379,7 +379,7 @@ def test_the_graph_carries_every_estimator_and_its_edges_estimates(llama):
     star = graph.component_estimates("atp*")
     assert star == graph.patch_components["atp*"]
     cheap = nd.attribute_graph(ids, 5, granularity="head", prune=False, corrupted_inputs=corrupted)
-    assert set(cheap.patch_estimates) == {*COMPUTED, "default"}
+    assert set(cheap.patch_estimates) == {*COMPUTED, DEFAULT_ESTIMATOR, "default"}  # the default is always computed
     for name in COMPUTED:
         # (the same estimates; AtP*'s pass runs eager attention, the other the model's own: rounding)
         assert torch.allclose(cheap.patch_estimates[name], graph.patch_estimates[name], rtol=1e-5, atol=1e-8)

@@ -128,7 +128,9 @@ def test_the_mask_is_checked_the_first_time_a_model_is_seen():
     seen, rows[:] = list(rows), []
     second = context_attribution(model, tokenizer, CONTEXT, QUESTION, method="presence", target=7)
     assert seen == [1, 2, 1, 1] and rows == [1, 1, 1, 1]  # own, (present,) absent, two steps
-    assert torch.equal(first.contributions, second.contributions) and first.bias == second.bias
+    # (the first call reads the absent pass from a batch of two, the next from a batch of one: rounding)
+    assert torch.allclose(first.contributions, second.contributions, rtol=1e-5, atol=1e-7)
+    assert first.bias == pytest.approx(second.bias, rel=1e-6)
 
 
 def test_bad_requests_are_refused(lm):
