@@ -8,9 +8,9 @@ not already patched for real by ``"X+exact"`` gets a score from two estimates of
 ``|a − f| + (|a| + |f|) / 2``, large where the estimates are large or disagree. The
 ``verify_top`` components of largest score of each kind
 (:data:`~captum_ffb.patching.patches.VERIFY_TOP` by default) are patched for real, one forward pass
-each, and their effect is that pass's. (A first block that responds to a swapped token far
-from linearly, say, is flagged by the estimates' disagreement where each alone misses it:
-``results/patching``.)
+each, and their effect is that pass's. The disagreement flags some components that each
+estimate alone misses (a first FF block responding to a swapped token far from linearly), not
+all of them: where both estimates are small, nothing does (``results/patching``).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from captum_ffb.patching.real import RealWriters, patched_values, writer_patch
 
 __all__ = ["Verified", "VerifiedVariant", "verified", "verified_variant", "verify_scores"]
 
+
 @dataclass
 class Verified:
-    """The components a ``"+verify"`` estimator patched for real, by estimator.
+    """The components a ``"+verify"`` estimator patched for real.
 
     Attributes:
         components (dict): component id → its real effect (every position patched).
