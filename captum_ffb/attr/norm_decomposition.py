@@ -328,8 +328,8 @@ class NormDecomposition(Door, ReadOutMethods, Attribution):
                         :data:`~captum_ffb.patching.patches.ALIASES`: ``"atp*"`` and ``"eap-ig"``
                         cost more passes); like ``exact_above``, only with ``corrupted_inputs``.
             verify_top (int, optional): the components of each kind ``"atp+verify"`` patches for
-                        real (default :data:`~captum_ffb.patching.patches.VERIFY_TOP`; 0: none);
-                        only with ``corrupted_inputs``.
+                        real by its estimates, one more by κ (default :data:`~captum_ffb.patching.patches.VERIFY_TOP`;
+                        0: none); only with ``corrupted_inputs``.
             additional_forward_args, forward_kwargs, reference, rules: as in :meth:`attribute`.
 
         Returns:

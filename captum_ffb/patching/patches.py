@@ -32,7 +32,7 @@ moves the stream by more than the stream holds, ``κ_A = ‖write_A − write_A^
 after A writes‖ > exact_above`` (:data:`EXACT_ABOVE`), patched for real
 (:func:`~captum_ffb.patching.estimators.exact_variant`); ``"atp+verify"`` is ``"atp+exact"``
 with the ``verify_top`` (:data:`VERIFY_TOP`) components of each kind that AtP's and the frozen
-estimates flag most also patched for real, AtP*'s second stage
+estimates flag most, and the next of largest κ, also patched for real, AtP*'s second stage
 (:func:`~captum_ffb.patching.estimators.verified_variant`).
 
 :data:`DEFAULT_ESTIMATOR` names the default, chosen against real activation patching on the
@@ -107,8 +107,9 @@ COMPUTED = ("frozen", "atp", "atp+exact", "relp", "relp+exact")
 DEFAULT_ESTIMATOR = "atp+verify"
 #: The ``"+exact"`` estimators patch a node for real where its κ exceeds this (chosen on the selection rows).
 EXACT_ABOVE = 0.5
-#: The components of each kind ``"atp+verify"`` patches for real (the smallest count within 0.01
-#: of the best estimator on every task and kind of the selection prompts: results/patching).
+#: The components of each kind ``"atp+verify"`` patches for real by its estimates, one more by κ
+#: (the smallest count within 0.01 of the best estimator on every task and kind of the
+#: selection prompts: results/patching).
 VERIFY_TOP = 4
 #: The edge estimators (the registered ones with ``edges``).
 EDGE_ESTIMATORS = edge_estimator_names()

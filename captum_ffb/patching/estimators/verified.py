@@ -7,10 +7,12 @@ not already patched for real by ``"X+exact"`` gets a score from two estimates of
 ``X``'s ``a`` and the frozen model's ``f`` (both summed over positions):
 ``|a − f| + (|a| + |f|) / 2``, large where the estimates are large or disagree. The
 ``verify_top`` components of largest score of each kind
-(:data:`~captum_ffb.patching.patches.VERIFY_TOP` by default) are patched for real, one forward pass
-each, and their effect is that pass's. The disagreement flags some components that each
-estimate alone misses (a first FF block responding to a swapped token far from linearly), not
-all of them: where both estimates are small, nothing does (``results/patching``).
+(:data:`~captum_ffb.patching.patches.VERIFY_TOP` by default), and of the others the one whose
+patch moves the stream most (the largest κ over its positions, see
+:mod:`~captum_ffb.patching.estimators.exact`), are patched for real, one forward pass each, and
+their effect is that pass's. The disagreement flags some components that each estimate alone
+misses; κ flags the first FF block responding to a swapped token far from linearly where both
+estimates are small (``results/patching``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import ClassVar
 from captum_ffb.core.vocabulary import component_of
 from captum_ffb.engine.autograd import sequence_shaped
 from captum_ffb.patching.estimators.base import Estimate, Estimator, Shared, get_estimator
-from captum_ffb.patching.estimators.exact import node_kind, real_patched
+from captum_ffb.patching.estimators.exact import kappas, node_kind, real_patched
 from captum_ffb.patching.real import RealWriters, patched_values, writer_patch
 
 __all__ = ["Verified", "VerifiedVariant", "verified", "verified_variant", "verify_scores"]
@@ -61,8 +63,9 @@ def verify_scores(basis: Mapping[str, float], frozen: Mapping[str, float]) -> di
 
 def verified(shared: Shared, basis: str) -> Verified:
     """Patch for real the ``shared.verify_top`` components of each kind that ``basis``'s and
-    the frozen estimates flag most (:func:`verify_scores`), among those ``"+exact"`` did not
-    patch (once per basis: kept in the shared state)."""
+    the frozen estimates flag most (:func:`verify_scores`), and of the others the one of
+    largest κ, among those ``"+exact"`` did not patch (once per basis: kept in the shared
+    state); ``verify_top=0``: none."""
     return shared.once(f"+verify {basis}", lambda: _verify(shared, basis))
 
 
@@ -74,22 +77,28 @@ def _verify(shared: Shared, basis: str) -> Verified:
     run = shared.corrupted
     base = RealWriters(run.value, {w.id: sequence_shaped(w.output.detach(), w.n) for w in run.tape.writers},
                        {w.id: w.parts.detach() for w in run.tape.writers if w.parts is not None})
-    by_kind: dict[str, list[tuple[float, str, str, int]]] = {}
+    moved = kappas(shared)
+    by_kind: dict[str, list[tuple[float, float, str, str, int]]] = {}
     for recorded in shared.tape.writers:
         kind = node_kind(recorded.kind, recorded.parts is not None)
         parts = [-1] if recorded.parts is None else list(range(shared.parts(recorded)))
-        for part in parts:
+        for column, part in enumerate(parts):
             component = component_of(kind, recorded.layer, part)
             if component not in done:
-                by_kind.setdefault(kind, []).append((scores[component], component, recorded.id, part))
-    chosen = [row for rows in by_kind.values()
-              for row in sorted(rows, key=lambda row: -row[0])[:shared.verify_top]]
+                kappa = float(moved[recorded.id][:, column].max())
+                by_kind.setdefault(kind, []).append((scores[component], kappa, component, recorded.id, part))
+    chosen = []
+    if shared.verify_top > 0:
+        for rows in by_kind.values():
+            ranked = sorted(rows, key=lambda row: -row[0])
+            rest = ranked[shared.verify_top:]
+            chosen += ranked[:shared.verify_top] + sorted(rest, key=lambda row: -row[1])[:1]
     found = Verified(passes=len(chosen))
     if chosen:
-        patches = [writer_patch(writers[writer_id], part, base) for _, _, writer_id, part in chosen]
+        patches = [writer_patch(writers[writer_id], part, base) for *_, writer_id, part in chosen]
         value = float(shared.clean.value.detach()[0])
         patched = patched_values(shared.engine, shared.request, shared.request.target, patches)
-        found.components = {row[1]: value - p for row, p in zip(chosen, patched)}
+        found.components = {row[2]: value - p for row, p in zip(chosen, patched)}
     return found
 
 
@@ -99,7 +108,7 @@ class VerifiedVariant(Estimator):
 
     basis: ClassVar[str]
     cost = ("X+exact's, the frozen pass (the graph's own), and one forward pass per verified component "
-            "(verify_top of each kind)")
+            "(verify_top + 1 of each kind)")
 
     def passes(self, shared: Shared) -> float:
         frozen = 0 if self.basis == "frozen" else 2  # the graph's own pass, forward and backward
