@@ -22,7 +22,7 @@ from captum_ffb.engine.autograd import sequence_shaped
 from captum_ffb.patching.estimators.base import Estimate, Estimator, Shared, get_estimator
 from captum_ffb.patching.real import Patch, RealWriters, patched_values, writer_patch
 
-__all__ = ["ExactVariant", "RealPatched", "exact_variant", "kappas", "node_kind", "real_patched"]
+__all__ = ["ExactVariant", "RealPatched", "corrupted_writers", "exact_variant", "kappas", "node_kind", "real_patched"]
 
 
 def node_kind(writer_kind: str, split: bool) -> str:
@@ -72,12 +72,17 @@ def real_patched(shared: Shared) -> RealPatched:
     return shared.once("+exact", lambda: _patch_for_real(shared))
 
 
+def corrupted_writers(shared: Shared) -> RealWriters:
+    """The corrupted run's writers' outputs (and parts): what a real patch takes."""
+    run = shared.corrupted
+    return RealWriters(run.value, {w.id: sequence_shaped(w.output.detach(), w.n) for w in run.tape.writers},
+                       {w.id: w.parts.detach() for w in run.tape.writers if w.parts is not None})
+
+
 def _patch_for_real(shared: Shared) -> RealPatched:
     moved = kappas(shared)
     writers = {writer.id: writer for writer in shared.engine.points.read_stack()}
-    run = shared.corrupted
-    base = RealWriters(run.value, {w.id: sequence_shaped(w.output.detach(), w.n) for w in run.tape.writers},
-                       {w.id: w.parts.detach() for w in run.tape.writers if w.parts is not None})
+    base = corrupted_writers(shared)
     what: list[tuple[str, int, int] | str] = []  # (writer id, position, column) of a node; a component's id
     patches: list[Patch] = []
     for recorded in shared.tape.writers:

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from captum_ffb.core.vocabulary import component_of
-from captum_ffb.engine.autograd import sequence_shaped
 from captum_ffb.patching.estimators.base import Estimate, Estimator, Shared, get_estimator
-from captum_ffb.patching.estimators.exact import kappas, node_kind, real_patched
-from captum_ffb.patching.real import RealWriters, patched_values, writer_patch
+from captum_ffb.patching.estimators.exact import corrupted_writers, kappas, node_kind, real_patched
+from captum_ffb.patching.real import patched_values, writer_patch
 
 __all__ = ["Verified", "VerifiedVariant", "verified", "verified_variant", "verify_scores"]
 
@@ -74,9 +73,6 @@ def _verify(shared: Shared, basis: str) -> Verified:
     scores = verify_scores(_component_sums(shared.results[basis], shared),
                            _component_sums(shared.results["frozen"], shared))
     writers = {writer.id: writer for writer in shared.engine.points.read_stack()}
-    run = shared.corrupted
-    base = RealWriters(run.value, {w.id: sequence_shaped(w.output.detach(), w.n) for w in run.tape.writers},
-                       {w.id: w.parts.detach() for w in run.tape.writers if w.parts is not None})
     moved = kappas(shared)
     by_kind: dict[str, list[tuple[float, float, str, str, int]]] = {}
     for recorded in shared.tape.writers:
@@ -95,6 +91,7 @@ def _verify(shared: Shared, basis: str) -> Verified:
             chosen += ranked[:shared.verify_top] + sorted(rest, key=lambda row: -row[1])[:1]
     found = Verified(passes=len(chosen))
     if chosen:
+        base = corrupted_writers(shared)
         patches = [writer_patch(writers[writer_id], part, base) for *_, writer_id, part in chosen]
         value = float(shared.clean.value.detach()[0])
         patched = patched_values(shared.engine, shared.request, shared.request.target, patches)
