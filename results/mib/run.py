@@ -62,9 +62,10 @@ sys.path.insert(0, str(ROOT))
 EVIDENCE = ROOT / "captum_ffb" / "evaluation" / "data" / "evidence"
 CACHE = HERE / "cache"
 TASKS = ("ioi", "induction", "recall", "agreement", "factual", "determiner")
-ESTIMATORS = ("atp", "eap-ig", "gim", "relp", "frozen")
+ESTIMATORS = ("atp", "eap-ig", "gim", "relp", "frozen", "gim-ig")
 PEER_NAMES = {"atp": "EAP (attribution patching)", "eap-ig": "EAP-IG-inputs", "gim": "GIM", "relp": "RelP",
-              "frozen": "ours: the frozen decomposition"}
+              "frozen": "ours: the frozen decomposition",
+              "gim-ig": "ours: GIM's gradients along EAP-IG's path"}
 
 
 def _patching_study():
@@ -239,7 +240,7 @@ def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...
 def passes(name: str) -> float:
     from captum_ffb.patching.estimators import EAP_IG_STEPS
 
-    own = {"eap-ig": 1 + 2 * EAP_IG_STEPS}
+    own = {"eap-ig": 1 + 2 * EAP_IG_STEPS, "gim-ig": 1 + 2 * EAP_IG_STEPS}
     return 1 + sum(own.get(m, 3) - 1 for m in members(name))  # the counterfactual's forward pass shared
 
 

@@ -81,10 +81,11 @@ def package_gim(model: nn.Module, temperature: float = 2.0, value_scale: float =
 
 
 def package_gradient(model: nn.Module, ids: Tensor, token: int, settings=(2.0, 0.5, 0.25),
-                     writers: dict[str, nn.Module] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                     writers: dict[str, nn.Module] | None = None, embeds: Tensor | None = None,
+                     ) -> tuple[Tensor, dict[str, Tensor]]:
     """The package's GIM gradient of the logit of ``token`` at the last position of the one
-    row ``ids``, at the input embeddings ``(n, d)``, and at the outputs of ``writers`` (name →
-    module whose first output is the writer's)."""
+    row ``ids`` (or of the input embeddings ``embeds``), at the input embeddings ``(n, d)``,
+    and at the outputs of ``writers`` (name → module whose first output is the writer's)."""
     kept: dict[str, Tensor] = {}
     handles = []
     for key, module in (writers or {}).items():
@@ -93,7 +94,7 @@ def package_gradient(model: nn.Module, ids: Tensor, token: int, settings=(2.0, 0
             first.retain_grad()
             kept[key] = first
         handles.append(module.register_forward_hook(keep))
-    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    embeds = (model.get_input_embeddings()(ids) if embeds is None else embeds).detach().requires_grad_(True)
     try:
         with torch.enable_grad(), package_gim(model, *settings):
             logits = model(inputs_embeds=embeds, use_cache=False).logits
@@ -214,3 +215,35 @@ def test_the_node_estimates_are_the_packages_gradient_times_the_patch(llama):
     known = ~torch.isnan(atp)
     assert known.any() and torch.isfinite(gim[known]).all()
     assert not torch.allclose(gim[known], atp[known])
+
+
+def test_gim_ig_averages_the_packages_gradient_along_eap_igs_path(llama):
+    """``"gim-ig"``: every sublayer's estimate is ``Σ_i ⟨Ḡ_i, o_i − o_i^c⟩`` with ``Ḡ`` the
+    package's GIM gradient averaged over the passes from ``x^c + k/m (x − x^c)``,
+    ``k = 1 … m``, of the input embeddings; it differs from GIM's one gradient and from
+    EAP-IG's real ones, and costs EAP-IG's passes."""
+    nd, ids, corrupted, _ = llama
+    steps = E.EAP_IG_STEPS
+    graph = nd.attribute_graph(ids, 5, granularity="sublayer", prune=False, corrupted_inputs=corrupted,
+                               estimators=["gim-ig", "gim", "eap-ig"])
+    writers = {}
+    for layer, block in enumerate(nd.model.model.layers):
+        writers[f"block.{layer}.attention"] = block.self_attn
+        writers[f"block.{layer}.ff"] = block.mlp
+    embed = nd.model.get_input_embeddings()
+    clean_x, corrupted_x = embed(ids).detach(), embed(corrupted).detach()
+    averaged: dict[str, Tensor] = {}
+    for k in range(1, steps + 1):
+        point = corrupted_x + (k / steps) * (clean_x - corrupted_x)
+        _, grads = package_gradient(nd.model, ids, 5, writers=writers, embeds=point)
+        for key, g in grads.items():
+            averaged[key] = averaged.get(key, 0) + g / steps
+    clean, base = outputs_of(nd.model, ids, writers), outputs_of(nd.model, corrupted, writers)
+    estimates = graph.component_estimates("gim-ig")
+    for key in writers:
+        expected = float((averaged[key] * (clean[key] - base[key])).sum())
+        assert estimates[key] == pytest.approx(expected, rel=TOLERANCE, abs=TOLERANCE), key
+    found = graph.patch_estimates
+    assert not torch.allclose(found["gim-ig"], found["gim"])
+    assert not torch.allclose(found["gim-ig"], found["eap-ig"])
+    assert graph.patch_passes["gim-ig"] == graph.patch_passes["eap-ig"] == 1 + 2 * steps

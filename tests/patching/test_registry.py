@@ -55,7 +55,7 @@ def test_every_estimator_has_a_citation_a_cost_and_a_unique_name():
         assert estimator.citation.strip() and estimator.cost.strip(), name
     for name in ("atp", "relp", "gim", "eap-ig", "atp*", "atp+qk"):  # the field's, cited by arXiv id
         assert re.search(r"arXiv:\d{4}\.\d{4,5}", get_estimator(name).citation), name
-    assert LINEAR == ("frozen", "atp", "relp", "gim", "eap-ig")
+    assert LINEAR == ("frozen", "atp", "relp", "eap-ig", "gim", "gim-ig")
     assert all(get_estimator(f"{name}+exact").variant_of == name for name in LINEAR)
     assert EDGE_ESTIMATORS == LINEAR and DEFAULT_EDGE_ESTIMATOR in EDGE_ESTIMATORS
     assert {*COMPUTED, DEFAULT_ESTIMATOR} <= set(ESTIMATORS)

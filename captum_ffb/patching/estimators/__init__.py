@@ -11,9 +11,9 @@ model passes, and whether it estimates edges):
   arXiv:2310.10348);
 * ``relp.py``, :class:`RelP` (``"relp"``): relevance patching (Rezaei Jafari et al. 2025,
   arXiv:2508.21258);
-* ``gim.py``, :class:`GIM` (``"gim"``): Gradient Interaction Modifications (Edin et al. 2025,
-  arXiv:2505.17630);
 * ``eap_ig.py``, :class:`EAPIG` (``"eap-ig"``): EAP-IG (Hanna et al. 2024, arXiv:2403.17806);
+* ``gim.py``, :class:`GIM` (``"gim"``): Gradient Interaction Modifications (Edin et al. 2025,
+  arXiv:2505.17630), and :class:`GIMIG` (``"gim-ig"``): its gradients along EAP-IG's path;
 * ``atpstar.py``, :class:`AtPStar` (``"atp*"``) and :class:`QKFix` (its QK fix alone,
   ``"atp+qk"``): AtP* (Kramár et al. 2024, arXiv:2403.00745);
 * ``exact.py``: the ``"+exact"`` variant of each linear one (:func:`exact_variant`: the nodes
@@ -65,13 +65,13 @@ from captum_ffb.patching.estimators.verified import verified_variant, verify_sco
 from captum_ffb.patching.estimators.frozen import Frozen
 from captum_ffb.patching.estimators.atp import AtP
 from captum_ffb.patching.estimators.relp import GradientAttention, RelP, relp_rules
-from captum_ffb.patching.estimators.gim import GIM, GIMAttention, gim_rules
 from captum_ffb.patching.estimators.eap_ig import EAPIG, eap_ig_gradients
+from captum_ffb.patching.estimators.gim import GIM, GIMIG, GIMAttention, gim_rules
 from captum_ffb.patching.estimators.atpstar import AtPStar, QKFix, StarEstimates, atp_star
 # isort: on
 
 __all__ = ["AtP", "AtPStar", "Differences", "EAPIG", "EAP_IG_STEPS", "Estimate", "Estimator",
-           "Frozen", "GIM", "GIMAttention", "GradientAttention", "Link", "Probe", "QKFix",
+           "Frozen", "GIM", "GIMAttention", "GIMIG", "GradientAttention", "Link", "Probe", "QKFix",
            "Recorded", "RelP", "Shared", "StarEstimates", "atp_star", "computation_order",
            "differences", "eap_ig_gradients", "edge_estimates", "edge_estimator_names",
            "estimator_aliases", "estimator_names", "exact_variant", "get_estimator", "gim_rules",

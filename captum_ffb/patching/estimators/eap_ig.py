@@ -9,7 +9,7 @@ sums ``k = 0 … m − 1``; ``k = m`` is the clean point, so ``m = 1`` is attrib
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import Tensor
 
@@ -30,15 +30,16 @@ __all__ = ["EAP_IG_STEPS", "EAPIG", "eap_ig_gradients"]
 
 
 def eap_ig_gradients(engine: BoundModel, request: Request, granularity: str, diff: Differences,
-                     steps: int = EAP_IG_STEPS) -> dict[str, Tensor]:
+                     steps: int = EAP_IG_STEPS, rules: Mapping[str, Callable] | None = None) -> dict[str, Tensor]:
     """EAP-IG's covectors: the real gradients at the writers (and parts) averaged over
-    ``steps`` passes from ``x^c + k/steps (x − x^c)``, ``k = 1 … steps``."""
+    ``steps`` passes from ``x^c + k/steps (x − x^c)``, ``k = 1 … steps`` (with ``rules``,
+    the gradients of the linearised model of each pass)."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     total: dict[str, Tensor] = {}
     for k in range(1, steps + 1):
         start = diff.corrupted_inputs + (k / steps) * (diff.clean_inputs - diff.corrupted_inputs)
-        (found,) = gradients(record(engine, request, granularity, start=start))
+        (found,) = gradients(record(engine, request, granularity, rules=rules, start=start))
         for name, g in found.items():
             total[name] = total[name] + g if name in total else g.clone()
     return {name: g / steps for name, g in total.items()}
@@ -58,16 +59,24 @@ class EAPIG(Estimator):
     def passes(self, shared: Shared) -> float:
         return 1 + 2 * shared.steps
 
+    def rules(self, engine: BoundModel) -> dict[str, Callable] | None:
+        """The rules of the passes whose gradients it averages (``None``: the real model's
+        own; an estimator of another rule set along the same path changes only this)."""
+        return None
+
     def estimate(self, shared: Shared) -> Estimate:
-        grads = eap_ig_gradients(shared.engine, shared.request, shared.granularity, shared.diff, shared.steps)
+        grads = eap_ig_gradients(shared.engine, shared.request, shared.granularity, shared.diff, shared.steps,
+                                 self.rules(shared.engine))
         return Estimate(linear_estimates(grads, shared.diff, shared.clean.tape))
 
     def estimate_edges(self, shared: Shared, links: Sequence[Link]) -> Tensor:
         diff, steps = shared.diff, shared.steps
+        rules = self.rules(shared.engine)
         total = None
         for k in range(1, steps + 1):
             start = diff.corrupted_inputs + (k / steps) * (diff.clean_inputs - diff.corrupted_inputs)
-            tape = record(shared.engine, shared.request, shared.granularity, start=start, reads=True).tape
+            tape = record(shared.engine, shared.request, shared.granularity, rules=rules, start=start,
+                          reads=True).tape
             values = link_values(tape, covectors(tape), diff, links)
             total = values if total is None else total + values
         return total / steps

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from captum_ffb.engine.bound import BoundModel
 from captum_ffb.patching.estimators.base import register_estimator
+from captum_ffb.patching.estimators.eap_ig import EAPIG
 from captum_ffb.patching.estimators.exact import exact_variant
 from captum_ffb.patching.estimators.relp import RelP
 from captum_ffb.rules import LinearisedActivation, LinearisedGatedActivation
@@ -35,7 +36,7 @@ from captum_ffb.rules.attention_scores import (
     soft_capped,
 )
 
-__all__ = ["GIM", "GIMAttention", "gim_rules"]
+__all__ = ["GIM", "GIMIG", "GIMAttention", "gim_rules"]
 
 
 class GIMAttention(ScoreCreditingAttention):
@@ -111,3 +112,20 @@ class GIM(RelP):
 
 
 register_estimator(exact_variant(GIM))
+
+
+@register_estimator
+class GIMIG(EAPIG):
+    """GIM's gradients (:func:`gim_rules`) averaged along EAP-IG's path: at each of the
+    ``steps`` points ``x^c + k/steps (x − x^c)`` of the input embeddings, the gradient of the
+    linearised model of that pass (its coefficients, and GIM's tempered softmax, at that
+    point). EAP-IG's cost; ``steps=1`` is :class:`GIM`."""
+
+    name = "gim-ig"
+    citation = (f"{GIM.citation}; along the path of {EAPIG.citation}")
+
+    def rules(self, engine: BoundModel) -> dict[str, Callable]:
+        return gim_rules(engine)
+
+
+register_estimator(exact_variant(GIMIG))

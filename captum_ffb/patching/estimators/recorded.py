@@ -153,15 +153,14 @@ def record(engine: BoundModel, request: Request, granularity: str, *, rules: Map
                     (``captum_ffb.engine.linearise.linearise``; values are the real model's,
                     gradients the rules'); ``None``: the real model.
         start (Tensor, optional): ``(1, n, d)`` the first block's input to run from instead
-                    of the inputs' own (EAP-IG's interpolation; real model only).
+                    of the inputs' own (EAP-IG's interpolation); with ``rules``, the
+                    linearised model's coefficients are those of the pass from ``start``.
         reads (bool): every writer reads the stream through a leaf of its own (edges:
                     ``captum_ffb.engine.tape.pulled_back``).
         probe (bool): keep each attention's probabilities, queries, keys and call (the QK fix).
         gate (bool): put GradDrop's switch after every writer.
         grad (bool): ``False``: a forward pass only (the corrupted run).
     """
-    if start is not None and rules is not None:
-        raise ValueError("an interpolated start runs the real model (rules=None)")
     head = engine.head
     target = request.target
     writers = engine.points.read_stack()
@@ -171,6 +170,8 @@ def record(engine: BoundModel, request: Request, granularity: str, *, rules: Map
     kept: dict[str, Tensor] = {}
     with ModelPass(engine.model, grad=grad) as run, contextlib.ExitStack() as stack:
         frozen = None
+        if rules is not None and start is not None:  # before the linearisation's own leaf
+            run.before(engine.blocks[0], _start(kept, start, False), with_kwargs=True)
         if rules is not None:
             watch = {} if head.output is None else {"output": head.output}
             frozen = stack.enter_context(linearise(run, engine.stack.spec, engine.stack.blocks, rules,
