@@ -19,7 +19,12 @@ from captum_ffb.cli._options import (
 from captum_ffb.core.vocabulary import FEATURE_GRANULARITIES
 from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.io.files import check_out_dir, output_set, save_figure, write_json, write_text
-from captum_ffb.long_context.attribution import DEFAULT_TEMPLATE, GROUPINGS, METHODS
+from captum_ffb.long_context.attribution import (
+    DEFAULT_ABLATIONS,
+    DEFAULT_TEMPLATE,
+    GROUPINGS,
+    METHODS,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -104,9 +109,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--context-method", choices=METHODS, default="decomposition",
                         help="with --context: each group's exact share of the value in the model's pass "
                         "(decomposition; default) or what removing it does (presence: ablation-aware, two "
-                        "gradients by default)")
+                        "gradients by default; fitted: the decomposition refined by a fit on --ablations "
+                        "ablated prompts)")
     parser.add_argument("--presence-steps", type=int, default=2, metavar="N",
                         help="with --context-method presence: the path's midpoints (default 2)")
+    parser.add_argument("--ablations", type=int, default=DEFAULT_ABLATIONS, metavar="N",
+                        help=f"with --context-method fitted: the ablated prompts, one forward pass each "
+                        f"(default {DEFAULT_ABLATIONS})")
     parser.add_argument("--batch-size", type=int, default=16, metavar="N",
                         help="corpus mode: texts per batch (default 16)")
     parser.add_argument("--overwrite", action="store_true",
@@ -258,6 +267,8 @@ def _run_context(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} does not apply to context attribution (--context)")
     if args.presence_steps < 1:
         raise UsageError(f"--presence-steps must be a positive integer, got {args.presence_steps}")
+    if args.ablations < 3:
+        raise UsageError(f"--ablations must be at least 3, got {args.ablations}")
     placement = model_placement(args)
     formats = parse_formats(args.format)
     out = check_out_dir(args.out)
@@ -276,7 +287,8 @@ def _run_context(args: argparse.Namespace) -> int:
     limit = getattr(config, "max_position_embeddings", None)
     found = context_attribution(NormDecomposition(loaded), loaded.tokenizer, context, question,
                                 group_by=args.group_by, target=args.target, template=args.template,
-                                max_tokens=limit, method=args.context_method, steps=args.presence_steps)
+                                max_tokens=limit, method=args.context_method, steps=args.presence_steps,
+                                ablations=args.ablations, show_progress=not args.quiet)
     with output_set(out) as files:
         written = []
         if "json" in formats:

@@ -21,12 +21,16 @@ from captum_ffb.texts.text import check_text
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["DEFAULT_TEMPLATE", "GROUPINGS", "METHODS", "ContextAttribution", "context_attribution", "split_context"]
+__all__ = ["DEFAULT_ABLATIONS", "DEFAULT_PRIOR", "DEFAULT_TEMPLATE", "GROUPINGS", "METHODS", "ContextAttribution", "context_attribution", "split_context"]
 
 #: How a context is cut into groups.
 GROUPINGS = ("paragraph", "sentence", "line")
 #: How a group's part is measured (``context_attribution``'s ``method``).
-METHODS = ("decomposition", "presence")
+METHODS = ("decomposition", "presence", "fitted")
+#: ``"fitted"``'s ablations and prior by default (chosen on questions held out from the evaluation,
+#: ``results/context/selection/``).
+DEFAULT_ABLATIONS = 16
+DEFAULT_PRIOR = "presence"
 #: How the prompt is made of the context and the question.
 DEFAULT_TEMPLATE = "{context}\n\n{question}"
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
@@ -80,7 +84,8 @@ class ContextAttribution:
         method (str): how the contributions were measured (``context_attribution``'s
                     ``method``); for ``"presence"`` the question, the rest and the answer are
                     0, ``bias`` is the value without the context and ``token_contributions``
-                    is ``None``.
+                    is ``None``; for ``"fitted"`` likewise, ``bias`` the fit's value with every
+                    group removed and ``delta`` the fit's miss at the whole prompt.
     """
 
     groups: list[str]
@@ -107,9 +112,11 @@ class ContextAttribution:
     def terms(self) -> list[tuple[str, float]]:
         """The value's terms besides the groups, named: the question, the rest, the answer's
         own tokens (where explained) and the bias; for ``"presence"`` the value without the
-        context."""
+        context, for ``"fitted"`` the fit's value with every group removed."""
         if self.method == "presence":
             return [("without the context", self.bias)]
+        if self.method == "fitted":
+            return [("every group removed, by the fit", self.bias)]
         answer = [("the answer's own tokens", self.answer)] if self.answer else []
         return [("question", self.question), ("rest of the prompt", self.rest), *answer, ("bias", self.bias)]
 
@@ -140,7 +147,8 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                         group_by: str = "paragraph",
                         target: Any = None, template: str = DEFAULT_TEMPLATE,
                         max_tokens: int | None = None, method: str = "decomposition",
-                        steps: int = 2) -> ContextAttribution:
+                        steps: int = 2, ablations: int = DEFAULT_ABLATIONS, prior: str = DEFAULT_PRIOR,
+                        seed: int = 0, show_progress: bool = False) -> ContextAttribution:
     r"""Explain a causal LM's next token after ``template`` filled with ``context`` and
     ``question``, the context's tokens grouped.
 
@@ -161,11 +169,22 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                     Gradients of the groups' presence in attention
                     (:mod:`~captum_ffb.long_context.presence`; the question, the rest and
                     the answer are not players, the bias is the value without the context).
-                    The first explains the pass; the second predicts ablations (it ranks
+                    ``"fitted"``: a linear surrogate fitted on ``ablations`` prompts with
+                    random groups removed from the text, shrunk toward the scores of
+                    ``prior`` (:mod:`~captum_ffb.long_context.surrogate`; question, rest and
+                    answer are not players, the bias is the fit's value with every group
+                    removed).
+                    The first explains the pass; the others predict ablations (they rank
                     random ablations better, ``docs/long_contexts.md``).
         steps (int): ``"presence"``'s midpoints (``2``, the default: gradients with every
                     group a quarter and three quarters present, chosen on held-out questions,
                     ``results/context/``; ``1``: one gradient at half presence).
+        ablations (int): ``"fitted"``'s ablated prompts (one forward pass each; 16 by
+                    default, chosen on held-out questions, ``results/context/selection/``).
+        prior (str): the method whose scores ``"fitted"`` shrinks toward, ``"presence"``
+                    (the default, chosen with ``ablations``) or ``"decomposition"``.
+        seed (int): the seed of ``"fitted"``'s ablations.
+        show_progress (bool): a progress bar over ``"fitted"``'s ablations.
 
     Returns:
         ContextAttribution: the groups' contributions, adding up with the question, the rest
@@ -178,8 +197,6 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         ...                             "Who signed the report?", group_by="paragraph")
         >>> found.top(3)
     """
-    import torch
-
     if not isinstance(nd, NormDecomposition):
         nd = NormDecomposition(nd, tokenizer=tokenizer)
     _check_inputs(tokenizer, context, question, template, max_tokens, method)
@@ -198,6 +215,17 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
     tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
     if method == "presence":
         return _by_presence(nd, tokenizer, ids, target, token_groups, tokens, spans, context, steps)
+    if method == "fitted":
+        return _by_fitting(nd, tokenizer, ids, target, question, template, (ablations, prior, seed), show_progress,
+                           (context, group_by, steps))
+    return _by_decomposition(nd, tokenizer, ids, target, token_groups, tokens, spans, context)
+
+
+def _by_decomposition(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, token_groups: list[int],
+                      tokens: list[str], spans: list[tuple[int, int]], context: str) -> ContextAttribution:
+    """:func:`context_attribution` by the decomposition (``method="decomposition"``)."""
+    import torch
+
     contributions, bias, delta, label, answer_ids = _explained(nd, tokenizer, ids, target)
     if answer_ids is not None:  # teacher-forced: the answer's own tokens are players too
         token_groups += [-3] * (answer_ids.numel() - 1)
@@ -278,6 +306,32 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
         groups=[context[s:e] for s, e in spans], contributions=found.contributions, question=0.0, rest=0.0,
         bias=found.without, value=found.value, delta=found.delta, target=label, token_groups=token_groups,
         tokens=tokens, token_contributions=None, context=context, spans=spans, method="presence")
+
+
+def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, question: str, template: str,
+                settings: tuple[int, str, int], show_progress: bool, grouped: tuple[str, str, int]
+                ) -> ContextAttribution:
+    """:func:`context_attribution` by a surrogate fitted around a prior (``method="fitted"``;
+    ``settings``: the ablations, the prior's method and the seed)."""
+    import torch
+
+    from captum_ffb.long_context.surrogate import fitted_attribution
+
+    ablations, prior, seed = settings
+    if nd.engine.head.task != "causal_lm":
+        raise ValueError("a fitted surrogate explains a causal LM's answer")
+    if isinstance(ablations, bool) or not isinstance(ablations, int) or ablations < 3:
+        raise ValueError(f"ablations must be an integer of at least 3, got {ablations!r}")
+    if prior not in ("presence", "decomposition"):
+        raise ValueError(f"prior must be 'presence' or 'decomposition', got {prior!r}")
+    target = _read_target(nd, tokenizer, target)
+    if target is None:  # the predicted token, named before the ablations read it
+        with torch.no_grad():
+            target = int(nd.model(ids).logits[0, -1].argmax())
+    context, group_by, steps = grouped
+    found = context_attribution(nd, tokenizer, context, question, group_by, target, template, method=prior,
+                                steps=steps)
+    return fitted_attribution(nd, tokenizer, found, question, template, target, ablations, seed, show_progress)
 
 
 def _check_inputs(tokenizer: Any, context: str, question: str, template: str,

@@ -29,6 +29,12 @@ def _label(text: str, width: int = 60) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+#: The bar chart's axis by ``ContextAttribution.method``.
+_AXIS = {"decomposition": "contribution to the explained value",
+         "presence": "presence attribution (the value's change when the group is removed, summed to the value)",
+         "fitted": "weight of a surrogate fitted on ablations (the value's change when the group is removed)"}
+
+
 @cpu_view
 def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r") -> Any:
     """The ``top`` groups of largest ``|contribution|``, largest first, as horizontal bars
@@ -55,8 +61,7 @@ def plot_context(found: ContextAttribution, top: int = 20, cmap: str = "RdBu_r")
     ax.set_yticks(positions, [label for label, _ in rows], fontsize=8)
     ax.axhline(len(rows) - len(chosen) - 0.5, color="#999", lw=0.8)
     ax.axvline(0, color="#333", lw=0.8)
-    ax.set_xlabel("contribution to the explained value" if found.method == "decomposition"
-                  else "presence attribution (the value's change when the group is removed, summed to the value)")
+    ax.set_xlabel(_AXIS.get(found.method, _AXIS["decomposition"]))
     ax.set_title(f"{found.target}: " + found.equation(3).replace(" = ", "\n= ", 1), fontsize=9)
     figure.tight_layout()
     return figure

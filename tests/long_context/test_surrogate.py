@@ -1,0 +1,185 @@
+"""The surrogate fitted around a prior (``captum_ffb/long_context/surrogate.py``) on values
+whose weights are known."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from captum_ffb.long_context.surrogate import Surrogate, fit_surrogate
+
+
+def _case(m: int = 16, sources: int = 30, noise: float = 0.0, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.zeros(sources, dtype=torch.float64)
+    weights[[3, 7, 20]] = torch.tensor([4.0, 2.0, 1.0], dtype=torch.float64)
+    weights += 0.05 * torch.randn(sources, generator=generator, dtype=torch.float64)
+    masks = torch.rand(m, sources, generator=generator) < 0.5
+    values = -3.0 + masks.double() @ weights + noise * torch.randn(m, generator=generator, dtype=torch.float64)
+    return masks, values, weights, generator
+
+
+def test_a_prior_that_explains_the_ablations_is_kept_as_it_is():
+    """Values exactly ``b + M s``: the prior is the fit (``c = 1``, ``δ = 0``), the bias ``b``."""
+    masks, values, weights, _ = _case()
+    found = fit_surrogate(masks, values, weights)
+    assert isinstance(found, Surrogate)
+    assert found.scale == pytest.approx(1.0, abs=1e-9)
+    assert found.bias == pytest.approx(-3.0, abs=1e-9)
+    assert torch.allclose(found.scores, weights, atol=1e-9)
+    assert found.residual < 1e-9
+
+
+def test_without_a_prior_many_ablations_recover_the_weights():
+    masks, values, weights, _ = _case(m=400)
+    found = fit_surrogate(masks, values)
+    assert found.scale == 0.0
+    assert (found.scores - weights).abs().max() < 0.02
+    assert found.bias == pytest.approx(-3.0, abs=0.05)
+
+
+def test_a_rough_prior_beats_no_prior_on_few_ablations():
+    """16 noisy ablations of 30 sources: shrinking toward a rough prior (the weights plus
+    noise) gives weights nearer the truth than shrinking toward zero, and nearer than the
+    prior itself."""
+    errors = {"prior": [], "fitted": [], "alone": []}
+    for seed in range(5):
+        masks, values, weights, generator = _case(noise=0.05, seed=seed)
+        prior = weights + 0.3 * torch.randn(weights.shape, generator=generator, dtype=torch.float64)
+        errors["prior"].append(float((prior - weights).norm()))
+        errors["fitted"].append(float((fit_surrogate(masks, values, prior).scores - weights).norm()))
+        errors["alone"].append(float((fit_surrogate(masks, values).scores - weights).norm()))
+    assert sum(errors["fitted"]) < sum(errors["prior"]) < sum(errors["alone"])
+
+
+def test_a_prior_against_the_ablations_is_dropped():
+    masks, values, weights, _ = _case()
+    assert fit_surrogate(masks, values, -weights).scale == 0.0
+    assert torch.equal(fit_surrogate(masks, values, -weights).scores, fit_surrogate(masks, values).scores)
+
+
+@pytest.mark.parametrize("masks, values, prior, error", [
+    (torch.ones(4), torch.ones(4), None, "masks must be"),
+    (torch.ones(4, 3), torch.ones(5), None, "masks must be"),
+    (torch.ones(2, 3), torch.ones(2), None, "at least 3"),
+    (torch.ones(4, 3), torch.ones(4), torch.ones(2), "prior must be"),
+    (torch.ones(4, 3), torch.tensor([1.0, float("nan"), 0.0, 1.0]), None, "finite"),
+    (torch.ones(4, 3), torch.ones(4), torch.tensor([1.0, float("inf"), 0.0]), "finite"),
+])
+def test_bad_input_is_refused(masks, values, prior, error):
+    with pytest.raises(ValueError, match=error):
+        fit_surrogate(masks, values, prior)
+
+
+# --------------------------------------------------------------------------- method="fitted"
+@pytest.fixture(scope="module")
+def lm():
+    from captum_ffb import NormDecomposition
+    from tests.models import causal_tokenizer, tiny_lm
+
+    return NormDecomposition(tiny_lm("llama")), causal_tokenizer(bos=True)
+
+
+CONTEXT = ("the cat sat on the mat . it was tired .\n\nthe dog ran fast . she loves math .\n"
+           "tokyo is the capital .\n\n\nhello world")
+QUESTION = "the cat was"
+
+
+@pytest.mark.parametrize("target, prior_method", [(7, "presence"), (None, "decomposition"), (" the cat", "presence"),
+                                                  (" the cat", "decomposition")])
+def test_fitted_is_the_surrogate_of_the_models_own_values_on_ablated_texts(lm, target, prior_method, monkeypatch):
+    """``method="fitted"`` fits the model's own value on each ablated prompt (the context's
+    kept sentences, the template around them), shrunk toward the prior method's scores; the
+    result holds the fit's weights and bias, the whole prompt's value and the fit's miss there."""
+    from captum_ffb import context_attribution
+    from captum_ffb.long_context import surrogate
+
+    nd, tokenizer = lm
+    seen = {}
+    fit = surrogate.fit_surrogate
+
+    def spy(masks, values, prior=None):
+        seen.update(masks=masks, values=values, prior=prior)
+        return fit(masks, values, prior)
+
+    monkeypatch.setattr(surrogate, "fit_surrogate", spy)
+    found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                method="fitted", ablations=6, seed=3, prior=prior_method)
+    prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                method=prior_method)
+    assert found.method == "fitted" and found.target == prior.target
+    assert found.value == pytest.approx(prior.value, abs=1e-5)
+    assert torch.equal(seen["prior"], prior.contributions)
+    assert torch.equal(seen["masks"], surrogate.ablation_masks(len(prior.spans), 6, seed=3))
+    token = [target] if isinstance(target, int) else None if target is None else nd.engine.token_ids(tokenizer, target)
+    for keep, value in zip(seen["masks"].tolist()[:3], seen["values"].tolist()):
+        text = surrogate.ablated_context(CONTEXT, prior.spans, keep)
+        ids = tokenizer(text + "\n\n" + QUESTION, return_tensors="pt").input_ids
+        with torch.no_grad():
+            if target == " the cat":  # the answer's teacher-forced log-probability
+                full = torch.cat([ids, torch.tensor([token[:-1]])], 1)
+                logp = torch.log_softmax(nd.model(full).logits[0, -len(token):].double(), -1)
+                expected = float(logp[torch.arange(len(token)), torch.tensor(token)].sum())
+            else:  # the logit of the token the whole prompt predicts (or of the one given)
+                unit = token[0] if token else int(nd.model(tokenizer(CONTEXT + "\n\n" + QUESTION,
+                                                                     return_tensors="pt").input_ids).logits[0, -1].argmax())
+                expected = float(nd.model(ids).logits[0, -1, unit])
+        assert value == pytest.approx(expected, abs=1e-5)
+    assert torch.allclose(found.contributions, fit(seen["masks"], seen["values"], prior.contributions).scores)
+    assert found.delta == pytest.approx(abs(float(found.contributions.sum()) + found.bias - found.value))
+    assert found.question == found.rest == 0.0 and found.token_contributions is None
+
+
+def test_ablated_context_keeps_the_kept_groups_with_their_separators():
+    from captum_ffb.long_context.attribution import split_context
+    from captum_ffb.long_context.surrogate import ablated_context
+
+    spans = split_context(CONTEXT, "sentence")
+    assert ablated_context(CONTEXT, spans, [True] * len(spans)) == CONTEXT
+    assert ablated_context(CONTEXT, spans, [False] * len(spans)) == ""
+    keep = [False, True, False, True] + [False] * (len(spans) - 4)
+    assert ablated_context(CONTEXT, spans, keep) == "it was tired . she loves math ."
+    with pytest.raises(ValueError, match="keep flags"):
+        ablated_context(CONTEXT, spans, [True])
+
+
+def test_fitted_bad_requests_are_refused(lm):
+    from captum_ffb import context_attribution
+
+    nd, tokenizer = lm
+    for bad in (2, 0, 2.5, True, "16"):
+        with pytest.raises(ValueError, match="ablations"):
+            context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", ablations=bad)
+    with pytest.raises(ValueError, match="prior must be"):
+        context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", prior="fitted")
+    with pytest.raises(ValueError, match="method must be one of"):
+        context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fit")
+
+
+def test_fitted_from_the_command_line_and_in_the_views(tmp_path, capsys):
+    from captum_ffb import context_attribution
+    from captum_ffb.cli import main
+    from captum_ffb.viz.context import context_html, plot_context
+    from tests.models import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "m")
+    (tmp_path / "context.txt").write_text(CONTEXT)
+    assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
+                 "--group-by", "sentence", "--context-method", "fitted", "--ablations", "5",
+                 "--out", str(tmp_path / "o"), "--format", "json,html"]) == 0
+    written = json.loads((tmp_path / "o" / "context.json").read_text())
+    assert written["method"] == "fitted" and len(written["groups"]) == 6
+    assert "every group removed, by the fit" in capsys.readouterr().out
+    assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
+                 "--context-method", "fitted", "--ablations", "2", "--out", str(tmp_path / "p")]) == 2
+    assert "--ablations must be at least 3" in capsys.readouterr().err
+    from captum_ffb import NormDecomposition
+    from tests.models import causal_tokenizer, tiny_lm
+
+    found = context_attribution(NormDecomposition(tiny_lm("llama")), causal_tokenizer(bos=True), CONTEXT, QUESTION,
+                                method="fitted", ablations=4)
+    assert [name for name, _ in found.terms()] == ["every group removed, by the fit"]
+    assert "<html" in context_html(found).lower()
+    assert "surrogate" in plot_context(found).axes[0].get_xlabel()
