@@ -18,7 +18,8 @@
   page (click a node for its edges and a head's query–key pairs).
 - *Context* (causal LMs): a long context's paragraphs, sentences or lines as players
   (:func:`~captum_ffb.long_context.attribution.context_attribution`, what ``captum-ffb explain --context``
-  computes, by the decomposition or by presence), :func:`~captum_ffb.viz.plot_context`'s figure and a table.
+  computes, by the decomposition, by presence or by a surrogate fitted on ablations),
+  :func:`~captum_ffb.viz.plot_context`'s figure and a table.
 
 The server listens on 127.0.0.1 unless told otherwise, sends no telemetry (Gradio's
 analytics are switched off before it is imported, and on the app) and needs no network: the
@@ -528,7 +529,8 @@ def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]
         gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
                     "history) and a question; every paragraph, sentence or line gets its exact "
                     "contribution to the answer's next token (decomposition, one backward pass) or "
-                    "what removing it would do (presence, two gradients).")
+                    "what removing it would do (presence, two gradients; fitted, presence refined by "
+                    "16 ablated prompts).")
         with gr.Row():
             context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
             with gr.Column():
@@ -536,7 +538,8 @@ def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]
                 group_by = gr.Radio(["paragraph", "sentence", "line"], value="paragraph", label="Groups")
                 method = gr.Radio(list(METHODS), value="decomposition", label="Method",
                                   info="decomposition: each group's exact share of the answer; presence: what "
-                                       "removing it would do", elem_id="ffb-context-method")
+                                       "removing it would do; fitted: presence refined by a fit on ablations",
+                                  elem_id="ffb-context-method")
                 attribute_context = gr.Button("Attribute", elem_id="ffb-context-run")
         context_figure = gr.Image(label="Groups by contribution", format="png", interactive=False,
                                   buttons=IMAGE_BUTTONS, elem_id="ffb-context-figure")

@@ -132,8 +132,9 @@ def ablation_masks(n_groups: int, ablations: int, seed: int = 0) -> Tensor:
 
 def fitted_attribution(nd: Any, tokenizer: Any, prior: Any, question: str, template: str, target: Any,
                        ablations: int, seed: int = 0, show_progress: bool = False) -> Any:
-    """:func:`~captum_ffb.long_context.context_attribution` by ``method="fitted"``: the
-    scores of ``prior`` (a :class:`ContextAttribution` by presence or by the decomposition)
+    """:func:`~captum_ffb.long_context.attribution.context_attribution` by ``method="fitted"``: the
+    scores of ``prior`` (a
+    :class:`~captum_ffb.long_context.attribution.ContextAttribution` by presence or by the decomposition)
     refined by a surrogate fitted on ``ablations`` prompts with random groups removed from the
     text (:func:`fit_surrogate`).
     ``target`` is the prior's, read: a token id or an

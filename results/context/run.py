@@ -22,7 +22,9 @@ ContextCite as its partitioner so that both methods score the same sources; Cont
 given the reply (lead and answer) instead of generating one and attributes the answer's span.
 
 **Methods**: ``ours`` (``context_attribution(..., group_by="sentence", target=answer)``: each
-sentence's exact contribution to the log-probability, one backward pass); ``contextcite-64``
+sentence's exact contribution to the log-probability, one backward pass); ``ours-presence``
+(``method="presence"``) and ``ours-fitted`` (``method="fitted"``: presence refined by a
+surrogate on 16 ablated prompts); ``contextcite-64``
 (``ContextCiter``, its defaults: 64 ablations keeping each source with p = 0.5, Lasso with
 α = 0.01; it fits the logit of the answer's probability, ``log P − log(1 − P)``);
 ``contextcite-32`` (the package's solver on its first 32 ablations, which are the ablations of
@@ -72,7 +74,7 @@ from metrics import (  # noqa: E402
 
 KS = (1, 3, 5)
 #: Our methods: the row's name and ``context_attribution``'s ``method``.
-OURS = {"ours": "decomposition", "ours-presence": "presence"}
+OURS = {"ours": "decomposition", "ours-presence": "presence", "ours-fitted": "fitted"}
 KINDS = ("one-token", "several-token")
 #: Differences this small count as level: the same sentences removed, scored in another process
 #: (``--add-ours``), differ by up to 1e-5 nats.
@@ -245,13 +247,15 @@ def evidence_hit(scores: list[float], spans: list, paragraph: tuple[int, int]) -
     return paragraph[0] <= spans[top][0] and spans[top][1] <= paragraph[1]
 
 
-def timed_methods(env: dict, doc: dict, spans: list, row: dict, order: int, with_package: bool) -> None:
-    """Ours on the question, and where ``with_package`` the ContextCite package itself, timed
-    one after the other (ours first on even questions, ContextCite first on odd ones)."""
+def timed_methods(env: dict, doc: dict, spans: list, row: dict, order: int, with_package: bool,
+                  names: tuple[str, ...] = tuple(OURS)) -> None:
+    """Ours (``names``) on the question, and where ``with_package`` the ContextCite package
+    itself, timed one after the other (ours first on even questions, ContextCite first on odd
+    ones)."""
     q, methods = row["q"], row["methods"]
     runs = [lambda name=name, method=method: methods.__setitem__(
         name, run_ours(env["nd"], env["tokenizer"], q, doc["text"], env["template"], env["counter"], method))
-        for name, method in OURS.items()]
+        for name, method in OURS.items() if name in names]
     if with_package:
         runs.append(lambda: row.__setitem__("package", run_contextcite(
             env["model"], env["tokenizer"], q, doc["text"], spans, env["counter"], env["ablations"],
@@ -350,10 +354,10 @@ def retime(env: dict, data: dict, results: dict, documents_timed: int) -> None:
               flush=True)
 
 
-def add_ours(env: dict, data: dict, results: dict) -> None:
-    """Our methods (:data:`OURS`) run again on a finished run's questions, timed, and measured
-    as in the run: top-k drops, the LDS against the stored ablations (the same masks) and the
-    evidence; their rows replace those of the run."""
+def add_ours(env: dict, data: dict, results: dict, names: tuple[str, ...] = tuple(OURS)) -> None:
+    """Our methods (``names`` of :data:`OURS`) run again on a finished run's questions, timed,
+    and measured as in the run: top-k drops, the LDS against the stored ablations (the same
+    masks) and the evidence; their rows replace those of the run."""
     from captum_ffb.long_context.attribution import split_context
 
     documents = {doc["id"]: (index, doc) for index, doc in enumerate(data["documents"])}
@@ -365,7 +369,7 @@ def add_ours(env: dict, data: dict, results: dict) -> None:
                                       .replace("{question}", q["question"]) + q["lead"]).input_ids
         row = dict(q=q, prompt_ids=prompt_ids, answer_ids=env["nd"].engine.token_ids(env["tokenizer"], q["answer"]),
                    methods={}, log_prob=record["log_prob"])
-        timed_methods(env, doc, spans, row, order, with_package=False)
+        timed_methods(env, doc, spans, row, order, with_package=False, names=names)
         evaluate(env, doc, spans, row)
         masks = random_masks(len(spans), results["settings"]["masks"], seed=1000 + index)
         observed = record["datamodel_log_probs"]
@@ -395,8 +399,9 @@ def main() -> None:
                         help="to a finished run, add the package's timing on each document's first several-token "
                              "question, on the first N documents (the main run times it on each document's first question, a "
                              "one-token one)")
-    parser.add_argument("--add-ours", action="store_true",
-                        help="to a finished run, our methods again (timed, measured on the stored ablations)")
+    parser.add_argument("--add-ours", nargs="?", const=",".join(OURS), default=None, metavar="NAMES",
+                        help="to a finished run, our methods again (timed, measured on the stored ablations); "
+                        f"NAMES: which (default every one of {', '.join(OURS)})")
     args = parser.parse_args()
     from captum_ffb.io.files import write_json, write_text
 
@@ -405,8 +410,13 @@ def main() -> None:
         return
     if args.add_ours:
         results = json.loads((args.out / "results.json").read_text())
-        add_ours(setup(args), json.loads(args.questions.read_text(encoding="utf-8")), results)
-        results["settings"]["ours_again"] = _commit()  # the package's version they ran on
+        names = tuple(n for n in args.add_ours.split(",") if n)
+        unknown = [n for n in names if n not in OURS]
+        if unknown:
+            parser.error(f"--add-ours: unknown {unknown}; ours are {list(OURS)}")
+        add_ours(setup(args), json.loads(args.questions.read_text(encoding="utf-8")), results, names)
+        again = results["settings"].setdefault("ours_added", {})
+        again.update({n: _commit() for n in names})  # the package's version each ran on
         write_json(args.out / "results.json", results)
         write_text(args.out / "SUMMARY.md", report(results))
         return
@@ -563,7 +573,10 @@ def report(results: dict) -> str:
              + (f" Both of ours were run again after the run (`--add-ours`, at {settings.get('ours_again')}), timed "
                 "in that process, on the "
                 "log-probability of every answer (the run had given a one-token answer's logit), their drops measured "
-                "again and their LDS on the run's stored ablations." if settings.get("ours_again") else ""), ""]
+                "again and their LDS on the run's stored ablations." if settings.get("ours_again") else "")
+             + "".join(f" `{name}` was added after the run (`--add-ours {name}`, at {commit}), timed in that "
+                       "process, its drops measured and its LDS on the run's stored ablations."
+                       for name, commit in settings.get("ours_added", {}).items()), ""]
     for kind in KINDS + ("all",):
         subset = [r for r in records if kind == "all" or r["kind"] == kind]
         if not subset:

@@ -143,6 +143,11 @@ def test_the_context_tab_is_context_attribution(lm, classifier):
                                    method="presence")
     by_group = dict(zip(removed["group"], removed["contribution"]))
     assert all(abs(by_group[g] - float(expected.contributions[g])) < 1e-4 for g in range(3))
+    _, fitted = session.context(context, "the cat was", "paragraph", "", "fitted")
+    expected = context_attribution(NormDecomposition(lm.model), lm.tokenizer, context, "the cat was",
+                                   method="fitted")
+    by_group = dict(zip(fitted["group"], fitted["contribution"]))
+    assert all(abs(by_group[g] - float(expected.contributions[g])) < 1e-4 for g in range(3))
 
 
 def test_mistakes_show_as_gradio_errors(lm):
