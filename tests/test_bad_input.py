@@ -469,10 +469,16 @@ API_CASES = [
     # issue 58: presence attribution, at the API
     ("an unknown context method",
      lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="ablation"),
-     ValueError, r"method must be one of \('decomposition', 'presence'\), got 'ablation'"),
+     ValueError, r"method must be one of \('decomposition', 'presence', 'fitted'\), got 'ablation'"),
     ("no presence steps",
      lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="presence", steps=0),
      ValueError, r"steps must be a positive integer, got 0"),
+    ("too few ablations for a fitted surrogate",
+     lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="fitted", ablations=2),
+     ValueError, r"ablations must be an integer of at least 3, got 2"),
+    ("a fitted surrogate's unknown prior",
+     lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="fitted", prior="lasso"),
+     ValueError, r"prior must be 'presence' or 'decomposition', got 'lasso'"),
     # issue 45: the newest features, at the API
     ("an empty question", lambda a: context_attribution(a["nd"], a["tokenizer"], "One.", " "),
      ValueError, r"question is empty"),

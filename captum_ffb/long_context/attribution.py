@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from captum_ffb.attr.norm_decomposition import NormDecomposition
 from captum_ffb.explained.readouts import AnswerLogProbability
+from captum_ffb.long_context.surrogate import ablated_context, ablation_masks, fit_surrogate
 from captum_ffb.texts.text import check_text
 
 if TYPE_CHECKING:
@@ -27,9 +28,10 @@ __all__ = ["DEFAULT_ABLATIONS", "DEFAULT_PRIOR", "DEFAULT_TEMPLATE", "GROUPINGS"
 GROUPINGS = ("paragraph", "sentence", "line")
 #: How a group's part is measured (``context_attribution``'s ``method``).
 METHODS = ("decomposition", "presence", "fitted")
-#: ``"fitted"``'s ablations and prior by default (chosen on questions held out from the evaluation,
+#: ``"fitted"``'s ablated prompts by default (chosen on questions held out from the evaluation,
 #: ``results/context/selection/``).
 DEFAULT_ABLATIONS = 16
+#: The method whose scores ``"fitted"`` shrinks toward by default (chosen with the ablations).
 DEFAULT_PRIOR = "presence"
 #: How the prompt is made of the context and the question.
 DEFAULT_TEMPLATE = "{context}\n\n{question}"
@@ -312,10 +314,11 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
                 settings: tuple[int, str, int], show_progress: bool, grouped: tuple[str, str, int]
                 ) -> ContextAttribution:
     """:func:`context_attribution` by a surrogate fitted around a prior (``method="fitted"``;
-    ``settings``: the ablations, the prior's method and the seed)."""
-    import torch
-
-    from captum_ffb.long_context.surrogate import fitted_attribution
+    ``settings``: the ablations, the prior's method and the seed): the prior's scores refined
+    by :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with random groups
+    removed from the text."""
+    from captum_ffb.engine.head import output_logits
+    from captum_ffb.engine.passes import run_model
 
     ablations, prior, seed = settings
     if nd.engine.head.task != "causal_lm":
@@ -326,12 +329,46 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
         raise ValueError(f"prior must be 'presence' or 'decomposition', got {prior!r}")
     target = _read_target(nd, tokenizer, target)
     if target is None:  # the predicted token, named before the ablations read it
-        with torch.no_grad():
-            target = int(nd.model(ids).logits[0, -1].argmax())
+        target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
     context, group_by, steps = grouped
     found = context_attribution(nd, tokenizer, context, question, group_by, target, template, method=prior,
                                 steps=steps)
-    return fitted_attribution(nd, tokenizer, found, question, template, target, ablations, seed, show_progress)
+    masks = ablation_masks(len(found.spans), ablations, seed)
+    values = _ablation_values(nd, tokenizer, found, (question, template), target, masks, show_progress)
+    fit = fit_surrogate(masks, values, found.contributions)
+    return ContextAttribution(
+        groups=found.groups, contributions=fit.scores, question=0.0, rest=0.0, bias=fit.bias, value=found.value,
+        delta=abs(float(fit.scores.sum()) + fit.bias - found.value), target=found.target,
+        token_groups=found.token_groups, tokens=found.tokens, token_contributions=None, context=context,
+        spans=found.spans, method="fitted")
+
+
+def _ablation_values(nd: NormDecomposition, tokenizer: Any, found: ContextAttribution, prompt: tuple[str, str],
+                     target: Any, masks: Tensor, show_progress: bool) -> Tensor:
+    """``(m,)`` the explained value (a token's logit, or an answer's log-probability) on each
+    prompt with only ``masks``' kept groups of the context, ``prompt`` its question and template."""
+    import torch
+
+    from captum_ffb.explained.readouts import NextToken
+    from captum_ffb.long_context.presence import prompt_value
+
+    question, template = prompt
+    values = torch.empty(masks.shape[0], dtype=torch.float64)
+    device = next(nd.model.parameters()).device
+    rows = masks.tolist()
+    if show_progress:
+        from tqdm.auto import tqdm
+
+        rows = tqdm(rows, desc="ablations", unit="pass")
+    for row, keep in enumerate(rows):
+        text = _fill_template(template, ablated_context(found.context, found.spans, keep), question)[0]
+        ids = tokenizer(text, return_tensors="pt").input_ids.to(device)
+        if isinstance(target, AnswerLogProbability):
+            ids, _, readout = nd._forced_answer(ids, target, None)
+        else:
+            readout = NextToken(int(target))
+        values[row] = prompt_value(nd.model, ids, readout)
+    return values
 
 
 def _check_inputs(tokenizer: Any, context: str, question: str, template: str,

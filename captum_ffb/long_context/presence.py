@@ -39,7 +39,7 @@ from captum_ffb.engine.head import output_logits
 from captum_ffb.engine.passes import run_model
 from captum_ffb.explained.readouts import AnswerLogProbability, NextToken, ReadOut
 
-__all__ = ["PresenceResult", "presence_attribution"]
+__all__ = ["PresenceResult", "presence_attribution", "prompt_value"]
 
 
 @dataclass
@@ -155,6 +155,16 @@ def _log_mask(groups: Tensor, log_presence: Tensor, dtype: torch.dtype) -> Tenso
     causal = torch.ones(n, n, dtype=torch.bool, device=groups.device).triu(1)
     bias = bias.masked_fill(causal, floor)
     return bias[:, None].to(dtype)
+
+
+def prompt_value(model: Any, ids: Tensor, readout: ReadOut) -> float:
+    """The explained value in the model's own pass on ``ids`` ``(1, n)``: a
+    :class:`~captum_ffb.explained.readouts.NextToken`'s logit (its token named) or an
+    :class:`~captum_ffb.explained.readouts.AnswerLogProbability`'s log-probability (its
+    positions given, in ``ids``)."""
+    read = _Reader(model, readout, ids.shape[1])
+    with torch.no_grad():
+        return float(read.value(read.forward(ids))[0])
 
 
 class _Reader:

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["Surrogate", "ablated_context", "ablation_masks", "fit_surrogate", "fitted_attribution"]
+__all__ = ["Surrogate", "ablated_context", "ablation_masks", "fit_surrogate"]
 
 #: The ridge penalties tried, as multiples of the mean squared singular value of the centred
 #: ablations (the scale at which shrinkage starts to matter).
@@ -128,61 +127,3 @@ def ablation_masks(n_groups: int, ablations: int, seed: int = 0) -> Tensor:
     generator seeded with ``seed``)."""
     generator = torch.Generator().manual_seed(seed)
     return torch.rand(ablations, n_groups, generator=generator, dtype=torch.float64) < 0.5
-
-
-def fitted_attribution(nd: Any, tokenizer: Any, prior: Any, question: str, template: str, target: Any,
-                       ablations: int, seed: int = 0, show_progress: bool = False) -> Any:
-    """:func:`~captum_ffb.long_context.attribution.context_attribution` by ``method="fitted"``: the
-    scores of ``prior`` (a
-    :class:`~captum_ffb.long_context.attribution.ContextAttribution` by presence or by the decomposition)
-    refined by a surrogate fitted on ``ablations`` prompts with random groups removed from the
-    text (:func:`fit_surrogate`).
-    ``target`` is the prior's, read: a token id or an
-    :class:`~captum_ffb.explained.readouts.AnswerLogProbability` of token ids.
-
-    Returns:
-        ContextAttribution: the surrogate's weights as contributions, its bias the value with
-        every group removed (by the fit), ``delta`` the fit's miss at the whole prompt."""
-    from captum_ffb.long_context.attribution import ContextAttribution, _fill_template
-
-    masks = ablation_masks(len(prior.spans), ablations, seed)
-    values = torch.empty(ablations, dtype=torch.float64)
-    bar = _progress(ablations, show_progress)
-    for row, keep in enumerate(masks.tolist()):
-        text = ablated_context(prior.context, prior.spans, keep)
-        prompt = _fill_template(template, text, question)[0]
-        ids = tokenizer(prompt, return_tensors="pt").input_ids.to(next(nd.model.parameters()).device)
-        values[row] = _value(nd, ids, target, prior)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    fit = fit_surrogate(masks, values, prior.contributions)
-    delta = abs(float(fit.scores.sum()) + fit.bias - prior.value)
-    return ContextAttribution(
-        groups=prior.groups, contributions=fit.scores, question=0.0, rest=0.0, bias=fit.bias, value=prior.value,
-        delta=delta, target=prior.target, token_groups=prior.token_groups, tokens=prior.tokens,
-        token_contributions=None, context=prior.context, spans=prior.spans, method="fitted")
-
-
-def _value(nd: Any, ids: Tensor, target: Any, prior: Any) -> float:
-    """The explained value (the prior's: a token's logit, or an answer's log-probability) on
-    the prompt ``ids``."""
-    from captum_ffb.explained.readouts import AnswerLogProbability, NextToken
-    from captum_ffb.long_context.presence import _Reader
-
-    if isinstance(target, AnswerLogProbability):
-        ids, _, readout = nd._forced_answer(ids, target, None)
-    else:
-        readout = NextToken(int(target))
-    reader = _Reader(nd.model, readout, ids.shape[1])
-    with torch.no_grad():
-        return float(reader.value(reader.forward(ids))[0])
-
-
-def _progress(total: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="ablations", unit="pass")

@@ -41,15 +41,11 @@ def chat_template(tokenizer: Any) -> str:
 
 def ablate(context: str, spans: Sequence[tuple[int, int]], keep: Sequence[bool]) -> str:
     """``context`` with only the kept sources: each kept source after the first keeps the
-    white space before it (ContextCite's ``SimpleContextPartitioner`` convention)."""
-    if len(keep) != len(spans):
-        raise ValueError(f"{len(keep)} keep flags for {len(spans)} sources")
-    parts, previous_end = [], 0
-    for kept, (start, end) in zip(keep, spans):
-        if kept:
-            parts.append((context[previous_end:start] if parts else "") + context[start:end])
-        previous_end = end
-    return "".join(parts)
+    white space before it (ContextCite's ``SimpleContextPartitioner`` convention; the
+    library's :func:`~captum_ffb.long_context.surrogate.ablated_context`)."""
+    from captum_ffb.long_context.surrogate import ablated_context
+
+    return ablated_context(context, spans, [bool(k) for k in keep])
 
 
 def random_masks(n_sources: int, n_masks: int, seed: int, keep_probability: float = 0.5) -> np.ndarray:

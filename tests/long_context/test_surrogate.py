@@ -94,7 +94,7 @@ def test_fitted_is_the_surrogate_of_the_models_own_values_on_ablated_texts(lm, t
     kept sentences, the template around them), shrunk toward the prior method's scores; the
     result holds the fit's weights and bias, the whole prompt's value and the fit's miss there."""
     from captum_ffb import context_attribution
-    from captum_ffb.long_context import surrogate
+    from captum_ffb.long_context import attribution, surrogate
 
     nd, tokenizer = lm
     seen = {}
@@ -104,7 +104,7 @@ def test_fitted_is_the_surrogate_of_the_models_own_values_on_ablated_texts(lm, t
         seen.update(masks=masks, values=values, prior=prior)
         return fit(masks, values, prior)
 
-    monkeypatch.setattr(surrogate, "fit_surrogate", spy)
+    monkeypatch.setattr(attribution, "fit_surrogate", spy)
     found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
                                 method="fitted", ablations=6, seed=3, prior=prior_method)
     prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
