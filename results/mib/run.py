@@ -345,10 +345,9 @@ def report(saved: dict, candidates: dict | None = None) -> str:
                   for name, (cpr, cmd) in held.items()]
     only = [n for n in compared(saved, "selection") if n not in compared(saved, "heldout")]
     if only:
-        lines += ["", f"Run on the selection prompts only ({saved.get('added', 'added later')}; not chosen by the "
-                  "rule above, so their held-out prompts were not run; their seconds were measured while another "
-                  "job shared the two cores, so compare their passes, not their seconds): "
+        lines += ["", "Run on the selection prompts only (not chosen by the rule above): "
                   + ", ".join(f"`{n}`" for n in only) + "."]
+    lines += [f"\n{note}" for note in saved.get("notes", [])]
     lines += ["", "### Protocol checks", "",
               "- `tests/patching/test_circuits.py`: on a tiny Llama, the circuit with every edge gives the clean "
               "value and the empty circuit the counterfactual one (1e-12); cutting every edge into one head (or "
