@@ -327,6 +327,8 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
         raise ValueError(f"ablations must be an integer of at least 3, got {ablations!r}")
     if prior not in ("presence", "decomposition"):
         raise ValueError(f"prior must be 'presence' or 'decomposition', got {prior!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
     target = _read_target(nd, tokenizer, target)
     if target is None:  # the predicted token, named before the ablations read it
         target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
