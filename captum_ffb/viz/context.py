@@ -32,7 +32,7 @@ def _label(text: str, width: int = 60) -> str:
 #: The bar chart's axis by ``ContextAttribution.method``.
 _AXIS = {"decomposition": "contribution to the explained value",
          "presence": "presence attribution (the value's change when the group is removed, summed to the value)",
-         "fitted": "weight of a surrogate fitted on ablations (the value's change when the group is removed)"}
+         "fitted": "fitted weight (the value's change when the group is removed, by a fit on ablations)"}
 
 
 @cpu_view
@@ -120,10 +120,7 @@ def context_html(found: ContextAttribution, title: str | None = None) -> str:
         rows.append(f'<tr><td>{rank}</td><td><a href="#group-{g}">#{g}</a></td>'
                     f'<td style="background:{css(shade)};color:{css(_text_colour(shade))}">{escape(f"{value:+.4f}")}</td>'
                     f"<td>{escape(share)}</td><td>{escape(_label(text, 120))}</td></tr>")
-    facts = (f"{found.target}: value {found.value:.4f} = Σ groups {float(found.contributions.sum()):.4f} "
-             f"+ question {found.question:.4f} + rest {found.rest:.4f} "
-             + (f"+ answer {found.answer:.4f} " if found.answer else "") + f"+ bias {found.bias:.4f} "
-             f"(delta {found.delta:.1e}); {len(found.groups)} groups")
+    facts = f"{found.target}: {found.equation()}"
     header = f'<p class="meta">{escape(facts)}</p>\n'
     body = ("<h2>Groups ranked by |contribution|</h2>\n"
             '<table class="ranked"><tr><th>rank</th><th>group</th><th>contribution</th><th>share</th>'

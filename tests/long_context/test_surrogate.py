@@ -181,5 +181,6 @@ def test_fitted_from_the_command_line_and_in_the_views(tmp_path, capsys):
     found = context_attribution(NormDecomposition(tiny_lm("llama")), causal_tokenizer(bos=True), CONTEXT, QUESTION,
                                 method="fitted", ablations=4)
     assert [name for name, _ in found.terms()] == ["every group removed, by the fit"]
-    assert "<html" in context_html(found).lower()
-    assert "surrogate" in plot_context(found).axes[0].get_xlabel()
+    page = context_html(found)
+    assert "<html" in page.lower() and "every group removed, by the fit" in page and "bias" not in page
+    assert "fit on ablations" in plot_context(found).axes[0].get_xlabel()
