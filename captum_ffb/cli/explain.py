@@ -21,6 +21,7 @@ from captum_ffb.engine.requests import check_new_tokens
 from captum_ffb.io.files import check_out_dir, output_set, save_figure, write_json, write_text
 from captum_ffb.long_context.attribution import (
     DEFAULT_ABLATIONS,
+    DEFAULT_FOCUS,
     DEFAULT_TEMPLATE,
     GROUPINGS,
     METHODS,
@@ -109,13 +110,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--context-method", choices=METHODS, default="decomposition",
                         help="with --context: each group's exact share of the value in the model's pass "
                         "(decomposition; default) or what removing it does (presence: ablation-aware, two "
-                        "gradients by default; fitted: the decomposition refined by a fit on --ablations "
+                        "gradients by default; fitted: presence refined by a fit on --ablations "
                         "ablated prompts)")
     parser.add_argument("--presence-steps", type=int, default=2, metavar="N",
                         help="with --context-method presence: the path's midpoints (default 2)")
     parser.add_argument("--ablations", type=int, default=DEFAULT_ABLATIONS, metavar="N",
                         help=f"with --context-method fitted: the ablated prompts, one forward pass each "
                         f"(default {DEFAULT_ABLATIONS})")
+    parser.add_argument("--focus", type=int, default=DEFAULT_FOCUS, metavar="N",
+                        help=f"with --context-method fitted: the ablations remove only among N candidate "
+                        f"groups, presence's and the decomposition's top N/2 (default {DEFAULT_FOCUS}; 0: "
+                        f"every group)")
     parser.add_argument("--batch-size", type=int, default=16, metavar="N",
                         help="corpus mode: texts per batch (default 16)")
     parser.add_argument("--overwrite", action="store_true",
@@ -269,6 +274,8 @@ def _run_context(args: argparse.Namespace) -> int:
         raise UsageError(f"--presence-steps must be a positive integer, got {args.presence_steps}")
     if args.ablations < 3:
         raise UsageError(f"--ablations must be at least 3, got {args.ablations}")
+    if args.focus == 1 or args.focus < 0:
+        raise UsageError(f"--focus must be 0 (every group) or at least 2, got {args.focus}")
     placement = model_placement(args)
     formats = parse_formats(args.format)
     out = check_out_dir(args.out)
@@ -288,7 +295,7 @@ def _run_context(args: argparse.Namespace) -> int:
     found = context_attribution(NormDecomposition(loaded), loaded.tokenizer, context, question,
                                 group_by=args.group_by, target=args.target, template=args.template,
                                 max_tokens=limit, method=args.context_method, steps=args.presence_steps,
-                                ablations=args.ablations, show_progress=not args.quiet)
+                                ablations=args.ablations, focus=args.focus or None, show_progress=not args.quiet)
     with output_set(out) as files:
         written = []
         if "json" in formats:

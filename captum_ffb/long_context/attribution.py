@@ -16,13 +16,18 @@ from typing import TYPE_CHECKING, Any
 
 from captum_ffb.attr.norm_decomposition import NormDecomposition
 from captum_ffb.explained.readouts import AnswerLogProbability
-from captum_ffb.long_context.surrogate import ablated_context, ablation_masks, fit_surrogate
+from captum_ffb.long_context.surrogate import (
+    ablated_context,
+    ablation_masks,
+    fit_surrogate,
+    focus_groups,
+)
 from captum_ffb.texts.text import check_text
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["DEFAULT_ABLATIONS", "DEFAULT_PRIOR", "DEFAULT_TEMPLATE", "GROUPINGS", "METHODS", "ContextAttribution", "context_attribution", "split_context"]
+__all__ = ["DEFAULT_ABLATIONS", "DEFAULT_FOCUS", "DEFAULT_PRIOR", "DEFAULT_TEMPLATE", "GROUPINGS", "METHODS", "ContextAttribution", "context_attribution", "split_context"]
 
 #: How a context is cut into groups.
 GROUPINGS = ("paragraph", "sentence", "line")
@@ -33,6 +38,11 @@ METHODS = ("decomposition", "presence", "fitted")
 DEFAULT_ABLATIONS = 16
 #: The method whose scores ``"fitted"`` shrinks toward by default (chosen with the ablations).
 DEFAULT_PRIOR = "presence"
+#: ``"fitted"``'s candidate groups, the only ones its ablations remove: the union of the
+#: prior's and the decomposition's top half each, filled up by the prior's order (chosen on
+#: questions held out from the evaluation, over ablations of every group,
+#: ``results/context/selection/``).
+DEFAULT_FOCUS = 10
 #: How the prompt is made of the context and the question.
 DEFAULT_TEMPLATE = "{context}\n\n{question}"
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
@@ -150,7 +160,8 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                         target: Any = None, template: str = DEFAULT_TEMPLATE,
                         max_tokens: int | None = None, method: str = "decomposition",
                         steps: int = 2, ablations: int = DEFAULT_ABLATIONS, prior: str = DEFAULT_PRIOR,
-                        seed: int = 0, show_progress: bool = False) -> ContextAttribution:
+                        focus: int | None = DEFAULT_FOCUS, seed: int = 0,
+                        show_progress: bool = False) -> ContextAttribution:
     r"""Explain a causal LM's next token after ``template`` filled with ``context`` and
     ``question``, the context's tokens grouped.
 
@@ -185,6 +196,11 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                     default, chosen on held-out questions, ``results/context/selection/``).
         prior (str): the method whose scores ``"fitted"`` shrinks toward, ``"presence"``
                     (the default, chosen with ``ablations``) or ``"decomposition"``.
+        focus (int, optional): ``"fitted"``'s ablations remove only among this many candidate
+                    groups (each with probability ½, every other group kept): the prior's and
+                    the decomposition's top ``focus // 2`` each (one backward pass more for
+                    the decomposition), filled up by the prior's order. ``None`` (or at least
+                    the number of groups): every group, ContextCite's design.
         seed (int): the seed of ``"fitted"``'s ablations.
         show_progress (bool): a progress bar over ``"fitted"``'s ablations.
 
@@ -218,8 +234,8 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
     if method == "presence":
         return _by_presence(nd, tokenizer, ids, target, token_groups, tokens, spans, context, steps)
     if method == "fitted":
-        return _by_fitting(nd, tokenizer, ids, target, question, template, (ablations, prior, seed), show_progress,
-                           (context, group_by, steps))
+        return _by_fitting(nd, tokenizer, ids, target, question, template, (ablations, prior, focus, seed),
+                           show_progress, (context, group_by, steps))
     return _by_decomposition(nd, tokenizer, ids, target, token_groups, tokens, spans, context)
 
 
@@ -311,31 +327,29 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
 
 
 def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, question: str, template: str,
-                settings: tuple[int, str, int], show_progress: bool, grouped: tuple[str, str, int]
+                settings: tuple[int, str, int | None, int], show_progress: bool, grouped: tuple[str, str, int]
                 ) -> ContextAttribution:
     """:func:`context_attribution` by a surrogate fitted around a prior (``method="fitted"``;
-    ``settings``: the ablations, the prior's method and the seed): the prior's scores refined
-    by :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with random groups
-    removed from the text."""
+    ``settings``: the ablations, the prior's method, the focus and the seed): the prior's scores
+    refined by :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with random
+    candidate groups removed from the text."""
     from captum_ffb.engine.head import output_logits
     from captum_ffb.engine.passes import run_model
 
-    ablations, prior, seed = settings
-    if nd.engine.head.task != "causal_lm":
-        raise ValueError("a fitted surrogate explains a causal LM's answer")
-    if isinstance(ablations, bool) or not isinstance(ablations, int) or ablations < 3:
-        raise ValueError(f"ablations must be an integer of at least 3, got {ablations!r}")
-    if prior not in ("presence", "decomposition"):
-        raise ValueError(f"prior must be 'presence' or 'decomposition', got {prior!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    ablations, prior, focus, seed = settings
+    _check_fitting(nd, ablations, prior, focus, seed)
     target = _read_target(nd, tokenizer, target)
     if target is None:  # the predicted token, named before the ablations read it
         target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
     context, group_by, steps = grouped
     found = context_attribution(nd, tokenizer, context, question, group_by, target, template, method=prior,
                                 steps=steps)
-    masks = ablation_masks(len(found.spans), ablations, seed)
+    among = None
+    if focus is not None and focus < len(found.spans):
+        exact = found if prior == "decomposition" else context_attribution(
+            nd, tokenizer, context, question, group_by, target, template, method="decomposition")
+        among = focus_groups(found.contributions, exact.contributions, focus)
+    masks = ablation_masks(len(found.spans), ablations, seed, among=among)
     values = _ablation_values(nd, tokenizer, found, (question, template), target, masks, show_progress)
     fit = fit_surrogate(masks, values, found.contributions)
     return ContextAttribution(
@@ -343,6 +357,20 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
         delta=abs(float(fit.scores.sum()) + fit.bias - found.value), target=found.target,
         token_groups=found.token_groups, tokens=found.tokens, token_contributions=None, context=context,
         spans=found.spans, method="fitted")
+
+
+def _check_fitting(nd: NormDecomposition, ablations: Any, prior: Any, focus: Any, seed: Any) -> None:
+    """``ValueError`` or ``TypeError`` for settings ``"fitted"`` cannot use."""
+    if nd.engine.head.task != "causal_lm":
+        raise ValueError("a fitted surrogate explains a causal LM's answer")
+    if isinstance(ablations, bool) or not isinstance(ablations, int) or ablations < 3:
+        raise ValueError(f"ablations must be an integer of at least 3, got {ablations!r}")
+    if prior not in ("presence", "decomposition"):
+        raise ValueError(f"prior must be 'presence' or 'decomposition', got {prior!r}")
+    if focus is not None and (isinstance(focus, bool) or not isinstance(focus, int) or focus < 2):
+        raise ValueError(f"focus must be None or an integer of at least 2, got {focus!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
 
 
 def _ablation_values(nd: NormDecomposition, tokenizer: Any, found: ContextAttribution, prompt: tuple[str, str],

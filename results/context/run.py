@@ -74,7 +74,11 @@ from metrics import (  # noqa: E402
 
 KS = (1, 3, 5)
 #: Our methods: the row's name and ``context_attribution``'s ``method``.
-OURS = {"ours": "decomposition", "ours-presence": "presence", "ours-fitted": "fitted"}
+OURS = {"ours": "decomposition", "ours-presence": "presence", "ours-fitted": "fitted",
+        "ours-fitted-every": "fitted-every"}
+#: Ours that are a method with other settings than its defaults: ``fitted-every`` is the fitted
+#: surrogate on ablations of every sentence (``focus=None``, its default before ``focus``).
+SETTINGS = {"fitted-every": ("fitted", {"focus": None})}
 KINDS = ("one-token", "several-token")
 #: Differences this small count as level: the same sentences removed, scored in another process
 #: (``--add-ours``), differ by up to 1e-5 nats.
@@ -147,10 +151,11 @@ def run_ours(nd: Any, tokenizer: Any, q: dict, context: str, template: str, coun
     from captum_ffb import context_attribution
     from captum_ffb.explained.readouts import AnswerLogProbability
 
+    called, options = SETTINGS.get(method, (method, {}))
     wall, cpu = counter.start()
     found = context_attribution(nd, tokenizer, context, q["question"], group_by="sentence",
                                 target=AnswerLogProbability(q["answer"]), template=template + q["lead"],
-                                method=method)
+                                method=called, **options)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return dict(scores=found.contributions.tolist(), seconds=wall, cpu_seconds=cpu, forwards=counter.calls,
                 backwards=1, value=found.value, delta=found.delta, method=method)

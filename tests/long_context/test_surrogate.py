@@ -60,11 +60,29 @@ def test_a_prior_against_the_ablations_is_dropped():
     assert torch.equal(fit_surrogate(masks, values, -weights).scores, fit_surrogate(masks, values).scores)
 
 
+def test_two_priors_each_get_their_factor_and_one_against_the_ablations_is_dropped():
+    """Values exactly ``b + M (2 s₁ + 0.5 s₂)``: both factors found, the prior rows recombined
+    exactly; a row predicting against the ablations gets factor 0, the fit then the one-prior
+    fit of the other row."""
+    masks, values, weights, generator = _case(m=40)
+    other = torch.randn(weights.shape, generator=generator, dtype=torch.float64)
+    values = -3.0 + masks.double() @ (2.0 * weights + 0.5 * other)
+    found = fit_surrogate(masks, values, torch.stack([weights, other]))
+    assert found.scale == pytest.approx((2.0, 0.5), abs=1e-8)
+    assert torch.allclose(found.scores, 2.0 * weights + 0.5 * other, atol=1e-8)
+    plain = -3.0 + masks.double() @ weights
+    dropped = fit_surrogate(masks, plain, torch.stack([-weights, weights]))
+    assert dropped.scale[0] == 0.0 and dropped.scale[1] == pytest.approx(1.0, abs=1e-8)
+    assert torch.allclose(dropped.scores, fit_surrogate(masks, plain, weights).scores, atol=1e-10)
+
+
 @pytest.mark.parametrize("masks, values, prior, error", [
     (torch.ones(4), torch.ones(4), None, "masks must be"),
     (torch.ones(4, 3), torch.ones(5), None, "masks must be"),
     (torch.ones(2, 3), torch.ones(2), None, "at least 3"),
     (torch.ones(4, 3), torch.ones(4), torch.ones(2), "prior must be"),
+    (torch.ones(4, 3), torch.ones(4), torch.ones(2, 2), "prior must be"),
+    (torch.ones(4, 3), torch.ones(4), torch.ones(1, 1, 3), "prior must be"),
     (torch.ones(4, 3), torch.tensor([1.0, float("nan"), 0.0, 1.0]), None, "finite"),
     (torch.ones(4, 3), torch.ones(4), torch.tensor([1.0, float("inf"), 0.0]), "finite"),
 ])
@@ -132,6 +150,60 @@ def test_fitted_is_the_surrogate_of_the_models_own_values_on_ablated_texts(lm, t
     assert found.question == found.rest == 0.0 and found.token_contributions is None
 
 
+@pytest.mark.parametrize("prior_method", ["presence", "decomposition"])
+def test_focused_ablations_remove_only_the_candidates_of_both_methods(lm, prior_method, monkeypatch):
+    """``focus=4`` of 6 sentences: the ablations draw only the prior's and the decomposition's
+    top two (filled up to four by the prior), every other sentence is kept in all of them, and
+    the fit is the surrogate of those ablations around the prior."""
+    from captum_ffb import context_attribution
+    from captum_ffb.long_context import attribution, surrogate
+
+    nd, tokenizer = lm
+    seen = {}
+    fit = surrogate.fit_surrogate
+
+    def spy(masks, values, prior=None):
+        seen.update(masks=masks, values=values, prior=prior)
+        return fit(masks, values, prior)
+
+    monkeypatch.setattr(attribution, "fit_surrogate", spy)
+    found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7, method="fitted",
+                                ablations=8, seed=1, prior=prior_method, focus=4)
+    prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7, method=prior_method)
+    exact = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7)
+    order = lambda scores: torch.sort(-scores, stable=True).indices.tolist()  # noqa: E731
+    among = surrogate.focus_groups(prior.contributions, exact.contributions, 4)
+    assert set(among) >= set(order(prior.contributions)[:2]) | set(order(exact.contributions)[:2])
+    assert len(among) == 4
+    assert torch.equal(seen["masks"], surrogate.ablation_masks(6, 8, seed=1, among=among))
+    outside = [j for j in range(6) if j not in among]
+    assert seen["masks"][:, outside].all() and not seen["masks"][:, among].all()
+    assert torch.allclose(found.contributions, fit(seen["masks"], seen["values"], prior.contributions).scores)
+    unfocused = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7,
+                                    method="fitted", ablations=8, seed=1, prior=prior_method, focus=6)
+    assert torch.equal(seen["masks"], surrogate.ablation_masks(6, 8, seed=1))  # as many candidates as groups
+    assert not torch.allclose(unfocused.contributions, found.contributions)
+
+
+def test_focus_groups_and_masks_among_them():
+    from captum_ffb.long_context.surrogate import ablation_masks, focus_groups
+
+    prior = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])
+    other = torch.tensor([0.0, 0.0, 0.0, 0.0, 2.0, 3.0])
+    assert focus_groups(prior, other, 4) == [0, 1, 5, 4]
+    assert focus_groups(prior, prior, 4) == [0, 1, 2, 3]  # the same top: filled up by the prior
+    assert focus_groups(prior, other, 5) == [0, 1, 5, 4, 2]
+    masks = ablation_masks(6, 200, seed=0, among=[1, 4])
+    assert masks[:, [0, 2, 3, 5]].all()
+    assert 0.35 < masks[:, [1, 4]].double().mean() < 0.65
+    with pytest.raises(ValueError, match="distinct groups"):
+        ablation_masks(6, 4, among=[1, 1])
+    with pytest.raises(ValueError, match="distinct groups"):
+        ablation_masks(6, 4, among=[6])
+    with pytest.raises(ValueError, match="alike"):
+        focus_groups(prior, other[:3], 2)
+
+
 def test_ablated_context_keeps_the_kept_groups_with_their_separators():
     from captum_ffb.long_context.attribution import split_context
     from captum_ffb.long_context.surrogate import ablated_context
@@ -154,6 +226,9 @@ def test_fitted_bad_requests_are_refused(lm):
             context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", ablations=bad)
     with pytest.raises(ValueError, match="prior must be"):
         context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", prior="fitted")
+    for bad in (1, 0, 2.0, True, "8"):
+        with pytest.raises(ValueError, match="focus must be None or an integer of at least 2"):
+            context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", focus=bad)
     with pytest.raises(ValueError, match="method must be one of"):
         context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fit")
 
@@ -175,6 +250,14 @@ def test_fitted_from_the_command_line_and_in_the_views(tmp_path, capsys):
     assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
                  "--context-method", "fitted", "--ablations", "2", "--out", str(tmp_path / "p")]) == 2
     assert "--ablations must be at least 3" in capsys.readouterr().err
+    assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
+                 "--group-by", "sentence", "--context-method", "fitted", "--ablations", "5", "--focus", "4",
+                 "--out", str(tmp_path / "q"), "--format", "json", "--quiet"]) == 0
+    focused = json.loads((tmp_path / "q" / "context.json").read_text())["groups"]
+    assert [g["contribution"] for g in focused] != [g["contribution"] for g in written["groups"]]  # 4 of 6 drawn
+    assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
+                 "--context-method", "fitted", "--focus", "1", "--out", str(tmp_path / "r")]) == 2
+    assert "--focus must be 0 (every group) or at least 2, got 1" in capsys.readouterr().err
     from captum_ffb import NormDecomposition
     from tests.models import causal_tokenizer, tiny_lm
 
