@@ -196,11 +196,9 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                     default, chosen on held-out questions, ``results/context/selection/``).
         prior (str): the method whose scores ``"fitted"`` shrinks toward, ``"presence"``
                     (the default, chosen with ``ablations``) or ``"decomposition"``.
-        focus (int, optional): ``"fitted"``'s ablations remove only among this many candidate
-                    groups (each with probability ½, every other group kept): the prior's and
-                    the decomposition's top ``focus // 2`` each (one backward pass more for
-                    the decomposition), filled up by the prior's order. ``None`` (or at least
-                    the number of groups): every group, ContextCite's design.
+        focus (int, optional): ``"fitted"`` removes only among this many groups, the prior's
+                    and the decomposition's top ``focus // 2``, filled up by the prior's order
+                    (``None``: among every group, ContextCite's design).
         seed (int): the seed of ``"fitted"``'s ablations.
         show_progress (bool): a progress bar over ``"fitted"``'s ablations.
 
