@@ -100,6 +100,21 @@ def lm():
     return NormDecomposition(tiny_lm("llama")), causal_tokenizer(bos=True)
 
 
+def _spy_on_the_fit(monkeypatch) -> tuple[dict, object]:
+    """What ``method="fitted"`` hands to ``fit_surrogate`` (filled in by each call), and the
+    real function."""
+    from captum_ffb.long_context import attribution, surrogate
+
+    seen, fit = {}, surrogate.fit_surrogate
+
+    def spy(masks, values, prior=None):
+        seen.update(masks=masks, values=values, prior=prior)
+        return fit(masks, values, prior)
+
+    monkeypatch.setattr(attribution, "fit_surrogate", spy)
+    return seen, fit
+
+
 CONTEXT = ("the cat sat on the mat . it was tired .\n\nthe dog ran fast . she loves math .\n"
            "tokyo is the capital .\n\n\nhello world")
 QUESTION = "the cat was"
@@ -112,17 +127,10 @@ def test_fitted_is_the_surrogate_of_the_models_own_values_on_ablated_texts(lm, t
     kept sentences, the template around them), shrunk toward the prior method's scores; the
     result holds the fit's weights and bias, the whole prompt's value and the fit's miss there."""
     from captum_ffb import context_attribution
-    from captum_ffb.long_context import attribution, surrogate
+    from captum_ffb.long_context import surrogate
 
     nd, tokenizer = lm
-    seen = {}
-    fit = surrogate.fit_surrogate
-
-    def spy(masks, values, prior=None):
-        seen.update(masks=masks, values=values, prior=prior)
-        return fit(masks, values, prior)
-
-    monkeypatch.setattr(attribution, "fit_surrogate", spy)
+    seen, fit = _spy_on_the_fit(monkeypatch)
     found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
                                 method="fitted", ablations=6, seed=3, prior=prior_method)
     prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
@@ -156,17 +164,10 @@ def test_focused_ablations_remove_only_the_candidates_of_both_methods(lm, prior_
     top two (filled up to four by the prior), every other sentence is kept in all of them, and
     the fit is the surrogate of those ablations around the prior."""
     from captum_ffb import context_attribution
-    from captum_ffb.long_context import attribution, surrogate
+    from captum_ffb.long_context import surrogate
 
     nd, tokenizer = lm
-    seen = {}
-    fit = surrogate.fit_surrogate
-
-    def spy(masks, values, prior=None):
-        seen.update(masks=masks, values=values, prior=prior)
-        return fit(masks, values, prior)
-
-    monkeypatch.setattr(attribution, "fit_surrogate", spy)
+    seen, fit = _spy_on_the_fit(monkeypatch)
     found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7, method="fitted",
                                 ablations=8, seed=1, prior=prior_method, focus=4)
     prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7, method=prior_method)
