@@ -26,14 +26,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 import run as R  # noqa: E402
-from metrics import AnswerScorer, chat_template, lds, mean_se, random_masks  # noqa: E402
-from surrogate_choice import candidates, measure_drops  # noqa: E402
+from metrics import lds, mean_se, random_masks  # noqa: E402
+from surrogate_choice import candidates, load_study, measure_drops  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
 
@@ -51,18 +50,11 @@ def focused_masks(prior: np.ndarray, top: int, removal: float, m: int, seed: int
 
 def measure(data: dict) -> dict:
     """The answer's log-probability on each focused design's ablations, per question."""
-    from captum_ffb import NormDecomposition
-    from captum_ffb.explained.models import load_model, smollm2_dir
     from captum_ffb.long_context.attribution import split_context
 
     path = HERE / "focused.json"
     out = json.loads(path.read_text()) if path.exists() else {}
-    torch.set_num_threads(2)
-    loaded = load_model(smollm2_dir(required=True), show_progress=False)
-    tokenizer, template = loaded.tokenizer, chat_template(loaded.tokenizer)
-    scorer, engine = AnswerScorer(loaded.model), NormDecomposition(loaded.model).engine
-    questions = {q["id"]: q for q in json.loads((HERE.parent / "questions.json").read_text())["questions"]}
-    documents = {d["id"]: d for d in json.loads((HERE.parent / "questions.json").read_text())["documents"]}
+    tokenizer, template, scorer, engine, questions, documents = load_study()
     for index, (qid, row) in enumerate(data.items()):
         if qid in out:
             continue

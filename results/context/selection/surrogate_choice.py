@@ -78,17 +78,25 @@ def main() -> None:
     (HERE / "surrogate_choice.json").write_text(json.dumps(dict(lds=table, drops=drops), indent=1))
 
 
-def measure_drops(data: dict, scored: dict, names: list[str]) -> dict:
+def load_study() -> tuple:
+    """SmolLM2 for the studies here (two threads): its tokenizer, the chat template, an answer
+    scorer, the decomposition's engine (for the answers' token ids), and the question set's
+    questions and documents by id."""
     from captum_ffb import NormDecomposition
     from captum_ffb.explained.models import load_model, smollm2_dir
-    from captum_ffb.long_context.attribution import split_context
 
     torch.set_num_threads(2)
     loaded = load_model(smollm2_dir(required=True), show_progress=False)
-    tokenizer, template = loaded.tokenizer, chat_template(loaded.tokenizer)
-    scorer, engine = AnswerScorer(loaded.model), NormDecomposition(loaded.model).engine
-    questions = {q["id"]: q for q in json.loads((HERE.parent / "questions.json").read_text())["questions"]}
-    documents = {d["id"]: d for d in json.loads((HERE.parent / "questions.json").read_text())["documents"]}
+    data = json.loads((HERE.parent / "questions.json").read_text())
+    return (loaded.tokenizer, chat_template(loaded.tokenizer), AnswerScorer(loaded.model),
+            NormDecomposition(loaded.model).engine, {q["id"]: q for q in data["questions"]},
+            {d["id"]: d for d in data["documents"]})
+
+
+def measure_drops(data: dict, scored: dict, names: list[str]) -> dict:
+    from captum_ffb.long_context.attribution import split_context
+
+    tokenizer, template, scorer, engine, questions, documents = load_study()
     out = {}
     for qid, row in data.items():
         q, doc = questions[qid], documents[row["doc"]]

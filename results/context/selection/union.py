@@ -21,12 +21,13 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 import run as R  # noqa: E402
-from metrics import AnswerScorer, chat_template, lds, mean_se, random_masks, top_k_keep  # noqa: E402
+from metrics import AnswerScorer, lds, mean_se, random_masks, top_k_keep  # noqa: E402
+from surrogate_choice import load_study  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
 
@@ -73,21 +74,14 @@ def questions() -> list[dict]:
                          decomposition=methods["ours"]["scores"], random=None,
                          lds_values=q["datamodel_log_probs"],
                          peers={n: dict(scores=methods[n]["scores"], drops=methods[n]["top_k_drop"])
-                                for n in ("ours-fitted", "contextcite-64", "contextcite-32")}))
+                                for n in ("ours-fitted-every", "contextcite-64", "contextcite-32")}))
     return rows
 
 
 def main() -> None:
-    from captum_ffb import NormDecomposition
-    from captum_ffb.explained.models import load_model, smollm2_dir
     from captum_ffb.long_context.attribution import split_context
 
-    torch.set_num_threads(2)
-    loaded = load_model(smollm2_dir(required=True), show_progress=False)
-    tokenizer, template = loaded.tokenizer, chat_template(loaded.tokenizer)
-    scorer, engine = AnswerScorer(loaded.model), NormDecomposition(loaded.model).engine
-    data = json.loads((HERE.parent / "questions.json").read_text())
-    asked, documents = {q["id"]: q for q in data["questions"]}, {d["id"]: d for d in data["documents"]}
+    tokenizer, template, scorer, engine, asked, documents = load_study()
     path = HERE / "union.json"
     out = json.loads(path.read_text()) if path.exists() else {}
     for n, row in enumerate(questions()):
