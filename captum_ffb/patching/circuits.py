@@ -4,11 +4,13 @@ Mechanistic Interpretability Benchmark", arXiv:2504.13151): a model's *component
 every FF block; readers every head or attention sublayer, every FF block and the logits; an edge
 from every source to every reader after it), edge scores from any edge estimator
 (:func:`edge_scores`: each edge's estimated path-patching effect summed over positions), the
-circuits at MIB's edge shares (:func:`circuit_masks`: the top ``⌊share · E⌋`` edges by absolute
-score, pruned of dangling edges), each circuit's value with every edge outside it patched from
+circuits at MIB's edge shares (:func:`circuit_masks`: the top ``⌊share · E⌋`` edges by signed or
+absolute score, pruned of dangling edges), each circuit's value with every edge outside it patched from
 the counterfactual input (:func:`circuit_values`) and MIB's summaries
 (:func:`faithfulness_curve`): ``f(C) = (m(C) − m(∅)) / (m(N) − m(∅))``, CPR the area under
-``f`` and CMD the area between ``f`` and 1 (trapezoids over the shares).
+``f`` and CMD the area between ``f`` and 1 (trapezoids over the shares). MIB's leaderboard reads
+CPR from the circuits of the top signed scores and CMD from those of the top absolute scores
+(:func:`mib_scores`).
 
 **The circuit's forward pass.** Every reader ``B`` reads its own copy of the stream,
 ``x_B = x − Σ_{A→B ∉ C} (o_A − o_A^c)``: the stream of the circuit's own pass minus, for each
@@ -44,7 +46,7 @@ from captum_ffb.patching.estimators.edges import ALL, Link, edge_estimates
 from captum_ffb.patching.real import repeat_rows, repeat_target
 
 __all__ = ["DEFAULT_CIRCUIT_ESTIMATOR", "MIB_EDGE_SHARES", "ComponentGraph", "FaithfulnessCurve", "check_ends", "circuit_masks", "circuit_values",
-           "edge_scores", "faithfulness_curve", "mib_graph", "mib_summaries", "task_scores"]
+           "MibScores", "edge_scores", "faithfulness_curve", "mib_graph", "mib_scores", "mib_summaries", "task_scores"]
 
 #: MIB's shares of the edges (its ``percentages``).
 MIB_EDGE_SHARES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -366,7 +368,7 @@ def circuit_values(engine: BoundModel, request: Request, corrupted: Request, gra
 # --------------------------------------------------------------------------- MIB's summaries
 @dataclass(frozen=True)
 class FaithfulnessCurve:
-    """A circuit's faithfulness at each share and MIB's two summaries.
+    """The faithfulness of the circuits of one ranking at each share, and MIB's two summaries.
 
     Attributes:
         shares (tuple): the edge shares.
@@ -375,6 +377,7 @@ class FaithfulnessCurve:
         cpr (float): the area under ``f`` (higher is better).
         cmd (float): the area between ``f`` and 1 (lower is better).
         clean, counterfactual (float): ``m(N)`` and ``m(∅)`` (means over the prompts).
+        absolute (bool): whether the circuits are the top edges by absolute score (else by signed).
     """
 
     shares: tuple[float, ...]
@@ -384,6 +387,27 @@ class FaithfulnessCurve:
     cmd: float
     clean: float
     counterfactual: float
+    absolute: bool = True
+
+
+@dataclass(frozen=True)
+class MibScores:
+    """MIB's two scores of one set of edge scores, each read from its own ranking as MIB's
+    leaderboard reads them: CPR from the circuits of the top *signed* scores (the edges that
+    carry the behaviour), CMD from those of the top *absolute* scores (the edges that matter
+    either way).
+
+    Attributes:
+        cpr (float): the signed curve's area under ``f`` (higher is better).
+        cmd (float): the absolute curve's area between ``f`` and 1 (lower is better).
+        signed (FaithfulnessCurve): the circuits of the top signed scores.
+        absolute (FaithfulnessCurve): the circuits of the top absolute scores.
+    """
+
+    cpr: float
+    cmd: float
+    signed: FaithfulnessCurve
+    absolute: FaithfulnessCurve
 
 
 def mib_summaries(shares: Sequence[float], faithfulness: Sequence[float]) -> tuple[float, float]:
@@ -398,27 +422,49 @@ def mib_summaries(shares: Sequence[float], faithfulness: Sequence[float]) -> tup
 
 
 def faithfulness_curve(engine: BoundModel, pairs: Sequence[tuple[Request, Request]], graph: ComponentGraph,
-                       scores: Tensor, shares: Sequence[float] = MIB_EDGE_SHARES, batch_size: int = 8
-                       ) -> FaithfulnessCurve:
-    """MIB's faithfulness of the circuits cut from ``scores`` ``(E,)`` at ``shares``, on the
-    prompts ``pairs`` (each a request and its counterfactual): ``f = (m̄(C) − m̄(∅)) /
-    (m̄(N) − m̄(∅))`` with ``m̄`` the mean over the prompts, and its CPR and CMD."""
+                       scores: Tensor, shares: Sequence[float] = MIB_EDGE_SHARES, batch_size: int = 8,
+                       absolute: bool = True) -> FaithfulnessCurve:
+    """MIB's faithfulness of the circuits cut from ``scores`` ``(E,)`` at ``shares`` (the top
+    edges by absolute score, or by signed score with ``absolute=False``), on the prompts
+    ``pairs`` (each a request and its counterfactual): ``f = (m̄(C) − m̄(∅)) / (m̄(N) − m̄(∅))``
+    with ``m̄`` the mean over the prompts, and its CPR and CMD."""
+    return _curves(engine, pairs, graph, scores, shares, batch_size, (absolute,))[0]
+
+
+def mib_scores(engine: BoundModel, pairs: Sequence[tuple[Request, Request]], graph: ComponentGraph,
+               scores: Tensor, shares: Sequence[float] = MIB_EDGE_SHARES, batch_size: int = 8) -> MibScores:
+    """MIB's CPR and CMD of ``scores`` ``(E,)`` on the prompts ``pairs``: CPR from the curve of
+    the top signed scores, CMD from the curve of the top absolute scores (both curves kept; one
+    set of passes for both)."""
+    signed, absolute = _curves(engine, pairs, graph, scores, shares, batch_size, (False, True))
+    return MibScores(signed.cpr, absolute.cmd, signed, absolute)
+
+
+def _curves(engine: BoundModel, pairs: Sequence[tuple[Request, Request]], graph: ComponentGraph, scores: Tensor,
+            shares: Sequence[float], batch_size: int, rankings: tuple[bool, ...]) -> list[FaithfulnessCurve]:
     if not pairs:
         raise ValueError("pairs must hold at least one (request, counterfactual) pair: faithfulness is a mean over prompts")
-    masks = circuit_masks(graph, scores, shares)
+    sets = [circuit_masks(graph, scores, shares, absolute=a) for a in rankings]
+    if len(sets) == 2 and torch.equal(sets[0], sets[1]):
+        sets = sets[:1]  # every score of one sign: both rankings cut the same circuits
     ends = torch.stack([torch.ones(graph.n_edges, dtype=torch.bool), torch.zeros(graph.n_edges, dtype=torch.bool)])
     found = []
     for request, corrupted in pairs:
-        values = circuit_values(engine, request, corrupted, graph, torch.cat([ends, masks]), batch_size)
+        values = circuit_values(engine, request, corrupted, graph, torch.cat([ends, *sets]), batch_size)
         check_ends(engine, request, corrupted, values[:2])
         found.append(values)
     values = torch.stack(found).mean(dim=0)
     clean, counterfactual = float(values[0]), float(values[1])
     span = clean - counterfactual
-    f = [(float(v) - counterfactual) / span if span != 0 else math.nan for v in values[2:]]
-    cpr, cmd = mib_summaries(list(shares), f)
-    return FaithfulnessCurve(tuple(float(s) for s in shares), tuple(f), tuple(int(m.sum()) for m in masks), cpr,
-                             cmd, clean, counterfactual)
+    curves = []
+    for k, absolute in enumerate(rankings):
+        at = min(k, len(sets) - 1)
+        masks, row = sets[at], values[2 + at * len(shares):2 + (at + 1) * len(shares)]
+        f = [(float(v) - counterfactual) / span if span != 0 else math.nan for v in row]
+        cpr, cmd = mib_summaries(list(shares), f)
+        curves.append(FaithfulnessCurve(tuple(float(s) for s in shares), tuple(f), tuple(int(m.sum()) for m in masks),
+                                        cpr, cmd, clean, counterfactual, absolute))
+    return curves
 
 
 def mib_graph(graph: ComponentGraph, scores: Tensor, config: dict[str, Any], in_graph: Tensor | None = None

@@ -195,6 +195,39 @@ def test_the_curve_of_scores_and_its_ends(llama):
     assert (curve.cpr, curve.cmd) == pytest.approx(C.mib_summaries(curve.shares, curve.faithfulness))
 
 
+def test_signed_circuits_keep_the_top_scores_not_the_largest(llama):
+    nd, _, _ = llama
+    graph = C.ComponentGraph.of(nd.engine, "head")
+    names = [f"{graph.sources[s]}->{graph.readers[r]}" for s, r in graph.edges.tolist()]
+    scores = torch.zeros(graph.n_edges)
+    for name, value in (("a0.h0->logits", -5), ("input->a0.h0", -4), ("m0->logits", 3), ("input->m0", 2)):
+        scores[names.index(name)] = value
+    share = [2 / graph.n_edges]
+    signed = {names[k] for k in torch.nonzero(C.circuit_masks(graph, scores, share, absolute=False)[0]).flatten()}
+    largest = {names[k] for k in torch.nonzero(C.circuit_masks(graph, scores, share)[0]).flatten()}
+    assert signed == {"m0->logits", "input->m0"} and largest == {"a0.h0->logits", "input->a0.h0"}
+
+
+def test_mib_reads_cpr_from_the_signed_curve_and_cmd_from_the_absolute_one(llama):
+    nd, request, corrupted = llama
+    graph = C.ComponentGraph.of(nd.engine, "head")
+    scores = C.edge_scores(nd.engine, request, corrupted, graph, ("atp",))["atp"]
+    assert (scores < 0).any() and (scores > 0).any()
+    pairs = [(request, corrupted)]
+    got = C.mib_scores(nd.engine, pairs, graph, scores)
+    assert (got.cpr, got.cmd) == (got.signed.cpr, got.absolute.cmd)
+    assert not got.signed.absolute and got.absolute.absolute
+    for curve in (got.signed, got.absolute):
+        assert curve == C.faithfulness_curve(nd.engine, pairs, graph, scores, absolute=curve.absolute)
+        masks = C.circuit_masks(graph, scores, absolute=curve.absolute)
+        values = C.circuit_values(nd.engine, request, corrupted, graph, masks)
+        by_hand = (values - _value(nd, corrupted)) / (_value(nd, request) - _value(nd, corrupted))
+        assert list(curve.faithfulness) == pytest.approx(by_hand.tolist(), abs=1e-9)
+    assert got.signed.faithfulness != got.absolute.faithfulness  # the two rankings cut other circuits here
+    same = C.mib_scores(nd.engine, pairs, graph, scores.abs())  # one sign: one set of circuits, both readings
+    assert same.signed.faithfulness == same.absolute.faithfulness == got.absolute.faithfulness
+
+
 def test_a_tasks_scores_are_the_default_estimators_summed_over_its_prompts(llama):
     nd, request, corrupted = llama
     graph = C.ComponentGraph.of(nd.engine, "sublayer")
