@@ -523,14 +523,15 @@ def _graph_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
 
 def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
     """The Context tab: ``([context, question, group_by, method], attribute button, [figure, table])``."""
-    from captum_ffb.long_context.attribution import METHODS
+    from captum_ffb.long_context.attribution import DEFAULT_ABLATIONS, DEFAULT_FOCUS, METHODS
 
     with gr.Tab("Context", id="context", visible=events.task == "causal_lm"):
         gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
                     "history) and a question; every paragraph, sentence or line gets its exact "
                     "contribution to the answer's next token (decomposition, one backward pass) or "
                     "what removing it would do (presence, two gradients; fitted, presence refined by "
-                    "16 ablated prompts).")
+                    f"{DEFAULT_ABLATIONS} ablated prompts that remove only among the top {DEFAULT_FOCUS} "
+                    "groups of presence and the decomposition).")
         with gr.Row():
             context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
             with gr.Column():

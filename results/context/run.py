@@ -581,7 +581,10 @@ def report(results: dict) -> str:
                 "again and their LDS on the run's stored ablations." if settings.get("ours_again") else "")
              + "".join(f" `{name}` was added after the run (`--add-ours {name}`, at {commit}), timed in that "
                        "process, its drops measured and its LDS on the run's stored ablations."
-                       for name, commit in settings.get("ours_added", {}).items()), ""]
+                       for name, commit in settings.get("ours_added", {}).items())
+             + "".join(f" `{name}` holds the rows `--add-ours {old}` computed at {commit}, renamed when {old}'s "
+                       "default changed (same timing and measures)."
+                       for name, (old, commit) in settings.get("ours_renamed", {}).items()), ""]
     for kind in KINDS + ("all",):
         subset = [r for r in records if kind == "all" or r["kind"] == kind]
         if not subset:
