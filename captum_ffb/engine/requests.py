@@ -219,8 +219,8 @@ def check_new_tokens(max_new_tokens: Any, prefix: int, config: Any, decoder: boo
 def text_token_ids(tokenizer: Any, text: str, name: str = "target", one: bool = False,
                    decoder: bool = False) -> list[int]:
     r"""The token ids of a target given as text, without special tokens: a one-line error for
-    text the tokenizer reads as its unknown token (``<unk>``: the text is not in its
-    vocabulary), and with ``one``, unless it is one token.
+    text of no token, for text the tokenizer reads as its unknown token (``<unk>``: the text is
+    not in its vocabulary), and with ``one``, unless it is one token.
 
     Args:
         tokenizer: the model's tokenizer.
@@ -231,6 +231,8 @@ def text_token_ids(tokenizer: Any, text: str, name: str = "target", one: bool = 
     """
     ids = list(tokenizer(text_target=text, add_special_tokens=False)["input_ids"]) if decoder \
         else list(tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise ValueError(f"{name} {text!r} holds no token for this tokenizer: give the text of at least one token")
     unknown = getattr(tokenizer, "unk_token_id", None)
     if unknown is not None and unknown in ids and text.strip() != getattr(tokenizer, "unk_token", None):
         raise ValueError(f"{name} {text!r} is not in the tokenizer's vocabulary: it reads as "
