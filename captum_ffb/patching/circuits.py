@@ -50,11 +50,12 @@ __all__ = ["DEFAULT_CIRCUIT_ESTIMATOR", "MIB_EDGE_SHARES", "ComponentGraph", "Fa
 
 #: MIB's shares of the edges (its ``percentages``).
 MIB_EDGE_SHARES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-#: The edge estimator whose scores cut circuits by default: GIM's gradient, chosen by MIB's CPR
-#: and CMD on the selection prompts of six tasks (results/mib). A graph's per-edge path-patching
-#: estimates keep :data:`~captum_ffb.patching.patches.DEFAULT_EDGE_ESTIMATOR`: against single
-#: edges patched for real, GIM's estimates fail on agreement (results/patching).
-DEFAULT_CIRCUIT_ESTIMATOR = "gim"
+#: The edge estimator whose scores cut circuits by default: GIM's gradients along EAP-IG's path
+#: (EAP-IG's cost), chosen by MIB's CPR (top signed scores) and CMD (top absolute scores) on the
+#: selection prompts of six tasks (results/mib). A graph's per-edge path-patching estimates keep
+#: :data:`~captum_ffb.patching.patches.DEFAULT_EDGE_ESTIMATOR`: against single edges patched for
+#: real, GIM's estimates fail on agreement (results/patching).
+DEFAULT_CIRCUIT_ESTIMATOR = "gim-ig"
 
 
 # --------------------------------------------------------------------------- the graph

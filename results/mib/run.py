@@ -10,7 +10,7 @@ two tasks at once; resumable: the prompts already scored in ``cache/`` are kept)
 **Protocol** (:mod:`captum_ffb.patching.circuits`): the head graph of the model's components
 (the input, 270 heads, 30 FF blocks, the logits; 44,371 edges); each estimator's edge scores
 summed over a task's prompts; the circuits at MIB's edge shares (0.1 % … 100 %, top edges by
-absolute score, pruned); ``f(C) = (m̄(C) − m̄(∅)) / (m̄(N) − m̄(∅))`` with every edge outside
+signed score for CPR and by absolute score for CMD, as MIB's leaderboard reads them; pruned); ``f(C) = (m̄(C) − m̄(∅)) / (m̄(N) − m̄(∅))`` with every edge outside
 the circuit patched from the counterfactual prompt (``m̄``: the mean over the prompts of the
 logit difference ``logit(good) − logit(bad)``); CPR the area under ``f``, CMD the area between
 ``f`` and 1. The circuits of the selection prompts are evaluated on the selection prompts, those
@@ -63,6 +63,8 @@ EVIDENCE = ROOT / "captum_ffb" / "evaluation" / "data" / "evidence"
 CACHE = HERE / "cache"
 TASKS = ("ioi", "induction", "recall", "agreement", "factual", "determiner")
 ESTIMATORS = ("atp", "eap-ig", "gim", "relp", "frozen", "gim-ig")
+#: The circuits' rankings: MIB's leaderboard reads CPR from the top signed scores, CMD from the top absolute ones.
+RANKINGS = ("signed", "absolute")
 PEER_NAMES = {"atp": "EAP (attribution patching)", "eap-ig": "EAP-IG-inputs", "gim": "GIM", "relp": "RelP",
               "frozen": "ours: the frozen decomposition",
               "gim-ig": "ours: GIM's gradients along EAP-IG's path"}
@@ -192,6 +194,22 @@ def _cached_scores(nd, graph, prompt: dict) -> dict:
     return found
 
 
+def _curve(nd, graph, pairs, scores, task: str, split: str, name: str, ranking: str, chosen: list[dict]) -> dict:
+    """One ranking's faithfulness curve of a candidate's task scores (cached under ``cache/``)."""
+    from captum_ffb.patching import circuits
+
+    path = CACHE / f"curve-{task}-{split}-{name}-{ranking}.json"
+    ids = [p["id"] for p in chosen]
+    if path.exists() and json.loads(path.read_text())["prompts"] == ids:
+        return json.loads(path.read_text())["result"]
+    tic = time.perf_counter()
+    curve = circuits.faithfulness_curve(nd.engine, pairs, graph, scores, absolute=ranking == "absolute")
+    result = dict(cpr=curve.cpr, cmd=curve.cmd, f=list(curve.faithfulness), kept=list(curve.edges), clean=curve.clean,
+                  counterfactual=curve.counterfactual, curve_seconds=time.perf_counter() - tic)
+    path.write_text(json.dumps(dict(prompts=ids, result=result)))
+    return result
+
+
 def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...] = ESTIMATORS,
              splits: tuple[str, ...] = ("selection", "heldout")) -> dict:
     """One task: its prompts, every estimator's curve on the selection and held-out prompts."""
@@ -218,20 +236,11 @@ def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...
             pairs.append((request, nd.request(torch.tensor([p["corrupted_ids"]]), request.target)))
         results = {}
         for name in ESTIMATORS:
-            path = CACHE / f"curve-{task}-{split}-{name}.json"
-            if path.exists() and json.loads(path.read_text())["prompts"] == [p["id"] for p in chosen]:
-                results[name] = json.loads(path.read_text())["result"]
-                continue
             summed, seconds = combined(name, scored)
-            scores = torch.tensor(summed)
-            tic = time.perf_counter()
-            curve = circuits.faithfulness_curve(nd.engine, pairs, graph, scores)
-            results[name] = dict(cpr=curve.cpr, cmd=curve.cmd, f=list(curve.faithfulness), kept=list(curve.edges),
-                                 clean=curve.clean, counterfactual=curve.counterfactual,
-                                 seconds=seconds,
-                                 curve_seconds=time.perf_counter() - tic)
-            path.write_text(json.dumps(dict(prompts=[p["id"] for p in chosen], result=results[name])))
-            print(f"{task} {split} {name}: CPR {curve.cpr:.3f} CMD {curve.cmd:.3f}", flush=True)
+            curves = {ranking: _curve(nd, graph, pairs, torch.tensor(summed), task, split, name, ranking, chosen)
+                      for ranking in RANKINGS}
+            results[name] = dict(cpr=curves["signed"]["cpr"], cmd=curves["absolute"]["cmd"], seconds=seconds, **curves)
+            print(f"{task} {split} {name}: CPR {results[name]['cpr']:.3f} CMD {results[name]['cmd']:.3f}", flush=True)
         out["splits"][split] = dict(prompts=[p["id"] for p in chosen], results=results)
     return out
 
@@ -267,7 +276,14 @@ def describe(name: str) -> str:
 def compared(saved: dict, split: str | None = None) -> list[str]:
     """The estimators every task (and split, or ``split``) was run with."""
     runs = [d["splits"][s]["results"] for d in saved["tasks"].values() for s in d["splits"] if split in (None, s)]
-    return [n for n in runs[0] if all(n in r for r in runs)]
+    return [n for n in runs[0] if all(n in r for r in runs)] if runs else []
+
+
+def _value(result: dict, key: str) -> float:
+    """``key`` of one estimator's result (``"absolute.cpr"``: the absolute ranking's CPR)."""
+    for part in key.split("."):
+        result = result[part]
+    return result
 
 
 def _table(saved: dict, split: str, key: str, best_is_max: bool) -> list[str]:
@@ -278,8 +294,8 @@ def _table(saved: dict, split: str, key: str, best_is_max: bool) -> list[str]:
         cells = []
         for task in tasks:
             results = saved["tasks"][task]["splits"][split]["results"]
-            values = [results[m][key] for m in names]
-            value = results[name][key]
+            values = [_value(results[m], key) for m in names]
+            value = _value(results[name], key)
             top = max(values) if best_is_max else min(values)
             cells.append(f"**{value:.3f}**" if value == top else f"{value:.3f}")
         seconds = np.mean([saved["tasks"][t]["splits"][split]["results"][name]["seconds"] for t in tasks])
@@ -307,7 +323,9 @@ def report(saved: dict, candidates: dict | None = None) -> str:
              f"Written by `results/mib/run.py` ({saved['run']}, torch {saved['torch']}); the protocol is "
              "`captum_ffb.patching.circuits` (docs/circuits.md). Edges: "
              f"{next(iter(tasks.values()))['edges']:,} (the head graph: heads read their queries, keys and values "
-             "as one reader). Bold: the best of the row's task.", "",
+             "as one reader). CPR is read from the circuits of the top signed scores and CMD from those of the "
+             "top absolute scores, as MIB's leaderboard reads them (`circuits.mib_scores`). Bold: the best of the "
+             "row's task.", "",
              "### Can the model do MIB's tasks?", "",
              "| task | accuracy (logit(good) > logit(bad)) | used |", "|---|---:|---|"]
     for task, acc in saved["mib_formats"].items():
@@ -323,6 +341,10 @@ def report(saved: dict, candidates: dict | None = None) -> str:
         lines += _table(saved, split, "cpr", True)
         lines += ["", "**CMD** (lower is better)", ""]
         lines += _table(saved, split, "cmd", False)
+        if split == "heldout":
+            lines += ["", "**CPR of the absolute ranking** (how this file read CPR before 2026-11-30; MIB reads CPR "
+                      "from the signed ranking, whose top edges carry the behaviour and whose f can pass 1)", ""]
+            lines += _table(saved, split, "absolute.cpr", True)
     if candidates is not None:
         merged = with_candidates(saved, candidates)
         lines += ["", "### Averaged candidates (selection prompts)", "",
@@ -388,7 +410,7 @@ def export(saved: dict, directory: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--selection", type=int, default=4, help="selection prompts per task")
-    parser.add_argument("--heldout", type=int, default=4, help="held-out prompts per task")
+    parser.add_argument("--heldout", type=int, default=8, help="held-out prompts per task")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--jobs", type=int, default=1, help="tasks run at once (one process each)")
     parser.add_argument("--estimators", default=",".join(ESTIMATORS),
