@@ -166,6 +166,14 @@ def members(name: str) -> tuple[str, ...]:
     return tuple(name.split("&"))
 
 
+def stepped(name: str) -> tuple[str, int]:
+    """An estimator's name and its path's steps (``"eap-ig@4"``: EAP-IG on 4 steps)."""
+    from captum_ffb.patching.estimators import EAP_IG_STEPS
+
+    estimator, _, steps = name.partition("@")
+    return estimator, int(steps) if steps else EAP_IG_STEPS
+
+
 def combined(name: str, scored: list[dict]) -> tuple[np.ndarray, float]:
     """A candidate's scores summed over the prompts, and its mean seconds per prompt."""
     parts = members(name)
@@ -187,7 +195,8 @@ def _cached_scores(nd, graph, prompt: dict) -> dict:
         if name in found:
             continue
         tic = time.perf_counter()
-        found[name] = circuits.edge_scores(nd.engine, request, other, graph, (name,))[name].numpy()
+        estimator, steps = stepped(name)
+        found[name] = circuits.edge_scores(nd.engine, request, other, graph, (estimator,), steps)[estimator].numpy()
         found[f"{name} seconds"] = np.array(time.perf_counter() - tic)
         CACHE.mkdir(exist_ok=True)
         np.savez_compressed(path, **found)
@@ -247,30 +256,36 @@ def run_task(task: str, selection: int, heldout: int, estimators: tuple[str, ...
 
 # --------------------------------------------------------------------------- the report
 def passes(name: str) -> float:
-    from captum_ffb.patching.estimators import EAP_IG_STEPS
+    def own(member: str) -> int:
+        estimator, steps = stepped(member)
+        return 1 + 2 * steps if estimator in ("eap-ig", "gim-ig") else 3
 
-    own = {"eap-ig": 1 + 2 * EAP_IG_STEPS, "gim-ig": 1 + 2 * EAP_IG_STEPS}
-    return 1 + sum(own.get(m, 3) - 1 for m in members(name))  # the counterfactual's forward pass shared
+    return 1 + sum(own(m) - 1 for m in members(name))  # the counterfactual's forward pass shared
 
 
-def choose(saved: dict, split: str = "selection") -> tuple[str, dict[str, tuple[float, float]]]:
+def choose(saved: dict, split: str = "selection") -> tuple[str | None, dict[str, tuple[float, float]]]:
     """The default: the smallest largest CPR shortfall over the tasks on the selection prompts
-    among the estimators of at most EAP-IG's passes (ties: CMD excess, then passes); with each
-    estimator's largest CPR shortfall and CMD excess on ``split``."""
+    among the estimators of at most EAP-IG's passes (ties: CMD excess, then passes; ``None``
+    when none is that cheap); with each estimator's largest CPR shortfall and CMD excess on
+    ``split``."""
     tasks = [saved["tasks"][t]["splits"][split]["results"] for t in saved["tasks"]]
     names = compared(saved, split)
-    allowed = [n for n in names if passes(n) <= passes("eap-ig")]
     worst = {}
-    for name in allowed:
+    for name in names:
         cpr = max(max(r[m]["cpr"] for m in names) - r[name]["cpr"] for r in tasks)
         cmd = max(r[name]["cmd"] - min(r[m]["cmd"] for m in names) for r in tasks)
         worst[name] = (cpr, cmd)
-    best = min(allowed, key=lambda n: (round(worst[n][0], 6), round(worst[n][1], 6), passes(n)))
+    allowed = [n for n in names if passes(n) <= passes("eap-ig")]
+    best = min(allowed, key=lambda n: (round(worst[n][0], 6), round(worst[n][1], 6), passes(n)), default=None)
     return best, worst
 
 
 def describe(name: str) -> str:
-    return " and ".join(PEER_NAMES[m] for m in members(name)) + (", averaged" if "&" in name else "")
+    def one(member: str) -> str:
+        estimator, steps = stepped(member)
+        return PEER_NAMES[estimator] + (f" on {steps} steps" if "@" in member else "")
+
+    return " and ".join(one(m) for m in members(name)) + (", averaged" if "&" in name else "")
 
 
 def compared(saved: dict, split: str | None = None) -> list[str]:
@@ -348,7 +363,8 @@ def report(saved: dict, candidates: dict | None = None) -> str:
     if candidates is not None:
         merged = with_candidates(saved, candidates)
         lines += ["", "### Averaged candidates (selection prompts)", "",
-                  "`a&b`: the mean of the two estimators' scores (their passes shared where they can be).", "",
+                  "`a&b`: the mean of the two estimators' scores (their passes shared where they can be); "
+                  "those of more passes than EAP-IG are measured for the record, not candidates.", "",
                   "**CPR**", ""]
         lines += _table(merged, "selection", "cpr", True)
         lines += ["", "**CMD**", ""]
@@ -356,7 +372,9 @@ def report(saved: dict, candidates: dict | None = None) -> str:
     lines += ["", "### The default", "",
               f"`DEFAULT_CIRCUIT_ESTIMATOR` by the selection prompts: **`{best}`** (largest CPR shortfall from the "
               "best over the tasks, largest CMD excess; candidates of at most EAP-IG's passes):", ""]
-    lines += [f"- `{name}`: {cpr:.3f}, {cmd:.3f}" for name, (cpr, cmd) in worst.items()]
+    lines += [f"- `{name}`: {cpr:.3f}, {cmd:.3f}" + ("" if passes(name) <= passes("eap-ig") else
+                                                       f" ({passes(name):g} passes: more than EAP-IG's, not a candidate)")
+              for name, (cpr, cmd) in worst.items()]
     if all("heldout" in d["splits"] for d in tasks.values()):
         _, held = choose(saved, "heldout")
         wins = {name: sum(max(d["splits"]["heldout"]["results"].values(), key=lambda r: r["cpr"]) is
