@@ -25,6 +25,10 @@ model's predicted answer token explained, paragraphs as groups. In a process of 
 call, then the median of ``--repeat``); and the command line, ``captum-ffb explain --context``
 writing its files, end to end (start, load, explain, write) against a process that loads the
 model the same way and runs one input-gradient pass.
+
+``--context-method-costs 1024`` times each method of ``context_attribution`` (decomposition,
+presence, fitted with and without its focus; sentences as groups) on the same kind of document
+against the input-gradient pass, and adds its table to the files.
 """
 
 from __future__ import annotations
@@ -142,6 +146,10 @@ def child(method: str, n: int, tree: str, repeat: int) -> None:
 QUESTION = "Who led the survey team?"
 TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer: The survey team was led by"
 CONTEXT_METHODS = (f"{BASELINE} (context prompt)", "context_attribution")
+#: ``--context-method-costs``: each method of ``context_attribution`` with sentences as groups,
+#: by its keyword arguments.
+METHOD_COSTS = {"decomposition": {}, "presence": {"method": "presence"}, "fitted": {"method": "fitted"},
+                "fitted, focus=None": {"method": "fitted", "focus": None}}
 
 
 def context_document(tokenizer, n: int) -> str:
@@ -177,6 +185,9 @@ def context_child(method: str, n: int, repeat: int) -> None:
     def run() -> None:
         if method == CONTEXT_METHODS[0]:
             input_gradient_pass(model, ids, token)
+        elif method in METHOD_COSTS:
+            context_attribution(nd, tokenizer, document, QUESTION, template=TEMPLATE, group_by="sentence",
+                                **METHOD_COSTS[method])
         else:
             found = context_attribution(nd, tokenizer, document, QUESTION, template=TEMPLATE)
             assert found.delta < 1e-3 * max(1.0, abs(found.value)), found.delta
@@ -242,6 +253,25 @@ def context_markdown(rows: dict) -> list[str]:
                      f"{ours['seconds'] / base['seconds']:.2f}× | {base['first_seconds']:.2f}, "
                      f"{ours['first_seconds']:.2f} | {cli['cli_seconds']:.1f} | {cli['baseline_seconds']:.1f} | "
                      f"{cli['cli_seconds'] / cli['baseline_seconds']:.2f}× |")
+    return lines
+
+
+def method_costs_markdown(rows: dict) -> list[str]:
+    """The table of ``--context-method-costs``."""
+    lines = ["", "## Each context method's cost", "",
+             "The same document and question (`--context-method-costs`), sentences as groups, each method of "
+             f"`context_attribution` in a process of its own against the {BASELINE} of the same prompt and token "
+             "(first call, then the median of the repeats). `fitted` runs 16 ablated prompts, removing only among "
+             "the top 10 sentences of presence and the decomposition (`focus=10`, the default); `focus=None` among "
+             "every sentence.", "",
+             f"| n | method | seconds | × {BASELINE} | first call (s) |", "|---:|---|---:|---:|---:|"]
+    for row in rows.values():
+        base = row[CONTEXT_METHODS[0]]
+        lines.append(f"| {base['n']} | {BASELINE} | {base['seconds']:.2f} | 1.00× | {base['first_seconds']:.2f} |")
+        for name in METHOD_COSTS:
+            if name in row:
+                lines.append(f"| {base['n']} | {name} | {row[name]['seconds']:.2f} | "
+                             f"{row[name]['seconds'] / base['seconds']:.2f}× | {row[name]['first_seconds']:.2f} |")
     return lines
 
 
@@ -318,6 +348,8 @@ def markdown(result: dict) -> str:
                          f"{row['added_bytes'] / 2**30:.2f} |")
     if result.get("context"):
         lines += context_markdown(result["context"])
+    if result.get("method_costs"):
+        lines += method_costs_markdown(result["method_costs"])
     return "\n".join(lines) + "\n"
 
 
@@ -336,11 +368,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-only", action="store_true",
                         help="measure context attribution and the CLI only; keep the other rows of LONG_CONTEXT.json")
     parser.add_argument("--context-sizes", default="2048,4096", help="the sizes context attribution is timed at")
+    parser.add_argument("--context-method-costs", default=None, metavar="SIZES",
+                        help="time each context method (decomposition, presence, fitted) at these sizes; keep the "
+                        "other rows of LONG_CONTEXT.json")
     args = parser.parse_args(argv)
     if args.child == "cli-baseline":
         cli_baseline(args.tree)
         return 0
-    if args.child in CONTEXT_METHODS:
+    if args.child in CONTEXT_METHODS or args.child in METHOD_COSTS:
         context_child(args.child, args.n, args.repeat)
         return 0
     if args.child is not None:
@@ -348,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.context_only:
         return context_main(args)
+    if args.context_method_costs:
+        return method_costs_main(args)
     import torch
 
     result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
@@ -402,6 +439,27 @@ def context_main(args: argparse.Namespace) -> int:
     if not args.quick:
         saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         (HERE / "LONG_CONTEXT.md").write_text(text, encoding="utf-8")
+    return 0
+
+
+def method_costs_main(args: argparse.Namespace) -> int:
+    """``--context-method-costs``: each context method's seconds against the input-gradient pass."""
+    saved = HERE / "LONG_CONTEXT.json"
+    result = json.loads(saved.read_text(encoding="utf-8")) if saved.exists() else {"rows": {}}
+    result["method_costs"] = {}
+    for n in (int(s) for s in args.context_method_costs.split(",")):
+        row = {}
+        for method in (CONTEXT_METHODS[0], *METHOD_COSTS):
+            out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--repeat",
+                                  str(args.repeat)], capture_output=True, text=True, check=True)
+            row[method] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(json.dumps(row[method]), flush=True)
+        result["method_costs"][str(n)] = row
+    result["method_costs_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
+    print("\n".join(method_costs_markdown(result["method_costs"])))
+    if not args.quick:
+        saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (HERE / "LONG_CONTEXT.md").write_text(markdown(result), encoding="utf-8")
     return 0
 
 
