@@ -415,6 +415,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def context_measure(method: str, n: int, repeat: int) -> dict:
+    """One context method's (or the input-gradient pass's) row, measured in a process of its own."""
+    out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--repeat", str(repeat)],
+                         capture_output=True, text=True, check=True)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def context_main(args: argparse.Namespace) -> int:
     """``--context-only``: the context rows, added to the saved results."""
     import tempfile
@@ -426,10 +435,7 @@ def context_main(args: argparse.Namespace) -> int:
         for n in (int(s) for s in args.context_sizes.split(",")):
             row = {}
             for method in CONTEXT_METHODS:
-                out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--repeat",
-                                      str(args.repeat)], capture_output=True, text=True, check=True)
-                row[method] = json.loads(out.stdout.strip().splitlines()[-1])
-                print(json.dumps(row[method]), flush=True)
+                row[method] = context_measure(method, n, args.repeat)
             row["cli"] = measure_cli(n, Path(scratch))
             print(json.dumps(row["cli"]), flush=True)
             result["context"][str(n)] = row
@@ -450,10 +456,7 @@ def method_costs_main(args: argparse.Namespace) -> int:
     for n in (int(s) for s in args.context_method_costs.split(",")):
         row = {}
         for method in (CONTEXT_METHODS[0], *METHOD_COSTS):
-            out = subprocess.run([sys.executable, __file__, "--child", method, "--n", str(n), "--repeat",
-                                  str(args.repeat)], capture_output=True, text=True, check=True)
-            row[method] = json.loads(out.stdout.strip().splitlines()[-1])
-            print(json.dumps(row[method]), flush=True)
+            row[method] = context_measure(method, n, args.repeat)
         result["method_costs"][str(n)] = row
     result["method_costs_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
     print("\n".join(method_costs_markdown(result["method_costs"])))
