@@ -76,13 +76,15 @@ def resolve_rules(chain: Chain, spec: ArchitectureSpec, rules: Mapping[str, Call
 
 
 def warn_if_padded_without_mask(args: tuple[Any, ...], kwargs: dict[str, Any], config: Any) -> None:
-    """Warn when the token ids hold the pad token and no attention mask is given: padded
-    positions would then be attended to like real tokens."""
+    """Warn when a row of token ids starts or ends with the pad token and no attention mask is
+    given: padded positions would then be attended to like real tokens. A pad token inside a
+    row is text, not padding (chat templates whose end-of-turn token is the pad token)."""
     ids = args[0] if args else kwargs.get("input_ids")
     pad = getattr(config, "pad_token_id", None)
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point() or pad is None:
         return
-    if kwargs.get("attention_mask") is None and bool((ids == pad).any()):
+    if kwargs.get("attention_mask") is None and ids.shape[1] and bool(
+            (ids[:, 0] == pad).any() or (ids[:, -1] == pad).any()):
         warnings.warn(
             f"the inputs hold the pad token (id {pad}) but no attention_mask was given: padded "
             "positions are attended to like real tokens and the maps differ from those of the "

@@ -40,3 +40,10 @@ def test_a_padded_batch_without_an_attention_mask_warns():
         warnings.simplefilter("error")
         lnd.attribute(ids, forward_kwargs={"attention_mask": (ids != 0).long()})
         lnd.attribute(token_ids())
+        inside = token_ids()
+        inside[:, 3] = 0  # the pad token as text (a chat template's end of turn): not padding
+        lnd.attribute(inside)
+    left = token_ids()
+    left[0, :2] = 0
+    with pytest.warns(UserWarning, match="pad token"):
+        lnd.attribute(left)
