@@ -36,6 +36,8 @@ class LoadedModel:
 
     model: nn.Module
     tokenizer: Any
+    #: the model's name: a hub id, or a local folder's name (never its path, which files and
+    #: pages would otherwise show)
     name: str
     #: what ``load_model`` was given (``None`` for a model built in memory), so that other
     #: processes can load the same model
@@ -563,5 +565,7 @@ def load_model(
     spec = get_architecture(model.config.model_type)  # fail early, with the supported list
     spec.check_config(model.config)
     origin = DEFAULT_MODEL if name_or_dir is None else str(name_or_dir)
+    if name != DEFAULT_MODEL and Path(name).expanduser().is_dir():  # a local folder: its name, never its path
+        name = Path(name).expanduser().resolve().name
     return LoadedModel(model, tokenizer, name, source=origin, causal_lm=task == "causal_lm",
                        task=task)

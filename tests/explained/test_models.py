@@ -26,6 +26,7 @@ def test_a_saved_folder_loads(tmp_path):
     BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(tmp_path)
     loaded = load_model(tmp_path)
     assert loaded.model_type == "bert" and len(loaded.blocks) == 2
+    assert loaded.name == tmp_path.name and loaded.source == str(tmp_path)  # the folder's name, not its path
     assert find_blocks(loaded.model) is loaded.model.encoder.layer
 
 
