@@ -22,6 +22,7 @@ from captum_ffb.io.files import check_out_dir, output_set, save_figure, write_js
 from captum_ffb.long_context.attribution import (
     DEFAULT_ABLATIONS,
     DEFAULT_FOCUS,
+    DEFAULT_ROUNDS,
     DEFAULT_TEMPLATE,
     GROUPINGS,
     METHODS,
@@ -121,6 +122,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"with --context-method fitted: the ablations remove only among N candidate "
                         f"groups, presence's and the decomposition's top N/2 (default {DEFAULT_FOCUS}; 0: "
                         f"every group)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
+                        help=f"with --context-method fitted: greedy rounds, each a prompt without the group "
+                        f"the decomposition ranks first, one forward and one backward pass each, added to "
+                        f"the ablations (default {DEFAULT_ROUNDS}; 0: none)")
     parser.add_argument("--batch-size", type=int, default=16, metavar="N",
                         help="corpus mode: texts per batch (default 16)")
     parser.add_argument("--overwrite", action="store_true",
@@ -276,6 +281,8 @@ def _run_context(args: argparse.Namespace) -> int:
         raise UsageError(f"--ablations must be at least 3, got {args.ablations}")
     if args.focus == 1 or args.focus < 0:
         raise UsageError(f"--focus must be 0 (every group) or at least 2, got {args.focus}")
+    if args.rounds < 0:
+        raise UsageError(f"--rounds must be 0 or more, got {args.rounds}")
     placement = model_placement(args)
     formats = parse_formats(args.format)
     out = check_out_dir(args.out)
@@ -295,7 +302,8 @@ def _run_context(args: argparse.Namespace) -> int:
     found = context_attribution(NormDecomposition(loaded), loaded.tokenizer, context, question,
                                 group_by=args.group_by, target=args.target, template=args.template,
                                 max_tokens=limit, method=args.context_method, steps=args.presence_steps,
-                                ablations=args.ablations, focus=args.focus or None, show_progress=not args.quiet)
+                                ablations=args.ablations, focus=args.focus or None, rounds=args.rounds,
+                                show_progress=not args.quiet)
     with output_set(out) as files:
         written = []
         if "json" in formats:

@@ -523,7 +523,12 @@ def _graph_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
 
 def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]:
     """The Context tab: ``([context, question, group_by, method], attribute button, [figure, table])``."""
-    from captum_ffb.long_context.attribution import DEFAULT_ABLATIONS, DEFAULT_FOCUS, METHODS
+    from captum_ffb.long_context.attribution import (
+        DEFAULT_ABLATIONS,
+        DEFAULT_FOCUS,
+        DEFAULT_ROUNDS,
+        METHODS,
+    )
 
     with gr.Tab("Context", id="context", visible=events.task == "causal_lm"):
         gr.Markdown("A long context's parts as players: paste a document (or passages, a chat "
@@ -531,7 +536,8 @@ def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]
                     "contribution to the answer's next token (decomposition, one backward pass) or "
                     "what removing it would do (presence, two gradients; fitted, presence refined by "
                     f"{DEFAULT_ABLATIONS} ablated prompts that remove only among the top {DEFAULT_FOCUS} "
-                    "groups of presence and the decomposition).")
+                    f"groups of presence and the decomposition, and {DEFAULT_ROUNDS} prompts that each "
+                    "remove the group the decomposition ranks first on the one before).")
         with gr.Row():
             context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
             with gr.Column():

@@ -18,6 +18,7 @@ from captum_ffb.attr.norm_decomposition import NormDecomposition
 from captum_ffb.explained.readouts import AnswerLogProbability
 from captum_ffb.long_context.surrogate import (
     ablated_context,
+    ablated_spans,
     ablation_masks,
     fit_surrogate,
     focus_groups,
@@ -27,7 +28,7 @@ from captum_ffb.texts.text import check_text
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["DEFAULT_ABLATIONS", "DEFAULT_FOCUS", "DEFAULT_PRIOR", "DEFAULT_TEMPLATE", "GROUPINGS", "METHODS", "ContextAttribution", "context_attribution", "split_context"]
+__all__ = ["DEFAULT_ABLATIONS", "DEFAULT_FOCUS", "DEFAULT_PRIOR", "DEFAULT_ROUNDS", "DEFAULT_TEMPLATE", "GROUPINGS", "METHODS", "ContextAttribution", "context_attribution", "split_context"]
 
 #: How a context is cut into groups.
 GROUPINGS = ("paragraph", "sentence", "line")
@@ -39,10 +40,15 @@ DEFAULT_ABLATIONS = 16
 #: The method whose scores ``"fitted"`` shrinks toward by default (chosen with the ablations).
 DEFAULT_PRIOR = "presence"
 #: ``"fitted"``'s candidate groups, the only ones its ablations remove: the union of the
-#: prior's and the decomposition's top half each, filled up by the prior's order (chosen on
-#: questions held out from the evaluation, over ablations of every group,
-#: ``results/context/selection/``).
+#: prior's top half and the decomposition's (its greedy picks first, see ``DEFAULT_ROUNDS``),
+#: filled up by the prior's order (chosen on questions held out from the evaluation, over
+#: ablations of every group, ``results/context/selection/``).
 DEFAULT_FOCUS = 10
+#: ``"fitted"``'s greedy rounds by default: nested prompts, each without the group the
+#: decomposition ranks first on the one before, added to the ablations, their picks the
+#: decomposition's candidates for ``focus`` (chosen on questions held out from the
+#: evaluation, ``results/context/selection/``).
+DEFAULT_ROUNDS = 4
 #: How the prompt is made of the context and the question.
 DEFAULT_TEMPLATE = "{context}\n\n{question}"
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+")
@@ -160,7 +166,7 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                         target: Any = None, template: str = DEFAULT_TEMPLATE,
                         max_tokens: int | None = None, method: str = "decomposition",
                         steps: int = 2, ablations: int = DEFAULT_ABLATIONS, prior: str = DEFAULT_PRIOR,
-                        focus: int | None = DEFAULT_FOCUS, seed: int = 0,
+                        focus: int | None = DEFAULT_FOCUS, seed: int = 0, rounds: int = DEFAULT_ROUNDS,
                         show_progress: bool = False) -> ContextAttribution:
     r"""Explain a causal LM's next token after ``template`` filled with ``context`` and
     ``question``, the context's tokens grouped.
@@ -200,6 +206,10 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                     and the decomposition's top ``focus // 2``, filled up by the prior's order
                     (``None``: among every group, ContextCite's design).
         seed (int): the seed of ``"fitted"``'s ablations.
+        rounds (int): ``"fitted"``'s greedy rounds: each removes the group the decomposition
+                    ranks first on the prompt so far and runs the decomposition again on the
+                    shortened prompt (one forward and one backward pass); the nested prompts
+                    join the ablations (``0``: none).
         show_progress (bool): a progress bar over ``"fitted"``'s ablations.
 
     Returns:
@@ -223,18 +233,26 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         if fewest > max_tokens:
             raise ValueError(f"the prompt has {len(prompt):,} characters, at least {fewest:,} tokens: more than "
                              f"{max_tokens}")
-    encoded = tokenizer(prompt, return_offsets_mapping=True, return_tensors="pt")
-    ids = encoded.input_ids.to(next(nd.model.parameters()).device)  # on the model's device
+    ids, token_groups, tokens = _encoded(nd, tokenizer, (prompt, q_span, offset), spans)
     if max_tokens is not None and ids.shape[1] > max_tokens:
         raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
-    token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
-    tokens = tokenizer.convert_ids_to_tokens(ids[0].tolist())
     if method == "presence":
         return _by_presence(nd, tokenizer, ids, target, token_groups, tokens, spans, context, steps)
     if method == "fitted":
-        return _by_fitting(nd, tokenizer, ids, target, question, template, (ablations, prior, focus, seed),
+        return _by_fitting(nd, tokenizer, ids, target, question, template, (ablations, prior, focus, seed, rounds),
                            show_progress, (context, group_by, steps))
     return _by_decomposition(nd, tokenizer, ids, target, token_groups, tokens, spans, context)
+
+
+def _encoded(nd: NormDecomposition, tokenizer: Any, filled: tuple[str, tuple[int, int], int],
+             spans: list[tuple[int, int]]) -> tuple[Any, list[int], list[str]]:
+    """The prompt's token ids (on the model's device), each token's group and the tokens
+    (``filled``: the prompt, the question's span and the context's offset in it)."""
+    prompt, q_span, offset = filled
+    encoded = tokenizer(prompt, return_offsets_mapping=True, return_tensors="pt")
+    ids = encoded.input_ids.to(next(nd.model.parameters()).device)
+    token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
+    return ids, token_groups, tokenizer.convert_ids_to_tokens(ids[0].tolist())
 
 
 def _by_decomposition(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, token_groups: list[int],
@@ -325,30 +343,38 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
 
 
 def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, question: str, template: str,
-                settings: tuple[int, str, int | None, int], show_progress: bool, grouped: tuple[str, str, int]
-                ) -> ContextAttribution:
+                settings: tuple[int, str, int | None, int, int], show_progress: bool,
+                grouped: tuple[str, str, int]) -> ContextAttribution:
     """:func:`context_attribution` by a surrogate fitted around a prior (``method="fitted"``;
-    ``settings``: the ablations, the prior's method, the focus and the seed): the prior's scores
-    refined by :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with random
-    candidate groups removed from the text."""
+    ``settings``: the ablations, the prior's method, the focus, the seed and the greedy
+    rounds): the prior's scores refined by
+    :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with random candidate
+    groups removed from the text, and on the greedy path's nested prompts."""
+    import torch
+
     from captum_ffb.engine.head import output_logits
     from captum_ffb.engine.passes import run_model
 
-    ablations, prior, focus, seed = settings
-    _check_fitting(nd, ablations, prior, focus, seed)
+    ablations, prior, focus, seed, rounds = settings
+    _check_fitting(nd, ablations, prior, focus, (seed, rounds))
     target = _read_target(nd, tokenizer, target)
     if target is None:  # the predicted token, named before the ablations read it
         target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
     context, group_by, steps = grouped
     found = context_attribution(nd, tokenizer, context, question, group_by, target, template, method=prior,
                                 steps=steps)
-    among = None
-    if focus is not None and focus < len(found.spans):
+    focused = focus is not None and focus < len(found.spans)
+    exact = None
+    if focused or rounds:
         exact = found if prior == "decomposition" else context_attribution(
             nd, tokenizer, context, question, group_by, target, template, method="decomposition")
-        among = focus_groups(found.contributions, exact.contributions, focus)
+    picks, path_masks, path_values = _greedy_path(nd, tokenizer, exact, (question, template), target, rounds) \
+        if rounds else ([], None, None)
+    among = focus_groups(found.contributions, exact.contributions, focus, leading=picks) if focused else None
     masks = ablation_masks(len(found.spans), ablations, seed, among=among)
     values = _ablation_values(nd, tokenizer, found, (question, template), target, masks, show_progress)
+    if rounds:
+        masks, values = torch.cat([masks, path_masks]), torch.cat([values, path_values])
     fit = fit_surrogate(masks, values, found.contributions)
     return ContextAttribution(
         groups=found.groups, contributions=fit.scores, question=0.0, rest=0.0, bias=fit.bias, value=found.value,
@@ -357,8 +383,10 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
         spans=found.spans, method="fitted")
 
 
-def _check_fitting(nd: NormDecomposition, ablations: Any, prior: Any, focus: Any, seed: Any) -> None:
-    """``ValueError`` or ``TypeError`` for settings ``"fitted"`` cannot use."""
+def _check_fitting(nd: NormDecomposition, ablations: Any, prior: Any, focus: Any, seeded: tuple[Any, Any]) -> None:
+    """``ValueError`` or ``TypeError`` for settings ``"fitted"`` cannot use (``seeded``: the
+    seed and the rounds)."""
+    seed, rounds = seeded
     if nd.engine.head.task != "causal_lm":
         raise ValueError("a fitted surrogate explains a causal LM's answer")
     if isinstance(ablations, bool) or not isinstance(ablations, int) or ablations < 3:
@@ -369,6 +397,38 @@ def _check_fitting(nd: NormDecomposition, ablations: Any, prior: Any, focus: Any
         raise ValueError(f"focus must be None or an integer of at least 2, got {focus!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+        raise ValueError(f"rounds must be an integer of at least 0, got {rounds!r}")
+
+
+def _greedy_path(nd: NormDecomposition, tokenizer: Any, exact: ContextAttribution, prompt: tuple[str, str],
+                 target: Any, rounds: int) -> tuple[list[int], Tensor, Tensor]:
+    """The greedy picks, ``(r, G)`` nested keep masks and ``(r,)`` their values: each round
+    removes the kept group the decomposition ranks first and runs the decomposition again on
+    the shortened prompt (its value is the answer there), ``r = min(rounds, G − 1)``; the
+    last ranking names one pick more."""
+    import torch
+
+    question, template = prompt
+    keep = torch.ones(len(exact.spans), dtype=torch.bool)
+    scores = exact.contributions.clone()
+    picks, masks, values = [], [], []
+    for _ in range(min(rounds, len(exact.spans) - 1)):
+        picks.append(int(scores.masked_fill(~keep, -torch.inf).argmax()))
+        keep = keep.clone()
+        keep[picks[-1]] = False
+        text, spans = ablated_spans(exact.context, exact.spans, keep.tolist())
+        filled = _fill_template(template, text, question)
+        ids, token_groups, tokens = _encoded(nd, tokenizer, filled, spans)
+        shorter = _by_decomposition(nd, tokenizer, ids, target, token_groups, tokens, spans, text)
+        scores = torch.full_like(exact.contributions, -torch.inf)
+        scores[keep] = shorter.contributions
+        masks.append(keep)
+        values.append(shorter.value)
+    if masks:
+        picks.append(int(scores.masked_fill(~keep, -torch.inf).argmax()))
+    return (picks, torch.stack(masks) if masks else torch.ones(0, len(exact.spans), dtype=torch.bool),
+            torch.tensor(values, dtype=torch.float64))
 
 
 def _ablation_values(nd: NormDecomposition, tokenizer: Any, found: ContextAttribution, prompt: tuple[str, str],

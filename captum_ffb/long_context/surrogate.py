@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Surrogate", "ablated_context", "ablation_masks", "fit_surrogate", "focus_groups"]
+__all__ = ["Surrogate", "ablated_context", "ablated_spans", "ablation_masks", "fit_surrogate", "focus_groups"]
 
 #: The ridge penalties tried, as multiples of the mean squared singular value of the centred
 #: ablations (the scale at which shrinkage starts to matter).
@@ -146,14 +146,23 @@ def _penalty(x: Tensor, y: Tensor, unpenalised: int) -> float:
 def ablated_context(context: str, spans: Sequence[tuple[int, int]], keep: Sequence[bool]) -> str:
     """``context`` with only the kept groups, each kept group after the first with the white
     space before it (the convention of ContextCite's partitioner)."""
+    return ablated_spans(context, spans, keep)[0]
+
+
+def ablated_spans(context: str, spans: Sequence[tuple[int, int]], keep: Sequence[bool]
+                  ) -> tuple[str, list[tuple[int, int]]]:
+    """:func:`ablated_context` and the kept groups' spans ``(start, end)`` in it."""
     if len(keep) != len(spans):
         raise ValueError(f"{len(keep)} keep flags for {len(spans)} groups")
-    parts, end = [], 0
+    parts, kept_spans, end, length = [], [], 0, 0
     for kept, (start, stop) in zip(keep, spans):
         if kept:
-            parts.append((context[end:start] if parts else "") + context[start:stop])
+            before = context[end:start] if parts else ""
+            kept_spans.append((length + len(before), length + len(before) + stop - start))
+            parts.append(before + context[start:stop])
+            length += len(parts[-1])
         end = stop
-    return "".join(parts)
+    return "".join(parts), kept_spans
 
 
 def ablation_masks(n_groups: int, ablations: int, seed: int = 0, among: Sequence[int] | None = None) -> Tensor:
@@ -171,15 +180,19 @@ def ablation_masks(n_groups: int, ablations: int, seed: int = 0, among: Sequence
     return keep
 
 
-def focus_groups(prior, other, focus: int) -> list[int]:
+def focus_groups(prior, other, focus: int, leading: Sequence[int] = ()) -> list[int]:
     """The candidate groups of a focused design: the ``focus // 2`` of largest score in
-    ``prior`` and in ``other`` (the decomposition), then ``prior``'s next ones up to ``focus``
-    (ties: the earlier group first)."""
+    ``prior`` and in ``other`` (the decomposition; ``leading`` groups, its greedy picks, ranked
+    before its order), then ``prior``'s next ones up to ``focus`` (ties: the earlier group
+    first)."""
     prior, other = torch.as_tensor(prior, dtype=torch.float64), torch.as_tensor(other, dtype=torch.float64)
     if prior.dim() != 1 or prior.shape != other.shape:
         raise ValueError(f"prior and other must be (S,) alike, got {tuple(prior.shape)} and {tuple(other.shape)}")
+    if any(not 0 <= j < prior.shape[0] for j in leading):
+        raise ValueError(f"leading must name groups of 0…{prior.shape[0] - 1}")
     by_prior = _ranked(prior)
-    chosen = list(dict.fromkeys([*by_prior[:focus // 2], *_ranked(other)[:focus // 2]]))
+    by_other = list(dict.fromkeys([*map(int, leading), *_ranked(other)]))
+    chosen = list(dict.fromkeys([*by_prior[:focus // 2], *by_other[:focus // 2]]))
     chosen += [j for j in by_prior if j not in chosen][:max(0, focus - len(chosen))]
     return chosen
 

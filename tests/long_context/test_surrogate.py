@@ -132,7 +132,7 @@ def test_fitted_is_the_surrogate_of_the_models_own_values_on_ablated_texts(lm, t
     nd, tokenizer = lm
     seen, fit = _spy_on_the_fit(monkeypatch)
     found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
-                                method="fitted", ablations=6, seed=3, prior=prior_method)
+                                method="fitted", ablations=6, seed=3, prior=prior_method, rounds=0)
     prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
                                 method=prior_method)
     assert found.method == "fitted" and found.target == prior.target
@@ -169,7 +169,7 @@ def test_focused_ablations_remove_only_the_candidates_of_both_methods(lm, prior_
     nd, tokenizer = lm
     seen, fit = _spy_on_the_fit(monkeypatch)
     found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7, method="fitted",
-                                ablations=8, seed=1, prior=prior_method, focus=4)
+                                ablations=8, seed=1, prior=prior_method, focus=4, rounds=0)
     prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7, method=prior_method)
     exact = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7)
     order = lambda scores: torch.sort(-scores, stable=True).indices.tolist()  # noqa: E731
@@ -181,9 +181,64 @@ def test_focused_ablations_remove_only_the_candidates_of_both_methods(lm, prior_
     assert seen["masks"][:, outside].all() and not seen["masks"][:, among].all()
     assert torch.allclose(found.contributions, fit(seen["masks"], seen["values"], prior.contributions).scores)
     unfocused = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7,
-                                    method="fitted", ablations=8, seed=1, prior=prior_method, focus=6)
+                                    method="fitted", ablations=8, seed=1, prior=prior_method, focus=6, rounds=0)
     assert torch.equal(seen["masks"], surrogate.ablation_masks(6, 8, seed=1))  # as many candidates as groups
     assert not torch.allclose(unfocused.contributions, found.contributions)
+
+
+@pytest.mark.parametrize("target", [7, " the cat"])
+def test_greedy_rounds_add_the_nested_prompts_without_the_decompositions_first_group(lm, target, monkeypatch):
+    """Each round removes the group the decomposition ranks first on the prompt so far (run
+    again on the shortened text) and adds that prompt, with the model's value there, to the
+    ablations the surrogate is fitted on."""
+    from captum_ffb import context_attribution
+    from captum_ffb.long_context import surrogate
+
+    nd, tokenizer = lm
+    seen, fit = _spy_on_the_fit(monkeypatch)
+    found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                method="fitted", ablations=5, seed=2, rounds=3)
+    random_part = surrogate.ablation_masks(6, 5, seed=2)  # 6 groups, fewer than focus: every one drawn
+    assert seen["masks"].shape == (8, 6) and torch.equal(seen["masks"][:5], random_part)
+    keep, text = torch.ones(6, dtype=torch.bool), CONTEXT
+    for row in range(5, 8):
+        shorter = context_attribution(nd, tokenizer, text, QUESTION, group_by="sentence", target=target)
+        kept = keep.nonzero()[:, 0]
+        assert [g for g in shorter.groups] == [found.groups[j] for j in kept.tolist()]  # the same groups, shortened
+        keep = keep.clone()
+        keep[kept[int(shorter.contributions.argmax())]] = False
+        assert torch.equal(seen["masks"][row], keep)
+        text = surrogate.ablated_context(CONTEXT, found.spans, keep.tolist())
+        value = context_attribution(nd, tokenizer, text, QUESTION, group_by="sentence", target=target).value
+        assert float(seen["values"][row]) == pytest.approx(value, abs=1e-6)
+    model_value = context_attribution(nd, tokenizer, text, QUESTION, group_by="sentence", target=target,
+                                      method="presence").value  # the model's own value, not the decomposition's sum
+    assert float(seen["values"][7]) == pytest.approx(model_value, abs=1e-4)
+    assert torch.allclose(found.contributions, fit(seen["masks"], seen["values"], seen["prior"]).scores)
+    focused = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                  method="fitted", ablations=5, seed=2, rounds=3, focus=4)
+    picks = [int((~a & b).nonzero()) for a, b in zip(seen["masks"][5:], [torch.ones(6, dtype=torch.bool),
+                                                                         *seen["masks"][5:7]])]
+    prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                method="presence").contributions
+    among = surrogate.focus_groups(prior, torch.zeros(6), 4, leading=picks)
+    assert set(among) >= set(picks[:2]) and torch.equal(seen["masks"][:5], surrogate.ablation_masks(6, 5, 2, among))
+    assert focused.method == "fitted"
+    few = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                              method="fitted", ablations=5, seed=2, rounds=9)
+    assert seen["masks"].shape == (10, 6) and not seen["masks"][-1].all() and seen["masks"][-1].sum() == 1
+    assert few.method == "fitted"
+
+
+def test_ablated_spans_are_the_kept_groups_in_the_shortened_text():
+    from captum_ffb.long_context.attribution import split_context
+    from captum_ffb.long_context.surrogate import ablated_spans
+
+    spans = split_context(CONTEXT, "sentence")
+    for keep in ([True] * 6, [False, True, False, True, True, False], [False] * 5 + [True], [False] * 6):
+        text, kept = ablated_spans(CONTEXT, spans, keep)
+        assert [text[s:e] for s, e in kept] == [CONTEXT[s:e] for (s, e), k in zip(spans, keep) if k]
+        assert split_context(text, "sentence") == kept
 
 
 def test_focus_groups_and_masks_among_them():
@@ -194,6 +249,10 @@ def test_focus_groups_and_masks_among_them():
     assert focus_groups(prior, other, 4) == [0, 1, 5, 4]
     assert focus_groups(prior, prior, 4) == [0, 1, 2, 3]  # the same top: filled up by the prior
     assert focus_groups(prior, other, 5) == [0, 1, 5, 4, 2]
+    assert focus_groups(prior, other, 4, leading=[3]) == [0, 1, 3, 5]  # greedy picks before the order
+    assert focus_groups(prior, other, 4, leading=[3, 2, 1]) == [0, 1, 3, 2]
+    with pytest.raises(ValueError, match="leading must name groups"):
+        focus_groups(prior, other, 4, leading=[6])
     masks = ablation_masks(6, 200, seed=0, among=[1, 4])
     assert masks[:, [0, 2, 3, 5]].all()
     assert 0.35 < masks[:, [1, 4]].double().mean() < 0.65
@@ -230,6 +289,9 @@ def test_fitted_bad_requests_are_refused(lm):
     for bad in (1, 0, 2.0, True, "8"):
         with pytest.raises(ValueError, match="focus must be None or an integer of at least 2"):
             context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", focus=bad)
+    for bad in (-1, 1.0, True, "4"):
+        with pytest.raises(ValueError, match="rounds must be an integer of at least 0"):
+            context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", rounds=bad)
     with pytest.raises(ValueError, match="method must be one of"):
         context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fit")
 
@@ -259,6 +321,14 @@ def test_fitted_from_the_command_line_and_in_the_views(tmp_path, capsys):
     assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
                  "--context-method", "fitted", "--focus", "1", "--out", str(tmp_path / "r")]) == 2
     assert "--focus must be 0 (every group) or at least 2, got 1" in capsys.readouterr().err
+    assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
+                 "--group-by", "sentence", "--context-method", "fitted", "--ablations", "5", "--rounds", "0",
+                 "--out", str(tmp_path / "s"), "--format", "json", "--quiet"]) == 0
+    no_rounds = json.loads((tmp_path / "s" / "context.json").read_text())["groups"]
+    assert [g["contribution"] for g in no_rounds] != [g["contribution"] for g in written["groups"]]
+    assert main(["explain", "--model", str(model), "--context", str(tmp_path / "context.txt"), "--question", QUESTION,
+                 "--context-method", "fitted", "--rounds", "-1", "--out", str(tmp_path / "t")]) == 2
+    assert "--rounds must be 0 or more, got -1" in capsys.readouterr().err
     from captum_ffb import NormDecomposition
     from tests.models import causal_tokenizer, tiny_lm
 
