@@ -75,10 +75,11 @@ from metrics import (  # noqa: E402
 KS = (1, 3, 5)
 #: Our methods: the row's name and ``context_attribution``'s ``method``.
 OURS = {"ours": "decomposition", "ours-presence": "presence", "ours-fitted": "fitted",
-        "ours-fitted-every": "fitted-every"}
+        "ours-fitted-no-rounds": "fitted-no-rounds", "ours-fitted-every": "fitted-every"}
 #: Ours that are a method with other settings than its defaults: ``fitted-every`` is the fitted
-#: surrogate on ablations of every sentence (``focus=None``, its default before ``focus``).
-SETTINGS = {"fitted-every": ("fitted", {"focus": None})}
+#: surrogate on ablations of every sentence (``focus=None``, its default before ``focus``),
+#: ``fitted-no-rounds`` the focused one without greedy rounds (its default before ``rounds``).
+SETTINGS = {"fitted-every": ("fitted", {"focus": None, "rounds": 0}), "fitted-no-rounds": ("fitted", {"rounds": 0})}
 KINDS = ("one-token", "several-token")
 #: Differences this small count as level: the same sentences removed, scored in another process
 #: (``--add-ours``), differ by up to 1e-5 nats.
