@@ -1,5 +1,5 @@
-"""Greedy removal rounds for the fitted surrogate: on the selection questions and, after the
-choice, on the held-out ones.
+"""Greedy removal rounds for the fitted surrogate, on the selection questions (``--held-out``:
+the held-out ones too, a diagnosis; the held-out numbers are the library's run, ``../run.py``).
 
 The held-out diagnosis (``README.md`` here) found the fitted surrogate losing top-k drops where
 an answer needs several sentences removed together (an address stated across three
@@ -21,9 +21,11 @@ log-probability). Candidates, each with ``R`` rounds after the first ranking:
   removed instead (no new ranking: forward passes only);
 * ``decomposition``: the first ranking alone.
 
+``greedy-union-10+path`` was chosen (``rounds=4``, the library's default): ``README.md`` here.
+
 Run from the repository root in the environment of ``run.py``::
 
-    python results/context/selection/greedy.py [--held-out]   # writes greedy.json
+    python results/context/selection/greedy.py   # about 25 min on two free cores; writes greedy.json
 """
 
 import argparse
