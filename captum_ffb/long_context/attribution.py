@@ -206,10 +206,9 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                     and the decomposition's top ``focus // 2``, filled up by the prior's order
                     (``None``: among every group, ContextCite's design).
         seed (int): the seed of ``"fitted"``'s ablations.
-        rounds (int): ``"fitted"``'s greedy rounds: each removes the group the decomposition
-                    ranks first on the prompt so far and runs the decomposition again on the
-                    shortened prompt (one forward and one backward pass); the nested prompts
-                    join the ablations (``0``: none).
+        rounds (int): ``"fitted"``'s greedy rounds, each a prompt without the group the
+                    decomposition ranks first on the one before (one forward and one backward
+                    pass), added to the ablations (``0``: none).
         show_progress (bool): a progress bar over ``"fitted"``'s ablations.
 
     Returns:
