@@ -39,10 +39,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-import run as R  # noqa: E402
-from metrics import ablate, lds, random_masks, top_k_keep  # noqa: E402
+from metrics import ablate  # noqa: E402
 from surrogate_choice import load_study  # noqa: E402
-from union import TOP, M, _log_prob, questions, report, union_masks  # noqa: E402
+from union import TOP, M, measured, prepared, questions, report, save, union_masks  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
 
@@ -124,7 +123,6 @@ def main() -> None:
     parser.add_argument("--held-out", action="store_true", help="also the held-out questions")
     args = parser.parse_args()
     from captum_ffb import NormDecomposition
-    from captum_ffb.long_context.attribution import split_context
 
     tokenizer, template, scorer, engine, asked, documents = load_study()
     nd = NormDecomposition(scorer.model)
@@ -133,10 +131,7 @@ def main() -> None:
     for n, row in enumerate(questions()):
         if row["id"] in out or (row["set"] == "held-out" and not args.held_out):
             continue
-        q, doc = asked[row["id"]], documents[row["doc"]]
-        spans = split_context(doc["text"], "sentence")
-        answer = engine.token_ids(tokenizer, q["answer"])
-        value = partial(_log_prob, scorer, (tokenizer, template, doc["text"], spans, q), answer)
+        q, doc, spans, value = prepared((tokenizer, template, scorer, engine), asked, documents, row)
         presence, decomposition = np.asarray(row["presence"]), np.asarray(row["decomposition"])
         picks, path_masks, path_values = greedy_path(
             decomposition, partial(reduced_decomposition, nd, tokenizer, template, doc["text"], spans, q=q))
@@ -161,19 +156,9 @@ def main() -> None:
                  f"union-{short}+static": fit((masks[:short], values[:short]), static),
                  "greedy-order": order_on_top(decomposition, picks),
                  "decomposition": decomposition}
-        lds_masks = random_masks(row["sources"], len(row["lds_values"]), seed=1000 + row["doc_index"])
         record = dict(set=row["set"], picks=picks, path_values=path_values, static_values=static_values,
-                      union_values=values, greedy_union_values=greedy_values, lds={}, drops={})
-        for name, scores in found.items():
-            record["lds"][name] = lds(scores, lds_masks, row["lds_values"])
-            record["drops"][name] = {str(k): row["log_prob"] - value(top_k_keep(scores, min(k, len(spans))))
-                                     for k in R.KS}
-        for name, peer in row["peers"].items():
-            record["lds"][name] = lds(peer["scores"], lds_masks, row["lds_values"])
-            record["drops"][name] = peer["drops"]
-        out[row["id"]] = record
-        path.write_text(json.dumps(out, indent=1))
-        print(row["id"], {k: round(v["5"], 2) for k, v in record["drops"].items()}, flush=True)
+                      union_values=values, greedy_union_values=greedy_values)
+        save(out, path, row, measured(record, found, row, value))
     report(out)
 
 

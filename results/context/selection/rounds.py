@@ -11,7 +11,6 @@ Run from the repository root in the environment of ``run.py``, after ``greedy.py
 
 import json
 import sys
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +18,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-import run as R  # noqa: E402
 from greedy import greedy_union_masks, reduced_decomposition  # noqa: E402
-from metrics import lds, random_masks, top_k_keep  # noqa: E402
 from surrogate_choice import load_study  # noqa: E402
-from union import _log_prob, questions, report  # noqa: E402
+from union import measured, prepared, questions, report, save  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
 
@@ -32,7 +29,6 @@ MORE = (5, 6)
 
 def main() -> None:
     from captum_ffb import NormDecomposition
-    from captum_ffb.long_context.attribution import split_context
 
     tokenizer, template, scorer, engine, asked, documents = load_study()
     nd = NormDecomposition(scorer.model)
@@ -42,10 +38,8 @@ def main() -> None:
     for n, row in enumerate(questions()):
         if row["id"] in out or row["id"] not in greedy:
             continue
-        q, doc, before = asked[row["id"]], documents[row["doc"]], greedy[row["id"]]
-        spans = split_context(doc["text"], "sentence")
-        answer = engine.token_ids(tokenizer, q["answer"])
-        value = partial(_log_prob, scorer, (tokenizer, template, doc["text"], spans, q), answer)
+        q, doc, spans, value = prepared((tokenizer, template, scorer, engine), asked, documents, row)
+        before = greedy[row["id"]]
         presence = np.asarray(row["presence"])
         picks, path_values = list(before["picks"]), list(before["path_values"])
         for _ in MORE:  # the round after the last: without every pick so far
@@ -61,15 +55,7 @@ def main() -> None:
         values = before["greedy_union_values"]
         found = {f"rounds-{r}": fit_surrogate(np.concatenate([masks, nested[:r]]), values + path_values[:r],
                                               presence).scores.numpy() for r in (4, *MORE)}
-        lds_masks = random_masks(row["sources"], len(row["lds_values"]), seed=1000 + row["doc_index"])
-        record = dict(set=row["set"], picks=picks, path_values=path_values, lds={}, drops={})
-        for name, scores in found.items():
-            record["lds"][name] = lds(scores, lds_masks, row["lds_values"])
-            record["drops"][name] = {str(k): row["log_prob"] - value(top_k_keep(scores, min(k, len(spans))))
-                                     for k in R.KS}
-        out[row["id"]] = record
-        path.write_text(json.dumps(out, indent=1))
-        print(row["id"], {k: round(v["5"], 2) for k, v in record["drops"].items()}, flush=True)
+        save(out, path, row, measured(dict(set=row["set"], picks=picks, path_values=path_values), found, row, value))
     report(out)
 
 

@@ -79,7 +79,6 @@ def questions() -> list[dict]:
 
 
 def main() -> None:
-    from captum_ffb.long_context.attribution import split_context
 
     tokenizer, template, scorer, engine, asked, documents = load_study()
     path = HERE / "union.json"
@@ -87,10 +86,7 @@ def main() -> None:
     for n, row in enumerate(questions()):
         if row["id"] in out:
             continue
-        q, doc = asked[row["id"]], documents[row["doc"]]
-        spans = split_context(doc["text"], "sentence")
-        answer = engine.token_ids(tokenizer, q["answer"])
-        value = partial(_log_prob, scorer, (tokenizer, template, doc["text"], spans, q), answer)
+        q, doc, spans, value = prepared((tokenizer, template, scorer, engine), asked, documents, row)
         presence, decomposition = np.asarray(row["presence"]), np.asarray(row["decomposition"])
         masks = union_masks(presence, decomposition, seed=3000 + n)
         values = [value(keep) for keep in masks]
@@ -98,19 +94,42 @@ def main() -> None:
                  "union-10-both": fit_surrogate(masks, values, np.stack([presence, decomposition])).scores.numpy()}
         if row["random"] is not None:
             found["fit-16"] = fit_surrogate(np.asarray(row["random"][0], bool), row["random"][1], presence).scores.numpy()
-        lds_masks = random_masks(row["sources"], len(row["lds_values"]), seed=1000 + row["doc_index"])
-        record = dict(set=row["set"], lds={}, drops={})
-        for name, scores in found.items():
-            record["lds"][name] = lds(scores, lds_masks, row["lds_values"])
-            record["drops"][name] = {str(k): row["log_prob"] - value(top_k_keep(scores, min(k, len(spans))))
-                                     for k in R.KS}
-        for name, peer in row["peers"].items():
-            record["lds"][name] = lds(peer["scores"], lds_masks, row["lds_values"])
-            record["drops"][name] = peer["drops"]
-        out[row["id"]] = record
-        path.write_text(json.dumps(out, indent=1))
-        print(row["id"], {k: round(v["5"], 2) for k, v in record["drops"].items()}, flush=True)
+        save(out, path, row, measured(dict(set=row["set"]), found, row, value))
     report(out)
+
+
+def prepared(study: tuple, asked: dict, documents: dict, row: dict) -> tuple:
+    """``row``'s question, document, sentence spans and its answer's log-probability as a
+    function of a keep mask (``study``: the tokenizer, template, scorer and engine)."""
+    from captum_ffb.long_context.attribution import split_context
+
+    tokenizer, template, scorer, engine = study
+    q, doc = asked[row["id"]], documents[row["doc"]]
+    spans = split_context(doc["text"], "sentence")
+    answer = engine.token_ids(tokenizer, q["answer"])
+    return q, doc, spans, partial(_log_prob, scorer, (tokenizer, template, doc["text"], spans, q), answer)
+
+
+def measured(record: dict, found: dict, row: dict, value) -> dict:
+    """``record`` with each candidate's (``found``: name → scores) and each peer's LDS and
+    top-k drops (``value``: the answer's log-probability with a keep mask's sentences)."""
+    lds_masks = random_masks(row["sources"], len(row["lds_values"]), seed=1000 + row["doc_index"])
+    record.update(lds={}, drops={})
+    for name, scores in found.items():
+        record["lds"][name] = lds(scores, lds_masks, row["lds_values"])
+        record["drops"][name] = {str(k): row["log_prob"] - value(top_k_keep(scores, min(k, len(scores))))
+                                 for k in R.KS}
+    for name, peer in row["peers"].items():
+        record["lds"][name] = lds(peer["scores"], lds_masks, row["lds_values"])
+        record["drops"][name] = peer["drops"]
+    return record
+
+
+def save(out: dict, path: Path, row: dict, record: dict) -> None:
+    """``record`` stored as ``row``'s in ``out``, written to ``path``, its top-5 drops printed."""
+    out[row["id"]] = record
+    path.write_text(json.dumps(out, indent=1))
+    print(row["id"], {k: round(v["5"], 2) for k, v in record["drops"].items()}, flush=True)
 
 
 def report(out: dict) -> None:
