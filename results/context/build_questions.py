@@ -218,6 +218,142 @@ QUESTIONS = {
 }
 
 
+#: The second evaluation set (written after the first set's results were known, evaluated once
+#: with the library's defaults as they stood): four more documents, the same rule.
+SECOND_QUESTIONS = {
+    "pytz-readme": [
+        ("Who is the author of pytz?", "The author of pytz is", " Stuart Bishop", ":Author: Stuart Bishop"),
+        ("Which timezone database does pytz bring into Python?", "pytz brings into Python the", " Olson",
+         "pytz brings the Olson tz database into Python"),
+        ("From which year does pytz fail for dates?", "The library fails for dates starting", " 2038",
+         "This library fails for dates starting 2038"),
+        ("Which module should projects using Python 3.9 or later use?",
+         "Projects using Python 3.9 or later should use the standard library module", " zoneinfo",
+         "should use the standard library"),
+        ("Which method corrects times that cross DST boundaries?", "The method provided to correct this is called",
+         " normalize", "method is provided to correct this"),
+        ("Which method creates local wallclock times?", "To create local wallclock times you need to use the",
+         " localize", "you need to use the ``localize()`` method"),
+        ("Which PEP would resolve these issues?", "These issues cannot be resolved without modifying the Python "
+         "datetime implementation, see PEP-", "431", "(see PEP-431)"),
+        ("What is the licence of pytz?", "pytz is released under the", " MIT", "MIT license."),
+        ("Under which licence is the code available as part of Zope 3?",
+         "As part of Zope 3, the code is available under the", " Zope Public License",
+         "available as part of Zope 3 under the Zope Public"),
+        ("Where are announcements of new releases made?", "Announcements of new releases are made on",
+         " Launchpad", "Announcements of new releases are made on"),
+        ("Via whom can security issues be reported?", "Reports about security issues can be made via",
+         " Tidelift", "Reports about security issues can be made via"),
+        ("To what are offsets from UTC rounded?", "Offsets from UTC are rounded to the nearest whole", " minute",
+         "rounded to the nearest whole minute"),
+        ("How far out can Europe/Amsterdam pre 1937 be?", "Timezones such as Europe/Amsterdam pre 1937 will be up to",
+         " 30 seconds", "will be up to 30 seconds out"),
+        ("Whose project provides translations of the timezone names?",
+         "The translations are provided by the CLDR project of the", " Unicode Consortium",
+         "Unicode Locales (CLDR)"),
+        ("Whose l18n package can be used to access the translations?",
+         "Besides Babel, the translations can be accessed with the l18n package by", " Thomas Khyn",
+         "Thomas Khyn's"),
+        ("Which Python version or higher does pytz support?", "pytz allows timezone calculations using Python",
+         " 2.4", "using Python 2.4"),
+        ("Where should errors in timezone definitions be reported?",
+         "Errors in timezone definitions should be reported to the", " time zone mailing list",
+         "reported to the time zone mailing"),
+    ],
+    "tqdm-readme": [
+        ("From which language's word does tqdm derive?", "tqdm derives from the", " Arabic",
+         "derives from the Arabic word"),
+        ("What is the word tqdm derives from?", "tqdm derives from the Arabic word", " taqaddum",
+         "derives from the Arabic word"),
+        ("What does tqdm abbreviate in Spanish?", 'In Spanish, tqdm is an abbreviation for "', "I love you so much",
+         'abbreviation for "I love you so much"'),
+        ("What is tqdm's overhead per iteration?", "tqdm's overhead is about", " 60ns", "about 60ns per iteration"),
+        ("What is the overhead with tqdm.gui?", "With tqdm.gui, the overhead per iteration is", " 80ns",
+         "(80ns with"),
+        ("What overhead does ProgressBar have?", "ProgressBar has an overhead per iteration of", " 800ns",
+         "has an 800ns/iter overhead"),
+        ("Which module does tqdm not even require?", "tqdm does not require any dependencies, not even", " curses",
+         "not even ``curses``"),
+        ("What is the fallback when unicode is not supported?", "The fallback is an", " ascii",
+         "The fallback is an ``ascii``-only bar"),
+        ("Who is tqdm's primary maintainer?", "The primary maintainer of tqdm is", " Casper da Costa-Luis",
+         "Casper da Costa-Luis"),
+        ("Who is tqdm's original author?", "The original author of tqdm is", " Noam Yorav-Raphael",
+         "Noam Yorav-Raphael"),
+        ("What value of TQDM_MININTERVAL avoids log spam?", "To avoid log spam, export TQDM_MININTERVAL=", "5",
+         "TQDM_MININTERVAL=5"),
+        ("Which decorator handles the override logic?", "The override logic is handled by the decorator",
+         " tqdm.utils.envwrap", "handled by the ``tqdm.utils.envwrap``"),
+        ("Who is the maintainer with the GitHub handle lrq3000?", "The maintainer with the GitHub handle lrq3000 is",
+         " Stephen Larroque", "Stephen Larroque"),
+        ("Who is the maintainer with the GitHub handle kmike?", "The maintainer with the GitHub handle kmike is",
+         " Mikhail Korobov", "Mikhail Korobov"),
+        ("Which control characters does tqdm need besides line feed?",
+         "Besides line feed, tqdm needs an environment supporting", " carriage return",
+         "an environment supporting ``carriage return"),
+    ],
+    "pytorch-readme": [
+        ("What does PyTorch use to build neural networks?", "PyTorch builds neural networks by using and replaying a",
+         " tape recorder", "using and replaying a tape recorder"),
+        ("Which frameworks have a static view of the world?",
+         "Frameworks with a static view of the world include TensorFlow, Theano, Caffe, and", " CNTK",
+         "TensorFlow, Theano, Caffe, and CNTK"),
+        ("What technique does PyTorch use?", "PyTorch uses a technique called", " reverse-mode auto-differentiation",
+         "a technique called reverse-mode auto-differentiation"),
+        ("Which acceleration library from Intel does PyTorch integrate?",
+         "PyTorch integrates acceleration libraries such as Intel", " MKL", "acceleration libraries"),
+        ("Which NVIDIA libraries does PyTorch integrate?", "From NVIDIA, PyTorch integrates cuDNN and", " NCCL",
+         "acceleration libraries"),
+        ("How many minor releases does PyTorch have a year?", "Typically, the number of minor PyTorch releases a year is",
+         " three", "three minor releases a year"),
+        ("Which packages can you use besides Cython?", "You can use packages such as Cython and", " Numba",
+         "and use packages such as"),
+        ("Which work inspired PyTorch's autograd?",
+         "Inspiration comes from work such as torch-autograd, autograd and", " Chainer", "Our inspiration comes"),
+        ("What has been written for the GPU?", "For the GPU, they have written custom", " memory allocators",
+         "custom memory allocators for the GPU"),
+        ("Compared to what is PyTorch's memory usage extremely efficient?",
+         "The memory usage in PyTorch is extremely efficient compared to", " Torch",
+         "extremely efficient compared to Torch"),
+        ("What might sending a PR without discussion result in?",
+         "Sending a PR without discussion might end up resulting in a", " rejected PR",
+         "resulting in a rejected PR"),
+        ("Is PyTorch a Python binding into what?", "PyTorch is not a Python binding into a monolithic",
+         " C++ framework", "not a Python binding into a monolithic"),
+    ],
+    "sklearn-datasets-second": [
+        ("Who created the 1998 DARPA Intrusion Detection System Evaluation dataset?",
+         "The 1998 DARPA Intrusion Detection System Evaluation dataset was created by", " MIT Lincoln Lab",
+         "created by MIT Lincoln Lab"),
+        ("What proportion of the KDD data is abnormal?", "The proportion of abnormal data is", " 80.1%",
+         "large proportion (80.1%)"),
+        ("What anomaly proportion does SA have?", "SA gives an anomaly proportion of", " 1%",
+         "anomaly proportion of 1%"),
+        ("What proportion of attack does SF have?", "SF gives a proportion of attack of", " 0.3%",
+         "which gives a proportion of 0.3%"),
+        ("How large are the forest patches?", "The samples correspond to patches of forest of", " 30×30m",
+         "correspond to 30×30m patches"),
+        ("How many covertypes are there?", "The number of covertypes is", " seven", "There are seven covertypes"),
+        ("How many features does each covertype sample have?", "Each sample has", " 54 features",
+         "Each sample has 54 features"),
+        ("What is the common name of Bradypus variegatus?", "Bradypus variegatus is the", " Brown-throated Sloth",
+         "the Brown-throated Sloth"),
+        ("What is Microryzomys minutus also known as?", "Microryzomys minutus is also known as the",
+         " Forest Small Rice Rat", "Forest Small Rice Rat"),
+        ("Who provides the species distribution dataset?", "The dataset is provided by", " Phillips",
+         "provided by Phillips et. al."),
+        ("Where are the two species distributed?",
+         "The dataset represents the geographic distribution of two species in Central and", " South America",
+         "two species in Central and"),
+        ("How many samples does the general KDD structure have?", "The general KDD structure has a total of",
+         " 4898431", "Samples total 4898431"),
+        ("Which feature of SF do the http and smtp subsets correspond to?",
+         "http and smtp are two subsets of SF corresponding with the", " third feature",
+         "corresponding with third feature"),
+    ],
+}
+
+
 def documents() -> list[dict]:
     """The six documents: ``id``, ``title``, ``source``, ``licence``, ``text``."""
     licence = Path(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}", "LICENSE.txt")
@@ -251,6 +387,55 @@ def documents() -> list[dict]:
     ]
 
 
+def second_documents() -> list[dict]:
+    """The second set's four documents: the READMEs of pytz, tqdm and PyTorch (their package
+    metadata; prose sections, cut verbatim) and three more of scikit-learn's data-set
+    descriptions."""
+    pytz, tqdm, torch = (_metadata_readme(name) for name in ("pytz", "tqdm", "torch"))
+    versions = {name: importlib.metadata.version(name) for name in ("pytz", "tqdm", "torch", "scikit-learn")}
+    sklearn = ("kddcup99", "covtype", "species_distributions")
+    return [
+        dict(id="pytz-readme", title="pytz README: introduction, installation, licence, limitations, contact",
+             source=f"pytz {versions['pytz']}, README (package metadata), without installation, the enterprise "
+             "offer and the examples", licence="MIT (pytz)",
+             text=_cut(pytz, "pytz - World Timezone", "Installation\n~~~")
+             + "\n\n" + _cut(pytz, "Internationalization - i18n/l10n", None)),
+        dict(id="tqdm-readme", title="tqdm README: introduction, known issues, contributions",
+             source=f"tqdm {versions['tqdm']}, README (package metadata): its introduction, two items of its FAQ "
+             "and its contributions",
+             licence="MPL-2.0 and MIT (tqdm)",
+             text="\n\n".join([_cut(tqdm, "``tqdm`` derives", "**Featured Sponsors**"),
+                               _cut(tqdm, "- Unicode:", "- Wrapping generators:"),
+                               _cut(tqdm, "- Overriding defaults", "If you come across"),
+                               _cut(tqdm, "All source code is hosted", "Ports to Other Languages")])),
+        dict(id="pytorch-readme", title="PyTorch README: more about PyTorch, releases and contributing",
+             source=f"PyTorch {versions['torch']}, README (package metadata)", licence="BSD-3-Clause (PyTorch)",
+             text=_cut(torch, "### A GPU-Ready Tensor Library", "## Installation") + "\n\n"
+             + _cut(torch, "## Releases and Contributing", "## The Team")),
+        dict(id="sklearn-datasets-second", title="scikit-learn data-set descriptions: KDD Cup '99, forest "
+             "covertypes, species distributions", source=f"scikit-learn {versions['scikit-learn']}, "
+             "sklearn/datasets/descr/{" + ",".join(sklearn) + "}.rst (reference lists and the KDD subsets' "
+             "tables cut)",
+             licence="BSD-3-Clause (scikit-learn)", text=_without(_sklearn_descriptions(sklearn), "SA structure:",
+                                                                  ":func:`sklearn.datasets.fetch_kddcup99`")),
+    ]
+
+
+def _without(text: str, start: str, end: str) -> str:
+    """``text`` without the part from ``start`` up to ``end``."""
+    return text[:text.index(start)] + text[text.index(end):]
+
+
+def _metadata_readme(name: str) -> str:
+    return importlib.metadata.distribution(name).read_text("METADATA").split("\n\n", 1)[1]
+
+
+def _cut(text: str, start: str, end: str | None) -> str:
+    """``text`` from ``start`` up to ``end`` (the end of the text where ``None``), stripped."""
+    begin = text.index(start)
+    return text[begin:text.index(end, begin) if end else len(text)].strip()
+
+
 def _sympy_readme() -> str:
     readme = importlib.metadata.distribution("sympy").read_text("METADATA").split("\n\n", 1)[1]
     sections = {}
@@ -275,7 +460,7 @@ def _normal(text: str) -> str:
     return " ".join(text.split())
 
 
-def questions(docs: list[dict], tokenizer) -> list[dict]:
+def questions(docs: list[dict], tokenizer, written: dict | None = None) -> list[dict]:
     """Each question with its document, its evidence paragraph and its answer's tokens; a
     question whose evidence is not in exactly one paragraph, or whose answer is not in that
     paragraph, stops the build."""
@@ -284,7 +469,7 @@ def questions(docs: list[dict], tokenizer) -> list[dict]:
     rows = []
     for doc in docs:
         paragraphs = [doc["text"][s:e] for s, e in split_context(doc["text"], "paragraph")]
-        for k, (question, lead, answer, evidence) in enumerate(QUESTIONS[doc["id"]]):
+        for k, (question, lead, answer, evidence) in enumerate((written or QUESTIONS)[doc["id"]]):
             found = [p for p, text in enumerate(paragraphs) if _normal(evidence) in _normal(text)]
             if len(found) != 1 or _normal(answer) not in _normal(paragraphs[found[0]]):
                 raise ValueError(f"{doc['id']} question {k}: evidence in paragraphs {found}")
@@ -328,25 +513,28 @@ def answered(model, tokenizer, docs: list[dict], rows: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=HERE / "questions.json")
+    parser.add_argument("--second", action="store_true",
+                        help="the second evaluation set (questions-second.json unless --out)")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    out = args.out or HERE / ("questions-second.json" if args.second else "questions.json")
     sys.path.insert(0, str(HERE))
     from captum_ffb.explained.models import load_model, smollm2_dir
     from captum_ffb.io.files import write_json
     from captum_ffb.long_context.attribution import split_context
 
     loaded = load_model(smollm2_dir(required=True), show_progress=False)
-    docs = documents()
+    docs = second_documents() if args.second else documents()
     for doc in docs:
         doc["tokens"] = len(loaded.tokenizer(doc["text"]).input_ids)
         doc["sentences"] = len(split_context(doc["text"], "sentence"))
         doc["paragraphs"] = len(split_context(doc["text"], "paragraph"))
-    rows = questions(docs, loaded.tokenizer)
+    rows = questions(docs, loaded.tokenizer, SECOND_QUESTIONS if args.second else QUESTIONS)
     answered(loaded.model, loaded.tokenizer, docs, rows)
     kept = [r for r in rows if r["kept"]]
     summary = {kind: dict(written=sum(r["kind"] == kind for r in rows), kept=sum(r["kind"] == kind for r in kept))
                for kind in ("one-token", "several-token")}
-    write_json(args.out, dict(model="SmolLM2-135M-Instruct", rule="kept: log p(answer | document) − log p(answer | "
+    write_json(out, dict(model="SmolLM2-135M-Instruct", rule="kept: log p(answer | document) − log p(answer | "
                               "empty context) ≥ log 10 and the answer's first token greedy", summary=summary,
                               documents=docs, questions=rows))
     print(summary)

@@ -270,7 +270,8 @@ def timed_methods(env: dict, doc: dict, spans: list, row: dict, order: int, with
         run()
 
 
-def run_document(env: dict, doc: dict, index: int, chosen: list[dict], done: list[dict]) -> None:
+def run_document(env: dict, doc: dict, index: int, chosen: list[dict], done: list[dict],
+                 names: tuple[str, ...] = tuple(OURS)) -> None:
     """Every method on the document's questions, then the measures."""
     from captum_ffb.long_context.attribution import split_context
 
@@ -284,7 +285,7 @@ def run_document(env: dict, doc: dict, index: int, chosen: list[dict], done: lis
                          methods={}))
     started = time.perf_counter()
     for j, row in enumerate(rows):
-        timed_methods(env, doc, spans, row, len(done) + j, with_package=j < env["package_per_document"])
+        timed_methods(env, doc, spans, row, len(done) + j, with_package=j < env["package_per_document"], names=names)
         row["log_prob"] = scorer.log_prob(row["prompt_ids"], row["answer_ids"], pin=j == 0)
     full, half = contextcite_fits(env, doc, spans, rows)
     name_full, name_half = f"contextcite-{env['ablations']}", f"contextcite-{env['ablations'] // 2}"
@@ -400,6 +401,8 @@ def main() -> None:
     parser.add_argument("--package-per-document", type=int, default=1,
                         help="questions of each document on which the ContextCite package itself runs (timed)")
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--methods", default=",".join(OURS), metavar="NAMES",
+                        help=f"which of ours the run computes (default every one of {', '.join(OURS)})")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--time-first-several", type=int, default=0, metavar="N",
                         help="to a finished run, add the package's timing on each document's first several-token "
@@ -433,17 +436,21 @@ def main() -> None:
         write_text(args.out / "SUMMARY.md", report(results))
         return
     data = json.loads(args.questions.read_text(encoding="utf-8"))
+    methods = tuple(n for n in args.methods.split(",") if n)
+    if any(n not in OURS for n in methods):
+        parser.error(f"--methods: unknown {[n for n in methods if n not in OURS]}; ours are {list(OURS)}")
     env = setup(args)
     chosen = select(data["questions"], args.per_kind)
     done: list[dict] = []
     started = time.perf_counter()
     results = dict(settings=dict(per_kind=args.per_kind, ablations=args.ablations, masks=args.masks, ks=list(KS),
                                  package_per_document=args.package_per_document, threads=env["threads"],
-                                 versions=env["versions"]), questions=done)
+                                 versions=env["versions"], questions_file=args.questions.name, methods=list(methods),
+                                 commit=_commit()), questions=done)
     for index, doc in enumerate(data["documents"]):
         rows = [q for q in chosen if q["doc"] == doc["id"]]
         if rows:
-            run_document(env, doc, index, rows, done)
+            run_document(env, doc, index, rows, done, methods)
             results["seconds"] = time.perf_counter() - started
             write_json(args.out / "results.json", results)
     write_text(args.out / "SUMMARY.md", report(results))
@@ -562,8 +569,8 @@ def report(results: dict) -> str:
              if any(name in r["methods"] for r in records)]
     differences = [r["package_difference"] for r in records if r.get("package_difference") is not None]
     lines = ["# Context attribution beside ContextCite", "",
-             f"SmolLM2-135M-Instruct; {len(records)} questions on six public documents (`questions.json`, "
-             f"`README.md`); sources: sentences; ContextCite {settings['versions']['context-cite']} with "
+             f"SmolLM2-135M-Instruct; {len(records)} questions on {len({r['doc'] for r in records})} public "
+             f"documents (`{settings.get('questions_file', 'questions.json')}`, `README.md`); sources: sentences; ContextCite {settings['versions']['context-cite']} with "
              f"{settings['ablations']} ablations (and its fit on the first {settings['ablations'] // 2}); LDS over "
              f"{settings['masks']} random ablations per document (p = 0.5, not ContextCite's); torch threads "
              f"{settings['threads']}; the run took {results.get('seconds', 0) / 60:.0f} min. Mean ± standard error "
