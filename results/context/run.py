@@ -404,6 +404,8 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(OURS), metavar="NAMES",
                         help=f"which of ours the run computes (default every one of {', '.join(OURS)})")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--pool-with", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="another run's results.json: SUMMARY.md adds both runs' questions together")
     parser.add_argument("--time-first-several", type=int, default=0, metavar="N",
                         help="to a finished run, add the package's timing on each document's first several-token "
                              "question, on the first N documents (the main run times it on each document's first question, a "
@@ -414,8 +416,9 @@ def main() -> None:
     args = parser.parse_args()
     from captum_ffb.io.files import write_json, write_text
 
+    other = json.loads(args.pool_with.read_text()) if args.pool_with else None
     if args.report_only:
-        write_text(args.out / "SUMMARY.md", report(json.loads((args.out / "results.json").read_text())))
+        write_text(args.out / "SUMMARY.md", report(json.loads((args.out / "results.json").read_text()), other))
         return
     if args.add_ours:
         results = json.loads((args.out / "results.json").read_text())
@@ -453,7 +456,7 @@ def main() -> None:
             run_document(env, doc, index, rows, done, methods)
             results["seconds"] = time.perf_counter() - started
             write_json(args.out / "results.json", results)
-    write_text(args.out / "SUMMARY.md", report(results))
+    write_text(args.out / "SUMMARY.md", report(results, other))
     print(f"done in {time.perf_counter() - started:.0f}s")
 
 
@@ -560,9 +563,10 @@ def _cost(records: list[dict], ours: str, full: str, half: str) -> list[str]:
     return lines + [""]
 
 
-def report(results: dict) -> str:
+def report(results: dict, other: dict | None = None) -> str:
     """``SUMMARY.md``: per answer length, each method's measures (mean ± standard error over the
-    questions), ours against ContextCite question by question, and the cost."""
+    questions), ours against ContextCite question by question, and the cost; with ``other`` (a
+    second run's results), the same over both runs' questions together."""
     settings, records = results["settings"], results["questions"]
     full, half = f"contextcite-{settings['ablations']}", f"contextcite-{settings['ablations'] // 2}"
     names = [name for name in (*OURS, full, half, "recency", "leave-one-out")
@@ -604,6 +608,16 @@ def report(results: dict) -> str:
         for ours in OURS:
             if all(ours in r["methods"] for r in subset):
                 lines += _paired(subset, ours, full) + [""] + _cost(subset, ours, full, half)
+    if other is not None:
+        both = records + other["questions"]
+        shared = [name for name in names if all(name in r["methods"] for r in both)]
+        lines += [f"## Both evaluation sets together ({len(both)} questions: these {len(records)} and the "
+                  f"{len(other['questions'])} of `{other['settings'].get('questions_file', 'questions.json')}`; "
+                  "the methods both ran)", ""]
+        lines += _table(both, shared) + [""]
+        for ours in OURS:
+            if ours in shared:
+                lines += _paired(both, ours, full) + [""] + _cost(both, ours, full, half)
     return "\n".join(lines)
 
 

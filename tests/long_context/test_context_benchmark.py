@@ -155,10 +155,36 @@ def test_the_report_compares_each_of_our_methods_with_contextcite():
         methods = {name: dict(method, lds=0.5 + 0.1 * j) for j, name in
                    enumerate(("ours", "ours-presence", "contextcite-64", "contextcite-32", "recency", "leave-one-out"))}
         methods["contextcite-64"].update(seconds=40.0, cpu_seconds=60.0)
-        records.append(dict(id=f"d/{i}", kind=kind, prompt_tokens=100, sources=10, package_difference=1e-6,
+        records.append(dict(id=f"d/{i}", doc="d", kind=kind, prompt_tokens=100, sources=10, package_difference=1e-6,
                             methods=methods))
     text = run.report(dict(settings=dict(ablations=64, masks=32, threads=2, versions={"context-cite": "0.0.4"}),
                            questions=records, seconds=60))
     assert text.count("| ours-presence | 1.00") == 3 and text.count("| ours | 1.00") == 3
     assert text.count("| LDS | -0.10") == 3 and text.count("| LDS | -0.20") == 3  # ours 0.5 and 0.6 against 0.7
     assert text.count("ours-presence costs 0.050 of contextcite-64's wall time") == 3
+
+
+def test_the_report_pools_two_runs_over_the_methods_both_ran():
+    """With a second run's results, ``SUMMARY.md`` ends with both runs' questions together: the
+    methods both ran, compared question by question over all of them (numbers made up here)."""
+    run = _load("run")
+
+    def records(doc: str, ours_lds: float, names: tuple[str, ...]) -> list[dict]:
+        method = dict(top_k_drop={"1": 1.0, "3": 2.0, "5": 3.0}, lds=0.7, evidence_top1=True, seconds=2.0,
+                      cpu_seconds=3.0, forwards=4)
+        methods = {name: dict(method) for name in names}
+        methods["ours"]["lds"] = ours_lds
+        return [dict(id=f"{doc}/0", doc=doc, kind="one-token", prompt_tokens=100, sources=10, methods=methods)]
+
+    settings = dict(ablations=64, masks=32, threads=2, versions={"context-cite": "0.0.4"})
+    first = dict(settings=dict(settings, questions_file="questions.json"),
+                 questions=records("a", 0.5, ("ours", "ours-presence", "contextcite-64", "contextcite-32")))
+    second = dict(settings=dict(settings, questions_file="questions-second.json"),
+                  questions=records("b", 0.9, ("ours", "contextcite-64", "contextcite-32")))
+    text = run.report(second, first)
+    assert "`questions-second.json`" in text.splitlines()[2]
+    pooled = text.split("## Both evaluation sets together")[1]
+    assert pooled.startswith(" (2 questions: these 1 and the 1 of `questions.json`")
+    assert "| ours | 1.00" in pooled and "ours-presence" not in pooled
+    assert "| LDS | 0.00 ± 0.20 | 1 / 0 / 1 |" in pooled  # ours −0.2 on one, +0.2 on the other
+    assert "## Both evaluation sets together" not in run.report(second)
