@@ -580,7 +580,7 @@ def report(results: dict, other: dict | None = None) -> str:
              f"{settings['threads']}; the run took {results.get('seconds', 0) / 60:.0f} min. Mean ± standard error "
              "over the questions; drops in nats of the answer's log-probability (larger: the removed sentences "
              "mattered more); seconds per question, each method timed in the same process. The package itself "
-             f"ran (timed) on {len(differences)} questions (each document's first one-token question, and with "
+             f"ran (timed) on {len(differences)} questions (each document's first evaluated question, and with "
              "`--time-first-several` its first several-token one); elsewhere its attributions come from "
              "the same ablations and solver with the answers' log-probabilities measured once per ablated "
              f"context (largest difference from the package's own: {max(differences, default=float('nan')):.1e}). "
