@@ -437,7 +437,7 @@ def _cut(text: str, start: str, end: str | None) -> str:
 
 
 def _sympy_readme() -> str:
-    readme = importlib.metadata.distribution("sympy").read_text("METADATA").split("\n\n", 1)[1]
+    readme = _metadata_readme("sympy")
     sections = {}
     for part in readme.split("\n## "):
         title, _, body = part.partition("\n")

@@ -430,13 +430,13 @@ def main() -> None:
         again = results["settings"].setdefault("ours_added", {})
         again.update({n: _commit() for n in names})  # the package's version each ran on
         write_json(args.out / "results.json", results)
-        write_text(args.out / "SUMMARY.md", report(results))
+        write_text(args.out / "SUMMARY.md", report(results, other))
         return
     if args.time_first_several:
         results = json.loads((args.out / "results.json").read_text())
         retime(setup(args), json.loads(args.questions.read_text(encoding="utf-8")), results, args.time_first_several)
         write_json(args.out / "results.json", results)
-        write_text(args.out / "SUMMARY.md", report(results))
+        write_text(args.out / "SUMMARY.md", report(results, other))
         return
     data = json.loads(args.questions.read_text(encoding="utf-8"))
     methods = tuple(n for n in args.methods.split(",") if n)
@@ -574,7 +574,8 @@ def report(results: dict, other: dict | None = None) -> str:
     differences = [r["package_difference"] for r in records if r.get("package_difference") is not None]
     lines = ["# Context attribution beside ContextCite", "",
              f"SmolLM2-135M-Instruct; {len(records)} questions on {len({r['doc'] for r in records})} public "
-             f"documents (`{settings.get('questions_file', 'questions.json')}`, `README.md`); sources: sentences; ContextCite {settings['versions']['context-cite']} with "
+             f"documents (`{settings.get('questions_file', 'questions.json')}`, `README.md`); sources: sentences; "
+             f"ContextCite {settings['versions']['context-cite']} with "
              f"{settings['ablations']} ablations (and its fit on the first {settings['ablations'] // 2}); LDS over "
              f"{settings['masks']} random ablations per document (p = 0.5, not ContextCite's); torch threads "
              f"{settings['threads']}; the run took {results.get('seconds', 0) / 60:.0f} min. Mean ± standard error "
@@ -604,21 +605,24 @@ def report(results: dict, other: dict | None = None) -> str:
         lines += [f"## {kind.capitalize()} answers ({len(subset)} questions, "
                   f"{_cell([r['prompt_tokens'] for r in subset], 0)} prompt tokens, "
                   f"{_cell([r['sources'] for r in subset], 0)} sentences)", ""]
-        lines += _table(subset, names) + [""]
-        for ours in OURS:
-            if all(ours in r["methods"] for r in subset):
-                lines += _paired(subset, ours, full) + [""] + _cost(subset, ours, full, half)
+        lines += _compared(subset, names, full, half)
     if other is not None:
         both = records + other["questions"]
         shared = [name for name in names if all(name in r["methods"] for r in both)]
         lines += [f"## Both evaluation sets together ({len(both)} questions: these {len(records)} and the "
                   f"{len(other['questions'])} of `{other['settings'].get('questions_file', 'questions.json')}`; "
                   "the methods both ran)", ""]
-        lines += _table(both, shared) + [""]
-        for ours in OURS:
-            if ours in shared:
-                lines += _paired(both, ours, full) + [""] + _cost(both, ours, full, half)
+        lines += _compared(both, shared, full, half)
     return "\n".join(lines)
+
+
+def _compared(records: list[dict], names: list[str], full: str, half: str) -> list[str]:
+    """The methods' table, then each of ours that every record has against the package."""
+    lines = _table(records, names) + [""]
+    for ours in OURS:
+        if ours in names and all(ours in r["methods"] for r in records):
+            lines += _paired(records, ours, full) + [""] + _cost(records, ours, full, half)
+    return lines
 
 
 if __name__ == "__main__":
