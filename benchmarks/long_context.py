@@ -149,8 +149,10 @@ CONTEXT_METHODS = (f"{BASELINE} (context prompt)", "context_attribution")
 #: ``--context-method-costs``: each method of ``context_attribution`` with sentences as groups,
 #: by its keyword arguments.
 METHOD_COSTS = {"decomposition": {}, "presence": {"method": "presence"}, "fitted": {"method": "fitted"},
-                "fitted, rounds=0": {"method": "fitted", "rounds": 0},
-                "fitted, focus=None, rounds=0": {"method": "fitted", "focus": None, "rounds": 0}}
+                "fitted, ablations=16, rerank=True": {"method": "fitted", "ablations": 16, "rerank": True},
+                "fitted, ablations=16, rounds=0": {"method": "fitted", "ablations": 16, "rounds": 0},
+                "fitted, ablations=16, focus=None, rounds=0": {"method": "fitted", "ablations": 16, "focus": None,
+                                                               "rounds": 0}}
 
 
 def context_document(tokenizer, n: int) -> str:
@@ -262,10 +264,12 @@ def method_costs_markdown(rows: dict) -> list[str]:
     lines = ["", "## Each context method's cost", "",
              "The same document and question (`--context-method-costs`), sentences as groups, each method of "
              f"`context_attribution` in a process of its own against the {BASELINE} of the same prompt and token "
-             "(first call, then the median of the repeats). `fitted` runs 4 greedy rounds (`rounds=4`, the "
-             "default: the decomposition again without its first sentence so far, one forward and one backward pass "
-             "each) and 16 ablated prompts, removing only among the top 10 sentences of presence and the greedy "
-             "picks (`focus=10`, the default); `rounds=0` without the rounds; `focus=None` among every sentence.", "",
+             "(first call, then the median of the repeats). `fitted` runs its defaults: 4 nested prompts "
+             "(`rounds=4`: the decomposition's top 1 … 4 sentences removed, one forward pass each) and 4 ablated "
+             "prompts removing only among the top 10 sentences of presence and the decomposition (`ablations=4`, "
+             "`focus=10`); `rerank=True` with 16 ablations is the design before (greedy rounds: the decomposition "
+             "again without its first sentence so far, one forward and one backward pass each); `rounds=0` without "
+             "nested prompts; `focus=None` among every sentence.", "",
              f"| n | method | seconds | × {BASELINE} | first call (s) |", "|---:|---|---:|---:|---:|"]
     for row in rows.values():
         base = row[CONTEXT_METHODS[0]]

@@ -123,9 +123,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"groups, presence's and the decomposition's top N/2 (default {DEFAULT_FOCUS}; 0: "
                         f"every group)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, metavar="N",
-                        help=f"with --context-method fitted: greedy rounds, each a prompt without the group "
-                        f"the decomposition ranks first, one forward and one backward pass each, added to "
-                        f"the ablations (default {DEFAULT_ROUNDS}; 0: none)")
+                        help=f"with --context-method fitted: nested prompts without the decomposition's top "
+                        f"1, 2, ... N groups, one forward pass each, added to the ablations (default "
+                        f"{DEFAULT_ROUNDS}; 0: none)")
+    parser.add_argument("--rerank", action="store_true", help="with --context-method fitted: the nested prompts "
+                        "by greedy rounds, the decomposition run again after each removal (a backward pass each)")
     parser.add_argument("--batch-size", type=int, default=16, metavar="N",
                         help="corpus mode: texts per batch (default 16)")
     parser.add_argument("--overwrite", action="store_true",
@@ -303,7 +305,7 @@ def _run_context(args: argparse.Namespace) -> int:
                                 group_by=args.group_by, target=args.target, template=args.template,
                                 max_tokens=limit, method=args.context_method, steps=args.presence_steps,
                                 ablations=args.ablations, focus=args.focus or None, rounds=args.rounds,
-                                show_progress=not args.quiet)
+                                rerank=args.rerank, show_progress=not args.quiet)
     with output_set(out) as files:
         written = []
         if "json" in formats:

@@ -536,8 +536,8 @@ def _context_tab(gr: Any, events: AppEvents) -> tuple[list[Any], Any, list[Any]]
                     "contribution to the answer's next token (decomposition, one backward pass) or "
                     "what removing it would do (presence, two gradients; fitted, presence refined by "
                     f"{DEFAULT_ABLATIONS} ablated prompts that remove only among the top {DEFAULT_FOCUS} "
-                    f"groups of presence and the decomposition, and {DEFAULT_ROUNDS} prompts that each "
-                    "remove the group the decomposition ranks first on the one before).")
+                    f"groups of presence and the decomposition, and {DEFAULT_ROUNDS} prompts without the "
+                    f"decomposition's top 1 to {DEFAULT_ROUNDS} groups).")
         with gr.Row():
             context_text = gr.Textbox(label="Context", lines=8, elem_id="ffb-context")
             with gr.Column():

@@ -34,20 +34,20 @@ __all__ = ["DEFAULT_ABLATIONS", "DEFAULT_FOCUS", "DEFAULT_PRIOR", "DEFAULT_ROUND
 GROUPINGS = ("paragraph", "sentence", "line")
 #: How a group's part is measured (``context_attribution``'s ``method``).
 METHODS = ("decomposition", "presence", "fitted")
-#: ``"fitted"``'s ablated prompts by default (chosen on questions held out from the evaluation,
+#: ``"fitted"``'s ablated prompts by default, besides its nested prompts (chosen with them on
+#: questions held out from the evaluation, at about half the cost of 16 and greedy rounds,
 #: ``results/context/selection/``).
-DEFAULT_ABLATIONS = 16
+DEFAULT_ABLATIONS = 4
 #: The method whose scores ``"fitted"`` shrinks toward by default (chosen with the ablations).
 DEFAULT_PRIOR = "presence"
 #: ``"fitted"``'s candidate groups, the only ones its ablations remove: the union of the
-#: prior's top half and the decomposition's (its greedy picks first, see ``DEFAULT_ROUNDS``),
-#: filled up by the prior's order (chosen on questions held out from the evaluation, over
-#: ablations of every group, ``results/context/selection/``).
+#: prior's top half and the decomposition's (the greedy picks first, with ``rerank``), filled
+#: up by the prior's order (chosen on questions held out from the evaluation, over ablations of
+#: every group, ``results/context/selection/``).
 DEFAULT_FOCUS = 10
-#: ``"fitted"``'s greedy rounds by default: nested prompts, each without the group the
-#: decomposition ranks first on the one before, added to the ablations, their picks the
-#: decomposition's candidates for ``focus`` (chosen on questions held out from the
-#: evaluation, ``results/context/selection/``).
+#: ``"fitted"``'s nested prompts by default: the decomposition's top 1, 2, … 4 groups removed,
+#: added to the ablations (chosen on questions held out from the evaluation,
+#: ``results/context/selection/``; ``rerank=True``: greedy rounds instead).
 DEFAULT_ROUNDS = 4
 #: How the prompt is made of the context and the question.
 DEFAULT_TEMPLATE = "{context}\n\n{question}"
@@ -167,7 +167,7 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                         max_tokens: int | None = None, method: str = "decomposition",
                         steps: int = 2, ablations: int = DEFAULT_ABLATIONS, prior: str = DEFAULT_PRIOR,
                         focus: int | None = DEFAULT_FOCUS, seed: int = 0, rounds: int = DEFAULT_ROUNDS,
-                        show_progress: bool = False) -> ContextAttribution:
+                        rerank: bool = False, show_progress: bool = False) -> ContextAttribution:
     r"""Explain a causal LM's next token after ``template`` filled with ``context`` and
     ``question``, the context's tokens grouped.
 
@@ -198,7 +198,7 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         steps (int): ``"presence"``'s midpoints (``2``, the default: gradients with every
                     group a quarter and three quarters present, chosen on held-out questions,
                     ``results/context/``; ``1``: one gradient at half presence).
-        ablations (int): ``"fitted"``'s ablated prompts (one forward pass each; 16 by
+        ablations (int): ``"fitted"``'s ablated prompts (one forward pass each; 4 by
                     default, chosen on held-out questions, ``results/context/selection/``).
         prior (str): the method whose scores ``"fitted"`` shrinks toward, ``"presence"``
                     (the default, chosen with ``ablations``) or ``"decomposition"``.
@@ -206,9 +206,12 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
                     and the decomposition's top ``focus // 2``, filled up by the prior's order
                     (``None``: among every group, ContextCite's design).
         seed (int): the seed of ``"fitted"``'s ablations.
-        rounds (int): ``"fitted"``'s greedy rounds, each a prompt without the group the
-                    decomposition ranks first on the one before (one forward and one backward
-                    pass), added to the ablations (``0``: none).
+        rounds (int): ``"fitted"``'s nested prompts, added to the ablations: the
+                    decomposition's top 1, 2, … ``rounds`` groups removed (one forward pass
+                    each; ``0``: none).
+        rerank (bool): ``"fitted"``'s nested prompts by greedy rounds: each without the group
+                    the decomposition ranks first on the one before (one backward pass more
+                    each).
         show_progress (bool): a progress bar over ``"fitted"``'s ablations.
 
     Returns:
@@ -226,29 +229,30 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
         nd = NormDecomposition(nd, tokenizer=tokenizer)
     _check_inputs(tokenizer, context, question, template, max_tokens, method)
     spans = split_context(context, group_by)
-    prompt, q_span, offset = _fill_template(template, context, question)
+    ids, token_groups, tokens = _encoded(nd, tokenizer, _fill_template(template, context, question), spans,
+                                         max_tokens)
+    if method == "presence":
+        return _by_presence(nd, tokenizer, ids, target, token_groups, tokens, spans, context, steps)
+    if method == "fitted":
+        return _by_fitting(nd, tokenizer, ids, target, question, template,
+                           (ablations, prior, focus, seed, rounds, rerank), show_progress, (context, group_by, steps))
+    return _by_decomposition(nd, tokenizer, ids, target, token_groups, tokens, spans, context)
+
+
+def _encoded(nd: NormDecomposition, tokenizer: Any, filled: tuple[str, tuple[int, int], int],
+             spans: list[tuple[int, int]], max_tokens: int | None = None) -> tuple[Any, list[int], list[str]]:
+    """The prompt's token ids (on the model's device), each token's group and the tokens
+    (``filled``: the prompt, the question's span and the context's offset in it);
+    ``ValueError`` for a prompt of more than ``max_tokens`` tokens."""
+    prompt, q_span, offset = filled
     if max_tokens is not None:  # refused before tokenising a context far too long (a token spans few characters)
         fewest = -(-len(prompt) // _longest_token(tokenizer))
         if fewest > max_tokens:
             raise ValueError(f"the prompt has {len(prompt):,} characters, at least {fewest:,} tokens: more than "
                              f"{max_tokens}")
-    ids, token_groups, tokens = _encoded(nd, tokenizer, (prompt, q_span, offset), spans)
-    if max_tokens is not None and ids.shape[1] > max_tokens:
-        raise ValueError(f"the prompt has {ids.shape[1]} tokens, more than {max_tokens}")
-    if method == "presence":
-        return _by_presence(nd, tokenizer, ids, target, token_groups, tokens, spans, context, steps)
-    if method == "fitted":
-        return _by_fitting(nd, tokenizer, ids, target, question, template, (ablations, prior, focus, seed, rounds),
-                           show_progress, (context, group_by, steps))
-    return _by_decomposition(nd, tokenizer, ids, target, token_groups, tokens, spans, context)
-
-
-def _encoded(nd: NormDecomposition, tokenizer: Any, filled: tuple[str, tuple[int, int], int],
-             spans: list[tuple[int, int]]) -> tuple[Any, list[int], list[str]]:
-    """The prompt's token ids (on the model's device), each token's group and the tokens
-    (``filled``: the prompt, the question's span and the context's offset in it)."""
-    prompt, q_span, offset = filled
     encoded = tokenizer(prompt, return_offsets_mapping=True, return_tensors="pt")
+    if max_tokens is not None and encoded.input_ids.shape[1] > max_tokens:
+        raise ValueError(f"the prompt has {encoded.input_ids.shape[1]} tokens, more than {max_tokens}")
     ids = encoded.input_ids.to(next(nd.model.parameters()).device)
     token_groups = _token_groups(encoded.offset_mapping[0].tolist(), spans, q_span, offset)
     return ids, token_groups, tokenizer.convert_ids_to_tokens(ids[0].tolist())
@@ -342,20 +346,20 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
 
 
 def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, question: str, template: str,
-                settings: tuple[int, str, int | None, int, int], show_progress: bool,
+                settings: tuple[int, str, int | None, int, int, bool], show_progress: bool,
                 grouped: tuple[str, str, int]) -> ContextAttribution:
     """:func:`context_attribution` by a surrogate fitted around a prior (``method="fitted"``;
-    ``settings``: the ablations, the prior's method, the focus, the seed and the greedy
-    rounds): the prior's scores refined by
+    ``settings``: the ablations, the prior's method, the focus, the seed, the rounds and
+    whether they re-rank): the prior's scores refined by
     :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with random candidate
-    groups removed from the text, and on the greedy path's nested prompts."""
+    groups removed from the text, and on the nested prompts."""
     import torch
 
     from captum_ffb.engine.head import output_logits
     from captum_ffb.engine.passes import run_model
 
-    ablations, prior, focus, seed, rounds = settings
-    _check_fitting(nd, ablations, prior, focus, (seed, rounds))
+    ablations, prior, focus, seed, rounds, rerank = settings
+    _check_fitting(nd, ablations, prior, focus, (seed, rounds, rerank))
     target = _read_target(nd, tokenizer, target)
     if target is None:  # the predicted token, named before the ablations read it
         target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
@@ -367,8 +371,8 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
     if focused or rounds:
         exact = found if prior == "decomposition" else context_attribution(
             nd, tokenizer, context, question, group_by, target, template, method="decomposition")
-    picks, path_masks, path_values = _greedy_path(nd, tokenizer, exact, (question, template), target, rounds) \
-        if rounds else ([], None, None)
+    picks, path_masks, path_values = _nested_path(nd, tokenizer, exact, (question, template), target, rounds,
+                                                  rerank) if rounds else ([], None, None)
     among = focus_groups(found.contributions, exact.contributions, focus, leading=picks) if focused else None
     masks = ablation_masks(len(found.spans), ablations, seed, among=among)
     values = _ablation_values(nd, tokenizer, found, (question, template), target, masks, show_progress)
@@ -384,8 +388,8 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
 
 def _check_fitting(nd: NormDecomposition, ablations: Any, prior: Any, focus: Any, seeded: tuple[Any, Any]) -> None:
     """``ValueError`` or ``TypeError`` for settings ``"fitted"`` cannot use (``seeded``: the
-    seed and the rounds)."""
-    seed, rounds = seeded
+    seed, the rounds and whether they re-rank)."""
+    seed, rounds, rerank = seeded
     if nd.engine.head.task != "causal_lm":
         raise ValueError("a fitted surrogate explains a causal LM's answer")
     if isinstance(ablations, bool) or not isinstance(ablations, int) or ablations < 3:
@@ -398,6 +402,26 @@ def _check_fitting(nd: NormDecomposition, ablations: Any, prior: Any, focus: Any
         raise TypeError(f"seed must be an integer, got {type(seed).__name__}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds must be an integer of at least 0, got {rounds!r}")
+    if not isinstance(rerank, bool):
+        raise TypeError(f"rerank must be True or False, got {type(rerank).__name__}")
+
+
+def _nested_path(nd: NormDecomposition, tokenizer: Any, exact: ContextAttribution, prompt: tuple[str, str],
+                 target: Any, rounds: int, rerank: bool) -> tuple[list[int], Tensor, Tensor]:
+    """The nested prompts' picks, ``(r, G)`` keep masks and ``(r,)`` values,
+    ``r = min(rounds, G − 1)``: the decomposition's top 1, 2, … ``r`` groups removed, one
+    forward pass each (``rerank``: :func:`_greedy_path`'s); ``r + 1`` picks."""
+    import torch
+
+    if rerank:
+        return _greedy_path(nd, tokenizer, exact, prompt, target, rounds)
+    order = torch.sort(-exact.contributions, stable=True).indices
+    r = min(rounds, len(exact.spans) - 1)
+    masks = torch.ones(r, len(exact.spans), dtype=torch.bool)
+    for row in range(r):
+        masks[row, order[:row + 1]] = False
+    values = _ablation_values(nd, tokenizer, exact, prompt, target, masks, False)
+    return order[:r + 1].tolist(), masks, values
 
 
 def _greedy_path(nd: NormDecomposition, tokenizer: Any, exact: ContextAttribution, prompt: tuple[str, str],

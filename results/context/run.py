@@ -75,11 +75,16 @@ from metrics import (  # noqa: E402
 KS = (1, 3, 5)
 #: Our methods: the row's name and ``context_attribution``'s ``method``.
 OURS = {"ours": "decomposition", "ours-presence": "presence", "ours-fitted": "fitted",
-        "ours-fitted-no-rounds": "fitted-no-rounds", "ours-fitted-every": "fitted-every"}
-#: Ours that are a method with other settings than its defaults: ``fitted-every`` is the fitted
-#: surrogate on ablations of every sentence (``focus=None``, its default before ``focus``),
-#: ``fitted-no-rounds`` the focused one without greedy rounds (its default before ``rounds``).
-SETTINGS = {"fitted-every": ("fitted", {"focus": None, "rounds": 0}), "fitted-no-rounds": ("fitted", {"rounds": 0})}
+        "ours-fitted-greedy": "fitted-greedy", "ours-fitted-no-rounds": "fitted-no-rounds",
+        "ours-fitted-every": "fitted-every"}
+#: Ours that are a method with other settings than its defaults, each an earlier default:
+#: ``fitted-every`` is the fitted surrogate on 16 ablations of every sentence (``focus=None``,
+#: before ``focus``), ``fitted-no-rounds`` the focused one without nested prompts (before
+#: ``rounds``), ``fitted-greedy`` the focused one with greedy rounds (``rerank=True``, before the
+#: nested prompts by the first ranking and 4 ablations).
+SETTINGS = {"fitted-every": ("fitted", {"ablations": 16, "focus": None, "rounds": 0}),
+            "fitted-no-rounds": ("fitted", {"ablations": 16, "rounds": 0}),
+            "fitted-greedy": ("fitted", {"ablations": 16, "rerank": True})}
 KINDS = ("one-token", "several-token")
 #: Differences this small count as level: the same sentences removed, scored in another process
 #: (``--add-ours``), differ by up to 1e-5 nats.
@@ -595,7 +600,7 @@ def report(results: dict, other: dict | None = None) -> str:
              + "".join(f" `{name}` was added after the run (`--add-ours {name}`, at {commit}), timed in that "
                        "process, its drops measured and its LDS on the run's stored ablations."
                        for name, commit in settings.get("ours_added", {}).items())
-             + "".join(f" `{name}` holds the rows `--add-ours {old}` computed at {commit}, renamed when {old}'s "
+             + "".join(f" `{name}` holds the `{old}` rows computed at {commit}, renamed when {old}'s "
                        "default changed (same timing and measures)."
                        for name, (old, commit) in settings.get("ours_renamed", {}).items()), ""]
     for kind in KINDS + ("all",):

@@ -188,16 +188,16 @@ def test_focused_ablations_remove_only_the_candidates_of_both_methods(lm, prior_
 
 @pytest.mark.parametrize("target", [7, " the cat"])
 def test_greedy_rounds_add_the_nested_prompts_without_the_decompositions_first_group(lm, target, monkeypatch):
-    """Each round removes the group the decomposition ranks first on the prompt so far (run
-    again on the shortened text) and adds that prompt, with the model's value there, to the
-    ablations the surrogate is fitted on."""
+    """With ``rerank``, each round removes the group the decomposition ranks first on the prompt
+    so far (run again on the shortened text) and adds that prompt, with the model's value there,
+    to the ablations the surrogate is fitted on."""
     from captum_ffb import context_attribution
     from captum_ffb.long_context import surrogate
 
     nd, tokenizer = lm
     seen, fit = _spy_on_the_fit(monkeypatch)
     found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
-                                method="fitted", ablations=5, seed=2, rounds=3)
+                                method="fitted", ablations=5, seed=2, rounds=3, rerank=True)
     random_part = surrogate.ablation_masks(6, 5, seed=2)  # 6 groups, fewer than focus: every one drawn
     assert seen["masks"].shape == (8, 6) and torch.equal(seen["masks"][:5], random_part)
     keep, text = torch.ones(6, dtype=torch.bool), CONTEXT
@@ -216,7 +216,7 @@ def test_greedy_rounds_add_the_nested_prompts_without_the_decompositions_first_g
     assert float(seen["values"][7]) == pytest.approx(model_value, abs=1e-4)
     assert torch.allclose(found.contributions, fit(seen["masks"], seen["values"], seen["prior"]).scores)
     focused = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
-                                  method="fitted", ablations=5, seed=2, rounds=3, focus=4)
+                                  method="fitted", ablations=5, seed=2, rounds=3, focus=4, rerank=True)
     picks = [int((~a & b).nonzero()) for a, b in zip(seen["masks"][5:], [torch.ones(6, dtype=torch.bool),
                                                                          *seen["masks"][5:7]])]
     prior = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
@@ -225,9 +225,40 @@ def test_greedy_rounds_add_the_nested_prompts_without_the_decompositions_first_g
     assert set(among) >= set(picks[:2]) and torch.equal(seen["masks"][:5], surrogate.ablation_masks(6, 5, 2, among))
     assert focused.method == "fitted"
     few = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
-                              method="fitted", ablations=5, seed=2, rounds=9)
+                              method="fitted", ablations=5, seed=2, rounds=9, rerank=True)
     assert seen["masks"].shape == (10, 6) and not seen["masks"][-1].all() and seen["masks"][-1].sum() == 1
     assert few.method == "fitted"
+
+
+@pytest.mark.parametrize("target", [7, " the cat"])
+def test_nested_prompts_remove_the_decompositions_top_groups_of_its_first_ranking(lm, target, monkeypatch):
+    """Without ``rerank`` (the default), prompt ``r`` removes the decomposition's top ``r``
+    groups on the whole prompt, ranked once, and its value is the model's own there (a forward
+    pass); the surrogate is fitted on the ablations and these prompts."""
+    from captum_ffb import context_attribution
+    from captum_ffb.long_context import surrogate
+
+    nd, tokenizer = lm
+    seen, fit = _spy_on_the_fit(monkeypatch)
+    found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                method="fitted", ablations=5, seed=2, rounds=3)
+    assert seen["masks"].shape == (8, 6) and torch.equal(seen["masks"][:5], surrogate.ablation_masks(6, 5, seed=2))
+    first = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target)
+    order = torch.sort(-first.contributions, stable=True).indices
+    for r in range(1, 4):
+        keep = torch.ones(6, dtype=torch.bool)
+        keep[order[:r]] = False
+        assert torch.equal(seen["masks"][4 + r], keep)
+        text = surrogate.ablated_context(CONTEXT, found.spans, keep.tolist())
+        value = context_attribution(nd, tokenizer, text, QUESTION, group_by="sentence", target=target,
+                                    method="presence").value  # the model's own value
+        assert float(seen["values"][4 + r]) == pytest.approx(value, abs=1e-4)
+    assert torch.allclose(found.contributions, fit(seen["masks"], seen["values"], seen["prior"]).scores)
+    reranked = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                   method="fitted", ablations=5, seed=2, rounds=3, rerank=True)
+    assert reranked.method == found.method == "fitted"
+    with pytest.raises(TypeError, match="rerank must be True or False, got int"):
+        context_attribution(nd, tokenizer, CONTEXT, QUESTION, method="fitted", rerank=1)
 
 
 def test_ablated_spans_are_the_kept_groups_in_the_shortened_text():
