@@ -69,3 +69,21 @@ def test_a_long_function_is_caught():
     body = "\n".join(f"    x{k} = {k}" for k in range(MAX_FUNCTION_LINES))
     assert long_functions(f"def f():\n{body}\n", "m.py") == [f"m.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
     assert long_functions("def g():\n    return 1\n", "m.py") == []
+
+
+def test_the_slowest_files_scheduled_first_are_test_files_and_go_first(pytestconfig):
+    """``conftest.SLOWEST_FILES`` names files that exist (a renamed one would silently lose its
+    place), and the collection starts with them in that order."""
+    from tests.conftest import SLOWEST_FILES, pytest_collection_modifyitems
+
+    assert all((ROOT / name).is_file() and Path(name).name.startswith("test_") for name in SLOWEST_FILES)
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    items = [Item(n) for n in ("tests/a.py::x", f"{SLOWEST_FILES[1]}::y", "tests/b.py::z", f"{SLOWEST_FILES[0]}::w",
+                               f"{SLOWEST_FILES[1]}::v")]
+    pytest_collection_modifyitems(pytestconfig, items)
+    assert [i.nodeid for i in items] == [f"{SLOWEST_FILES[0]}::w", f"{SLOWEST_FILES[1]}::y", f"{SLOWEST_FILES[1]}::v",
+                                         "tests/a.py::x", "tests/b.py::z"]
