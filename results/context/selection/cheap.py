@@ -30,7 +30,6 @@ Run from the repository root in the environment of ``run.py``, after ``greedy.py
     python results/context/selection/cheap.py --more   # about 5 min more
 """
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -40,8 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from greedy import static_path  # noqa: E402
-from surrogate_choice import load_study  # noqa: E402
+from greedy import resumed, static_path  # noqa: E402
 from union import TOP, measured, prepared, questions, report, save, union_masks  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
@@ -96,10 +94,7 @@ def fit(prior: np.ndarray, *parts) -> np.ndarray:
 
 def more() -> None:
     """The candidates fitted on ``greedy.py``'s stored passes, added to ``cheap.json``."""
-    tokenizer, template, scorer, engine, asked, documents = load_study()
-    greedy = json.loads((HERE / "greedy.json").read_text())
-    path = HERE / "cheap.json"
-    out = json.loads(path.read_text())
+    (tokenizer, template, scorer, engine, asked, documents), _, greedy, path, out = resumed("cheap.json")
     for n, row in enumerate(questions()):
         if row["id"] not in out or "presence-2+union-8" in out[row["id"]]["lds"]:
             continue
@@ -120,16 +115,10 @@ def more() -> None:
 
 
 def main() -> None:
-    from captum_ffb import NormDecomposition
-
     if "--more" in sys.argv[1:]:
         more()
         return
-    tokenizer, template, scorer, engine, asked, documents = load_study()
-    nd = NormDecomposition(scorer.model)
-    greedy = json.loads((HERE / "greedy.json").read_text())
-    path = HERE / "cheap.json"
-    out = json.loads(path.read_text()) if path.exists() else {}
+    (tokenizer, template, scorer, engine, asked, documents), nd, greedy, path, out = resumed("cheap.json")
     for n, row in enumerate(questions()):
         if row["id"] in out or row["set"] != "selection":
             continue

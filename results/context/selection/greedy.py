@@ -48,6 +48,18 @@ from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
 ROUNDS = 4
 
 
+def resumed(name: str) -> tuple:
+    """What a study after this one starts from: ``load_study()``'s parts, the decomposition
+    bound to its model, ``greedy.json``, and the study's own file ``name`` here with what it
+    holds so far."""
+    from captum_ffb import NormDecomposition
+
+    study = load_study()
+    path = HERE / name
+    return (study, NormDecomposition(study[2].model), json.loads((HERE / "greedy.json").read_text()), path,
+            json.loads(path.read_text()) if path.exists() else {})
+
+
 def reduced_decomposition(nd, tokenizer, template: str, doc: str, spans: list, keep: np.ndarray, q: dict
                           ) -> tuple[np.ndarray, float]:
     """The decomposition's score of every kept sentence on the prompt with only ``keep``'s

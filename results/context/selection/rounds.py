@@ -9,7 +9,6 @@ Run from the repository root in the environment of ``run.py``, after ``greedy.py
     python results/context/selection/rounds.py   # about 10 min on two free cores; writes rounds.json
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,8 +17,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from greedy import greedy_union_masks, reduced_decomposition  # noqa: E402
-from surrogate_choice import load_study  # noqa: E402
+from greedy import greedy_union_masks, reduced_decomposition, resumed  # noqa: E402
 from union import measured, prepared, questions, report, save  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
@@ -28,13 +26,7 @@ MORE = (5, 6)
 
 
 def main() -> None:
-    from captum_ffb import NormDecomposition
-
-    tokenizer, template, scorer, engine, asked, documents = load_study()
-    nd = NormDecomposition(scorer.model)
-    greedy = json.loads((HERE / "greedy.json").read_text())
-    path = HERE / "rounds.json"
-    out = json.loads(path.read_text()) if path.exists() else {}
+    (tokenizer, template, scorer, engine, asked, documents), nd, greedy, path, out = resumed("rounds.json")
     for n, row in enumerate(questions()):
         if row["id"] in out or row["id"] not in greedy:
             continue
