@@ -234,8 +234,8 @@ def context_attribution(nd: NormDecomposition | Any, tokenizer: Any, context: st
     if method == "presence":
         return _by_presence(nd, tokenizer, ids, target, token_groups, tokens, spans, context, steps)
     if method == "fitted":
-        return _by_fitting(nd, tokenizer, ids, target, question, template,
-                           (ablations, prior, focus, seed, rounds, rerank), show_progress, (context, group_by, steps))
+        return _by_fitting(nd, tokenizer, (ids, token_groups, tokens, spans), target, (question, template, context),
+                           (ablations, prior, focus, seed, rounds, rerank), show_progress, steps)
     return _by_decomposition(nd, tokenizer, ids, target, token_groups, tokens, spans, context)
 
 
@@ -317,8 +317,10 @@ def _explained(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any) -> 
 
 
 def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, token_groups: list[int],
-                 tokens: list[str], spans: list[tuple[int, int]], context: str, steps: int) -> ContextAttribution:
-    """:func:`context_attribution` by the groups' presence (``method="presence"``)."""
+                 tokens: list[str], spans: list[tuple[int, int]], context: str, steps: int,
+                 ends: bool = True) -> ContextAttribution:
+    """:func:`context_attribution` by the groups' presence (``method="presence"``; ``ends``: as
+    :func:`~captum_ffb.long_context.presence.presence_attribution`'s)."""
 
     from captum_ffb.explained.readouts import NextToken
     from captum_ffb.long_context.presence import presence_attribution
@@ -336,7 +338,7 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
     else:
         raise TypeError(f"presence attribution explains a token (an id or a text) or an answer's log-probability, "
                         f"got {type(target).__name__}")
-    found = presence_attribution(nd.model, ids, token_groups, len(spans), readout, steps)
+    found = presence_attribution(nd.model, ids, token_groups, len(spans), readout, steps, ends)
     if not isinstance(target, AnswerLogProbability):
         label = _label(tokenizer, found.unit)
     return ContextAttribution(
@@ -345,14 +347,16 @@ def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, t
         tokens=tokens, token_contributions=None, context=context, spans=spans, method="presence")
 
 
-def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, question: str, template: str,
-                settings: tuple[int, str, int | None, int, int, bool], show_progress: bool,
-                grouped: tuple[str, str, int]) -> ContextAttribution:
+def _by_fitting(nd: NormDecomposition, tokenizer: Any, encoded: tuple[Any, list[int], list[str], list[tuple[int, int]]],
+                target: Any, prompt: tuple[str, str, str], settings: tuple[int, str, int | None, int, int, bool],
+                show_progress: bool, steps: int) -> ContextAttribution:
     """:func:`context_attribution` by a surrogate fitted around a prior (``method="fitted"``;
-    ``settings``: the ablations, the prior's method, the focus, the seed, the rounds and
-    whether they re-rank): the prior's scores refined by
-    :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with random candidate
-    groups removed from the text, and on the nested prompts."""
+    ``encoded``: the prompt's ids, each token's group, the tokens and the groups' spans;
+    ``prompt``: the question, the template and the context; ``settings``: the ablations, the
+    prior's method, the focus, the seed, the rounds and whether they re-rank): the prior's
+    scores refined by :func:`~captum_ffb.long_context.surrogate.fit_surrogate` on prompts with
+    random candidate groups removed from the text, and on the nested prompts. Where the
+    decomposition runs, its value is the explained value and presence skips its own ends."""
     import torch
 
     from captum_ffb.engine.head import output_logits
@@ -360,30 +364,31 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, qu
 
     ablations, prior, focus, seed, rounds, rerank = settings
     _check_fitting(nd, ablations, prior, focus, (seed, rounds, rerank))
+    ids, token_groups, tokens, spans = encoded
+    question, template, context = prompt
     target = _read_target(nd, tokenizer, target)
     if target is None:  # the predicted token, named before the ablations read it
         target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
-    context, group_by, steps = grouped
-    found = context_attribution(nd, tokenizer, context, question, group_by, target, template, method=prior,
-                                steps=steps)
-    focused = focus is not None and focus < len(found.spans)
+    focused = focus is not None and focus < len(spans)
     exact = None
-    if focused or rounds:
-        exact = found if prior == "decomposition" else context_attribution(
-            nd, tokenizer, context, question, group_by, target, template, method="decomposition")
+    if focused or rounds or prior == "decomposition":
+        exact = _by_decomposition(nd, tokenizer, ids, target, list(token_groups), list(tokens), spans, context)
+    found = exact if prior == "decomposition" else _by_presence(
+        nd, tokenizer, ids, target, list(token_groups), list(tokens), spans, context, steps, ends=exact is None)
+    value = found.value if exact is None else exact.value
     picks, path_masks, path_values = _nested_path(nd, tokenizer, exact, (question, template), target, rounds,
                                                   rerank) if rounds else ([], None, None)
     among = focus_groups(found.contributions, exact.contributions, focus, leading=picks) if focused else None
-    masks = ablation_masks(len(found.spans), ablations, seed, among=among)
+    masks = ablation_masks(len(spans), ablations, seed, among=among)
     values = _ablation_values(nd, tokenizer, found, (question, template), target, masks, show_progress)
     if rounds:
         masks, values = torch.cat([masks, path_masks]), torch.cat([values, path_values])
     fit = fit_surrogate(masks, values, found.contributions)
     return ContextAttribution(
-        groups=found.groups, contributions=fit.scores, question=0.0, rest=0.0, bias=fit.bias, value=found.value,
-        delta=abs(float(fit.scores.sum()) + fit.bias - found.value), target=found.target,
+        groups=found.groups, contributions=fit.scores, question=0.0, rest=0.0, bias=fit.bias, value=value,
+        delta=abs(float(fit.scores.sum()) + fit.bias - value), target=found.target,
         token_groups=found.token_groups, tokens=found.tokens, token_contributions=None, context=context,
-        spans=found.spans, method="fitted")
+        spans=spans, method="fitted")
 
 
 def _check_fitting(nd: NormDecomposition, ablations: Any, prior: Any, focus: Any, seeded: tuple[Any, Any]) -> None:

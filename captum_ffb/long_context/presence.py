@@ -62,7 +62,7 @@ class PresenceResult:
 
 
 def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_groups: int,
-                         readout: ReadOut, steps: int = 2) -> PresenceResult:
+                         readout: ReadOut, steps: int = 2, ends: bool = True) -> PresenceResult:
     """The presence attributions of ``n_groups`` groups of the tokens of ``ids``.
 
     Args:
@@ -76,12 +76,18 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
                     positions (its log-probability itself, not a linear read of it).
         steps (int): midpoints of the path's rule (``2``: gradients at ``t = ¼`` and ``¾``;
                     ``1``: one at ``t = ½``).
+        ends (bool): run the passes at the path's ends, the model's own and the one without
+                    the groups (``False``: skipped once the model is known to apply the mask
+                    as given and the token is named; ``value``, ``without`` and ``delta`` are
+                    then NaN, for a caller that has the value from another pass).
 
     Returns:
         PresenceResult: the attributions, the value with and without the groups, the residual.
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if not isinstance(ends, bool):
+        raise TypeError(f"ends must be True or False, got {type(ends).__name__}")
     n = ids.shape[1]
     if len(token_groups) != n:
         raise ValueError(f"{len(token_groups)} token groups for {n} tokens")
@@ -89,11 +95,14 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
     dtype, device = next(model.parameters()).dtype, ids.device
     groups = torch.tensor(token_groups, device=device)
     read = _Reader(model, readout, n)
-    with torch.no_grad():
-        own = read.forward(ids)
-        readout = read.resolve(own)
-        value = float(read.value(own))
-        without = _without(read, ids, groups, n_groups, value)
+    value = without = math.nan
+    unnamed = isinstance(readout, NextToken) and readout.token is None
+    if ends or unnamed or not _checked(model):
+        with torch.no_grad():
+            own = read.forward(ids)
+            readout = read.resolve(own)
+            value = float(read.value(own))
+            without = _without(read, ids, groups, n_groups, value)
     total = torch.zeros(n_groups, dtype=torch.float64, device=device)
     for k in range(steps):
         s = (k + 0.5) / steps
@@ -112,6 +121,13 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
 _CHECKED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
+def _checked(model: Any) -> bool:
+    """Whether ``model`` (with its attention implementation) was seen to apply a presence mask
+    as given."""
+    implementation = str(effective_attention_implementation(getattr(model, "config", None)))
+    return implementation in _CHECKED.get(model, set())
+
+
 def _without(read: _Reader, ids: Tensor, groups: Tensor, n_groups: int, value: float) -> float:
     """The value with every group absent. The first time a model (with its attention
     implementation) is seen, the same pass with every group present is checked against its own
@@ -119,7 +135,7 @@ def _without(read: _Reader, ids: Tensor, groups: Tensor, n_groups: int, value: f
     model, n = read.model, ids.shape[1]
     dtype = next(model.parameters()).dtype
     implementation = str(effective_attention_implementation(getattr(model, "config", None)))
-    checked = implementation in _CHECKED.get(model, set())
+    checked = _checked(model)
     ends = torch.zeros(1 if checked else 2, n_groups, dtype=torch.float64, device=ids.device)
     if not checked:
         ends[0] = 1.0  # every group present, then none

@@ -133,6 +133,33 @@ def test_the_mask_is_checked_the_first_time_a_model_is_seen():
     assert first.bias == pytest.approx(second.bias, rel=1e-6)
 
 
+def test_without_the_ends_only_the_steps_run_once_the_model_is_checked():
+    """``ends=False``: the first time a model is seen the ends still run (its mask is checked
+    there); after that only the two steps do, with the same attributions and no value."""
+    import math
+
+    model, tokenizer = tiny_lm("llama"), causal_tokenizer(bos=True)
+    ids = prompt_ids(tokenizer)
+    groups = [0] * 4 + [1] * (ids.shape[1] - 6) + [-1] * 2
+    rows = []
+    model.get_input_embeddings().register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
+    first = presence_attribution(model, ids, groups, 2, NextToken(7), ends=False)
+    assert rows == [1, 2, 1, 1] and not math.isnan(first.value)  # unchecked: own, (present,) absent, two steps
+    rows[:] = []
+    both = presence_attribution(model, ids, groups, 2, NextToken(7))
+    rows[:] = []
+    steps_only = presence_attribution(model, ids, groups, 2, NextToken(7), ends=False)
+    assert rows == [1, 1] and steps_only.unit == 7
+    assert torch.equal(steps_only.contributions, both.contributions)
+    assert all(math.isnan(x) for x in (steps_only.value, steps_only.without, steps_only.delta))
+    rows[:] = []
+    named = presence_attribution(model, ids, groups, 2, NextToken(None), ends=False)
+    assert rows == [1, 1, 1, 1] and not math.isnan(named.value)  # a token to name: the ends run
+    assert named.unit == int(model(ids).logits[0, -1].argmax())
+    with pytest.raises(TypeError, match="ends must be True or False"):
+        presence_attribution(model, ids, groups, 2, NextToken(7), ends=1)
+
+
 def test_bad_requests_are_refused(lm):
     nd, tokenizer = lm
     with pytest.raises(ValueError, match="method must be one of"):

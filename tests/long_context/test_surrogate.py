@@ -158,6 +158,29 @@ def test_fitted_is_the_surrogate_of_the_models_own_values_on_ablated_texts(lm, t
     assert found.question == found.rest == 0.0 and found.token_contributions is None
 
 
+@pytest.mark.parametrize("settings, ends", [({}, False), ({"focus": None, "rounds": 0}, True)])
+def test_presence_inside_the_fit_skips_its_ends_where_the_decomposition_runs(lm, settings, ends, monkeypatch):
+    """By default the decomposition runs (it names the focus and the nested prompts): its value
+    is the result's, and presence runs only its steps; without it presence runs its ends."""
+    from captum_ffb import context_attribution
+    from captum_ffb.long_context import presence
+
+    nd, tokenizer = lm
+    called, real = [], presence.presence_attribution
+
+    def spy(*args, **kwargs):
+        called.append(args[6] if len(args) > 6 else kwargs.get("ends", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(presence, "presence_attribution", spy)
+    found = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7,
+                                method="fitted", **settings)
+    exact = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=7)
+    assert called == [ends]
+    assert found.value == pytest.approx(exact.value, abs=1e-5)
+    assert found.delta == pytest.approx(abs(float(found.contributions.sum()) + found.bias - found.value))
+
+
 @pytest.mark.parametrize("prior_method", ["presence", "decomposition"])
 def test_focused_ablations_remove_only_the_candidates_of_both_methods(lm, prior_method, monkeypatch):
     """``focus=4`` of 6 sentences: the ablations draw only the prior's and the decomposition's
