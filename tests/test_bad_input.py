@@ -29,6 +29,8 @@ from captum_ffb import (
     activation_patching,
     context_attribution,
 )
+from captum_ffb.explained.readouts import NextToken
+from captum_ffb.long_context.presence import presence_attribution
 from captum_ffb.viz.neuronpedia import neuronpedia_graph, read_neuronpedia_state
 from tests.models import (
     TINY_SEQ2SEQ,
@@ -494,6 +496,9 @@ API_CASES = [
     ("a fitted surrogate's rerank as a number",
      lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="fitted", rerank=1),
      TypeError, r"rerank must be True or False, got int"),
+    ("presence's ends as a number",
+     lambda a: presence_attribution(a["lm"], IDS[:1], [0] * IDS.shape[1], 1, NextToken(3), ends=1),
+     TypeError, r"ends must be True or False, got int"),
     ("a fitted surrogate's unknown prior",
      lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="fitted", prior="lasso"),
      ValueError, r"prior must be 'presence' or 'decomposition', got 'lasso'"),
