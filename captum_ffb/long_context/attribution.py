@@ -261,9 +261,17 @@ def _encoded(nd: NormDecomposition, tokenizer: Any, filled: tuple[str, tuple[int
 def _by_decomposition(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, token_groups: list[int],
                       tokens: list[str], spans: list[tuple[int, int]], context: str) -> ContextAttribution:
     """:func:`context_attribution` by the decomposition (``method="decomposition"``)."""
+    return _decomposed(nd, tokenizer, ids, target, token_groups, tokens, spans, context)[0]
+
+
+def _decomposed(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, token_groups: list[int],
+                tokens: list[str], spans: list[tuple[int, int]], context: str) -> tuple[ContextAttribution, Any]:
+    """:func:`_by_decomposition`'s result and the target it explained, read (``None``: the
+    predicted token's id, named by the same pass)."""
     import torch
 
-    contributions, bias, delta, label, answer_ids = _explained(nd, tokenizer, ids, target)
+    contributions, bias, delta, label, target = _explained(nd, tokenizer, ids, target)
+    answer_ids = target.tokens if isinstance(target, AnswerLogProbability) else None
     if answer_ids is not None:  # teacher-forced: the answer's own tokens are players too
         token_groups += [-3] * (answer_ids.numel() - 1)
         tokens += tokenizer.convert_ids_to_tokens(answer_ids[:-1].tolist())
@@ -279,7 +287,7 @@ def _by_decomposition(nd: NormDecomposition, tokenizer: Any, ids: Any, target: A
         question=float(per_token[index == -1].sum()), rest=float(per_token[index == -2].sum()), bias=bias_value,
         value=value, delta=float(delta[0]), target=label, token_groups=token_groups,
         tokens=tokens, token_contributions=per_token, context=context, spans=spans,
-        answer=float(per_token[index == -3].sum()))
+        answer=float(per_token[index == -3].sum())), target
 
 
 def _read_target(nd: NormDecomposition, tokenizer: Any, target: Any) -> Any:
@@ -296,13 +304,14 @@ def _read_target(nd: NormDecomposition, tokenizer: Any, target: Any) -> Any:
 
 def _explained(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any) -> tuple[Any, Any, Any, str, Any]:
     """The prompt's contributions ``(1, n)`` (an answer's: ``(1, n + T − 1)``), the bias, the
-    delta, what is explained in words, and an answer's token ids (``None`` for one token)."""
+    delta, what is explained in words, and the target read: a token's id (``None`` named as
+    the predicted one) or an :class:`AnswerLogProbability` of the answer's token ids as a tensor."""
     target = _read_target(nd, tokenizer, target)
     if isinstance(target, AnswerLogProbability):
-        answer_ids = nd._target_tokens(target.tokens, ids.device)
-        contributions, bias, delta = nd._attribute_answer(ids, AnswerLogProbability(answer_ids), None, "backward",
-                                                          None, nd.reference, True, True)
-        return contributions, bias, delta, f"log p({tokenizer.decode(answer_ids.tolist())!r})", answer_ids
+        answer = AnswerLogProbability(nd._target_tokens(target.tokens, ids.device))
+        contributions, bias, delta = nd._attribute_answer(ids, answer, None, "backward", None, nd.reference, True,
+                                                          True)
+        return contributions, bias, delta, f"log p({tokenizer.decode(answer.tokens.tolist())!r})", answer
     # one pass of the frozen model: the prediction (target None) is read from its own logits
     request = nd._request(ids, None, None, nd.reference)
     groups, n_groups = nd.engine.groups(None, None, request)
@@ -313,7 +322,7 @@ def _explained(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any) -> 
     per_group = nd.engine.per_group(answer, request, groups, n_groups, "backward")
     contributions = nd.engine.per_position(per_group, request, groups)
     delta = (per_group.sum(1) + answer.bias - answer.real).abs()
-    return contributions, answer.bias, delta, _label(tokenizer, target), None
+    return contributions, answer.bias, delta, _label(tokenizer, target), target
 
 
 def _by_presence(nd: NormDecomposition, tokenizer: Any, ids: Any, target: Any, token_groups: list[int],
@@ -367,12 +376,13 @@ def _by_fitting(nd: NormDecomposition, tokenizer: Any, encoded: tuple[Any, list[
     ids, token_groups, tokens, spans = encoded
     question, template, context = prompt
     target = _read_target(nd, tokenizer, target)
-    if target is None:  # the predicted token, named before the ablations read it
-        target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
     focused = focus is not None and focus < len(spans)
     exact = None
-    if focused or rounds or prior == "decomposition":
-        exact = _by_decomposition(nd, tokenizer, ids, target, list(token_groups), list(tokens), spans, context)
+    if focused or rounds or prior == "decomposition":  # its pass names the predicted token too
+        exact, named = _decomposed(nd, tokenizer, ids, target, list(token_groups), list(tokens), spans, context)
+        target = named if target is None else target
+    elif target is None:  # the predicted token, named before the ablations read it
+        target = int(output_logits(run_model(nd.model, ids))[0, -1].argmax())
     found = exact if prior == "decomposition" else _by_presence(
         nd, tokenizer, ids, target, list(token_groups), list(tokens), spans, context, steps, ends=exact is None)
     value = found.value if exact is None else exact.value

@@ -181,6 +181,34 @@ def test_presence_inside_the_fit_skips_its_ends_where_the_decomposition_runs(lm,
     assert found.delta == pytest.approx(abs(float(found.contributions.sum()) + found.bias - found.value))
 
 
+@pytest.mark.parametrize("settings, extra", [({}, 0), ({"focus": None, "rounds": 0}, 1)])
+def test_the_predicted_token_is_named_by_the_decompositions_pass_where_it_runs(lm, settings, extra):
+    """With no target the fit explains the predicted token: where the decomposition runs its
+    pass names it (as many passes as with the token given), else one forward pass more does
+    (counted once presence has checked the model's mask)."""
+    from captum_ffb import context_attribution
+
+    nd, tokenizer = lm
+    ids = tokenizer(CONTEXT + "\n\n" + QUESTION, return_tensors="pt").input_ids
+    with torch.no_grad():
+        predicted = int(nd.model(ids).logits[0, -1].argmax())
+    context_attribution(nd, tokenizer, CONTEXT, QUESTION, target=predicted, method="presence")  # the mask checked
+    found, passes, rows = {}, {}, []
+    hook = nd.model.get_input_embeddings().register_forward_hook(lambda m, args, out: rows.append(1))
+    try:
+        for target in (None, predicted):
+            before = len(rows)
+            found[target] = context_attribution(nd, tokenizer, CONTEXT, QUESTION, group_by="sentence", target=target,
+                                                method="fitted", **settings)
+            passes[target] = len(rows) - before
+    finally:
+        hook.remove()
+    assert passes[None] == passes[predicted] + extra
+    assert found[None].target == found[predicted].target
+    assert torch.equal(found[None].contributions, found[predicted].contributions)
+    assert found[None].value == found[predicted].value
+
+
 @pytest.mark.parametrize("prior_method", ["presence", "decomposition"])
 def test_focused_ablations_remove_only_the_candidates_of_both_methods(lm, prior_method, monkeypatch):
     """``focus=4`` of 6 sentences: the ablations draw only the prior's and the decomposition's
