@@ -1,6 +1,5 @@
 """The tutorials in tutorials/ run from top to bottom without errors."""
 
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,21 +20,42 @@ def _notebooks():
         yield pytest.param(path, id=path.stem, marks=marks)
 
 
-def _execute(path: Path, folder: Path):
+#: Run first in each notebook: its own names only (the modules imported before stay loaded) and its own folder.
+FRESH_START = "%reset -f\nimport os\nos.chdir({folder!r})"
+
+
+def _execute(paths: list[Path], folders: list[Path]) -> dict:
+    """Each notebook top to bottom, one after the other in one kernel (started once: each
+    notebook starts with an empty namespace in its own folder, the imports before it
+    cached); a notebook's result is the executed book or the error it raised."""
     import nbclient
     import nbformat
+    from jupyter_client.manager import KernelManager
 
-    book = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(
-        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
-    )
-    client.execute()
-    return book
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(cwd=str(folders[0]) if folders else None)
+    results = {}
+    try:
+        for path, folder in zip(paths, folders):
+            book = nbformat.read(path, as_version=4)
+            book.cells.insert(0, nbformat.v4.new_code_cell(FRESH_START.format(folder=str(folder))))
+            client = nbclient.NotebookClient(book, km=manager, timeout=600, kernel_name="python3")
+            try:
+                client.execute()
+            except Exception as error:  # reported by the notebook's own test
+                results[path] = error
+            else:
+                book.cells.pop(0)
+                results[path] = book
+    finally:
+        manager.shutdown_kernel(now=True)
+    return results
 
 
 @pytest.fixture(scope="module")
 def executed(request, tmp_path_factory):
-    """Every selected tutorial, executed at once (one kernel each, in parallel)."""
+    """Every selected tutorial, executed (one kernel for all: a kernel's start and the imports
+    of torch and the package are most of a short notebook's time)."""
     pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
@@ -43,15 +63,7 @@ def executed(request, tmp_path_factory):
         item.callspec.params["path"] for item in request.session.items
         if item.module is request.module and "path" in getattr(getattr(item, "callspec", None), "params", {})
     })
-    results = {}
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futures = {p: pool.submit(_execute, p, tmp_path_factory.mktemp(p.stem)) for p in chosen}
-        for path, future in futures.items():
-            try:
-                results[path] = future.result()
-            except Exception as error:  # reported by the notebook's own test
-                results[path] = error
-    return results
+    return _execute(chosen, [tmp_path_factory.mktemp(p.stem) for p in chosen])
 
 
 def test_there_are_tutorials():
