@@ -24,16 +24,19 @@ def _notebooks():
 FRESH_START = "%reset -f\nimport os\nos.chdir({folder!r})"
 
 
-def _execute(paths: list[Path], folders: list[Path]) -> dict:
+def _execute(paths: list[Path], folders: list[Path], scratch: Path) -> dict:
     """Each notebook top to bottom, one after the other in one kernel (started once: each
     notebook starts with an empty namespace in its own folder, the imports before it
-    cached); a notebook's result is the executed book or the error it raised."""
+    cached; its temporary files go under ``scratch``); a notebook's result is the executed
+    book or the error it raised."""
+    import os
+
     import nbclient
     import nbformat
     from jupyter_client.manager import KernelManager
 
     manager = KernelManager(kernel_name="python3")
-    manager.start_kernel(cwd=str(folders[0]) if folders else None)
+    manager.start_kernel(cwd=str(folders[0]) if folders else None, env={**os.environ, "TMPDIR": str(scratch)})
     results = {}
     try:
         for path, folder in zip(paths, folders):
@@ -55,7 +58,8 @@ def _execute(paths: list[Path], folders: list[Path]) -> dict:
 @pytest.fixture(scope="module")
 def executed(request, tmp_path_factory):
     """Every selected tutorial, executed (one kernel for all: a kernel's start and the imports
-    of torch and the package are most of a short notebook's time)."""
+    of torch and the package are most of a short notebook's time), and the folder their
+    temporary files went to."""
     pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
@@ -63,7 +67,8 @@ def executed(request, tmp_path_factory):
         item.callspec.params["path"] for item in request.session.items
         if item.module is request.module and "path" in getattr(getattr(item, "callspec", None), "params", {})
     })
-    return _execute(chosen, [tmp_path_factory.mktemp(p.stem) for p in chosen])
+    scratch = tmp_path_factory.mktemp("scratch")  # pytest keeps its last three runs' folders, not every run's
+    return _execute(chosen, [tmp_path_factory.mktemp(p.stem) for p in chosen], scratch), scratch
 
 
 def test_there_are_tutorials():
@@ -72,12 +77,25 @@ def test_there_are_tutorials():
 
 @pytest.mark.parametrize("path", list(_notebooks()))
 def test_tutorial_runs(path, executed):
-    book = executed[path]
+    book = executed[0][path]
     if isinstance(book, Exception):
         raise book
     outputs = [o for c in book.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no figure was drawn"
+
+
+@pytest.mark.real_weights
+def test_the_tutorials_temporary_files_stay_under_pytests_folder(executed):
+    """The encoder–decoder tutorial converts Whisper-base (about 280 MB) into a temporary
+    folder: under the kernel's ``TMPDIR``, which pytest removes with its old runs, not the
+    system's, which every run would fill."""
+    from captum_ffb.convert.ct2_whisper import installed_parts
+
+    books, scratch = executed
+    if installed_parts() is None or not any(p.name == "06_encoder_decoder.ipynb" for p in books):
+        pytest.skip("Whisper-base's wheels are not installed, or the tutorial was not selected")
+    assert list(scratch.glob("*/whisper-base/config.json"))
 
 
 @pytest.mark.parametrize("path", sorted(TUTORIALS.glob("*.ipynb")), ids=lambda p: p.stem)
