@@ -58,8 +58,7 @@ def _execute(paths: list[Path], folders: list[Path], scratch: Path) -> dict:
 @pytest.fixture(scope="module")
 def executed(request, tmp_path_factory):
     """Every selected tutorial, executed (one kernel for all: a kernel's start and the imports
-    of torch and the package are most of a short notebook's time), and the folder their
-    temporary files went to."""
+    of torch and the package are most of a short notebook's time), and each one's folder."""
     pytest.importorskip("nbformat")
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
@@ -67,8 +66,9 @@ def executed(request, tmp_path_factory):
         item.callspec.params["path"] for item in request.session.items
         if item.module is request.module and "path" in getattr(getattr(item, "callspec", None), "params", {})
     })
+    folders = {p: tmp_path_factory.mktemp(p.stem) for p in chosen}
     scratch = tmp_path_factory.mktemp("scratch")  # pytest keeps its last three runs' folders, not every run's
-    return _execute(chosen, [tmp_path_factory.mktemp(p.stem) for p in chosen], scratch), scratch
+    return _execute(chosen, [folders[p] for p in chosen], scratch), folders
 
 
 def test_there_are_tutorials():
@@ -86,16 +86,17 @@ def test_tutorial_runs(path, executed):
 
 
 @pytest.mark.real_weights
-def test_the_tutorials_temporary_files_stay_under_pytests_folder(executed):
-    """The encoder–decoder tutorial converts Whisper-base (about 280 MB) into a temporary
-    folder: under the kernel's ``TMPDIR``, which pytest removes with its old runs, not the
-    system's, which every run would fill."""
+def test_whisper_base_is_converted_beside_the_tutorial(executed):
+    """The encoder–decoder tutorial converts Whisper-base (about 280 MB) once, into a folder
+    beside itself (here pytest's, removed with its old runs), not into a new temporary folder
+    of the system's on every run."""
     from captum_ffb.convert.ct2_whisper import installed_parts
 
-    books, scratch = executed
-    if installed_parts() is None or not any(p.name == "06_encoder_decoder.ipynb" for p in books):
+    books, folders = executed
+    tutorial = TUTORIALS / "06_encoder_decoder.ipynb"
+    if installed_parts() is None or tutorial not in books:
         pytest.skip("Whisper-base's wheels are not installed, or the tutorial was not selected")
-    assert list(scratch.glob("*/whisper-base/config.json"))
+    assert (folders[tutorial] / "whisper-base" / "config.json").exists()
 
 
 @pytest.mark.parametrize("path", sorted(TUTORIALS.glob("*.ipynb")), ids=lambda p: p.stem)
