@@ -39,7 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from greedy import resumed, static_path  # noqa: E402
+from greedy import pending, resumed, static_path  # noqa: E402
 from union import TOP, measured, prepared, questions, report, save, union_masks  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
@@ -118,12 +118,9 @@ def main() -> None:
     if "--more" in sys.argv[1:]:
         more()
         return
-    (tokenizer, template, scorer, engine, asked, documents), nd, greedy, path, out = resumed("cheap.json")
-    for n, row in enumerate(questions()):
-        if row["id"] in out or row["set"] != "selection":
-            continue
-        q, doc, spans, value = prepared((tokenizer, template, scorer, engine), asked, documents, row)
-        before = greedy[row["id"]]
+    study, nd, greedy, path, out = resumed("cheap.json")
+    tokenizer, template = study[:2]
+    for n, row, (q, doc, _, value), before in pending(study, greedy, out):
         presence, decomposition = np.asarray(row["presence"]), np.asarray(row["decomposition"])
         one_step, seconds = timed_parts(nd, tokenizer, template, doc["text"], q)
         by_decomposition = (static_path(decomposition), before["static_values"])

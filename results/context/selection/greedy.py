@@ -31,6 +31,7 @@ Run from the repository root in the environment of ``run.py``::
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -58,6 +59,17 @@ def resumed(name: str) -> tuple:
     path = HERE / name
     return (study, NormDecomposition(study[2].model), json.loads((HERE / "greedy.json").read_text()), path,
             json.loads(path.read_text()) if path.exists() else {})
+
+
+def pending(study: tuple, greedy: dict, out: dict) -> Iterator[tuple]:
+    """The selection questions ``greedy.json`` holds (``greedy``) and ``out`` does not yet,
+    each as its index, row, :func:`~union.prepared`'s parts (question, document, spans, value)
+    and ``greedy.json``'s record (``study``: :func:`resumed`'s first part)."""
+    tokenizer, template, scorer, engine, asked, documents = study
+    for n, row in enumerate(questions()):
+        if row["id"] in out or row["id"] not in greedy or row["set"] != "selection":
+            continue
+        yield n, row, prepared((tokenizer, template, scorer, engine), asked, documents, row), greedy[row["id"]]
 
 
 def reduced_decomposition(nd, tokenizer, template: str, doc: str, spans: list, keep: np.ndarray, q: dict

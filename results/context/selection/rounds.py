@@ -17,8 +17,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from greedy import greedy_union_masks, reduced_decomposition, resumed  # noqa: E402
-from union import measured, prepared, questions, report, save  # noqa: E402
+from greedy import greedy_union_masks, pending, reduced_decomposition, resumed  # noqa: E402
+from union import measured, report, save  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
 
@@ -26,12 +26,9 @@ MORE = (5, 6)
 
 
 def main() -> None:
-    (tokenizer, template, scorer, engine, asked, documents), nd, greedy, path, out = resumed("rounds.json")
-    for n, row in enumerate(questions()):
-        if row["id"] in out or row["id"] not in greedy:
-            continue
-        q, doc, spans, value = prepared((tokenizer, template, scorer, engine), asked, documents, row)
-        before = greedy[row["id"]]
+    study, nd, greedy, path, out = resumed("rounds.json")
+    tokenizer, template = study[:2]
+    for n, row, (q, doc, spans, value), before in pending(study, greedy, out):
         presence = np.asarray(row["presence"])
         picks, path_values = list(before["picks"]), list(before["path_values"])
         for _ in MORE:  # the round after the last: without every pick so far

@@ -25,8 +25,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
-from greedy import resumed, static_path  # noqa: E402
-from union import measured, prepared, questions, report, save, union_masks  # noqa: E402
+from greedy import pending, resumed, static_path  # noqa: E402
+from union import measured, report, save, union_masks  # noqa: E402
 
 from captum_ffb.long_context.surrogate import fit_surrogate  # noqa: E402
 
@@ -43,12 +43,8 @@ def weighted_fit(prior: np.ndarray, ablations: tuple, nested: tuple, weight: int
 
 
 def main() -> None:
-    (tokenizer, template, scorer, engine, asked, documents), _, greedy, path, out = resumed("weighted.json")
-    for n, row in enumerate(questions()):
-        if row["id"] in out or row["set"] != "selection":
-            continue
-        _, _, _, value = prepared((tokenizer, template, scorer, engine), asked, documents, row)
-        before = greedy[row["id"]]
+    study, _, greedy, path, out = resumed("weighted.json")
+    for n, row, (_, _, _, value), before in pending(study, greedy, out):
         presence, decomposition = np.asarray(row["presence"]), np.asarray(row["decomposition"])
         nested = (static_path(decomposition), before["static_values"])
         union = (union_masks(presence, decomposition, seed=3000 + n)[:4], before["union_values"][:4])
