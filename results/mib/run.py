@@ -383,6 +383,7 @@ def report(saved: dict, candidates: dict | None = None) -> str:
                   "it has the best CPR):", ""]
         lines += [f"- `{name}`: {cpr:.3f}, {cmd:.3f}; best on {wins[name]} of {len(tasks)}"
                   for name, (cpr, cmd) in held.items()]
+    lines += stability(saved)
     only = [n for n in compared(saved, "selection") if n not in compared(saved, "heldout")]
     if only:
         lines += ["", "Run on the selection prompts only (not chosen by the rule above): "
@@ -397,6 +398,38 @@ def report(saved: dict, candidates: dict | None = None) -> str:
               "circuit's the clean one's (f = 0 and 1 at the ends by construction: `clean`, `counterfactual` in "
               "results.json)."]
     return "\n".join(lines) + "\n"
+
+
+def stability(saved: dict) -> list[str]:
+    """The section on whether a task's best estimator stays the best from the selection prompts
+    to the held-out ones (empty where a split is missing)."""
+    tasks = saved["tasks"]
+    if not all(s in d["splits"] for d in tasks.values() for s in ("selection", "heldout")):
+        return []
+    names = compared(saved)
+    lines = ["", "### Does a task's best estimator stay the best?", "",
+             f"Among the {len(names)} estimators run on both splits: each task's best on the selection prompts, "
+             "its rank on the held-out prompts, the held-out best, and the held-out gap between the first and the "
+             "second.", "",
+             "| measure | task | best on selection | its held-out rank | best held out | held-out gap, 1st − 2nd |",
+             "|---|---|---|---:|---|---:|"]
+    kept = {}
+    for key, larger in (("cpr", True), ("cmd", False)):
+        kept[key] = 0
+        for task, data in tasks.items():
+            chosen, held = (data["splits"][s]["results"] for s in ("selection", "heldout"))
+            first = sorted(names, key=lambda n: chosen[n][key], reverse=larger)[0]
+            order = sorted(names, key=lambda n: held[n][key], reverse=larger)
+            kept[key] += order[0] == first
+            gap = abs(held[order[0]][key] - held[order[1]][key])
+            lines.append(f"| {key.upper()} | {task} | `{first}` | {order.index(first) + 1} of {len(names)} | "
+                         f"`{order[0]}` | {gap:.4f} |")
+    lines += ["", f"The selection's best is the held-out best on {kept['cpr']} of {len(tasks)} tasks by CPR and on "
+              f"{kept['cmd']} of {len(tasks)} by CMD; an estimator drawn at random would be on "
+              f"{len(tasks) / len(names):.2f} of {len(tasks)} on average. At these prompt counts, which estimator "
+              "is first on a task moves with the prompts drawn: picking on the selection prompts names a task's "
+              "held-out best no more often than chance."]
+    return lines
 
 
 def export(saved: dict, directory: Path) -> list[Path]:
