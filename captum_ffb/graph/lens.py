@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from captum_ffb.core.pieces import token_text
 from captum_ffb.engine.autograd import sequence_shaped
 from captum_ffb.engine.block import norm_parameters
 from captum_ffb.engine.tape import GraphTape
@@ -109,13 +110,14 @@ def _writes(tape: GraphTape, kinds: list[str], layers: list[int], heads: list[in
 
 def decoded_lens(lens: Lens, tokenizer: Any = None) -> dict[int, tuple[tuple[str, ...], tuple[str, ...]]]:
     """``lens`` with its token ids as text: each id decoded alone by ``tokenizer`` (``#<id>``
-    without one; a token of white space only quoted, ``'\\n'``, so that it shows)."""
+    without one; a token of white space only quoted, ``'\\n'``, so that it shows; a token of part
+    of a character as its bytes, :func:`~captum_ffb.core.pieces.token_text`)."""
     def shown(word: str) -> str:
         return word if word.strip() else repr(word)
 
     def text(ids: tuple[int, ...]) -> tuple[str, ...]:
         if tokenizer is None:
             return tuple(f"#{i}" for i in ids)
-        return tuple(shown(tokenizer.decode([i])) for i in ids)
+        return tuple(shown(token_text(tokenizer, i)) for i in ids)
 
     return {node: (text(up), text(down)) for node, (up, down) in lens.items()}

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.core.keys import ENDS, is_writer_node
+from captum_ffb.core.pieces import token_text
 from captum_ffb.core.vocabulary import component_of, node_id, old_node_id
 from captum_ffb.graph.bound import bound_engine, bound_scorer, origin_of
 from captum_ffb.graph.build import GraphData, prune_masks
@@ -871,7 +872,7 @@ def output_label(tokenizer: Any, task: str, target: Any) -> str:
         text = tokenizer.decode(units) if tokenizer is not None else " ".join(map(str, units))
         return f"log p({text!r})"
     if tokenizer is not None and task != "sequence_classification":
-        names = [repr(tokenizer.decode([u])) for u in units]
+        names = [repr(token_text(tokenizer, u)) for u in units]
     else:
         names = [str(u) for u in units]
     if len(names) == 1:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from captum_ffb.attr.norm_decomposition import NormDecomposition
+from captum_ffb.core.pieces import token_text
 from captum_ffb.explained.readouts import AnswerLogProbability
 from captum_ffb.long_context.surrogate import (
     ablated_context,
@@ -567,5 +568,5 @@ def _label(tokenizer: Any, target: Any) -> str:
     if isinstance(target, str):
         return repr(target)
     if isinstance(target, int) and not isinstance(target, bool):
-        return repr(tokenizer.decode([target]))
+        return repr(token_text(tokenizer, target))
     return str(target)

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from captum_ffb.attr import LayerNormDecomposition
+from captum_ffb.core.pieces import readable
 from captum_ffb.engine.requests import INVISIBLE, check_text  # noqa: F401  (their home before)
 from captum_ffb.explained.models import LoadedModel, load_model, model_device
 
@@ -122,7 +123,8 @@ def display_token(token: str, tokenizer: Any = None, strip: bool = True) -> str:
     bytes such as ``"Ã©"`` become ``"é"``); without one, or where that fails, the space
     markers of byte-level BPE (``Ġ``) and SentencePiece (``▁``) become spaces, ``Ċ`` a line
     break; WordPiece's ``##`` prefix is dropped. Line breaks and tabs are shown as ``\n``
-    and ``\t``; a token of spaces only as ``␣``.
+    and ``\t``; a token of spaces only as ``␣``; a token of part of a character as its bytes
+    (``\xe2\x80``, :func:`~captum_ffb.core.pieces.readable`).
 
     Args:
         token (str): a token as the tokenizer writes it (``convert_ids_to_tokens``).
@@ -140,6 +142,7 @@ def display_token(token: str, tokenizer: Any = None, strip: bool = True) -> str:
             text = None
     if not isinstance(text, str):
         text = "".join(_MARKERS.get(ch, ch) for ch in token)
+    text = readable(text, token)  # a part of a character: its bytes, not "\ufffd"
     if text.startswith("##") and len(text) > 2:  # WordPiece, where no decoder took it off
         text = text[2:]
     text = "".join(_CONTROLS.get(ch, ch) for ch in text)
