@@ -404,7 +404,8 @@ def test_several_outputs_are_drawn_as_logit_nodes_under_the_output(pages, browse
 def test_a_large_graph_opens_with_its_labels_legible(pages, browser, tmp_path, size):
     """A graph of 181 nodes (the tiny Llama's neurons, unpruned by influence) drawn whole would
     shrink its labels below 9 px: it opens with the largest node share that keeps them legible,
-    says so, and the nodes slider at 100% shows it all."""
+    says so, applies the rule again when the subgraph panel narrows the stage (a pinned node stays
+    drawn), and the nodes slider at 100% shows it all, a choice the panel then keeps."""
     from captum_ffb import NormDecomposition
     from captum_ffb.viz.graph import graph_html
     from tests.models import tiny_task_model, token_ids
@@ -426,7 +427,25 @@ def test_a_large_graph_opens_with_its_labels_legible(pages, browser, tmp_path, s
     assert float(driver.find_element("id", "ffb-node-share").get_attribute("value")) < 1
     top = max((n for n in saved["nodes"] if n["kind"] in WRITERS), key=lambda n: abs(n["influence"]))
     assert driver.execute_script(f"return !!document.querySelector('#ffb-graph [data-node=\"{top['id']}\"]')")
+
+    def share() -> float:
+        return float(driver.find_element("id", "ffb-node-share").get_attribute("value"))
+
+    def drawn(node: str) -> bool:
+        return driver.execute_script(f"return !!document.querySelector('#ffb-graph [data-node=\"{node}\"]')")
+
+    # the subgraph panel narrows the stage: the rule applies again, and a pinned node stays drawn
+    weakest = min((n for n in saved["nodes"] if n["kind"] in WRITERS), key=lambda n: abs(n["influence"]))
+    assert not drawn(weakest["id"])
+    before = share()
+    driver.execute_script(f"window.ffbGraph.pin({json.dumps(weakest['id'])}); window.ffbGraph.subgraph(true)")
+    assert share() < before and label_px() >= 9 - 1e-6
+    assert "labels kept legible" in driver.find_element("id", "ffb-counts").text and drawn(weakest["id"])
+    driver.execute_script("window.ffbGraph.subgraph(false)")
+    assert share() <= before and label_px() >= 9 - 1e-6  # at its width again (the pinned node drawn too)
     driver.execute_script("window.ffbGraph.threshold(1, 1)")
     assert driver.execute_script("return window.ffbGraph.nodes()") == len(saved["nodes"])
     assert label_px() < 9  # drawn whole, they would not have been legible
     assert "labels kept legible" not in driver.find_element("id", "ffb-counts").text
+    driver.execute_script("window.ffbGraph.subgraph(true)")  # the user's share stays the user's
+    assert share() == 1 and driver.execute_script("return window.ffbGraph.nodes()") == len(saved["nodes"])

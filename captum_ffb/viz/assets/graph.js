@@ -110,8 +110,8 @@
   }
   function byAbs(a, b) { return Math.abs(b.weight) - Math.abs(a.weight); }
 
-  // What is shown: the writers holding the chosen share of the influence (tokens, the bias and
-  // the output always); of each shown node's in-edges from shown nodes, those holding the
+  // What is shown: the writers holding the chosen share of the influence (tokens, the bias, the
+  // output and the pinned nodes always); of each shown node's in-edges from shown nodes, those holding the
   // chosen share of its |weight| (its largest always); then, for every shown writer with no
   // route to the output (or from the tokens) through what is shown, its strongest route
   // added, edge by edge, with the nodes it passes. Or the pinned subgraph. Grouped nodes are
@@ -130,6 +130,7 @@
       if (S.nodeShare >= 1 || !(total > 0) || acc < S.nodeShare * total * (1 - 1e-12)) keep[unit(u.id)] = true;
       acc += strength(u);
     });
+    Object.keys(S.pinned).forEach(function (id) { if (get(id)) keep[unit(id)] = true; });
     var edges = all.filter(function (e) { return keep[e.source] && keep[e.target]; });
     if (S.edgeShare < 1) edges = shareOfEach(edges, S.edgeShare);
     var added = connect(keep, edges, all);
@@ -370,7 +371,10 @@
   // On load, a graph whose whole drawing would shrink its labels below 9 px (a whole graph's
   // pruning of hundreds of nodes) starts with the largest node share whose drawing keeps them
   // legible; the nodes slider at 100% shows everything. Returns the share chosen (1: all).
-  var LEGIBLE = 9 / 11, legibleShare = 1;
+  // The rule's share stays the page's own until the nodes slider moves (or a shared state sets
+  // it): a stage made narrower or wider (the subgraph panel, the window) applies it again.
+  var LEGIBLE = 9 / 11, legibleShare = 1, autoNodes = false;
+  function relegible() { if (autoNodes) legibleShare = legible(); }
   function legible() {
     var W = Math.max(stage.clientWidth, 200), H = Math.max(stage.clientHeight, 160);
     function scaleAt(share) { S.nodeShare = share; return arrange(compute().keep, W, H).scale; }
@@ -843,7 +847,10 @@
 
   // ------------------------------------------------------------------ thresholds, search, size
   function threshold(nodeShare, edgeShare) {
-    if (nodeShare !== undefined && nodeShare !== null) S.nodeShare = Math.max(0, Math.min(1, +nodeShare));
+    if (nodeShare !== undefined && nodeShare !== null) {
+      S.nodeShare = Math.max(0, Math.min(1, +nodeShare));
+      autoNodes = false;
+    }
     if (edgeShare !== undefined && edgeShare !== null) S.edgeShare = Math.max(0, Math.min(1, +edgeShare));
     controls();
     render(true);
@@ -899,8 +906,8 @@
       + "<p class=note>Hover a node to light its paths to the output and from the tokens (weighted: the share of its "
       + "paths along each edge); click for its details here; shift-click pins it. Wheel or the "
       + "buttons zoom, dragging pans, <b>fit</b> shows it all. The sliders keep the nodes holding that share of the "
-      + "influence and, into each node, the edges holding that share of its |weight|; a kept node keeps its strongest "
-      + "route to the output. Pin nodes and press <b>group</b> to make a supernode (its edges the sums of its members'), "
+      + "influence and, into each node, the edges holding that share of its |weight|; pinned nodes stay, and a kept node "
+      + "keeps its strongest route to the output. Pin nodes and press <b>group</b> to make a supernode (its edges the sums of its members'), "
       + "or open the <b>subgraph panel</b> and drag them. Search a token, a position (<code>@12</code>) or an id. "
       + "Name a node in its details. The address keeps the view: copy it to share it. Click an upright token to widen "
       + "its column.</p>";
@@ -934,6 +941,7 @@
     S.sub = on === undefined ? !S.sub : !!on;
     $("ffb-sub").hidden = !S.sub;
     $("ffb-sub-view").setAttribute("aria-pressed", S.sub ? "true" : "false");
+    relegible();
     render(true);
     return S.sub;
   }
@@ -1074,6 +1082,7 @@
   function restore(o) {
     if (!o || typeof o !== "object" || Array.isArray(o)) return false;
     restoring = true;
+    autoNodes = false;
     try {
       Object.keys(groups).forEach(function (id) { ungroup(id, true); });
       groupCount = 0; S.pinned = {}; S.names = {}; S.sg = {}; S.chosen = null;
@@ -1150,7 +1159,7 @@
   var resizing = null;
   window.addEventListener("resize", function () {
     clearTimeout(resizing);
-    resizing = setTimeout(function () { render(true); }, 80);
+    resizing = setTimeout(function () { relegible(); render(true); }, 80);
   });
 
   $("ffb-sub-view").addEventListener("click", function () { subgraph(); });
@@ -1158,7 +1167,8 @@
   window.addEventListener("hashchange", function () { if (location.hash !== written && readHash()) restore(readHash()); });
 
   detail.innerHTML = help();
-  legibleShare = readHash() ? 1 : legible();
+  autoNodes = !readHash();
+  legibleShare = autoNodes ? legible() : 1;
   render(true);
   if (readHash()) restore(readHash());
   window.ffbGraph = {
