@@ -29,6 +29,10 @@ model the same way and runs one input-gradient pass.
 ``--context-method-costs 1024`` times each method of ``context_attribution`` (decomposition,
 presence, fitted with and without its focus; sentences as groups) on the same kind of document
 against the input-gradient pass, and adds its table to the files.
+
+``--presence-paths 976,2045,4096`` times presence attribution's passes both ways on the same
+documents (``presence_attribution(..., blocks=True)`` and ``blocks=False``; sentences as
+groups), the ``n × n`` mask only where its attention weights fit half the memory available.
 """
 
 from __future__ import annotations
@@ -155,6 +159,21 @@ METHOD_COSTS = {"decomposition": {}, "presence": {"method": "presence"}, "fitted
                                                                "rounds": 0}}
 
 
+#: ``--presence-paths``: presence attribution's passes by blocks of queries, or through the mask.
+PRESENCE_PATHS = {"presence, passes by blocks": True, "presence, passes through the n × n mask": False}
+
+
+def sentence_groups(tokenizer, prompt: str, document: str) -> tuple[list[int], int]:
+    """Each token's sentence of ``document`` (at the start of ``prompt``; -1: none) and how many."""
+    from captum_ffb.long_context.attribution import split_context
+
+    spans = split_context(document, "sentence")
+    offsets = tokenizer(prompt, return_offsets_mapping=True).offset_mapping
+    groups = [next((g for g, (a, b) in enumerate(spans) if a <= start < b), -1) if end > start else -1
+              for start, end in offsets]
+    return groups, len(spans)
+
+
 def context_document(tokenizer, n: int) -> str:
     """A document whose prompt (the template with the question) has about ``n`` tokens."""
     report = (ROOT / "docs" / "examples" / "field_report.txt").read_text(encoding="utf-8")
@@ -188,6 +207,12 @@ def context_child(method: str, n: int, repeat: int) -> None:
     def run() -> None:
         if method == CONTEXT_METHODS[0]:
             input_gradient_pass(model, ids, token)
+        elif method in PRESENCE_PATHS:
+            from captum_ffb.explained.readouts import NextToken
+            from captum_ffb.long_context.presence import presence_attribution
+
+            groups, count = sentence_groups(tokenizer, TEMPLATE.format(context=document, question=QUESTION), document)
+            presence_attribution(model, ids, groups, count, NextToken(token), blocks=PRESENCE_PATHS[method])
         elif method in METHOD_COSTS:
             context_attribution(nd, tokenizer, document, QUESTION, template=TEMPLATE, group_by="sentence",
                                 **METHOD_COSTS[method])
@@ -195,13 +220,21 @@ def context_child(method: str, n: int, repeat: int) -> None:
             found = context_attribution(nd, tokenizer, document, QUESTION, template=TEMPLATE)
             assert found.delta < 1e-3 * max(1.0, abs(found.value)), found.delta
 
+    import gc
+
+    gc.collect()
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
+    before = _status_bytes("VmRSS")
     times = []
     for _ in range(1 + repeat):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
+        if len(times) == 1:
+            added = _status_bytes("VmHWM") - before
     print(json.dumps({"n": int(ids.shape[1]), "method": method, "first_seconds": times[0],
-                      "seconds": statistics.median(times[1:]) if repeat else times[0], "repeat": repeat}))
+                      "seconds": statistics.median(times[1:]) if repeat else times[0], "repeat": repeat,
+                      "added_bytes": added}))
 
 
 def measure_cli(n: int, scratch: Path) -> dict:
@@ -270,14 +303,22 @@ def method_costs_markdown(rows: dict) -> list[str]:
              "`focus=10`); `rerank=True` with 16 ablations is the design before (greedy rounds: the decomposition "
              "again without its first sentence so far, one forward and one backward pass each); `rounds=0` without "
              "nested prompts; `focus=None` among every sentence.", "",
-             f"| n | method | seconds | × {BASELINE} | first call (s) |", "|---:|---|---:|---:|---:|"]
+             "Memory: the peak resident memory above the loaded model during the first call (– where not measured).",
+             "", f"| n | method | seconds | × {BASELINE} | first call (s) | memory (GiB) |",
+             "|---:|---|---:|---:|---:|---:|"]
+
+    def memory(found: dict) -> str:
+        return f"{found['added_bytes'] / 2**30:.2f}" if "added_bytes" in found else "–"
+
     for row in rows.values():
         base = row[CONTEXT_METHODS[0]]
-        lines.append(f"| {base['n']} | {BASELINE} | {base['seconds']:.2f} | 1.00× | {base['first_seconds']:.2f} |")
+        lines.append(f"| {base['n']} | {BASELINE} | {base['seconds']:.2f} | 1.00× | {base['first_seconds']:.2f} | "
+                     f"{memory(base)} |")
         for name in METHOD_COSTS:
             if name in row:
                 lines.append(f"| {base['n']} | {name} | {row[name]['seconds']:.2f} | "
-                             f"{row[name]['seconds'] / base['seconds']:.2f}× | {row[name]['first_seconds']:.2f} |")
+                             f"{row[name]['seconds'] / base['seconds']:.2f}× | {row[name]['first_seconds']:.2f} | "
+                             f"{memory(row[name])} |")
     return lines
 
 
@@ -356,7 +397,56 @@ def markdown(result: dict) -> str:
         lines += context_markdown(result["context"])
     if result.get("method_costs"):
         lines += method_costs_markdown(result["method_costs"])
+    if result.get("presence_paths"):
+        lines += presence_paths_markdown(result["presence_paths"])
     return "\n".join(lines) + "\n"
+
+
+def presence_paths_markdown(rows: dict) -> list[str]:
+    """The table of ``--presence-paths``."""
+    lines = ["", "## Presence's passes: by blocks of queries or through the n × n mask", "",
+             "The same documents (`--presence-paths`), sentences as groups, `presence_attribution` of the "
+             "predicted token (two steps and the ends) with `blocks=True` and `blocks=False`, each in a process of "
+             f"its own against the {BASELINE}; memory as above. The mask's pass is not run where the attention "
+             "weights it keeps (layers × heads × n² floats) would take more than half the memory available: the "
+             "default (`blocks=None`) takes the blocks there.", "",
+             f"| n | method | seconds | × {BASELINE} | first call (s) | memory (GiB) |",
+             "|---:|---|---:|---:|---:|---:|"]
+    for row in rows.values():
+        base = row[CONTEXT_METHODS[0]]
+        lines.append(f"| {base['n']} | {BASELINE} | {base['seconds']:.2f} | 1.00× | {base['first_seconds']:.2f} | "
+                     f"{base['added_bytes'] / 2**30:.2f} |")
+        for name in PRESENCE_PATHS:
+            found = row.get(name)
+            if found is None or "skipped" in found:
+                need = f" (its attention weights: {found['skipped'] / 2**30:.1f} GiB)" if found else ""
+                lines.append(f"| {base['n']} | {name} | not run{need} | | | |")
+                continue
+            lines.append(f"| {base['n']} | {name} | {found['seconds']:.2f} | {found['seconds'] / base['seconds']:.2f}× "
+                         f"| {found['first_seconds']:.2f} | {found['added_bytes'] / 2**30:.2f} |")
+    return lines
+
+
+def presence_paths_main(args: argparse.Namespace) -> int:
+    """``--presence-paths``: presence's passes both ways, added to the saved results."""
+    from captum_ffb.engine.whole import available_bytes
+    from captum_ffb.explained.models import load_model, smollm2_dir
+    from captum_ffb.long_context.presence import mask_bytes
+
+    model = load_model(str(smollm2_dir(required=True)), show_progress=False, task="causal_lm").model
+    saved = HERE / "LONG_CONTEXT.json"
+    result = json.loads(saved.read_text(encoding="utf-8")) if saved.exists() else {"rows": {}}
+    result["presence_paths"] = {}
+    for n in (int(s) for s in args.presence_paths.split(",")):
+        row = {CONTEXT_METHODS[0]: context_measure(CONTEXT_METHODS[0], n, args.repeat)}
+        for name, by_blocks in PRESENCE_PATHS.items():
+            need = mask_bytes(model, row[CONTEXT_METHODS[0]]["n"])
+            if not by_blocks and need > available_bytes(next(model.parameters()).device) / 2:
+                row[name] = {"skipped": need}
+                continue
+            row[name] = context_measure(name, n, args.repeat)
+        result["presence_paths"][str(n)] = row
+    return _finish(result, "presence_paths", presence_paths_markdown, args.quick)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,11 +467,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-method-costs", default=None, metavar="SIZES",
                         help="time each context method (decomposition, presence, fitted) at these sizes; keep the "
                         "other rows of LONG_CONTEXT.json")
+    parser.add_argument("--presence-paths", default=None, metavar="SIZES",
+                        help="time presence attribution's passes by blocks and through the n × n mask at these sizes")
+    parser.add_argument("--cost-methods", default=None, metavar="NAMES",
+                        help=f"with --context-method-costs, only these (comma-separated) of: {', '.join(METHOD_COSTS)}")
     args = parser.parse_args(argv)
     if args.child == "cli-baseline":
         cli_baseline(args.tree)
         return 0
-    if args.child in CONTEXT_METHODS or args.child in METHOD_COSTS:
+    if args.child in CONTEXT_METHODS or args.child in METHOD_COSTS or args.child in PRESENCE_PATHS:
         context_child(args.child, args.n, args.repeat)
         return 0
     if args.child is not None:
@@ -391,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         return context_main(args)
     if args.context_method_costs:
         return method_costs_main(args)
+    if args.presence_paths:
+        return presence_paths_main(args)
     import torch
 
     result = {"run": datetime.datetime.now().strftime("%Y-%m-%dT%H:%M"), "torch": torch.__version__,
@@ -459,15 +555,21 @@ def method_costs_main(args: argparse.Namespace) -> int:
     saved = HERE / "LONG_CONTEXT.json"
     result = json.loads(saved.read_text(encoding="utf-8")) if saved.exists() else {"rows": {}}
     result["method_costs"] = {}
+    chosen = [m for m in METHOD_COSTS if args.cost_methods is None or m in args.cost_methods.split(",")]
     for n in (int(s) for s in args.context_method_costs.split(",")):
         row = {}
-        for method in (CONTEXT_METHODS[0], *METHOD_COSTS):
+        for method in (CONTEXT_METHODS[0], *chosen):
             row[method] = context_measure(method, n, args.repeat)
         result["method_costs"][str(n)] = row
-    result["method_costs_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
-    print("\n".join(method_costs_markdown(result["method_costs"])))
-    if not args.quick:
-        saved.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return _finish(result, "method_costs", method_costs_markdown, args.quick)
+
+
+def _finish(result: dict, key: str, table, quick: bool) -> int:
+    """Stamp ``result[key]``'s run, print its table and (unless ``quick``) save the files."""
+    result[f"{key}_run"] = datetime.datetime.now().strftime("%Y-%m-%dT%H:%M")
+    print("\n".join(table(result[key])))
+    if not quick:
+        (HERE / "LONG_CONTEXT.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
         (HERE / "LONG_CONTEXT.md").write_text(markdown(result), encoding="utf-8")
     return 0
 

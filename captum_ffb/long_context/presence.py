@@ -36,10 +36,12 @@ from torch import Tensor
 
 from captum_ffb._private import effective_attention_implementation
 from captum_ffb.engine.head import output_logits
-from captum_ffb.engine.passes import run_model
+from captum_ffb.engine.passes import ModelPass, run_model
+from captum_ffb.engine.whole import available_bytes
 from captum_ffb.explained.readouts import AnswerLogProbability, NextToken, ReadOut
+from captum_ffb.long_context.blocks import BlockPlan, Unsupported, block_plan, presences_by_blocks
 
-__all__ = ["PresenceResult", "presence_attribution", "prompt_value"]
+__all__ = ["PresenceResult", "mask_bytes", "presence_attribution", "prompt_value"]
 
 
 @dataclass
@@ -62,7 +64,8 @@ class PresenceResult:
 
 
 def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_groups: int,
-                         readout: ReadOut, steps: int = 2, ends: bool = True) -> PresenceResult:
+                         readout: ReadOut, steps: int = 2, ends: bool = True, blocks: bool | None = None
+                         ) -> PresenceResult:
     """The presence attributions of ``n_groups`` groups of the tokens of ``ids``.
 
     Args:
@@ -80,6 +83,14 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
                     the groups (``False``: skipped once the model is known to apply the mask
                     as given and the token is named; ``value``, ``without`` and ``delta`` are
                     then NaN, for a caller that has the value from another pass).
+        blocks (bool, optional): the gradients' passes attend by blocks of queries
+                    (:mod:`~captum_ffb.long_context.blocks`: memory linear in the prompt's
+                    length, the same numbers, about a tenth slower at 2,000 tokens) where each
+                    group is one run of tokens and the model attends through transformers'
+                    ``sdpa``, checked against the mask on the first use with each model;
+                    ``False``: always the ``n × n`` mask; ``None`` (the default): by blocks
+                    where the attention weights the mask's pass keeps would take more than
+                    half the memory available.
 
     Returns:
         PresenceResult: the attributions, the value with and without the groups, the residual.
@@ -88,11 +99,13 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if not isinstance(ends, bool):
         raise TypeError(f"ends must be True or False, got {type(ends).__name__}")
+    if blocks is not None and not isinstance(blocks, bool):
+        raise TypeError(f"blocks must be True, False or None, got {type(blocks).__name__}")
     n = ids.shape[1]
     if len(token_groups) != n:
         raise ValueError(f"{len(token_groups)} token groups for {n} tokens")
     _check_full_attention(model, n)
-    dtype, device = next(model.parameters()).dtype, ids.device
+    device = ids.device
     groups = torch.tensor(token_groups, device=device)
     read = _Reader(model, readout, n)
     value = without = math.nan
@@ -104,11 +117,14 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
             value = float(read.value(own))
             without = _without(read, ids, groups, n_groups, value)
     total = torch.zeros(n_groups, dtype=torch.float64, device=device)
+    if blocks is None:
+        blocks = mask_bytes(model, n) > available_bytes(device) / 2
+    plan = block_plan(groups) if blocks else None
     for k in range(steps):
         s = (k + 0.5) / steps
         log_presence = torch.full((n_groups,), math.log(s), dtype=torch.float64, device=device,
                                   requires_grad=True)
-        out = read.forward(ids, _log_mask(groups, log_presence[None], dtype), grad=True)
+        out = _presence_pass(read, ids, groups, log_presence, plan)
         (grad,) = torch.autograd.grad(read.value(out).sum(), log_presence)
         total += grad / s  # ∂f/∂t = ∂f/∂log t / t
     contributions = (total / steps).detach().cpu()
@@ -126,6 +142,53 @@ def _checked(model: Any) -> bool:
     as given."""
     implementation = str(effective_attention_implementation(getattr(model, "config", None)))
     return implementation in _CHECKED.get(model, set())
+
+
+def mask_bytes(model: Any, n: int) -> int:
+    """The bytes of the attention weights a pass of ``model`` with a presence mask that needs a
+    gradient keeps for the backward pass at ``n`` tokens: ``n²`` per head and layer (0 where
+    its configuration does not say its heads and layers)."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    if not isinstance(layers, int) or not isinstance(heads, int):
+        return 0
+    return layers * heads * n * n * next(model.parameters()).element_size()
+
+
+#: Per model and attention implementation: whether the block attention gave the mask's value.
+_BLOCKS: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
+def _presence_pass(read: _Reader, ids: Tensor, groups: Tensor, log_presence: Tensor, plan: BlockPlan | None) -> Any:
+    """One pass with gradients at the presences ``exp(log_presence)``: by blocks where
+    ``plan`` is given and the model's attention takes them (its value compared with the mask's
+    on the first use with each model), else through the ``n × n`` mask."""
+    dtype = next(read.model.parameters()).dtype
+    implementation = str(effective_attention_implementation(getattr(read.model, "config", None)))
+    verdicts = _BLOCKS.get(read.model, {})
+    if plan is not None and verdicts.get(implementation) is not False:
+        calls: list[int] = []
+        try:
+            out = read.forward(ids, grad=True, blocks=(plan, log_presence, calls))
+        except Unsupported:
+            out = None
+        if out is not None and calls and (verdicts.get(implementation) or _same_as_mask(read, ids, groups, log_presence, out)):
+            _BLOCKS.setdefault(read.model, {})[implementation] = True
+            return out
+        _BLOCKS.setdefault(read.model, {})[implementation] = False
+    return read.forward(ids, _log_mask(groups, log_presence[None], dtype), grad=True)
+
+
+def _same_as_mask(read: _Reader, ids: Tensor, groups: Tensor, log_presence: Tensor, out: Any) -> bool:
+    """Whether the block attention's pass ``out`` gives the value the mask's pass gives."""
+    dtype = next(read.model.parameters()).dtype
+    with torch.no_grad():
+        masked = float(read.value(read.forward(ids, _log_mask(groups, log_presence.detach()[None], dtype)))[0])
+    found = float(read.value(out)[0].detach())
+    tolerance = (1e-4 if dtype in (torch.float32, torch.float64) else 2e-2) * (1 + abs(masked))
+    return abs(found - masked) <= tolerance
 
 
 def _without(read: _Reader, ids: Tensor, groups: Tensor, n_groups: int, value: float) -> float:
@@ -205,17 +268,29 @@ class _Reader:
             return replace(readout, positions=tuple(p - (self.n - self.keep) for p in readout.positions))
         return readout
 
-    def forward(self, ids: Tensor, mask: Tensor | None = None, grad: bool = False) -> Any:
-        """One pass of the model (through the pass runner; ``grad``: with the inputs' gradients)."""
+    def forward(self, ids: Tensor, mask: Tensor | None = None, grad: bool = False,
+                blocks: tuple[BlockPlan, Tensor, list[int]] | None = None) -> Any:
+        """One pass of the model (through the pass runner; ``grad``: with the inputs'
+        gradients; ``blocks``: a plan, the log-presences and a list of calls, to attend by
+        blocks)."""
         kwargs = {} if mask is None else {"attention_mask": mask}
         if self.takes_keep:
             try:
-                return run_model(self.model, ids, grad=grad, logits_to_keep=self.keep, **kwargs)
+                return self._run(ids, grad, blocks, logits_to_keep=self.keep, **kwargs)
             except TypeError as error:  # a model without it: every position's logits
                 if "logits_to_keep" not in str(error):
                     raise
                 self.takes_keep = False
-        return run_model(self.model, ids, grad=grad, **kwargs)
+        return self._run(ids, grad, blocks, **kwargs)
+
+    def _run(self, ids: Tensor, grad: bool, blocks: tuple[BlockPlan, Tensor, list[int]] | None, **kwargs: Any) -> Any:
+        if blocks is None:
+            return run_model(self.model, ids, grad=grad, **kwargs)
+        plan, log_presence, calls = blocks
+        with ModelPass(self.model, grad=grad) as run, presences_by_blocks(run, plan, log_presence) as seen:
+            out = run.run(ids, **kwargs)
+        calls.extend(seen)
+        return out
 
     def resolve(self, outputs: Any) -> ReadOut:
         """The read-out with its predicted token named (``NextToken(None)``)."""
