@@ -143,3 +143,22 @@ def test_the_default_takes_blocks_where_the_masks_weights_would_not_fit(monkeypa
     monkeypatch.setattr(presence, "available_bytes", lambda device: 1000)
     found = presence_attribution(model, ids, groups, max(groups) + 1, NextToken(7))
     assert _BLOCKS[model] == {"sdpa": True} and found.unit == 7
+
+
+def test_a_pass_the_blocks_refuse_takes_the_mask(monkeypatch):
+    """Attention that asks for what the blocks do not compute (raised inside the model's
+    forward) leaves the model as it was, and the pass runs through the mask."""
+    from captum_ffb._private import effective_attention_implementation
+
+    model = tiny_lm("llama")
+    ids = token_ids(1, 16, seed=2)
+    groups = sentences(16)
+    masked = presence_attribution(model, ids, groups, max(groups) + 1, NextToken(7), blocks=False)
+
+    def refuse(*args):
+        raise Unsupported("soft-capping")
+
+    monkeypatch.setattr(blocks, "_attend", refuse)
+    found = presence_attribution(model, ids, groups, max(groups) + 1, NextToken(7), blocks=True)
+    assert torch.equal(found.contributions, masked.contributions) and _BLOCKS[model] == {"sdpa": False}
+    assert effective_attention_implementation(model.config) == "sdpa"
