@@ -31,8 +31,9 @@ presence, fitted with and without its focus; sentences as groups) on the same ki
 against the input-gradient pass, and adds its table to the files.
 
 ``--presence-paths 976,2045,4096`` times presence attribution's passes both ways on the same
-documents (``presence_attribution(..., blocks=True)`` and ``blocks=False``; sentences as
-groups), the ``n × n`` mask only where its attention weights fit half the memory available.
+documents (``presence_attribution(..., blocks=True)``, the default, and ``blocks=False``;
+sentences as groups), the ``n × n`` mask only where its attention weights fit half the memory
+available.
 """
 
 from __future__ import annotations
@@ -408,8 +409,8 @@ def presence_paths_markdown(rows: dict) -> list[str]:
              "The same documents (`--presence-paths`), sentences as groups, `presence_attribution` of the "
              "predicted token (two steps and the ends) with `blocks=True` and `blocks=False`, each in a process of "
              f"its own against the {BASELINE}; memory as above. The mask's pass is not run where the attention "
-             "weights it keeps (layers × heads × n² floats) would take more than half the memory available: the "
-             "default (`blocks=None`) takes the blocks there.", "",
+             "weights it keeps (layers × heads × n² floats) would take more than half the memory available. "
+             "`blocks=True` is the default.", "",
              f"| n | method | seconds | × {BASELINE} | first call (s) | memory (GiB) |",
              "|---:|---|---:|---:|---:|---:|"]
     for row in rows.values():

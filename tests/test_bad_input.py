@@ -501,7 +501,7 @@ API_CASES = [
      TypeError, r"ends must be True or False, got int"),
     ("presence's blocks as a number",
      lambda a: presence_attribution(a["lm"], IDS[:1], [0] * IDS.shape[1], 1, NextToken(3), blocks=1),
-     TypeError, r"blocks must be True, False or None, got int"),
+     TypeError, r"blocks must be True or False, got int"),
     ("a fitted surrogate's unknown prior",
      lambda a: context_attribution(a["nd"], a["tokenizer"], "One. Two.", "Why?", method="fitted", prior="lasso"),
      ValueError, r"prior must be 'presence' or 'decomposition', got 'lasso'"),

@@ -37,7 +37,6 @@ from torch import Tensor
 from captum_ffb._private import effective_attention_implementation
 from captum_ffb.engine.head import output_logits
 from captum_ffb.engine.passes import ModelPass, run_model
-from captum_ffb.engine.whole import available_bytes
 from captum_ffb.explained.readouts import AnswerLogProbability, NextToken, ReadOut
 from captum_ffb.long_context.blocks import BlockPlan, Unsupported, block_plan, presences_by_blocks
 
@@ -64,7 +63,7 @@ class PresenceResult:
 
 
 def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_groups: int,
-                         readout: ReadOut, steps: int = 2, ends: bool = True, blocks: bool | None = None
+                         readout: ReadOut, steps: int = 2, ends: bool = True, blocks: bool = True
                          ) -> PresenceResult:
     """The presence attributions of ``n_groups`` groups of the tokens of ``ids``.
 
@@ -83,15 +82,13 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
                     the groups (``False``: skipped once the model is known to apply the mask
                     as given and the token is named; ``value``, ``without`` and ``delta`` are
                     then NaN, for a caller that has the value from another pass).
-        blocks (bool, optional): the gradients' passes attend by blocks of queries
+        blocks (bool): the gradients' passes attend by blocks of queries
                     (:mod:`~captum_ffb.long_context.blocks`: memory linear in the prompt's
-                    length, the same numbers; on SmolLM2 1.30 times the mask's seconds at 976
-                    tokens, 1.05 times at 2,023) where each
-                    group is one run of tokens and the model attends through transformers'
-                    ``sdpa``, checked against the mask on the first use with each model;
-                    ``False``: always the ``n × n`` mask; ``None`` (the default): by blocks
-                    where the attention weights the mask's pass keeps would take more than
-                    half the memory available.
+                    length, the same numbers) where each group is one run of tokens and the
+                    model attends through transformers' ``sdpa``, checked against the mask on
+                    the first use with each model (one pass more); ``False``: always the
+                    ``n × n`` mask, whose attention weights (:func:`mask_bytes`) are kept for
+                    the backward pass.
 
     Returns:
         PresenceResult: the attributions, the value with and without the groups, the residual.
@@ -100,8 +97,8 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
     if not isinstance(ends, bool):
         raise TypeError(f"ends must be True or False, got {type(ends).__name__}")
-    if blocks is not None and not isinstance(blocks, bool):
-        raise TypeError(f"blocks must be True, False or None, got {type(blocks).__name__}")
+    if not isinstance(blocks, bool):
+        raise TypeError(f"blocks must be True or False, got {type(blocks).__name__}")
     n = ids.shape[1]
     if len(token_groups) != n:
         raise ValueError(f"{len(token_groups)} token groups for {n} tokens")
@@ -118,8 +115,6 @@ def presence_attribution(model: Any, ids: Tensor, token_groups: list[int], n_gro
             value = float(read.value(own))
             without = _without(read, ids, groups, n_groups, value)
     total = torch.zeros(n_groups, dtype=torch.float64, device=device)
-    if blocks is None:
-        blocks = mask_bytes(model, n) > available_bytes(device) / 2
     plan = block_plan(groups) if blocks else None
     for k in range(steps):
         s = (k + 0.5) / steps

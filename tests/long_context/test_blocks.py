@@ -25,9 +25,22 @@ def test_the_plan_gives_each_run_its_cut():
     assert block_plan(torch.tensor([-1, 0, -1, 1])).runs == ((0, 1, 1), (1, 2, 1), (2, 3, 3), (3, 4, 3))
 
 
+def test_blocks_are_whole_runs_of_at_least_the_block_size(monkeypatch):
+    monkeypatch.setattr(blocks, "BLOCK", 3)
+    plan = block_plan(torch.tensor([-1, 0, 0, 1, 1, 1, -1, 2]))
+    assert [(b.start, b.end) for b in plan.blocks] == [(0, 3), (3, 6), (6, 8)]
+    first, _, last = plan.blocks
+    assert first.query_columns.tolist() == [[1, 1, 0], [1, 0, 1], [1, 0, 1]]
+    assert first.key_signs.tolist() == [[1, 0, 0], [1, 0, -1], [1, 0, -1]]  # a group's own keys
+    assert last.key_signs.tolist() == [[1, 0, 0]] * 6 + [[1, 0, 0], [1, 0, -1]]  # none outside groups
+    assert last.causal.tolist() == [[True] * 7 + [False], [True] * 8]
+    assert len(block_plan(torch.tensor([0] * 200)).blocks) == 1  # a run is never cut
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2", "gemma", "gpt2", "gpt_neox", "falcon"])
 @pytest.mark.parametrize("readout", ["token", "answer"])
-def test_blocks_give_the_masks_attributions(name, readout):
+def test_blocks_give_the_masks_attributions(name, readout, monkeypatch):
+    monkeypatch.setattr(blocks, "BLOCK", 6)  # several blocks of several runs
     model = tiny_lm(name)
     ids = token_ids(1, 24, seed=5)
     groups = sentences(ids.shape[1])
@@ -127,10 +140,8 @@ def test_memory_grows_linearly_by_blocks_and_quadratically_by_the_mask():
     assert long / short < 2.3 and masked_long / masked_short > 3.0 and long < masked_long / 3
 
 
-def test_the_default_takes_blocks_where_the_masks_weights_would_not_fit(monkeypatch):
-    """``blocks=None``: the mask where its attention weights fit half the memory available (here,
-    always for a tiny model), blocks where they would not (the memory available made tiny)."""
-    from captum_ffb.long_context import presence
+
+def test_by_default_the_passes_attend_by_blocks():
     from captum_ffb.long_context.presence import mask_bytes
 
     model = tiny_lm("llama")
@@ -138,12 +149,8 @@ def test_the_default_takes_blocks_where_the_masks_weights_would_not_fit(monkeypa
     groups = sentences(16)
     config = model.config
     assert mask_bytes(model, 16) == config.num_hidden_layers * config.num_attention_heads * 16 * 16 * 4
-    presence_attribution(model, ids, groups, max(groups) + 1, NextToken(7))
-    assert model not in _BLOCKS  # the mask: no block attention tried
-    monkeypatch.setattr(presence, "available_bytes", lambda device: 1000)
     found = presence_attribution(model, ids, groups, max(groups) + 1, NextToken(7))
     assert _BLOCKS[model] == {"sdpa": True} and found.unit == 7
-
 
 def test_a_pass_the_blocks_refuse_takes_the_mask(monkeypatch):
     """Attention that asks for what the blocks do not compute (raised inside the model's

@@ -127,7 +127,8 @@ def test_the_mask_is_checked_the_first_time_a_model_is_seen():
     first = context_attribution(model, tokenizer, CONTEXT, QUESTION, method="presence", target=7)
     seen, rows[:] = list(rows), []
     second = context_attribution(model, tokenizer, CONTEXT, QUESTION, method="presence", target=7)
-    assert seen == [1, 2, 1, 1] and rows == [1, 1, 1, 1]  # own, (present,) absent, two steps
+    # own, (present,) absent, two steps (the first, by blocks, checked once against the mask's pass)
+    assert seen == [1, 2, 1, 1, 1] and rows == [1, 1, 1, 1]
     # (the first call reads the absent pass from a batch of two, the next from a batch of one: rounding)
     assert torch.allclose(first.contributions, second.contributions, rtol=1e-5, atol=1e-7)
     assert first.bias == pytest.approx(second.bias, rel=1e-6)
@@ -144,7 +145,8 @@ def test_without_the_ends_only_the_steps_run_once_the_model_is_checked():
     rows = []
     model.get_input_embeddings().register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))
     first = presence_attribution(model, ids, groups, 2, NextToken(7), ends=False)
-    assert rows == [1, 2, 1, 1] and not math.isnan(first.value)  # unchecked: own, (present,) absent, two steps
+    # unchecked: own, (present,) absent, two steps (by blocks: the first compared with the mask's pass)
+    assert rows == [1, 2, 1, 1, 1] and not math.isnan(first.value)
     rows[:] = []
     both = presence_attribution(model, ids, groups, 2, NextToken(7))
     rows[:] = []
